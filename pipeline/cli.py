@@ -1,0 +1,246 @@
+"""``dpcda``: prepare, release, account, evaluate, audit.
+
+Bad input or config ends with one line on stderr that names the file, column, row or field, and a
+non-zero exit status (2). Unknown flags of ``release`` are Beam pipeline options.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import re
+import sys
+
+EXIT_BAD_INPUT = 2
+_KNOWN = ("InputError", "PlanError", "CalibrationError", "ConfigError", "ReleaseError", "PrepareError")
+_PATTERN = re.compile(r"(?:^|\W)(%s): (.+)" % "|".join(_KNOWN))
+
+
+def one_line_error(err: BaseException) -> str | None:
+    """The user-facing message of a known error, also when Beam wrapped it in its own."""
+    seen = err
+    while seen is not None:
+        if type(seen).__name__ in _KNOWN:
+            return str(seen).splitlines()[0]
+        seen = seen.__cause__ or seen.__context__
+    matches = _PATTERN.findall(str(err))
+    if matches:
+        msg = matches[-1][1].strip()
+        return re.sub(r" \[while running '.*$", "", msg).rstrip("'\" ")
+    return None
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    for noisy in ("absl", "apache_beam", "urllib3", "google"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    for ours in ("dpcda", "transforms", "evaluation", "privacy", "pipeline"):
+        logging.getLogger(ours).setLevel(logging.INFO)
+
+
+RELEASE_FLAGS = {
+    # flag: (config field, type, help)
+    "--input": ("input", str, "glob of input shards (Parquet or TFRecord; local or gs://)"),
+    "--output": ("output", str, "release directory (local or gs://)"),
+    "--config": (None, str, "YAML/JSON file with the same fields; flags override it"),
+    "--input-format": ("input_format", str, "auto|parquet|tfrecord"),
+    "--features-column": ("features_column", str, "name of the features column"),
+    "--label-column": ("label_column", str, "name of the label column"),
+    "--mode": ("mode", str, "fixed|poisson"),
+    "--mixing-order": ("mixing_order", int, "l, records per synthetic row (default 4)"),
+    "--clip": ("clip", float, "c, L2 clip norm after the z-score (default 1.0)"),
+    "--epsilon": ("epsilon", float, "target epsilon; calibrates sigma_x"),
+    "--sigma-x": ("sigma_x", float, "explicit feature noise instead of --epsilon (0 = no noise, not private)"),
+    "--sigma-y": ("sigma_y", float, "label noise std (default 0)"),
+    "--delta": ("delta", float, "delta (default 1e-5)"),
+    "--samples": ("samples", int, "T, synthetic rows in total (default: number of input rows)"),
+    "--num-classes": ("num_classes", int, "K (required in poisson mode)"),
+    "--feature-bounds": ("feature_bounds", str, "lo,hi declared bounds of raw features (default 0,1)"),
+    "--out-of-bounds": ("out_of_bounds", str, "clip|refuse features outside the bounds (default clip)"),
+    "--normalization": ("normalization", str, "dp|public|exact (default dp)"),
+    "--normalization-file": ("normalization_file", str, "JSON {mean: [...], std: [...]} for --normalization public"),
+    "--normalization-budget-share": ("normalization_budget_share", float, "share of epsilon for the z-score (0.05)"),
+    "--histogram-budget-share": ("histogram_budget_share", float, "share of epsilon for class counts, poisson (0.01)"),
+    "--chunk-rows": ("chunk_rows", int, "synthetic rows per noise chunk (4096)"),
+    "--max-class-rows": ("max_class_rows", int, "largest class the in-memory mixer accepts"),
+    "--output-shards": ("output_shards", int, "number of Parquet part files (0: runner decides)"),
+    "--device": ("device", str, "auto|cpu|cuda for mixing"),
+    "--seed": ("seed", int, "TEST ONLY: fixed noise key; the manifest says reproducible_seed: true"),
+    "--eval-input": ("eval_input", str, "glob of real test shards: train the evaluation CNN as a last stage"),
+    "--eval-runs": ("eval_runs", int, "evaluation seeds (default 1)"),
+    "--eval-epochs": ("eval_epochs", int, "evaluation epochs (default 10)"),
+}
+
+
+def _release_parser(sub):
+    p = sub.add_parser("release", help="run the DP-CDA release job (Beam)")
+    for flag, (field, typ, text) in RELEASE_FLAGS.items():
+        p.add_argument(flag, dest=(field or flag[2:]).replace("-", "_"), type=typ, default=None, help=text)
+    p.add_argument("--overwrite", action="store_true", default=None, help="replace an existing release")
+    p.add_argument("--audit", action="store_true", default=None, help="add an empirical privacy audit section")
+    p.add_argument("--i-understand-exact-normalization-is-not-dp", dest="allow_exact_normalization",
+                   action="store_true", default=None, help="allow --normalization exact (marks end_to_end_dp false)")
+    return p
+
+
+DEFAULT_BEAM_ARGS = ["--runner=DirectRunner", "--direct_running_mode=in_memory"]
+
+
+def cmd_release(args, beam_args) -> int:
+    from pipeline.release import run_release
+    from schemas.config import load_config
+
+    overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config", "verbose")}
+    cfg = load_config(args.config, overrides)
+    if not any(a.startswith("--runner") for a in beam_args):
+        beam_args = DEFAULT_BEAM_ARGS + beam_args
+    evaluate = None
+    if cfg.eval_input:
+        from evaluation.stage import evaluate_release
+
+        def evaluate(workdir, manifest):
+            return evaluate_release(workdir, manifest, cfg.eval_input, runs=cfg.eval_runs, epochs=cfg.eval_epochs)
+    if cfg.audit:
+        from privacy.audit import audit_section
+        previous = evaluate
+
+        def evaluate(workdir, manifest):
+            manifest = previous(workdir, manifest) if previous else manifest
+            return audit_section(workdir, manifest)
+    manifest = run_release(cfg, beam_args, evaluate=evaluate)
+    p = manifest["privacy"]
+    print(json.dumps({"output": cfg.output, "rows": manifest["output"]["rows"], "epsilon": p["epsilon"],
+                      "delta": p["delta"], "sigma_x": manifest["mechanism"]["sigma_x"],
+                      "end_to_end_dp": p["end_to_end_dp"], **({"accuracy": manifest["utility"]["accuracy_mean"]}
+                                                              if manifest.get("utility") else {})}))
+    return 0
+
+
+def cmd_prepare(args, _beam_args) -> int:
+    from pipeline.prepare import prepare_fashion_mnist
+
+    counts = prepare_fashion_mnist(args.out, args.format, args.shards, args.source, args.limit)
+    print(json.dumps({"out": args.out, **counts}))
+    return 0
+
+
+def cmd_account(args, _beam_args) -> int:
+    from privacy.accounting import RELATION_WORDS, ReleaseEvents, account
+    from privacy.calibration import calibrate_sigma_x
+    from privacy.events import MixingEvent
+
+    if (args.epsilon is None) == (args.sigma_x is None):
+        raise SystemExit("dpcda account: give exactly one of --epsilon or --sigma-x")
+    if args.mode == "fixed" and args.class_size < args.mixing_order:
+        from privacy.calibration import CalibrationError
+        raise CalibrationError(f"class_size {args.class_size} < mixing_order {args.mixing_order}: fixed mode "
+                               f"needs at least l records per class")
+    sigma = args.sigma_x
+    if sigma is None:
+        sigma = calibrate_sigma_x(args.mode, class_sizes=[args.class_size], samples_per_class=args.samples_per_class,
+                                  mixing_order=args.mixing_order, clip=args.clip, target_epsilon=args.epsilon,
+                                  delta=args.delta)
+    ev = MixingEvent(args.mode, args.class_size, args.samples_per_class, args.mixing_order, args.clip, sigma)
+    acc = account(ReleaseEvents(args.mode, (), (ev,)), args.delta)
+    out = {"mode": args.mode, "sigma_x": sigma, "sigma_x_over_c": sigma / args.clip, "epsilon": acc.epsilon,
+           "delta": args.delta, "target_epsilon": args.epsilon, "accountant": acc.accountant,
+           "noise_multiplier": ev.noise_multiplier, "sampling_rate": ev.sampling_rate,
+           "neighbouring_relation": RELATION_WORDS[args.mode], "components": acc.components,
+           "cross_check": acc.cross_check,
+           "note": "mixing only; a release also spends the statistics' share (see the manifest)"}
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        for k, v in out.items():
+            print(f"{k:>22}: {v:.6g}" if isinstance(v, float) and math.isfinite(v) else f"{k:>22}: {v}")
+    return 0
+
+
+def cmd_evaluate(args, _beam_args) -> int:
+    from evaluation.stage import evaluate_standalone
+
+    report = evaluate_standalone(args.synthetic, args.test, runs=args.runs, epochs=args.epochs, out=args.out)
+    print(json.dumps({"accuracy_mean": report["accuracy_mean"], "accuracy_std": report["accuracy_std"],
+                      "report": report.get("path")}))
+    return 0
+
+
+def cmd_audit(args, _beam_args) -> int:
+    from privacy.audit import run_audit_cli
+
+    return run_audit_cli(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dpcda", description=__doc__.splitlines()[0])
+    parser.add_argument("--verbose", action="store_true", default=True, help=argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    prep = sub.add_parser("prepare", help="turn a public dataset into input shards")
+    prep.add_argument("dataset", choices=["fashion-mnist"])
+    prep.add_argument("--out", required=True)
+    prep.add_argument("--format", choices=["parquet", "tfrecord"], default="parquet")
+    prep.add_argument("--shards", type=int, default=4)
+    prep.add_argument("--source", default="/usr/share/datasets/fashion-mnist", help="folder of the IDX files")
+    prep.add_argument("--limit", type=int, default=None, help="first N rows of each split only")
+
+    _release_parser(sub)
+
+    acc = sub.add_parser("account", help="calibrate or account one class's mixing without data")
+    acc.add_argument("--mode", choices=["fixed", "poisson"], default="fixed")
+    acc.add_argument("--class-size", type=int, required=True, help="N_k")
+    acc.add_argument("--samples-per-class", type=int, required=True, help="T_k")
+    acc.add_argument("--mixing-order", type=int, default=4)
+    acc.add_argument("--clip", type=float, default=1.0)
+    acc.add_argument("--epsilon", type=float)
+    acc.add_argument("--sigma-x", type=float)
+    acc.add_argument("--delta", type=float, default=1e-5)
+    acc.add_argument("--json", action="store_true")
+
+    ev = sub.add_parser("evaluate", help="train the evaluation CNN on a release, test on real data")
+    ev.add_argument("--synthetic", required=True, help="release directory (holds synthetic/ and manifest.json)")
+    ev.add_argument("--test", required=True, help="glob of real test shards")
+    ev.add_argument("--runs", type=int, default=3)
+    ev.add_argument("--epochs", type=int, default=10)
+    ev.add_argument("--out", default=None, help="report folder (default SYNTHETIC/evaluation)")
+
+    au = sub.add_parser("audit", help="empirical lower bound on epsilon for a configuration")
+    au.add_argument("--mode", choices=["fixed", "poisson"], default="fixed")
+    au.add_argument("--mixing-order", type=int, default=4)
+    au.add_argument("--epsilon", type=float, required=True)
+    au.add_argument("--delta", type=float, default=1e-5)
+    au.add_argument("--class-size", type=int, default=20)
+    au.add_argument("--samples-per-class", type=int, default=1)
+    au.add_argument("--trials", type=int, default=2000)
+    au.add_argument("--seed", type=int, default=0)
+    au.add_argument("--json", action="store_true")
+    return parser
+
+
+COMMANDS = {"prepare": cmd_prepare, "release": cmd_release, "account": cmd_account,
+            "evaluate": cmd_evaluate, "audit": cmd_audit}
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "release":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    _setup_logging(args.verbose)
+    try:
+        return COMMANDS[args.command](args, extra)
+    except KeyboardInterrupt:
+        print("dpcda: interrupted; nothing was published", file=sys.stderr)
+        return 130
+    except Exception as err:  # noqa: BLE001 - the CLI boundary: one line for known errors
+        msg = one_line_error(err)
+        if msg is None:
+            raise
+        print(f"dpcda: error: {msg}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Builds the Manifest from a ReleasePlan: the one place that decides what is released."""
+from __future__ import annotations
+
+import datetime
+import hashlib
+import platform
+
+from pipeline import __version__
+from schemas.manifest import (InputInfo, Manifest, Mechanism, Normalization, Output, Privacy,
+                              Software)
+
+SAMPLING_WORDS = {
+    "fixed": "exactly l distinct records of the class, uniformly without replacement",
+    "poisson": "each record of the class independently with probability q_k = l / N_k_hat; sum divided by l",
+}
+
+
+def software() -> Software:
+    import dp_accounting  # noqa: F401
+    import torch
+    from importlib.metadata import version
+
+    try:
+        beam = version("apache-beam")
+    except Exception:  # the GPU image has no Beam
+        beam = None
+    return Software(version=__version__, python=platform.python_version(), apache_beam=beam,
+                    torch=torch.__version__, dp_accounting=version("dp-accounting"))
+
+
+def fingerprint(paths_and_mtimes: list[tuple[str, float]]) -> str:
+    """sha256 over sorted (path, mtime): identifies the input without hashing private contents."""
+    h = hashlib.sha256()
+    for path, mtime in sorted(paths_and_mtimes):
+        h.update(f"{path}\t{mtime:.3f}\n".encode())
+    return h.hexdigest()
+
+
+def build_manifest(cfg, input_info: InputInfo, plan, outputs) -> Manifest:
+    acc = plan.accounting
+    worst = acc.worst_class_event
+    return Manifest(
+        created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        software=software(),
+        input=input_info,
+        mechanism=Mechanism(
+            mode=plan.mode, sampling=SAMPLING_WORDS[plan.mode], mixing_order=plan.mixing_order,
+            clip=plan.clip, sigma_x=plan.sigma_x, sigma_y=plan.sigma_y,
+            noise_multiplier=worst.noise_multiplier if worst else 0.0, num_classes=plan.num_classes,
+            samples_total=plan.samples_total, samples_per_class=plan.samples_per_class,
+            class_sizes=list(plan.public_class_sizes) if plan.public_class_sizes else None,
+            class_sizes_dp=list(plan.dp_class_sizes) if plan.dp_class_sizes else None,
+            sampling_rates=list(plan.sampling_rates), chunk_rows=cfg.chunk_rows),
+        normalization=Normalization(
+            method=plan.normalization_method, feature_bounds=plan.bounds, out_of_bounds=cfg.out_of_bounds,
+            min_std=cfg.min_std, noise_std=plan.normalization_noise_std, epsilon_share=plan.normalization_share),
+        privacy=Privacy(
+            epsilon=acc.epsilon, delta=acc.delta, target_epsilon=cfg.epsilon, accountant=acc.accountant,
+            neighbouring_relation=acc.relation,
+            composition="parallel over classes (a record meets only its own class's rows); sequential "
+                        "with the statistics releases",
+            components=acc.components, cross_check=acc.cross_check, end_to_end_dp=plan.end_to_end_dp,
+            reproducible_seed=cfg.reproducible, paper_theorem1_epsilon=plan.paper_theorem1_epsilon,
+            caveats=list(plan.caveats) + (["TEST SEED: the noise key is derived from a fixed seed; this "
+                                           "release is reproducible and NOT private."] if cfg.reproducible else [])),
+        output=Output(rows=sum(o.rows for o in outputs), files=list(outputs)),
+    )

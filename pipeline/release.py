@@ -1,0 +1,144 @@
+"""The release job: builds the Beam graph of DESIGN.md and publishes the release atomically.
+
+    ReadShards -> ComputeGlobalStats -> Calibrate --(side inputs)--> NormalizeAndClip -> MixWithinClass
+    -> WriteSynthetic -> WriteManifest
+
+Everything is written under a temporary sibling of OUTPUT and moved into place only after every
+shard and the manifest are written; a failure leaves nothing at OUTPUT.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+import uuid
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from pipeline.manifest import build_manifest, fingerprint
+from privacy.noise import fresh_key, key_from_test_seed
+from schemas.config import ReleaseConfig
+from schemas.manifest import InputInfo
+from transforms.calibrate import Calibrate
+from transforms.mix import MixWithinClass
+from transforms.normalize import NormalizeAndClip
+from transforms.read import ReadShards
+from transforms.shards import InputError, detect_format, expand_glob, read_shard
+from transforms.stats import ComputeGlobalStats
+from transforms.write import MANIFEST, WriteManifest, WriteSynthetic
+
+log = logging.getLogger("dpcda.release")
+
+
+class ReleaseError(RuntimeError):
+    """A release that cannot go ahead (existing output, unreadable input...)."""
+
+
+def _noise_key(seed):
+    return key_from_test_seed(seed) if seed is not None else fresh_key()
+
+
+def _input_info(cfg: ReleaseConfig, files: list[str], fmt: str, dim: int) -> InputInfo:
+    metas = []
+    for f in files:
+        m = FileSystems.match([f])[0].metadata_list
+        metas.append((f, m[0].last_updated_in_seconds if m else 0.0))
+    return InputInfo(pattern=cfg.input, format=fmt, files=len(files), fingerprint=fingerprint(metas),
+                     features_column=cfg.features_column, label_column=cfg.label_column, feature_dim=dim)
+
+
+def _peek_dim(path: str, fmt: str, cfg: ReleaseConfig) -> int:
+    for block in read_shard(path, fmt, cfg.features_column, cfg.label_column, batch_rows=1):
+        return int(block.features.shape[1])
+    raise InputError(f"{path}: zero rows")
+
+
+def build_pipeline(p: beam.Pipeline, cfg: ReleaseConfig, files: list[str], fmt: str, dim: int,
+                   workdir: str, input_info: InputInfo):
+    key = p | "NoiseKey" >> beam.Create([cfg.seed]) | "DrawKey" >> beam.Map(_noise_key)
+    blocks = p | "ReadShards" >> ReadShards(
+        files, fmt=fmt, features_column=cfg.features_column, label_column=cfg.label_column,
+        bounds=cfg.feature_bounds, out_of_bounds=cfg.out_of_bounds, num_classes=cfg.num_classes)
+    stats = blocks | "ComputeGlobalStats" >> ComputeGlobalStats(cfg.feature_bounds)
+    plan = stats | "Calibrate" >> Calibrate(cfg, key)
+    synthetic = (blocks
+                 | "NormalizeAndClip" >> NormalizeAndClip(plan)
+                 | "MixWithinClass" >> MixWithinClass(plan, key, device=cfg.device, chunk_rows=cfg.chunk_rows,
+                                                      features_column=cfg.features_column,
+                                                      label_column=cfg.label_column))
+    files_written = synthetic | "WriteSynthetic" >> WriteSynthetic(
+        workdir, dim, num_shards=cfg.output_shards, features_column=cfg.features_column,
+        label_column=cfg.label_column)
+    return files_written | "WriteManifest" >> WriteManifest(
+        workdir, plan, functools.partial(build_manifest, cfg, input_info))
+
+
+def _exists(path: str) -> bool:
+    return FileSystems.exists(path)
+
+
+def _delete_tree(path: str) -> None:
+    if "://" in path:
+        matches = FileSystems.match([path.rstrip("/") + "/**"])[0].metadata_list
+        if matches:
+            FileSystems.delete([m.path for m in matches])
+    elif os.path.exists(path):
+        import shutil
+        shutil.rmtree(path)
+
+
+def _publish(workdir: str, output: str, overwrite: bool) -> None:
+    """Move the finished release into place; the manifest arrives last."""
+    if "://" not in output:
+        old = None
+        if os.path.exists(output):
+            old = f"{output.rstrip('/')}.old-{uuid.uuid4().hex[:8]}"
+            os.rename(output, old)
+        os.rename(workdir, output)
+        if old:
+            _delete_tree(old)
+        return
+    if overwrite:
+        _delete_tree(output)
+    src = [m.path for m in FileSystems.match([workdir.rstrip("/") + "/**"])[0].metadata_list]
+    src.sort(key=lambda s: s.endswith("/" + MANIFEST))
+    FileSystems.rename(src, [output.rstrip("/") + s[len(workdir.rstrip("/")):] for s in src])
+    _delete_tree(workdir)
+
+
+def run_release(cfg: ReleaseConfig, beam_args: list[str], evaluate=None) -> dict:
+    """Runs the whole release; returns the manifest as a dict. Raises on any failure, leaving OUTPUT as it was."""
+    t0 = time.time()
+    files = expand_glob(cfg.input)
+    if not files:
+        raise InputError(f"{cfg.input}: no input files match")
+    fmt = detect_format(files[0], cfg.input_format)
+    output = cfg.output.rstrip("/")
+    if _exists(output) and (os.listdir(output) if "://" not in output else True):
+        if not cfg.overwrite:
+            raise ReleaseError(f"{output}: a release already exists there; pass --overwrite to replace it")
+    dim = _peek_dim(files[0], fmt, cfg)
+    info = _input_info(cfg, files, fmt, dim)
+    workdir = f"{output}.tmp-{uuid.uuid4().hex[:12]}"
+    log.info("stage=start files=%d format=%s dim=%d mode=%s l=%d workdir=%s", len(files), fmt, dim, cfg.mode,
+             cfg.mixing_order, workdir)
+    options = PipelineOptions(beam_args)
+    try:
+        with beam.Pipeline(options=options) as p:
+            build_pipeline(p, cfg, files, fmt, dim, workdir, info)
+        import json
+        with FileSystems.open(FileSystems.join(workdir, MANIFEST)) as fh:
+            manifest = json.loads(fh.read())
+        log.info("stage=pipeline rows=%d seconds=%.1f", manifest["output"]["rows"], time.time() - t0)
+        if evaluate is not None:
+            manifest = evaluate(workdir, manifest)
+        _publish(workdir, output, cfg.overwrite)
+    except BaseException:
+        _delete_tree(workdir)
+        raise
+    log.info("stage=done output=%s rows=%d epsilon=%.4g seconds=%.1f", output, manifest["output"]["rows"],
+             manifest["privacy"]["epsilon"], time.time() - t0)
+    return manifest

@@ -1,0 +1,1 @@
+"""Pydantic models: job config, dataset schema, manifest (frozen; errors name the field)."""

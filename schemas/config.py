@@ -1,0 +1,119 @@
+"""Release job configuration: one frozen pydantic model, validated before anything runs.
+
+Loaded from a YAML/JSON ``--config`` file and overridden by command-line flags. Runner flags stay in
+Beam's ``PipelineOptions`` and never appear here.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with a message that names the field."""
+
+
+class ReleaseConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input: str = Field(description="glob of input shards, local or gs://")
+    output: str = Field(description="release directory, local or gs://")
+    input_format: Literal["auto", "parquet", "tfrecord"] = "auto"
+    features_column: str = "features"
+    label_column: str = "label"
+
+    mode: Literal["fixed", "poisson"] = "fixed"
+    mixing_order: int = Field(4, ge=1, description="l: records mixed into each synthetic row")
+    clip: float = Field(1.0, gt=0, description="c: L2 clip norm after the z-score")
+    epsilon: Optional[float] = Field(None, gt=0, description="target epsilon (calibrates sigma_x)")
+    sigma_x: Optional[float] = Field(None, ge=0, description="explicit feature noise std (instead of epsilon)")
+    sigma_y: float = Field(0.0, ge=0, description="label noise std (paper-faithful; default 0)")
+    delta: float = Field(1e-5, gt=0, lt=1)
+    samples: Optional[int] = Field(None, ge=1, description="T: synthetic rows in total (default: input rows)")
+    num_classes: Optional[int] = Field(None, ge=1, description="K (required in poisson mode)")
+
+    feature_bounds: tuple[float, float] = (0.0, 1.0)
+    out_of_bounds: Literal["clip", "refuse"] = "clip"
+    normalization: Literal["dp", "public", "exact"] = "dp"
+    normalization_file: Optional[str] = None
+    allow_exact_normalization: bool = False
+    normalization_budget_share: float = Field(0.05, gt=0, lt=1)
+    histogram_budget_share: float = Field(0.01, gt=0, lt=1)
+    min_std: float = Field(0.01, gt=0, description="std floor, as a fraction of the feature range")
+
+    chunk_rows: int = Field(4096, ge=1, le=1 << 20, description="synthetic rows per noise chunk")
+    max_class_rows: int = Field(5_000_000, ge=1, description="largest class the in-memory mixer holds")
+    output_shards: int = Field(0, ge=0, description="Parquet part files (0: one per class)")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    seed: Optional[int] = Field(None, description="TEST ONLY: fixed noise key; marks the manifest")
+    overwrite: bool = False
+
+    eval_input: Optional[str] = None
+    eval_runs: int = Field(1, ge=1)
+    eval_epochs: int = Field(10, ge=1)
+    audit: bool = False
+
+    @field_validator("feature_bounds", mode="before")
+    @classmethod
+    def _parse_bounds(cls, v):
+        if isinstance(v, str):
+            parts = v.split(",")
+            if len(parts) != 2:
+                raise ValueError("expected 'lo,hi'")
+            v = tuple(float(p) for p in parts)
+        return v
+
+    @model_validator(mode="after")
+    def _check(self):
+        lo, hi = self.feature_bounds
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+            raise ValueError(f"feature_bounds: need finite lo < hi, got {lo},{hi}")
+        if self.epsilon is None and self.sigma_x is None:
+            raise ValueError("epsilon: give a target epsilon (or an explicit sigma_x)")
+        if self.epsilon is not None and self.sigma_x is not None:
+            raise ValueError("epsilon and sigma_x: give one, not both")
+        if self.mode == "poisson" and self.num_classes is None:
+            raise ValueError("num_classes: required in poisson mode (which labels occur is private)")
+        if self.normalization == "public" and not self.normalization_file:
+            raise ValueError("normalization_file: required with normalization=public")
+        if self.normalization == "exact" and not self.allow_exact_normalization:
+            raise ValueError("normalization: 'exact' uses private statistics without noise; pass "
+                             "--i-understand-exact-normalization-is-not-dp to allow it")
+        if self.normalization_budget_share + self.histogram_budget_share >= 0.5:
+            raise ValueError("normalization_budget_share: the statistics may take under half the budget")
+        return self
+
+    @property
+    def reproducible(self) -> bool:
+        return self.seed is not None
+
+
+def _flatten_error(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "config"
+        msg = e["msg"].removeprefix("Value error, ")
+        parts.append(msg if msg.split(":")[0] in loc or loc == "config" else f"{loc}: {msg}")
+    return "; ".join(parts)
+
+
+def load_config(path: Optional[str], overrides: dict) -> ReleaseConfig:
+    """Config file (YAML or JSON) overlaid with non-None ``overrides``; errors name the field."""
+    data: dict = {}
+    if path:
+        p = Path(path)
+        if not p.exists():
+            raise ConfigError(f"--config: no such file {path}")
+        loaded = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"--config: {path} must hold a mapping of fields")
+        data.update({k.replace("-", "_"): v for k, v in loaded.items()})
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return ReleaseConfig(**data)
+    except ValidationError as err:
+        raise ConfigError(_flatten_error(err)) from None

@@ -1,0 +1,119 @@
+"""The release manifest: what was released and exactly what is guaranteed.
+
+Written last, so its presence means the release is complete. Holds only public or DP quantities:
+no seed or key, no per-record data, and in ``poisson`` mode no exact private counts.
+``python -m schemas.manifest`` regenerates ``schemas/manifest.schema.json``.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_PATH = Path(__file__).with_name("manifest.schema.json")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Software(_Frozen):
+    name: str = "dpcda"
+    version: str
+    python: str
+    apache_beam: Optional[str] = None
+    torch: str
+    dp_accounting: str
+
+
+class InputInfo(_Frozen):
+    pattern: str
+    format: str
+    files: int
+    fingerprint: str = Field(description="sha256 over the sorted input paths and modification times")
+    features_column: str
+    label_column: str
+    feature_dim: int
+
+
+class Mechanism(_Frozen):
+    mode: Literal["fixed", "poisson"]
+    sampling: str
+    mixing_order: int
+    clip: float
+    sigma_x: float
+    sigma_y: float
+    noise_multiplier: float
+    num_classes: int
+    samples_total: int
+    samples_per_class: int
+    class_sizes: Optional[list[int]] = Field(None, description="exact N_k; fixed mode only (public there)")
+    class_sizes_dp: Optional[list[int]] = Field(None, description="DP estimates N_k_hat; poisson mode only")
+    sampling_rates: list[float] = Field(description="l/N_k (fixed) or q_k = l/N_k_hat (poisson), per class")
+    chunk_rows: int
+
+
+class Normalization(_Frozen):
+    method: Literal["dp", "public", "exact"]
+    feature_bounds: tuple[float, float]
+    out_of_bounds: Literal["clip", "refuse"]
+    min_std: float
+    noise_std: Optional[float] = None
+    epsilon_share: Optional[float] = None
+    statistics_file: str = "normalization.json"
+
+
+class Privacy(_Frozen):
+    epsilon: float
+    delta: float
+    target_epsilon: Optional[float]
+    accountant: str
+    neighbouring_relation: str
+    composition: str
+    components: dict[str, float] = Field(description="epsilon of each component alone at delta")
+    cross_check: dict[str, float] = Field(default_factory=dict)
+    end_to_end_dp: bool
+    reproducible_seed: bool
+    paper_theorem1_epsilon: Optional[float] = Field(
+        None, description="seed 000 Theorem 1 as written (p = l/N, T compositions, label term): "
+                          "informational only, NOT the guarantee")
+    caveats: list[str]
+
+
+class OutputFile(_Frozen):
+    path: str
+    rows: int
+    sha256: str
+
+
+class Output(_Frozen):
+    rows: int
+    files: list[OutputFile]
+    format: str = "parquet: features fixed_size_list<float32>[d], label int64"
+
+
+class Manifest(_Frozen):
+    manifest_version: int = 1
+    created_at: str
+    software: Software
+    input: InputInfo
+    mechanism: Mechanism
+    normalization: Normalization
+    privacy: Privacy
+    output: Output
+    utility: Optional[dict] = None
+    audit: Optional[dict] = None
+
+    def write_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), indent=2, allow_nan=True) + "\n"
+
+
+def export_schema(path: Path = SCHEMA_PATH) -> None:
+    path.write_text(json.dumps(Manifest.model_json_schema(), indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    export_schema()
+    print(f"wrote {SCHEMA_PATH}")

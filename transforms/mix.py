@@ -1,0 +1,71 @@
+"""MixWithinClass: (k, {blocks, class}) -> pyarrow.Table of synthetic rows, chunk by chunk.
+
+Every class in range(K) gets its T_k rows, also a class with no records (poisson mode must not
+reveal that it is empty). The device is picked once per worker.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.metrics import Metrics
+
+from transforms.mixing import mix_class, pick_device
+from transforms.shards import block_table
+
+log = logging.getLogger(__name__)
+# Test hook: fail the first attempt of each class's mixing after its first chunk (marker files in
+# this directory record attempts). Used to show that a retried bundle yields identical rows.
+FAULT_ENV = "DPCDA_TEST_FAIL_FIRST_MIX_DIR"
+
+
+class _MixFn(beam.DoFn):
+    def __init__(self, device: str, chunk_rows: int, features_column: str, label_column: str):
+        self.device_pref, self.chunk_rows = device, chunk_rows
+        self.fc, self.lc = features_column, label_column
+        self.rows_written = Metrics.counter("dpcda", "rows_synthesized")
+
+    def setup(self):
+        self.device = pick_device(self.device_pref)
+
+    def process(self, element, plan, key):
+        k, groups = element
+        blocks = groups["blocks"]
+        x = (np.concatenate([b.features for b in blocks]) if blocks
+             else np.zeros((0, plan.feature_dim), np.float32))
+        start = time.time()
+        fault_dir = os.environ.get(FAULT_ENV)
+        for i, (chunk, feats, labels) in enumerate(mix_class(
+                x, key=key, class_index=k, num_classes=plan.num_classes, mode=plan.mode,
+                mixing_order=plan.mixing_order, sigma_x=plan.sigma_x, samples=plan.samples_per_class,
+                chunk_rows=self.chunk_rows, sampling_rate=plan.sampling_rates[k], sigma_y=plan.sigma_y,
+                device=self.device)):
+            if fault_dir and i == 1:
+                marker = os.path.join(fault_dir, f"class-{k}")
+                if not os.path.exists(marker):
+                    open(marker, "w").close()
+                    raise RuntimeError(f"injected fault: first attempt of class {k}")
+            self.rows_written.inc(len(labels))
+            yield block_table(feats, labels, self.fc, self.lc)
+        log.info("stage=mix class=%d rows=%d device=%s seconds=%.2f", k, plan.samples_per_class,
+                 self.device, time.time() - start)
+
+
+class MixWithinClass(beam.PTransform):
+    """(k, Block) -> pyarrow.Table: T_k synthetic rows per class k in range(K)."""
+
+    def __init__(self, plan_pcoll, key_pcoll, *, device="auto", chunk_rows=4096,
+                 features_column="features", label_column="label"):
+        super().__init__()
+        self.plan, self.key = plan_pcoll, key_pcoll
+        self.fn = _MixFn(device, chunk_rows, features_column, label_column)
+
+    def expand(self, keyed_blocks):
+        classes = self.plan | "AllClasses" >> beam.FlatMap(lambda p: [(k, None) for k in range(p.num_classes)])
+        return ({"blocks": keyed_blocks, "class": classes}
+                | "GroupByClass" >> beam.CoGroupByKey()
+                | "Mix" >> beam.ParDo(self.fn, beam.pvalue.AsSingleton(self.plan),
+                                      beam.pvalue.AsSingleton(self.key)))

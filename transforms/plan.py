@@ -1,0 +1,178 @@
+"""Beam-free core of the Calibrate stage: first-pass statistics + config + key -> ReleasePlan.
+
+Everything the later stages need, decided before any row is mixed: the (DP, public or exact)
+normalisation statistics, the class sizes the mode may use, T_k, sigma_x, and the accounting.
+Neighbouring relations are the modes' (``privacy.accounting``). The plan holds exact private counts
+for the mixer; only ``public_*`` fields and the accounting reach the manifest.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Optional
+
+import numpy as np
+
+from privacy import dp_stats
+from privacy.accounting import Accounting, ReleaseEvents, account
+from privacy.calibration import calibrate_gaussian, calibrate_sigma_x
+from privacy.events import GaussianStatsEvent, MixingEvent, NonPrivateEvent
+from privacy.noise import numpy_generator
+from privacy.paper import theorem1_epsilon
+from schemas.config import ReleaseConfig
+from transforms.combiners import FirstPass
+from transforms.shards import InputError, open_file
+
+# With an explicit sigma_x there is no target epsilon to take shares of; the statistics then spend
+# their share of this reference budget (stated in the manifest).
+REFERENCE_EPSILON = 10.0
+
+
+class PlanError(ValueError):
+    """The data and config cannot make a release (e.g. a class smaller than l in fixed mode)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ReleasePlan:
+    mode: str
+    num_classes: int
+    feature_dim: int
+    mean: np.ndarray
+    std: np.ndarray
+    clip: float
+    bounds: tuple[float, float]
+    mixing_order: int
+    sigma_x: float
+    sigma_y: float
+    samples_per_class: int
+    class_rows: tuple[int, ...]  # exact N_k: private in poisson mode, for the mixer only
+    sampling_rates: tuple[float, ...]
+    public_class_sizes: Optional[tuple[int, ...]]  # fixed mode
+    dp_class_sizes: Optional[tuple[int, ...]]  # poisson mode
+    normalization_method: str
+    normalization_noise_std: Optional[float]
+    normalization_share: Optional[float]
+    accounting: Accounting
+    paper_theorem1_epsilon: Optional[float]
+    end_to_end_dp: bool
+    caveats: tuple[str, ...]
+
+    @property
+    def samples_total(self) -> int:
+        return self.samples_per_class * self.num_classes
+
+
+def load_public_stats(path: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    with open_file(path) as fh:
+        data = json.loads(fh.read())
+    mean, std = (np.asarray(data.get(k, []), np.float32) for k in ("mean", "std"))
+    for name, arr in (("mean", mean), ("std", std)):
+        if arr.shape != (dim,):
+            raise PlanError(f"normalization_file: '{name}' must list {dim} numbers, found {arr.size}")
+    if not np.all(np.isfinite(mean)) or not np.all(std > 0):
+        raise PlanError("normalization_file: mean must be finite and std positive")
+    return mean, std
+
+
+def build_plan(first: FirstPass, cfg: ReleaseConfig, key: bytes) -> ReleasePlan:
+    rows = first.rows
+    if rows == 0 or first.moments.mean is None:
+        raise InputError(f"{cfg.input}: zero rows")
+    dim = int(first.moments.mean.shape[0])
+    counts = np.asarray(first.class_counts, np.int64)
+    K = cfg.num_classes or len(counts)
+    if len(counts) > K:
+        raise InputError(f"{cfg.input}: column '{cfg.label_column}': label {len(counts) - 1} >= num_classes {K}")
+    counts = np.pad(counts, (0, K - len(counts)))
+    mode, l, c, delta = cfg.mode, cfg.mixing_order, cfg.clip, cfg.delta
+    budget = cfg.epsilon if cfg.epsilon is not None else REFERENCE_EPSILON
+    caveats = [
+        "Noise is drawn with torch/numpy generators seeded from a 256-bit secret key; floating-point "
+        "Gaussian sampling is not hardened against precision attacks.",
+        "Label noise (sigma_y) costs no privacy here: within a class the one-hot mean is always e_k.",
+    ]
+    shared: list = []
+
+    # Class sizes: public in fixed mode, a DP histogram in poisson mode.
+    if mode == "fixed":
+        small = [k for k in range(K) if counts[k] < l]
+        if small:
+            k = small[0]
+            raise PlanError(f"class {k} has {counts[k]} records, fewer than mixing_order l={l}; fixed mode "
+                            f"draws l distinct records per row (lower l, or use --mode poisson)")
+        sizes, n_public = counts, float(rows)
+        dp_sizes = None
+        caveats.append("fixed mode: class sizes N_k are public and stated here; the guarantee covers "
+                       "replacing one record's features within its class.")
+    else:
+        hist = calibrate_gaussian(mode, name="class_histogram", sensitivity=dp_stats.HISTOGRAM_SENSITIVITY,
+                                  target_epsilon=cfg.histogram_budget_share * budget, delta=delta)
+        shared.append(hist)
+        dp_sizes = dp_stats.class_histogram(counts, noise_std=hist.noise_std, rng=numpy_generator(key, "histogram"))
+        sizes, n_public = dp_sizes, float(max(dp_sizes.sum(), 1))
+
+    # Normalisation statistics.
+    m = first.moments
+    min_std = cfg.min_std * (cfg.feature_bounds[1] - cfg.feature_bounds[0])
+    norm_std = None
+    if cfg.normalization == "dp":
+        stats_ev = calibrate_gaussian(mode, name="normalization", sensitivity=dp_stats.moments_sensitivity(dim, mode),
+                                      target_epsilon=cfg.normalization_budget_share * budget, delta=delta)
+        shared.append(stats_ev)
+        norm_std = stats_ev.noise_std
+        mean, std = dp_stats.feature_stats(n=n_public, sum_u=m.sum, sum_u2=m.sum_sq, bounds=cfg.feature_bounds,
+                                           min_std=min_std, noise_std=norm_std, rng=numpy_generator(key, "stats"))
+    elif cfg.normalization == "public":
+        mean, std = load_public_stats(cfg.normalization_file, dim)
+        caveats.append("Normalisation statistics were supplied by the user and are assumed public.")
+    else:
+        mean, std = dp_stats.feature_stats(n=rows, sum_u=m.sum, sum_u2=m.sum_sq, bounds=cfg.feature_bounds,
+                                           min_std=min_std)
+        caveats.append("NOT END-TO-END DP: the z-score uses exact private means and stds "
+                       "(--normalization exact); epsilon below covers the mixing only.")
+
+    T = cfg.samples or (rows if mode == "fixed" else int(n_public))
+    T_k = T // K
+    if T_k < 1:
+        raise PlanError(f"samples: T={T} gives no rows for {K} classes (T_k = floor(T/K) = 0)")
+    too_big = [k for k in range(K) if counts[k] > cfg.max_class_rows]
+    if too_big:
+        k = too_big[0]
+        raise PlanError(f"class {k} has more records than max_class_rows={cfg.max_class_rows}, the limit of the "
+                        f"in-memory mixer (one class held by one worker); raise --max-class-rows on workers "
+                        f"with more memory, or split the class")
+
+    sizes_list = [int(s) for s in sizes]
+    if cfg.sigma_x is not None:
+        sigma_x = float(cfg.sigma_x)
+    else:
+        sigma_x = calibrate_sigma_x(mode, class_sizes=[max(s, l) for s in sizes_list], samples_per_class=T_k,
+                                    mixing_order=l, clip=c, target_epsilon=cfg.epsilon, delta=delta, shared=shared)
+    per_class = tuple(MixingEvent(mode, max(s, 1), T_k, l, c, sigma_x) for s in sizes_list)
+    acc = account(ReleaseEvents(mode, tuple(shared), per_class), delta)
+    if cfg.epsilon is not None and acc.epsilon > cfg.epsilon:
+        raise AssertionError(f"calibration overshot: {acc.epsilon} > {cfg.epsilon}")  # never expected
+    end_to_end = cfg.normalization != "exact" and math.isfinite(acc.epsilon)
+    if sigma_x == 0:
+        caveats.append("sigma_x = 0: no noise on the features; epsilon is infinite.")
+    paper = theorem1_epsilon(sigma_x=sigma_x, sigma_y=cfg.sigma_y, mixing_order=l, clip=c,
+                             num_records=max(int(n_public), l), num_samples=T_k * K, delta=delta)
+    return ReleasePlan(
+        mode=mode, num_classes=K, feature_dim=dim, mean=mean, std=std, clip=c, bounds=cfg.feature_bounds,
+        mixing_order=l, sigma_x=sigma_x, sigma_y=cfg.sigma_y, samples_per_class=T_k,
+        class_rows=tuple(int(x) for x in counts),
+        sampling_rates=tuple(e.sampling_rate for e in per_class),
+        public_class_sizes=tuple(sizes_list) if mode == "fixed" else None,
+        dp_class_sizes=tuple(int(x) for x in dp_sizes) if dp_sizes is not None else None,
+        normalization_method=cfg.normalization, normalization_noise_std=norm_std,
+        normalization_share=cfg.normalization_budget_share if cfg.normalization == "dp" else None,
+        accounting=acc, paper_theorem1_epsilon=paper, end_to_end_dp=end_to_end, caveats=tuple(caveats))
+
+
+def normalize(features: np.ndarray, mean: np.ndarray, std: np.ndarray, clip: float,
+              bounds: tuple[float, float]) -> np.ndarray:
+    """z-score with the plan's statistics, then clip each row to L2 norm ``clip`` (Algorithm 1, 2-6)."""
+    z = (np.clip(features, *bounds) - mean) / std
+    norms = np.linalg.norm(z, axis=1, keepdims=True)
+    return (z / np.maximum(1.0, norms / clip)).astype(np.float32)

@@ -1,0 +1,81 @@
+"""WriteSynthetic (pyarrow.Table -> Parquet part files) and WriteManifest (file names -> manifest.json)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import posixpath
+
+import apache_beam as beam
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+from transforms.shards import parquet_schema
+
+log = logging.getLogger(__name__)
+MANIFEST = "manifest.json"
+NORMALIZATION = "normalization.json"
+
+
+class WriteSynthetic(beam.PTransform):
+    """pyarrow.Table -> file names of ``DIR/synthetic/part-SSSSS-of-NNNNN.parquet``."""
+
+    def __init__(self, directory, dim, *, num_shards=0, features_column="features", label_column="label"):
+        super().__init__()
+        self.prefix = FileSystems.join(directory, "synthetic", "part")
+        self.schema = parquet_schema(dim, features_column, label_column)
+        self.num_shards = num_shards
+
+    def expand(self, tables):
+        return tables | "WriteParquet" >> beam.io.WriteToParquetBatched(
+            self.prefix, self.schema, file_name_suffix=".parquet", num_shards=self.num_shards,
+            shard_name_template="-SSSSS-of-NNNNN")
+
+
+def _sha256_and_rows(path: str) -> tuple[str, int]:
+    h = hashlib.sha256()
+    with FileSystems.open(path) as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    with FileSystems.open(path) as fh:
+        rows = pq.ParquetFile(fh).metadata.num_rows
+    return h.hexdigest(), rows
+
+
+def _write_text(path: str, text: str) -> None:
+    with FileSystems.create(path) as fh:
+        fh.write(text.encode())
+
+
+def _write_manifest(files, plan, directory, build_manifest):
+    from schemas.manifest import OutputFile
+
+    outputs = []
+    for f in sorted(files):
+        digest, rows = _sha256_and_rows(f)
+        rel = posixpath.relpath(f, directory) if "://" not in f else f[len(directory.rstrip("/")) + 1:]
+        outputs.append(OutputFile(path=rel, rows=rows, sha256=digest))
+    _write_text(FileSystems.join(directory, NORMALIZATION), json.dumps(
+        {"mean": plan.mean.tolist(), "std": plan.std.tolist(), "clip": plan.clip,
+         "feature_bounds": list(plan.bounds), "method": plan.normalization_method}) + "\n")
+    manifest = build_manifest(plan, outputs)
+    _write_text(FileSystems.join(directory, MANIFEST), manifest.write_json())
+    Metrics.counter("dpcda", "rows_written").inc(manifest.output.rows)
+    log.info("stage=manifest files=%d rows=%d epsilon=%.4g", len(outputs), manifest.output.rows,
+             manifest.privacy.epsilon)
+    return manifest.output.rows
+
+
+class WriteManifest(beam.PTransform):
+    """file names -> rows written; writes normalization.json, then manifest.json (last)."""
+
+    def __init__(self, directory, plan_pcoll, build_manifest):
+        super().__init__()
+        self.directory, self.plan, self.build = directory, plan_pcoll, build_manifest
+
+    def expand(self, file_names):
+        return (file_names
+                | "AllFiles" >> beam.combiners.ToList()
+                | "Write" >> beam.Map(_write_manifest, beam.pvalue.AsSingleton(self.plan), self.directory,
+                                      self.build))
