@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import math
 import platform
 
 from pipeline import __version__
@@ -36,6 +37,11 @@ def fingerprint(paths_and_mtimes: list[tuple[str, float]]) -> str:
     return h.hexdigest()
 
 
+def finite(x: float | None) -> float | None:
+    """JSON has no infinity: infinite epsilons are written as null (the schema says so)."""
+    return x if x is not None and math.isfinite(x) else None
+
+
 def build_manifest(cfg, input_info: InputInfo, plan, outputs) -> Manifest:
     acc = plan.accounting
     worst = acc.worst_class_event
@@ -55,12 +61,13 @@ def build_manifest(cfg, input_info: InputInfo, plan, outputs) -> Manifest:
             method=plan.normalization_method, feature_bounds=plan.bounds, out_of_bounds=cfg.out_of_bounds,
             min_std=cfg.min_std, noise_std=plan.normalization_noise_std, epsilon_share=plan.normalization_share),
         privacy=Privacy(
-            epsilon=acc.epsilon, delta=acc.delta, target_epsilon=cfg.epsilon, accountant=acc.accountant,
+            epsilon=finite(acc.epsilon), delta=acc.delta, target_epsilon=cfg.epsilon, accountant=acc.accountant,
             neighbouring_relation=acc.relation,
             composition="parallel over classes (a record meets only its own class's rows); sequential "
                         "with the statistics releases",
-            components=acc.components, cross_check=acc.cross_check, end_to_end_dp=plan.end_to_end_dp,
-            reproducible_seed=cfg.reproducible, paper_theorem1_epsilon=plan.paper_theorem1_epsilon,
+            components={k: finite(v) for k, v in acc.components.items()},
+            cross_check={k: finite(v) for k, v in acc.cross_check.items()}, end_to_end_dp=plan.end_to_end_dp,
+            reproducible_seed=cfg.reproducible, paper_theorem1_epsilon=finite(plan.paper_theorem1_epsilon),
             caveats=list(plan.caveats) + (["TEST SEED: the noise key is derived from a fixed seed; this "
                                            "release is reproducible and NOT private."] if cfg.reproducible else [])),
         output=Output(rows=sum(o.rows for o in outputs), files=list(outputs)),

@@ -139,6 +139,6 @@ def run_release(cfg: ReleaseConfig, beam_args: list[str], evaluate=None) -> dict
     except BaseException:
         _delete_tree(workdir)
         raise
-    log.info("stage=done output=%s rows=%d epsilon=%.4g seconds=%.1f", output, manifest["output"]["rows"],
+    log.info("stage=done output=%s rows=%d epsilon=%s seconds=%.1f", output, manifest["output"]["rows"],
              manifest["privacy"]["epsilon"], time.time() - t0)
     return manifest

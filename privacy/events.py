@@ -56,6 +56,8 @@ class MixingEvent:
         if self.samples == 0:
             return dp_accounting.NoOpDpEvent()
         gauss = _gaussian(self.noise_multiplier)
+        if isinstance(gauss, dp_accounting.NonPrivateDpEvent):
+            return gauss
         if self.mode == "fixed":
             one = dp_accounting.SampledWithoutReplacementDpEvent(
                 self.class_size, self.mixing_order, gauss)

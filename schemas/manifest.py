@@ -66,19 +66,19 @@ class Normalization(_Frozen):
 
 
 class Privacy(_Frozen):
-    epsilon: float
+    epsilon: Optional[float] = Field(description="the guarantee; null means infinite (no noise)")
     delta: float
     target_epsilon: Optional[float]
     accountant: str
     neighbouring_relation: str
     composition: str
-    components: dict[str, float] = Field(description="epsilon of each component alone at delta")
-    cross_check: dict[str, float] = Field(default_factory=dict)
+    components: dict[str, Optional[float]] = Field(description="epsilon of each component alone at delta (null: infinite)")
+    cross_check: dict[str, Optional[float]] = Field(default_factory=dict)
     end_to_end_dp: bool
     reproducible_seed: bool
     paper_theorem1_epsilon: Optional[float] = Field(
         None, description="seed 000 Theorem 1 as written (p = l/N, T compositions, label term): "
-                          "informational only, NOT the guarantee")
+                          "informational only, NOT the guarantee; null means infinite (sigma_y = 0 or sigma_x = 0)")
     caveats: list[str]
 
 
@@ -107,7 +107,7 @@ class Manifest(_Frozen):
     audit: Optional[dict] = None
 
     def write_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), indent=2, allow_nan=True) + "\n"
+        return json.dumps(self.model_dump(mode="json"), indent=2, allow_nan=False) + "\n"
 
 
 def export_schema(path: Path = SCHEMA_PATH) -> None:

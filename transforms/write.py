@@ -62,7 +62,7 @@ def _write_manifest(files, plan, directory, build_manifest):
     manifest = build_manifest(plan, outputs)
     _write_text(FileSystems.join(directory, MANIFEST), manifest.write_json())
     Metrics.counter("dpcda", "rows_written").inc(manifest.output.rows)
-    log.info("stage=manifest files=%d rows=%d epsilon=%.4g", len(outputs), manifest.output.rows,
+    log.info("stage=manifest files=%d rows=%d epsilon=%s", len(outputs), manifest.output.rows,
              manifest.privacy.epsilon)
     return manifest.output.rows
 

@@ -1,0 +1,151 @@
+"""Pure unit tests of privacy/: accounting, calibration, DP statistics, noise keys, Theorem 1."""
+from __future__ import annotations
+
+import math
+import pickle
+
+import dp_accounting
+import numpy as np
+import pytest
+from dp_accounting import pld, rdp
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from privacy import dp_stats
+from privacy.accounting import (PLD_DISCRETIZATION, RDP_ORDERS, ReleaseEvents, account, epsilon_of)
+from privacy.calibration import CalibrationError, calibrate_gaussian, calibrate_sigma_x
+from privacy.events import GaussianStatsEvent, MixingEvent
+from privacy.noise import fresh_key, key_from_test_seed, numpy_generator, torch_generator
+from privacy.paper import theorem1_epsilon
+from transforms.combiners import FirstPassCombiner, Moments
+
+DELTA = 1e-5
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(eps=st.floats(0.5, 50), l=st.integers(1, 512), n=st.integers(10, 10**6), mode=st.sampled_from(["fixed", "poisson"]))
+def test_calibrated_sigma_never_overshoots(eps, l, n, mode):
+    if mode == "fixed" and l > n:
+        l = n
+    samples = min(n, 2000)
+    sigma = calibrate_sigma_x(mode, class_sizes=[n], samples_per_class=samples, mixing_order=l, clip=1.0,
+                              target_epsilon=eps, delta=DELTA)
+    got = epsilon_of(mode, [MixingEvent(mode, n, samples, l, 1.0, sigma)], DELTA)
+    assert got <= eps
+    # ... and is close: 1 % less noise overshoots (the search tolerance is 0.1 % in sigma)
+    assert epsilon_of(mode, [MixingEvent(mode, n, samples, l, 1.0, sigma * 0.99)], DELTA) > eps * 0.999
+
+
+def test_epsilon_equals_direct_dp_accounting_fixed():
+    ev = MixingEvent("fixed", 6000, 6000, 4, 1.0, 0.3)
+    acc = rdp.RdpAccountant(orders=RDP_ORDERS, neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    acc.compose(dp_accounting.SelfComposedDpEvent(
+        dp_accounting.SampledWithoutReplacementDpEvent(6000, 4, dp_accounting.GaussianDpEvent(0.3 * 4 / 2)), 6000))
+    ours = account(ReleaseEvents("fixed", (), (ev,)), DELTA)
+    assert ours.epsilon == pytest.approx(acc.get_epsilon(DELTA), rel=1e-12)
+    assert ours.accountant == "rdp"
+
+
+def test_epsilon_equals_direct_dp_accounting_poisson_with_shared_events():
+    stats = GaussianStatsEvent("normalization", noise_std=50.0, sensitivity=10.0)
+    hist = GaussianStatsEvent("class_histogram", noise_std=20.0, sensitivity=1.0)
+    evs = (MixingEvent("poisson", 5000, 5000, 8, 2.0, 0.1), MixingEvent("poisson", 7000, 5000, 8, 2.0, 0.1))
+    acc = pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
+    # the smaller class (higher q) is the worst: parallel composition takes the max
+    acc.compose(dp_accounting.ComposedDpEvent([
+        dp_accounting.GaussianDpEvent(5.0), dp_accounting.GaussianDpEvent(20.0),
+        dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(8 / 5000, dp_accounting.GaussianDpEvent(0.1 * 8 / 2.0)), 5000)]))
+    ours = account(ReleaseEvents("poisson", (stats, hist), evs), DELTA)
+    assert ours.epsilon == pytest.approx(acc.get_epsilon(DELTA), rel=1e-9)
+    assert ours.worst_class_event == evs[0]
+    assert set(ours.components) == {"normalization", "class_histogram", "mixing"}
+    assert ours.cross_check["rdp"] >= ours.epsilon * 0.95  # RDP is looser than PLD, never far tighter
+
+
+@pytest.mark.parametrize("mode", ["fixed", "poisson"])
+def test_epsilon_falls_as_sigma_and_class_size_rise(mode):
+    eps_sigma = [epsilon_of(mode, [MixingEvent(mode, 2000, 2000, 4, 1.0, s)], DELTA) for s in (0.1, 0.2, 0.4, 0.8)]
+    assert all(a > b for a, b in zip(eps_sigma, eps_sigma[1:]))
+    eps_n = [epsilon_of(mode, [MixingEvent(mode, n, 2000, 4, 1.0, 0.2)], DELTA) for n in (500, 2000, 8000, 32000)]
+    assert all(a > b for a, b in zip(eps_n, eps_n[1:]))
+
+
+def test_no_noise_is_infinite_and_unreachable_target_is_refused():
+    assert math.isinf(epsilon_of("fixed", [MixingEvent("fixed", 100, 100, 4, 1.0, 0.0)], DELTA))
+    big = GaussianStatsEvent("normalization", noise_std=0.01, sensitivity=1.0)
+    with pytest.raises(CalibrationError, match="statistics releases alone"):
+        calibrate_sigma_x("fixed", class_sizes=[100], samples_per_class=100, mixing_order=4, clip=1.0,
+                          target_epsilon=1.0, delta=DELTA, shared=[big])
+
+
+def test_calibrate_gaussian_spends_its_share():
+    ev = calibrate_gaussian("fixed", name="normalization", sensitivity=3.0, target_epsilon=0.5, delta=DELTA)
+    assert epsilon_of("fixed", [ev], DELTA) <= 0.5
+    assert epsilon_of("fixed", [ev], DELTA) > 0.49
+    assert ev.noise_std / ev.sensitivity == pytest.approx(ev.noise_multiplier)
+
+
+def test_feature_stats_noise_free_match_numpy_and_constant_features_are_floored():
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 1, (500, 6))
+    x[:, 0] = 0.0  # a constant feature: std 0
+    comb = FirstPassCombiner((0.0, 1.0))
+    acc = comb.add(comb.create(), x.astype(np.float32), np.zeros(500, np.int64))
+    mean, std = dp_stats.feature_stats(n=500, sum_u=acc.moments.sum, sum_u2=acc.moments.sum_sq,
+                                       bounds=(0.0, 1.0), min_std=0.01)
+    np.testing.assert_allclose(mean, x.mean(0), atol=1e-5)
+    np.testing.assert_allclose(std[1:], x.std(0)[1:], atol=1e-5)
+    assert std[0] == pytest.approx(0.01, abs=2 ** -19)  # floored, then on the public grid
+    assert np.all(np.isfinite((x - mean) / std))
+
+
+def test_feature_stats_noise_is_centered_and_scaled():
+    sums = np.zeros(2000)
+    m1, _ = dp_stats.feature_stats(n=10_000, sum_u=sums, sum_u2=sums + 2500, bounds=(-1.0, 1.0), min_std=1e-3,
+                                   noise_std=100.0, rng=np.random.default_rng(1))
+    # mean_u = noise / n: std 0.01; KS-free check on moments (false-failure rate < 1e-6)
+    assert abs(m1.mean()) < 0.01 * 6 / math.sqrt(2000)
+    assert m1.std() == pytest.approx(0.01, rel=0.1)
+
+
+def test_sensitivities_follow_the_relation():
+    assert dp_stats.moments_sensitivity(8, "poisson") == pytest.approx(4.0)
+    assert dp_stats.moments_sensitivity(8, "fixed") == pytest.approx(8.0)
+    assert MixingEvent("fixed", 10, 1, 4, 2.0, 1.0).noise_multiplier == pytest.approx(1.0)
+    assert MixingEvent("poisson", 10, 1, 4, 2.0, 1.0).noise_multiplier == pytest.approx(2.0)
+
+
+def test_chan_merge_matches_numpy_on_random_splits_and_pickles():
+    rng = np.random.default_rng(3)
+    u = rng.normal(3.0, 2.0, (1000, 5))
+    cuts = np.sort(rng.choice(np.arange(1, 1000), 7, replace=False))
+    parts = [Moments.of(p) for p in np.split(u, cuts)]
+    merged = Moments()
+    for p in (pickle.loads(pickle.dumps(p)) for p in parts):
+        merged = merged.merge(p)
+    np.testing.assert_allclose(merged.mean, u.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(merged.m2 / 1000, u.var(0), rtol=1e-10)
+    gen = (Moments.of(u[i:i + 10]) for i in range(0, 1000, 10))
+    total = Moments()
+    for m in gen:
+        total = total.merge(m)
+    np.testing.assert_allclose(total.sum_sq, (u ** 2).sum(0), rtol=1e-10)
+
+
+def test_noise_keys_are_fresh_and_derivations_independent():
+    assert fresh_key() != fresh_key()
+    k = key_from_test_seed(7)
+    assert k == key_from_test_seed(7) and k != key_from_test_seed(8)
+    a = numpy_generator(k, "stats").normal(size=4)
+    np.testing.assert_array_equal(a, numpy_generator(k, "stats").normal(size=4))
+    assert not np.array_equal(a, numpy_generator(k, "histogram").normal(size=4))
+    t1 = torch_generator(k, "mix", 0, 1).initial_seed()
+    assert t1 == torch_generator(k, "mix", 0, 1).initial_seed() != torch_generator(k, "mix", 1, 0).initial_seed()
+
+
+def test_paper_theorem1_as_written():
+    kw = dict(mixing_order=4, clip=1.0, num_records=60000, num_samples=60000, delta=DELTA)
+    assert math.isinf(theorem1_epsilon(sigma_x=1.0, sigma_y=0.0, **kw))
+    e = [theorem1_epsilon(sigma_x=s, sigma_y=s, **kw) for s in (0.5, 1.0, 2.0)]
+    assert e[0] > e[1] > e[2] > 0
+    assert theorem1_epsilon(sigma_x=1.0, sigma_y=1.0, **{**kw, "num_samples": 120000}) > e[1]
