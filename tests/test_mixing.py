@@ -1,0 +1,99 @@
+"""Beam-free tests of the mixing core: sampling distributions, exact means, reproducibility."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from privacy.noise import key_from_test_seed
+from transforms.mixing import mix_class, sample_distinct, sample_poisson
+
+KEY = key_from_test_seed(1)
+
+
+def _gen(seed=0):
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return g
+
+
+@pytest.mark.parametrize("n,l", [(50, 3), (10, 9), (6, 6), (1000, 1)])
+def test_sample_distinct_rows_are_distinct_and_uniform(n, l):
+    idx = sample_distinct(n, l, 20000, _gen(), "cpu").numpy()
+    assert idx.shape == (20000, l)
+    assert all(len(set(r)) == l for r in idx[:2000])
+    counts = np.bincount(idx.ravel(), minlength=n)
+    if l < n:  # chi-square on inclusion counts; false-failure rate 1e-4
+        assert stats.chisquare(counts).pvalue >= 1e-4
+    # the first column alone is uniform too (order within a row is random)
+    if l < n:
+        assert stats.chisquare(np.bincount(idx[:, 0], minlength=n)).pvalue >= 1e-4
+
+
+def test_poisson_inclusion_rate_is_q():
+    n, q, rows = 40, 0.1, 20000
+    flat, offsets = sample_poisson(n, q, rows, _gen(2), "cpu")
+    sizes = np.diff(np.append(offsets.numpy(), len(flat)))
+    # m ~ Binomial(n, q): mean n q, variance n q (1 - q); z-test with false-failure rate < 1e-5
+    assert abs(sizes.mean() - n * q) < 4.5 * np.sqrt(n * q * (1 - q) / rows)
+    incl = np.bincount(flat.numpy(), minlength=n) / rows
+    assert np.all(np.abs(incl - q) < 4.5 * np.sqrt(q * (1 - q) / rows))
+    starts = offsets.numpy()
+    for s, m in zip(starts[:500], sizes[:500]):
+        assert len(set(flat[s:s + m].tolist())) == m
+
+
+def test_noise_off_each_row_is_a_mean_of_l_distinct_rows():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(7, 5)).astype(np.float32)
+    l = 3
+    means = {tuple(np.round(x[list(c)].mean(0), 4)) for c in itertools.combinations(range(7), l)}
+    out = np.concatenate([f for _, f, _ in mix_class(x, key=KEY, class_index=2, num_classes=4, mode="fixed",
+                                                     mixing_order=l, sigma_x=0.0, samples=200, chunk_rows=64)])
+    assert out.shape == (200, 5)
+    assert all(tuple(np.round(r, 4)) in means for r in out)
+
+
+def test_noise_off_l1_rows_are_input_rows_and_labels_are_the_class():
+    x = np.random.default_rng(1).normal(size=(9, 4)).astype(np.float32)
+    chunks = list(mix_class(x, key=KEY, class_index=1, num_classes=3, mode="fixed", mixing_order=1,
+                            sigma_x=0.0, samples=50, chunk_rows=16))
+    rows = {r.tobytes() for r in x}
+    assert all(r.tobytes() in rows for _, f, _ in chunks for r in f)
+    assert all((lab == 1).all() for _, _, lab in chunks)
+    assert [c for c, _, _ in chunks] == [0, 1, 2, 3]
+
+
+def test_same_key_same_rows_any_input_order_and_retried_chunk_reproduces():
+    x = np.random.default_rng(2).normal(size=(30, 6)).astype(np.float32)
+    kw = dict(key=KEY, class_index=0, num_classes=2, mode="fixed", mixing_order=4, sigma_x=0.5, samples=100,
+              chunk_rows=32)
+    a = np.concatenate([f for _, f, _ in mix_class(x, **kw)])
+    b = np.concatenate([f for _, f, _ in mix_class(x[::-1].copy(), **kw)])
+    np.testing.assert_array_equal(a, b)
+    retried = next(mix_class(x, chunks=[2], **kw))
+    np.testing.assert_array_equal(retried[1], a[64:96])
+    c = np.concatenate([f for _, f, _ in mix_class(x, **{**kw, "key": key_from_test_seed(2)})])
+    assert not np.allclose(a, c)
+
+
+def test_noise_has_the_calibrated_scale():
+    x = np.zeros((20, 400), np.float32)
+    out = np.concatenate([f for _, f, _ in mix_class(x, key=KEY, class_index=0, num_classes=1, mode="poisson",
+                                                     mixing_order=2, sigma_x=0.3, samples=50, chunk_rows=50,
+                                                     sampling_rate=0.1)])
+    # KS test against N(0, 0.3^2); false-failure rate 1e-4
+    assert stats.kstest(out.ravel()[:5000] / 0.3, "norm").pvalue >= 1e-4
+
+
+def test_label_noise_flips_some_labels_only_when_asked():
+    x = np.zeros((5, 2), np.float32)
+    kw = dict(key=KEY, class_index=0, num_classes=10, mode="fixed", mixing_order=1, sigma_x=0.0, samples=2000,
+              chunk_rows=2000)
+    _, _, lab = next(mix_class(x, **kw))
+    assert (lab == 0).all()
+    _, _, lab = next(mix_class(x, sigma_y=1.0, **kw))
+    assert 0.2 < (lab != 0).mean() < 0.9
