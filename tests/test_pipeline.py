@@ -1,0 +1,182 @@
+"""The release job end to end on the DirectRunner, on small generated data."""
+from __future__ import annotations
+
+import glob
+import itertools
+import json
+import os
+
+import jsonschema
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.release import ReleaseError, run_release
+from schemas.config import ConfigError, load_config
+from schemas.manifest import SCHEMA_PATH, Manifest
+from tests.conftest import BEAM_ARGS, make_dataset, run_cli, write_dataset
+from transforms.plan import PlanError, normalize
+
+
+def release(tmp_path, input_glob, name="out", beam_args=BEAM_ARGS, **overrides):
+    out = tmp_path / name
+    cfg = load_config(None, {"input": input_glob, "output": str(out), **overrides})
+    manifest = run_release(cfg, list(beam_args))
+    return out, manifest
+
+
+def read_release(out):
+    tables = [pq.read_table(p) for p in sorted(glob.glob(str(out / "synthetic" / "part-*.parquet")))]
+    feats = np.concatenate([np.stack(t.column("features").to_numpy(zero_copy_only=False)) for t in tables])
+    labels = np.concatenate([t.column("label").to_numpy() for t in tables])
+    order = np.lexsort(np.c_[feats, labels].T[::-1])
+    return feats[order], labels[order]
+
+
+def expected_normalized(out, x):
+    stats = json.loads((out / "normalization.json").read_text())
+    return normalize(x, np.asarray(stats["mean"], np.float32), np.asarray(stats["std"], np.float32),
+                     stats["clip"], tuple(stats["feature_bounds"]))
+
+
+def test_release_end_to_end_manifest_and_balance(tmp_path, small_parquet):
+    glob_, x, y = small_parquet
+    out, manifest = release(tmp_path, glob_, epsilon=8.0, samples=100, seed=3)
+    feats, labels = read_release(out)
+    assert len(labels) == 99 and np.bincount(labels).tolist() == [33, 33, 33]  # T_k = floor(100 / 3)
+    assert feats.dtype == np.float32 and feats.shape[1] == x.shape[1]
+    m = Manifest(**json.loads((out / "manifest.json").read_text()))
+    jsonschema.validate(json.loads((out / "manifest.json").read_text()), json.loads(SCHEMA_PATH.read_text()))
+    assert m.output.rows == 99 and sum(f.rows for f in m.output.files) == 99
+    assert m.privacy.epsilon <= 8.0 and m.privacy.end_to_end_dp and m.privacy.reproducible_seed
+    assert m.mechanism.class_sizes == [40, 40, 40]
+    assert set(m.privacy.components) == {"normalization", "mixing"}
+    assert not any(p.name.startswith("out.tmp") for p in tmp_path.iterdir())
+    text = (out / "manifest.json").read_text()
+    assert '"seed"' not in text and "key" not in json.loads(text)["privacy"]
+
+
+def test_schema_file_is_current():
+    assert json.loads(SCHEMA_PATH.read_text()) == Manifest.model_json_schema()
+
+
+def test_noise_off_l1_outputs_are_normalized_input_rows_of_their_class(tmp_path, small_parquet):
+    glob_, x, y = small_parquet
+    out, _ = release(tmp_path, glob_, sigma_x=0.0, mixing_order=1, seed=1, clip=2.0)
+    feats, labels = read_release(out)
+    z = expected_normalized(out, x)
+    for k in range(3):
+        allowed = {r.tobytes() for r in z[y == k]}
+        assert all(r.tobytes() in allowed for r in feats[labels == k])
+    assert len(labels) == len(y)
+
+
+def test_noise_off_rows_are_means_of_l_distinct_same_class_rows(tmp_path):
+    x, y = make_dataset(n_per_class=6, num_classes=2, dim=4, seed=5)
+    glob_ = write_dataset(tmp_path / "in", x, y)
+    out, _ = release(tmp_path, glob_, sigma_x=0.0, mixing_order=3, seed=2)
+    feats, labels = read_release(out)
+    z = expected_normalized(out, x)
+    for k in range(2):
+        zk = z[y == k]
+        means = np.stack([zk[list(c)].mean(0) for c in itertools.combinations(range(len(zk)), 3)])
+        for r in feats[labels == k]:
+            assert np.abs(means - r).max(axis=1).min() < 1e-5
+
+
+def test_two_runs_without_seed_differ(tmp_path, small_parquet):
+    glob_, _, _ = small_parquet
+    a, _ = release(tmp_path, glob_, name="a", epsilon=5.0)
+    b, mb = release(tmp_path, glob_, name="b", epsilon=5.0)
+    assert not np.array_equal(read_release(a)[0], read_release(b)[0])
+    assert mb["privacy"]["reproducible_seed"] is False
+
+
+def test_same_seed_identical_across_formats_and_running_modes(tmp_path):
+    x, y = make_dataset(n_per_class=30, num_classes=3, dim=8, seed=9)
+    pq_glob = write_dataset(tmp_path / "pq", x, y, "parquet", shards=3)
+    tf_glob = write_dataset(tmp_path / "tf", x, y, "tfrecord", shards=2)
+    a, ma = release(tmp_path, pq_glob, name="a", epsilon=6.0, seed=11)
+    b, mb = release(tmp_path, tf_glob, name="b", epsilon=6.0, seed=11)
+    c, mc = release(tmp_path, pq_glob, name="c", epsilon=6.0, seed=11,
+                    beam_args=["--runner=DirectRunner", "--direct_running_mode=multi_processing",
+                               "--direct_num_workers=2"])
+    fa, la = read_release(a)
+    for other in (b, c):
+        fo, lo = read_release(other)
+        np.testing.assert_array_equal(fa, fo)
+        np.testing.assert_array_equal(la, lo)
+    assert ma["mechanism"]["sigma_x"] == mb["mechanism"]["sigma_x"] == mc["mechanism"]["sigma_x"]
+
+
+def test_poisson_mode_publishes_no_exact_counts(tmp_path, small_parquet):
+    glob_, _, _ = small_parquet
+    out, m = release(tmp_path, glob_, mode="poisson", epsilon=8.0, num_classes=3, seed=4)
+    assert m["mechanism"]["class_sizes"] is None
+    assert len(m["mechanism"]["class_sizes_dp"]) == 3
+    assert set(m["privacy"]["components"]) == {"normalization", "class_histogram", "mixing"}
+    assert m["privacy"]["accountant"] == "pld" and "rdp" in m["privacy"]["cross_check"]
+    assert m["privacy"]["epsilon"] <= 8.0
+    feats, labels = read_release(out)
+    assert len(labels) == m["output"]["rows"] == 3 * (sum(m["mechanism"]["class_sizes_dp"]) // 3)
+    assert "120" not in json.dumps(m["mechanism"])  # the exact row count appears nowhere
+
+
+def test_exact_normalization_needs_the_loud_flag_and_is_marked(tmp_path, small_parquet):
+    glob_, _, _ = small_parquet
+    with pytest.raises(ConfigError, match="i-understand"):
+        load_config(None, {"input": glob_, "output": "x", "epsilon": 5.0, "normalization": "exact"})
+    _, m = release(tmp_path, glob_, epsilon=5.0, normalization="exact", allow_exact_normalization=True, seed=1)
+    assert m["privacy"]["end_to_end_dp"] is False
+    assert "normalization" not in m["privacy"]["components"]
+    assert any("NOT END-TO-END DP" in c for c in m["privacy"]["caveats"])
+
+
+def test_public_normalization_file(tmp_path, small_parquet):
+    glob_, x, _ = small_parquet
+    stats = tmp_path / "stats.json"
+    stats.write_text(json.dumps({"mean": [0.5] * x.shape[1], "std": [0.25] * x.shape[1]}))
+    out, m = release(tmp_path, glob_, sigma_x=0.0, mixing_order=1, normalization="public",
+                     normalization_file=str(stats), seed=1, clip=100.0)
+    feats, _ = read_release(out)
+    allowed = {r.tobytes() for r in ((x - 0.5) / 0.25).astype(np.float32)}
+    assert all(r.tobytes() in allowed for r in feats)
+    assert set(m["privacy"]["components"]) == {"mixing"}
+
+
+def test_class_smaller_than_l_is_refused_in_fixed_mode(tmp_path, small_parquet):
+    glob_, _, _ = small_parquet
+    with pytest.raises(Exception, match="class 0 has 40 records, fewer than mixing_order l=41"):
+        release(tmp_path, glob_, epsilon=5.0, mixing_order=41)
+    assert not (tmp_path / "out").exists()
+    assert not list(tmp_path.glob("out.tmp*"))
+
+
+def test_existing_release_is_not_overwritten(tmp_path, small_parquet):
+    glob_, _, _ = small_parquet
+    out, _ = release(tmp_path, glob_, epsilon=5.0, seed=1)
+    before = (out / "manifest.json").read_text()
+    with pytest.raises(ReleaseError, match="--overwrite"):
+        release(tmp_path, glob_, epsilon=5.0, seed=2)
+    assert (out / "manifest.json").read_text() == before
+    release(tmp_path, glob_, epsilon=5.0, seed=2, overwrite=True)
+    assert (out / "manifest.json").read_text() != before
+
+
+def test_cli_release_and_account(tmp_path, small_parquet):
+    glob_, _, _ = small_parquet
+    res = run_cli("release", "--input", glob_, "--output", tmp_path / "cli", "--epsilon", "6", "--mixing-order", "2",
+                  *BEAM_ARGS)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["rows"] == 120 and summary["epsilon"] <= 6
+    assert "stage=mix" in res.stderr and "stage=done" in res.stderr
+    res = run_cli("account", "--mode", "fixed", "--class-size", "6000", "--samples-per-class", "6000",
+                  "--mixing-order", "4", "--clip", "1", "--epsilon", "10", "--json")
+    out = json.loads(res.stdout)
+    assert res.returncode == 0 and out["epsilon"] <= 10 and out["sigma_x"] > 0
+    res2 = run_cli("account", "--mode", "fixed", "--class-size", "6000", "--samples-per-class", "6000",
+                   "--mixing-order", "4", "--sigma-x", str(out["sigma_x"]), "--json")
+    assert json.loads(res2.stdout)["epsilon"] == pytest.approx(out["epsilon"])
+    res3 = run_cli("account", "--class-size", "3", "--samples-per-class", "10", "--mixing-order", "4", "--epsilon", "1")
+    assert res3.returncode == 2 and "class_size 3 < mixing_order 4" in res3.stderr
