@@ -76,8 +76,11 @@ def build_pipeline(p: beam.Pipeline, cfg: ReleaseConfig, files: list[str], fmt: 
         workdir, plan, functools.partial(build_manifest, cfg, input_info))
 
 
-def _exists(path: str) -> bool:
-    return FileSystems.exists(path)
+def _has_release(output: str) -> bool:
+    """Anything at OUTPUT (for gs://, any object under the prefix) counts as an existing release."""
+    if "://" in output:
+        return bool(FileSystems.match([output + "/**"])[0].metadata_list)
+    return os.path.exists(output) and (not os.path.isdir(output) or bool(os.listdir(output)))
 
 
 def _delete_tree(path: str) -> None:
@@ -117,9 +120,8 @@ def run_release(cfg: ReleaseConfig, beam_args: list[str], evaluate=None) -> dict
         raise InputError(f"{cfg.input}: no input files match")
     fmt = detect_format(files[0], cfg.input_format)
     output = cfg.output.rstrip("/")
-    if _exists(output) and (os.listdir(output) if "://" not in output else True):
-        if not cfg.overwrite:
-            raise ReleaseError(f"{output}: a release already exists there; pass --overwrite to replace it")
+    if _has_release(output) and not cfg.overwrite:
+        raise ReleaseError(f"{output}: a release already exists there; pass --overwrite to replace it")
     dim = _peek_dim(files[0], fmt, cfg)
     info = _input_info(cfg, files, fmt, dim)
     workdir = f"{output}.tmp-{uuid.uuid4().hex[:12]}"
