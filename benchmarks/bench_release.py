@@ -1,0 +1,101 @@
+"""Release of full Fashion-MNIST: the Beam job (DirectRunner) beside a bare single-process implementation.
+
+    python -m benchmarks.bench_release [--data data/fashion-mnist] [--repeats 1]
+
+Both run the same steps on the same shards: read Parquet, first-pass statistics, DP calibration,
+z-score + clip, per-class mixing, Parquet out. The bare one calls the same Beam-free cores in a plain loop
+(pyarrow + numpy + torch, no Beam), so the gap is what Beam costs. Each variant runs in its own process;
+wall time and peak RSS (ru_maxrss of that process) are reported. Target: Beam within 2x of bare.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+BARE = r"""
+import glob, os, sys, json
+import numpy as np, pyarrow.parquet as pq
+from schemas.config import load_config
+from privacy.noise import key_from_test_seed
+from transforms.shards import read_parquet, block_table
+from transforms.combiners import FirstPassCombiner
+from transforms.plan import build_plan, normalize
+from transforms.mixing import mix_class
+cfg = load_config(None, json.loads(sys.argv[1]))
+key = key_from_test_seed(cfg.seed)
+blocks = [b for p in sorted(glob.glob(cfg.input)) for b in read_parquet(p, "features", "label", 16384)]
+comb = FirstPassCombiner(cfg.feature_bounds)
+acc = comb.create()
+for b in blocks:
+    acc = comb.add(acc, np.clip(b.features, *cfg.feature_bounds), b.labels)
+plan = build_plan(acc, cfg, key)
+x = np.concatenate([normalize(b.features, plan.mean, plan.std, plan.clip, plan.bounds) for b in blocks])
+y = np.concatenate([b.labels for b in blocks])
+os.makedirs(os.path.join(cfg.output, "synthetic"), exist_ok=True)
+for k in range(plan.num_classes):
+    tables = [block_table(f, l) for _, f, l in mix_class(x[y == k], key=key, class_index=k, num_classes=plan.num_classes,
+              mode=plan.mode, mixing_order=plan.mixing_order, sigma_x=plan.sigma_x, samples=plan.samples_per_class,
+              chunk_rows=cfg.chunk_rows, sampling_rate=plan.sampling_rates[k])]
+    import pyarrow as pa
+    pq.write_table(pa.concat_tables(tables), os.path.join(cfg.output, "synthetic", f"part-{k:05d}.parquet"))
+"""
+
+
+def _run(cmd: list[str]) -> tuple[float, float]:
+    t = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.time() - t
+    err = proc.stderr.read()
+    if status != 0:
+        raise RuntimeError(f"{cmd[:4]} failed:\n{err[-3000:]}")
+    return wall, usage.ru_maxrss / 1024.0
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default="data/fashion-mnist")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--epsilon", type=float, default=10.0)
+    args = ap.parse_args(argv)
+    train = os.path.join(args.data, "train", "*.parquet")
+    tmp = tempfile.mkdtemp(prefix="bench-release-")
+    fields = {"input": train, "epsilon": args.epsilon, "mixing_order": 4, "seed": 0}
+    variants = {
+        "beam DirectRunner in_memory": lambda out: [sys.executable, "-m", "pipeline.cli", "release", "--input", train,
+                                                    "--output", out, "--epsilon", str(args.epsilon), "--seed", "0",
+                                                    "--runner=DirectRunner", "--direct_running_mode=in_memory"],
+        "beam DirectRunner multi_processing x2": lambda out: [
+            sys.executable, "-m", "pipeline.cli", "release", "--input", train, "--output", out, "--epsilon",
+            str(args.epsilon), "--seed", "0", "--runner=DirectRunner", "--direct_running_mode=multi_processing",
+            "--direct_num_workers=2"],
+        "bare numpy/pyarrow (same cores, no Beam)": lambda out: [sys.executable, "-c", BARE,
+                                                                 json.dumps({**fields, "output": out})],
+    }
+    rows = []
+    try:
+        for name, make in variants.items():
+            for r in range(args.repeats):
+                out = os.path.join(tmp, f"out-{len(rows)}")
+                wall, rss = _run(make(out))
+                rows.append((name, wall, rss))
+                print(f"{name}: {wall:.1f} s, peak RSS {rss:.0f} MiB", file=sys.stderr, flush=True)
+                shutil.rmtree(out, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    bare = min(w for n, w, _ in rows if n.startswith("bare"))
+    print(f"\nFull Fashion-MNIST release (60,000 rows, d = 784, l = 4, eps = {args.epsilon:g}), {os.cpu_count()} cores\n")
+    print("| variant | wall s | peak RSS MiB | wall / bare |")
+    print("|---|---:|---:|---:|")
+    for name, wall, rss in rows:
+        print(f"| {name} | {wall:.1f} | {rss:.0f} | {wall / bare:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
