@@ -46,13 +46,13 @@ def theorem1_epsilon(*, sigma_x: float, sigma_y: float, mixing_order: int, clip:
     best = math.inf
     with mpmath.workdps(int(digits(top))):
         e = [eps(i) for i in range(top + 1)]
-        B = [mpmath.fsum((-1) ** i * mpmath.binomial(n, i) * mpmath.exp((i - 1) * e[i]) for i in range(n + 1))
-             for n in range(top + 1)]
+        E = [mpmath.exp((i - 1) * e[i]) for i in range(top + 1)]
+        B = [mpmath.fsum((-1) ** i * math.comb(n, i) * E[i] for i in range(n + 1)) for n in range(top + 1)]
+        S = [p ** j * mpmath.sqrt(abs(B[2 * (j // 2)] * B[(j + 1) // 2])) for j in range(top + 1)]
         first = p ** 2 * min(4 * (mpmath.exp(e[2]) - 1), 2 * mpmath.exp(e[2]))
         for alpha in range(3, top + 1):
-            G = mpmath.fsum(p ** j * mpmath.binomial(alpha, j) * mpmath.sqrt(abs(B[2 * (j // 2)] * B[(j + 1) // 2]))
-                            for j in range(3, alpha + 1))
-            rdp_total = float(num_samples * mpmath.log(1 + mpmath.binomial(alpha, 2) * first + 4 * G) / (alpha - 1))
+            G = mpmath.fsum(math.comb(alpha, j) * S[j] for j in range(3, alpha + 1))
+            rdp_total = float(num_samples * mpmath.log(1 + math.comb(alpha, 2) * first + 4 * G) / (alpha - 1))
             best = min(best, rdp_total + math.log(1 / delta) / (alpha - 1))
             if rdp_total >= best:
                 break  # the RDP term only grows with alpha: no larger order can do better
