@@ -17,17 +17,25 @@ _KNOWN = ("InputError", "PlanError", "CalibrationError", "ConfigError", "Release
 _PATTERN = re.compile(r"(?:^|\W)(%s): (.+)" % "|".join(_KNOWN))
 
 
+_BEAM_SUFFIX = re.compile(r" \[while running '.*$")
+
+
 def one_line_error(err: BaseException) -> str | None:
-    """The user-facing message of a known error, also when Beam wrapped it in its own."""
+    """The user-facing message of a known error, also when Beam wrapped it in its own.
+
+    Beam re-raises a DoFn's exception with `` [while running 'Step']`` appended (and, across
+    processes, inside a traceback text); both are stripped so the line is the error's own.
+    """
     seen = err
     while seen is not None:
         if type(seen).__name__ in _KNOWN:
-            return str(seen).splitlines()[0]
+            lines = str(seen).splitlines() or [type(seen).__name__]
+            return _BEAM_SUFFIX.sub("", lines[0]).strip()
         seen = seen.__cause__ or seen.__context__
     matches = _PATTERN.findall(str(err))
     if matches:
         msg = matches[-1][1].strip()
-        return re.sub(r" \[while running '.*$", "", msg).rstrip("'\" ")
+        return _BEAM_SUFFIX.sub("", msg).rstrip("'\" ")
     return None
 
 
@@ -36,6 +44,9 @@ def _setup_logging(verbose: bool) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     for noisy in ("absl", "apache_beam", "urllib3", "google"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
+    # Beam logs a DoFn's exception with its traceback before re-raising it; the CLI boundary below
+    # reports it (one line for bad input, the full traceback otherwise), so the log copy is noise.
+    logging.getLogger("apache_beam.runners.common").setLevel(logging.CRITICAL)
     for ours in ("dpcda", "transforms", "evaluation", "privacy", "pipeline"):
         logging.getLogger(ours).setLevel(logging.INFO)
 

@@ -50,10 +50,12 @@ def _input_info(cfg: ReleaseConfig, files: list[str], fmt: str, dim: int) -> Inp
                      features_column=cfg.features_column, label_column=cfg.label_column, feature_dim=dim)
 
 
-def _peek_dim(path: str, fmt: str, cfg: ReleaseConfig) -> int:
-    for block in read_shard(path, fmt, cfg.features_column, cfg.label_column, batch_rows=1):
-        return int(block.features.shape[1])
-    raise InputError(f"{path}: zero rows")
+def _peek_dim(files: list[str], fmt: str, cfg: ReleaseConfig) -> int:
+    """Feature width of the first row of the first non-empty shard (an empty shard among others is fine)."""
+    for path in files:
+        for block in read_shard(path, fmt, cfg.features_column, cfg.label_column, batch_rows=1):
+            return int(block.features.shape[1])
+    raise InputError(f"{cfg.input}: zero rows in the {len(files)} matching file(s)")
 
 
 def build_pipeline(p: beam.Pipeline, cfg: ReleaseConfig, files: list[str], fmt: str, dim: int,
@@ -61,7 +63,7 @@ def build_pipeline(p: beam.Pipeline, cfg: ReleaseConfig, files: list[str], fmt: 
     key = p | "NoiseKey" >> beam.Create([cfg.seed]) | "DrawKey" >> beam.Map(_noise_key)
     blocks = p | "ReadShards" >> ReadShards(
         files, fmt=fmt, features_column=cfg.features_column, label_column=cfg.label_column,
-        bounds=cfg.feature_bounds, out_of_bounds=cfg.out_of_bounds, num_classes=cfg.num_classes)
+        bounds=cfg.feature_bounds, out_of_bounds=cfg.out_of_bounds, num_classes=cfg.num_classes, width=dim)
     stats = blocks | "ComputeGlobalStats" >> ComputeGlobalStats(cfg.feature_bounds)
     plan = stats | "Calibrate" >> Calibrate(cfg, key)
     synthetic = (blocks
@@ -74,6 +76,24 @@ def build_pipeline(p: beam.Pipeline, cfg: ReleaseConfig, files: list[str], fmt: 
         label_column=cfg.label_column)
     return files_written | "WriteManifest" >> WriteManifest(
         workdir, plan, functools.partial(build_manifest, cfg, input_info))
+
+
+COUNTERS = ("rows_read", "rows_rejected", "values_clipped_to_bounds", "rows_synthesized", "rows_written")
+
+
+def _counters(result) -> dict:
+    """The 'dpcda' Beam counters of a finished run, summed over steps (empty where the runner has none)."""
+    from apache_beam.metrics.metric import MetricsFilter
+
+    try:
+        found = result.metrics().query(MetricsFilter().with_namespace("dpcda"))["counters"]
+    except Exception:  # noqa: BLE001 - metrics are best effort; some runners do not report them
+        return {}
+    totals = dict.fromkeys(COUNTERS, 0)
+    for c in found:
+        value = c.committed if c.committed is not None else c.attempted
+        totals[c.key.metric.name] = totals.get(c.key.metric.name, 0) + int(value or 0)
+    return totals
 
 
 def _has_release(output: str) -> bool:
@@ -100,7 +120,12 @@ def _publish(workdir: str, output: str, overwrite: bool) -> None:
         if os.path.exists(output):
             old = f"{output.rstrip('/')}.old-{uuid.uuid4().hex[:8]}"
             os.rename(output, old)
-        os.rename(workdir, output)
+        try:
+            os.rename(workdir, output)
+        except BaseException:
+            if old:
+                os.rename(old, output)
+            raise
         if old:
             _delete_tree(old)
         return
@@ -122,7 +147,7 @@ def run_release(cfg: ReleaseConfig, beam_args: list[str], evaluate=None) -> dict
     output = cfg.output.rstrip("/")
     if _has_release(output) and not cfg.overwrite:
         raise ReleaseError(f"{output}: a release already exists there; pass --overwrite to replace it")
-    dim = _peek_dim(files[0], fmt, cfg)
+    dim = _peek_dim(files, fmt, cfg)
     info = _input_info(cfg, files, fmt, dim)
     workdir = f"{output}.tmp-{uuid.uuid4().hex[:12]}"
     log.info("stage=start files=%d format=%s dim=%d mode=%s l=%d workdir=%s", len(files), fmt, dim, cfg.mode,
@@ -134,7 +159,8 @@ def run_release(cfg: ReleaseConfig, beam_args: list[str], evaluate=None) -> dict
         import json
         with FileSystems.open(FileSystems.join(workdir, MANIFEST)) as fh:
             manifest = json.loads(fh.read())
-        log.info("stage=pipeline rows=%d seconds=%.1f", manifest["output"]["rows"], time.time() - t0)
+        counts = " ".join(f"{k}={v}" for k, v in _counters(p.result).items())
+        log.info("stage=pipeline rows=%d %s seconds=%.1f", manifest["output"]["rows"], counts, time.time() - t0)
         if evaluate is not None:
             manifest = evaluate(workdir, manifest)
         _publish(workdir, output, cfg.overwrite)

@@ -10,6 +10,8 @@ from apache_beam.metrics import Metrics
 from transforms.shards import Block, InputError, read_shard
 
 log = logging.getLogger(__name__)
+# Without --num-classes, K = max label + 1; labels at or above this are refused as corrupt.
+MAX_INFERRED_CLASSES = 1 << 16
 
 
 def validate_block(block: Block, *, bounds, out_of_bounds: str, num_classes, features_column: str,
@@ -25,8 +27,11 @@ def validate_block(block: Block, *, bounds, out_of_bounds: str, num_classes, fea
     n_out = int(outside.sum())
     if n_out and out_of_bounds == "refuse":
         r = int(np.flatnonzero(outside.any(axis=1))[0])
+        last = block.first_row + len(x) - 1
         raise InputError(f"{src}: column '{features_column}' row {block.first_row + r}: value "
-                         f"{x[r][outside[r]][0]:g} outside feature_bounds [{lo:g}, {hi:g}] (out_of_bounds=refuse)")
+                         f"{x[r][outside[r]][0]:g} outside feature_bounds [{lo:g}, {hi:g}] ({n_out} values "
+                         f"outside in rows {block.first_row}-{last}; out_of_bounds=refuse, or pass "
+                         f"--out-of-bounds clip)")
     if n_out:
         x = np.clip(x, lo, hi)
     neg = np.flatnonzero(y < 0)
@@ -37,12 +42,18 @@ def validate_block(block: Block, *, bounds, out_of_bounds: str, num_classes, fea
         if big.size:
             raise InputError(f"{src}: column '{label_column}' row {block.first_row + int(big[0])}: label "
                              f"{y[big[0]]} >= num_classes {num_classes}")
+    else:  # K is inferred as max label + 1: a stray huge label must not size the class histogram
+        big = np.flatnonzero(y >= MAX_INFERRED_CLASSES)
+        if big.size:
+            raise InputError(f"{src}: column '{label_column}' row {block.first_row + int(big[0])}: label "
+                             f"{y[big[0]]} >= {MAX_INFERRED_CLASSES} with no --num-classes; pass --num-classes")
     return Block(x, y, src, block.first_row), n_out
 
 
 class _ReadShardFn(beam.DoFn):
-    def __init__(self, fmt, features_column, label_column, bounds, out_of_bounds, num_classes, batch_rows):
-        self.fmt, self.fc, self.lc = fmt, features_column, label_column
+    def __init__(self, fmt, features_column, label_column, bounds, out_of_bounds, num_classes, batch_rows,
+                 width=None):
+        self.fmt, self.fc, self.lc, self.width = fmt, features_column, label_column, width
         self.checks = dict(bounds=bounds, out_of_bounds=out_of_bounds, num_classes=num_classes,
                            features_column=features_column, label_column=label_column)
         self.batch_rows = batch_rows
@@ -51,7 +62,7 @@ class _ReadShardFn(beam.DoFn):
         self.rows_rejected = Metrics.counter("dpcda", "rows_rejected")
 
     def process(self, path):
-        for block in read_shard(path, self.fmt, self.fc, self.lc, self.batch_rows):
+        for block in read_shard(path, self.fmt, self.fc, self.lc, self.batch_rows, self.width):
             try:
                 block, clipped = validate_block(block, **self.checks)
             except InputError:
@@ -65,13 +76,14 @@ class _ReadShardFn(beam.DoFn):
 
 
 class ReadShards(beam.PTransform):
-    """PBegin -> Block: reads and validates every shard in ``files``."""
+    """PBegin -> Block: reads and validates every shard in ``files`` (all of feature width ``width``, if given)."""
 
     def __init__(self, files, *, fmt="auto", features_column="features", label_column="label",
-                 bounds=(0.0, 1.0), out_of_bounds="clip", num_classes=None, batch_rows=16384):
+                 bounds=(0.0, 1.0), out_of_bounds="clip", num_classes=None, batch_rows=16384, width=None):
         super().__init__()
         self.files = list(files)
-        self.fn = _ReadShardFn(fmt, features_column, label_column, bounds, out_of_bounds, num_classes, batch_rows)
+        self.fn = _ReadShardFn(fmt, features_column, label_column, bounds, out_of_bounds, num_classes, batch_rows,
+                               width)
 
     def expand(self, pbegin):
         return (pbegin

@@ -92,7 +92,7 @@ def _column_to_labels(col, path: str, name: str, first_row: int) -> np.ndarray:
         bad = np.flatnonzero(~np.isfinite(vals) | (vals != np.round(vals)))
         if bad.size:
             raise InputError(f"{path}: column '{name}' row {first_row + int(bad[0])}: "
-                             f"label {vals[bad[0]]!r} is not an integer")
+                             f"label {float(vals[bad[0]]):g} is not an integer")
         return vals.astype(np.int64)
     raise InputError(f"{path}: column '{name}' has type {arr.type}; expected int64")
 
@@ -116,7 +116,11 @@ def read_parquet(path: str, features_column: str, label_column: str, batch_rows:
     except InputError:
         raise
     except (pa.ArrowException, OSError, ValueError) as err:
-        raise InputError(f"{path}: unreadable Parquet shard ({type(err).__name__}: {err})") from None
+        raise InputError(f"{path}: unreadable Parquet shard ({_one_line(err)})") from None
+
+
+def _one_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {' '.join(str(err).split())}"
 
 
 def write_parquet(path: str, features: np.ndarray, labels: np.ndarray,
@@ -150,6 +154,9 @@ def _masked_crc(data: bytes) -> Optional[int]:
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
+_MAX_RECORD_BYTES = 1 << 31
+
+
 def _tfrecord_frames(fh, path: str) -> Iterator[bytes]:
     index = 0
     while True:
@@ -162,6 +169,8 @@ def _tfrecord_frames(fh, path: str) -> Iterator[bytes]:
         expect = _masked_crc(header[:8])
         if expect is not None and struct.unpack("<I", header[8:12])[0] != expect:
             raise InputError(f"{path}: corrupt TFRecord shard at record {index} (length CRC)")
+        if length > _MAX_RECORD_BYTES:  # without CRCs, garbage must not turn into a huge read
+            raise InputError(f"{path}: corrupt TFRecord shard at record {index} (record length {length})")
         data = fh.read(length)
         footer = fh.read(4)
         if len(data) < length or len(footer) < 4:
@@ -180,6 +189,14 @@ def _frame(data: bytes) -> bytes:
 
 def read_tfrecord(path: str, features_column: str, label_column: str, batch_rows: int = 65536,
                   width: Optional[int] = None) -> Iterator[Block]:
+    try:
+        yield from _read_tfrecord(path, features_column, label_column, batch_rows, width)
+    except OSError as err:
+        raise InputError(f"{path}: unreadable TFRecord shard ({_one_line(err)})") from None
+
+
+def _read_tfrecord(path: str, features_column: str, label_column: str, batch_rows: int,
+                   width: Optional[int]) -> Iterator[Block]:
     from tfrecord import example_pb2
 
     feats, labels, first = [], [], 0
@@ -227,9 +244,10 @@ def write_tfrecord(path: str, features: np.ndarray, labels: np.ndarray,
 
 
 def read_shard(path: str, fmt: str, features_column: str = "features", label_column: str = "label",
-               batch_rows: int = 65536) -> Iterator[Block]:
+               batch_rows: int = 65536, width: Optional[int] = None) -> Iterator[Block]:
+    """Blocks of one shard; ``width`` (the feature dimension of the whole input) is checked when given."""
     reader = read_parquet if detect_format(path, fmt) == "parquet" else read_tfrecord
-    return reader(path, features_column, label_column, batch_rows)
+    return reader(path, features_column, label_column, batch_rows, width)
 
 
 def read_all(paths: list[str], fmt: str = "auto", features_column: str = "features",
