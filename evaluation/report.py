@@ -1,0 +1,123 @@
+"""Evaluation outputs: ``report.json``, ``samples.png`` (seed 000 Fig. 1 style grid) and ``curves.png``.
+
+Matplotlib with the Agg backend (no display); local paths only.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Optional, Sequence
+
+import numpy as np
+
+REPORT = "report.json"
+SAMPLES = "samples.png"
+CURVES = "curves.png"
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def write_report(out_dir: str, result: dict, extra: Optional[dict] = None) -> str:
+    """Writes ``out_dir/report.json`` (the ``train_and_score`` result plus ``extra``); returns its path."""
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, REPORT)
+    body = {**result, **(extra or {})}
+    tmp = path + ".partial"
+    with open(tmp, "w") as fh:
+        fh.write(json.dumps(body, indent=2, allow_nan=True) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def _as_image(row: np.ndarray, shape: Optional[Sequence[int]]) -> np.ndarray:
+    """A row as a displayable 2-D (H, W) or (H, W, 3) array; flat rows become a near-square strip."""
+    if shape is not None and len(shape) == 3:
+        c, h, w = shape
+        img = row.reshape(c, h, w)
+        return img[0] if c == 1 else np.moveaxis(img[:3], 0, -1) if c >= 3 else img.mean(axis=0)
+    d = row.size
+    side = math.isqrt(d)
+    if side * side == d:
+        return row.reshape(side, side)
+    width = math.ceil(math.sqrt(d))
+    return np.pad(row, (0, width * math.ceil(d / width) - d), constant_values=np.nan).reshape(-1, width)
+
+
+def write_samples(path: str, features: np.ndarray, labels: np.ndarray, *, num_classes: int, per_class: int = 8,
+                  input_shape: Optional[Sequence[int]] = None, seed: int = 0,
+                  class_names: Optional[Sequence[str]] = None) -> str:
+    """Grid of synthetic rows, one row of ``per_class`` samples per class (seed 000 Fig. 1)."""
+    plt = _pyplot()
+    rng = np.random.default_rng(seed)
+    fig, axes = plt.subplots(num_classes, per_class, figsize=(per_class * 0.9 + 0.8, num_classes * 0.9 + 0.3),
+                             squeeze=False)
+    for k in range(num_classes):
+        rows = np.flatnonzero(labels == k)
+        pick = rng.choice(rows, size=min(per_class, len(rows)), replace=False) if len(rows) else []
+        for j in range(per_class):
+            ax = axes[k, j]
+            ax.set_xticks([])
+            ax.set_yticks([])
+            for spine in ax.spines.values():
+                spine.set_visible(False)
+            if j < len(pick):
+                img = _as_image(np.asarray(features[pick[j]], np.float32), input_shape)
+                if img.ndim == 3:  # colour: each image scaled to [0, 1] for display
+                    lo, hi = np.nanmin(img), np.nanmax(img)
+                    img = (img - lo) / (hi - lo + 1e-12)
+                ax.imshow(img, cmap="gray", interpolation="nearest")
+            if j == 0:
+                ax.set_ylabel(class_names[k] if class_names else str(k), rotation=0, ha="right", va="center",
+                              fontsize=8)
+    fig.suptitle("synthetic rows per class", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+def write_curves(path: str, curves: list[dict]) -> str:
+    """Training loss and held-out synthetic accuracy per epoch, one line per run."""
+    plt = _pyplot()
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(9, 3.5))
+    for c in curves:
+        epochs = np.arange(1, len(c["train_loss"]) + 1)
+        label = f"seed {c.get('seed', '?')}"
+        ax_loss.plot(epochs, c["train_loss"], marker="o", label=label)
+        line, = ax_acc.plot(epochs, c["val_accuracy"], marker="o", label=label)
+        sel = c.get("selected_epoch")
+        if sel is not None and 0 <= sel < len(c["val_accuracy"]):
+            ax_acc.plot([sel + 1], [c["val_accuracy"][sel]], marker="*", markersize=12, color=line.get_color())
+    ax_loss.set(title="training loss (synthetic)", xlabel="epoch", ylabel="cross-entropy")
+    ax_acc.set(title="accuracy on held-out synthetic rows (* = kept)", xlabel="epoch", ylabel="accuracy")
+    for ax in (ax_loss, ax_acc):
+        ax.grid(alpha=0.3)
+        if len(curves) <= 10:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def write_all(out_dir: str, result: dict, train_x: np.ndarray, train_y: np.ndarray, *,
+              input_shape: Optional[Sequence[int]] = None, extra: Optional[dict] = None) -> dict:
+    """Writes report.json, samples.png and curves.png into ``out_dir``; returns their paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    shape = input_shape if input_shape is not None and len(input_shape) == 3 else None
+    paths = {
+        "samples": write_samples(os.path.join(out_dir, SAMPLES), train_x, train_y,
+                                 num_classes=result["num_classes"], input_shape=shape),
+        "curves": write_curves(os.path.join(out_dir, CURVES), result["curves"]),
+    }
+    paths["report"] = write_report(out_dir, result, {**(extra or {}), "files": {k: os.path.basename(v)
+                                                                                for k, v in paths.items()}})
+    return paths

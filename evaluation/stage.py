@@ -1,0 +1,151 @@
+"""EvaluateUtility: train the Table 1 CNN on a release's synthetic rows, test on real rows (seed 000, Table 2).
+
+The real test rows get exactly the transform the release applied to its training rows (``normalization.json``:
+DP z-score then L2 clip, ``transforms.plan.normalize``); the synthetic rows are used as written. No real test
+data takes part in any training choice (see ``evaluation.train``). Beam is not needed for local paths.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from typing import Optional
+
+import numpy as np
+
+from evaluation import report as report_mod
+from evaluation.train import train_and_score
+from transforms.plan import normalize
+from transforms.shards import InputError, expand_glob, open_file, read_all
+
+log = logging.getLogger("dpcda.evaluation")
+EVAL_DIR = "evaluation"
+SYNTHETIC_DIR = "synthetic"
+NORMALIZATION = "normalization.json"
+MANIFEST = "manifest.json"
+
+
+class EvaluationError(ValueError):
+    """The release or the test data cannot be evaluated (missing files, mismatched widths or labels)."""
+
+
+def _join(base: str, *parts: str) -> str:
+    return "/".join([base.rstrip("/"), *parts]) if "://" in base else os.path.join(base, *parts)
+
+
+def _read_json(path: str) -> dict:
+    with open_file(path) as fh:
+        return json.loads(fh.read())
+
+
+def _exists(path: str) -> bool:
+    if "://" in path:
+        from apache_beam.io.filesystems import FileSystems
+
+        return FileSystems.exists(path)
+    return os.path.exists(path)
+
+
+def load_synthetic(release_dir: str):
+    """Every synthetic row of a release (``release_dir/synthetic/*.parquet``, or Parquet files in the folder)."""
+    files = expand_glob(_join(release_dir, SYNTHETIC_DIR, "*.parquet")) or expand_glob(_join(release_dir, "*.parquet"))
+    if not files:
+        raise EvaluationError(f"{release_dir}: no synthetic Parquet files (expected {SYNTHETIC_DIR}/part-*.parquet)")
+    return read_all(files, "parquet")
+
+
+def load_test(test_glob: str, norm: dict, dim: int):
+    """Real test rows, normalised as the release normalised its training rows."""
+    files = expand_glob(test_glob)
+    if not files:
+        raise InputError(f"{test_glob}: no test files match")
+    block = read_all(files)
+    if block.features.shape[1] != dim:
+        raise EvaluationError(f"{test_glob}: test rows have width {block.features.shape[1]}, the release has {dim}")
+    mean, std = (np.asarray(norm[k], np.float32) for k in ("mean", "std"))
+    if mean.shape != (dim,) or std.shape != (dim,):
+        raise EvaluationError(f"{NORMALIZATION}: mean/std must list {dim} numbers")
+    x = normalize(block.features, mean, std, float(norm["clip"]), tuple(norm["feature_bounds"]))
+    return x, block.labels
+
+
+def _find_normalization(release_dir: str) -> str:
+    for d in (release_dir, os.path.dirname(release_dir.rstrip("/"))):
+        path = _join(d, NORMALIZATION)
+        if d and _exists(path):
+            return path
+    raise EvaluationError(f"{release_dir}: {NORMALIZATION} is missing; the test rows cannot be normalised as "
+                          f"the release's training rows were")
+
+
+def _release_info(manifest: Optional[dict]) -> dict:
+    if not manifest:
+        return {}
+    mech, priv = manifest.get("mechanism", {}), manifest.get("privacy", {})
+    return {"release": {"mode": mech.get("mode"), "mixing_order": mech.get("mixing_order"),
+                        "sigma_x": mech.get("sigma_x"), "clip": mech.get("clip"),
+                        "epsilon": priv.get("epsilon"), "delta": priv.get("delta"),
+                        "samples_total": mech.get("samples_total")}}
+
+
+def run_evaluation(release_dir: str, test_glob: str, out_dir: str, *, runs: int, epochs: int,
+                   manifest: Optional[dict] = None, device: str = "auto", seed: int = 0,
+                   progress: bool = True) -> dict:
+    """Loads, trains ``runs`` x ``epochs``, writes report.json, samples.png, curves.png into ``out_dir``."""
+    syn = load_synthetic(release_dir)
+    dim = syn.features.shape[1]
+    norm = _read_json(_find_normalization(release_dir))
+    test_x, test_y = load_test(test_glob, norm, dim)
+    declared = (manifest or {}).get("mechanism", {}).get("num_classes")
+    num_classes = int(declared or max(int(syn.labels.max()), int(test_y.max())) + 1)
+    if int(test_y.max()) >= num_classes or int(test_y.min()) < 0:
+        raise EvaluationError(f"{test_glob}: test labels {int(test_y.min())}..{int(test_y.max())} fall outside the "
+                              f"release's {num_classes} classes")
+    log.info("stage=evaluate synthetic=%d test=%d dim=%d classes=%d runs=%d epochs=%d", len(syn.labels),
+             len(test_y), dim, num_classes, runs, epochs)
+    result = train_and_score(syn.features, syn.labels, test_x, test_y, num_classes=num_classes, runs=runs,
+                             epochs=epochs, device=device, seed=seed, progress=progress)
+    extra = {"synthetic_rows": int(len(syn.labels)), "test_glob": test_glob, **_release_info(manifest)}
+    remote = "://" in out_dir
+    local_dir = tempfile.mkdtemp(prefix="dpcda-eval-") if remote else out_dir
+    try:
+        paths = report_mod.write_all(local_dir, result, syn.features, syn.labels,
+                                     input_shape=result["input_shape"], extra=extra)
+        if remote:
+            for p in paths.values():
+                with open(p, "rb") as src, open_file(_join(out_dir, os.path.basename(p)), "wb") as dst:
+                    dst.write(src.read())
+    finally:
+        if remote:
+            shutil.rmtree(local_dir, ignore_errors=True)
+    log.info("stage=evaluate accuracy=%.4f+-%.4f device=%s seconds=%.1f", result["accuracy_mean"],
+             result["accuracy_std"], result["device"], result["wall_seconds"])
+    return {**result, **extra, "path": _join(out_dir, report_mod.REPORT)}
+
+
+def evaluate_release(workdir: str, manifest: dict, test_glob: str, *, runs: int = 1, epochs: int = 10) -> dict:
+    """Release stage: evaluates ``workdir``, adds ``manifest['utility']``, rewrites manifest.json; returns it."""
+    from schemas.manifest import Manifest
+
+    rep = run_evaluation(workdir, test_glob, _join(workdir, EVAL_DIR), runs=runs, epochs=epochs, manifest=manifest)
+    manifest = dict(manifest)
+    manifest["utility"] = {
+        "accuracy_mean": rep["accuracy_mean"], "accuracy_std": rep["accuracy_std"], "runs": rep["runs"],
+        "epochs": rep["epochs"], "device": rep["device"], "test_rows": rep["test_rows"],
+        "report": f"{EVAL_DIR}/{report_mod.REPORT}",
+    }
+    Manifest(**manifest)  # raises on anything the schema does not allow
+    with open_file(_join(workdir, MANIFEST), "wb") as fh:
+        fh.write((json.dumps(manifest, indent=2, allow_nan=True) + "\n").encode())
+    return manifest
+
+
+def evaluate_standalone(synthetic_dir: str, test_glob: str, *, runs: int = 3, epochs: int = 10,
+                        out: Optional[str] = None) -> dict:
+    """``dpcda evaluate``: evaluates a release folder; returns the report dict with 'path' (report.json)."""
+    manifest_path = _join(synthetic_dir, MANIFEST)
+    manifest = _read_json(manifest_path) if _exists(manifest_path) else None
+    return run_evaluation(synthetic_dir, test_glob, out or _join(synthetic_dir, EVAL_DIR), runs=runs, epochs=epochs,
+                          manifest=manifest)
