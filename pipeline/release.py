@@ -1,7 +1,7 @@
 """The release job: builds the Beam graph of DESIGN.md and publishes the release atomically.
 
-    ReadShards -> ComputeGlobalStats -> Calibrate --(side inputs)--> NormalizeAndClip -> MixWithinClass
-    -> WriteSynthetic -> WriteManifest
+    ReadShards -> ComputeGlobalStats -> Calibrate --(side inputs)--+
+    ReadShards -> GroupByClass -> NormalizeAndClip -> MixWithinClass -> WriteSynthetic -> WriteManifest
 
 Everything is written under a temporary sibling of OUTPUT and moved into place only after every
 shard and the manifest are written; a failure leaves nothing at OUTPUT.
@@ -23,6 +23,7 @@ from privacy.noise import fresh_key, key_from_test_seed
 from schemas.config import ReleaseConfig
 from schemas.manifest import InputInfo
 from transforms.calibrate import Calibrate
+from transforms.group import GroupByClass
 from transforms.mix import MixWithinClass
 from transforms.normalize import NormalizeAndClip
 from transforms.read import ReadShards
@@ -67,6 +68,7 @@ def build_pipeline(p: beam.Pipeline, cfg: ReleaseConfig, files: list[str], fmt: 
     stats = blocks | "ComputeGlobalStats" >> ComputeGlobalStats(cfg.feature_bounds)
     plan = stats | "Calibrate" >> Calibrate(cfg, key)
     synthetic = (blocks
+                 | "GroupByClass" >> GroupByClass(plan)
                  | "NormalizeAndClip" >> NormalizeAndClip(plan)
                  | "MixWithinClass" >> MixWithinClass(plan, key, device=cfg.device, chunk_rows=cfg.chunk_rows,
                                                       features_column=cfg.features_column,

@@ -45,11 +45,14 @@ def _search(mode: Mode, make_event, target_epsilon: float, delta: float) -> floa
 
     upper = run("rdp-coarse", lo, hi, 1e-2)
     # The mode's accountant is tighter than coarse RDP, but not by 1.5x in sigma in our regime;
-    # if it is, we keep the conservative lower end rather than search an expensive wide bracket.
+    # if it is (both ends feasible), we keep the conservative lower end rather than search wider.
     lower = upper - math.log(1.5)
-    if epsilon_of(mode, make_event(math.exp(lower)), delta) <= target_epsilon:
-        return math.exp(lower)
-    return math.exp(run(ACCOUNTANT_BY_MODE[mode], lower, upper, LOG_TOL))
+    try:
+        return math.exp(run(ACCOUNTANT_BY_MODE[mode], lower, upper, LOG_TOL))
+    except ValueError:  # no sign change: the lower end already meets the target
+        if epsilon_of(mode, make_event(math.exp(lower)), delta) <= target_epsilon:
+            return math.exp(lower)
+        raise
 
 
 def calibrate_gaussian(mode: Mode, *, name: str, sensitivity: float, target_epsilon: float,

@@ -132,7 +132,7 @@ def _narrower_shard(d: Path):
 
 
 def _class_too_large(d: Path):
-    return good_input(d), None, [f"class 0 has more records than max_class_rows={N_PER_CLASS - 1}", "--max-class-rows"]
+    return good_input(d), None, [f"class 0 has {N_PER_CLASS} records, more than max_class_rows={N_PER_CLASS - 1}", "--max-class-rows", "column 'label'"]
 
 
 SUBPROCESS_CASES = {
@@ -415,8 +415,7 @@ def test_mix_dofn_retry_after_partial_output_is_identical(tmp_path, monkeypatch,
     plan = types.SimpleNamespace(feature_dim=DIM, num_classes=K, mode=mode, mixing_order=3, sigma_x=0.5,
                                  samples_per_class=10, sampling_rates=(0.25,) * K, sigma_y=0.0)
     key = key_from_test_seed(5)
-    element = (1, {"blocks": [Block(x[:5], np.ones(5, np.int64)), Block(x[5:], np.ones(7, np.int64))],
-                   "class": [None]})
+    element = (1, x)
     fn = _MixFn("cpu", 4, "features", "label")
     fn.setup()
     monkeypatch.delenv(FAULT_ENV, raising=False)
@@ -430,7 +429,7 @@ def test_mix_dofn_retry_after_partial_output_is_identical(tmp_path, monkeypatch,
             partial.append(table)
     assert len(partial) == 1 and partial[0].equals(unfailed[0])
     # The retry may see the class's blocks in another order: the rows must not change.
-    retried_element = (1, {"blocks": element[1]["blocks"][::-1], "class": [None]})
+    retried_element = (1, np.concatenate([x[5:], x[:5]]))
     retried = list(fn.process(retried_element, plan, key))
     assert len(retried) == len(unfailed)
     for a, b in zip(unfailed, retried):

@@ -1,7 +1,7 @@
-"""MixWithinClass: (k, {blocks, class}) -> pyarrow.Table of synthetic rows, chunk by chunk.
+"""MixWithinClass: (k, normalised class matrix) -> pyarrow.Table of synthetic rows, chunk by chunk.
 
-Every class in range(K) gets its T_k rows, also a class with no records (poisson mode must not
-reveal that it is empty). The device is picked once per worker.
+Every class in range(K) arrives (``GroupByClass``), also one with no records, and gets its T_k rows. The
+device is picked once per worker.
 """
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import os
 import time
 
 import apache_beam as beam
-import numpy as np
 from apache_beam.metrics import Metrics
 
 from transforms.mixing import mix_class, pick_device
@@ -32,10 +31,7 @@ class _MixFn(beam.DoFn):
         self.device = pick_device(self.device_pref)
 
     def process(self, element, plan, key):
-        k, groups = element
-        blocks = groups["blocks"]
-        x = (np.concatenate([b.features for b in blocks]) if blocks
-             else np.zeros((0, plan.feature_dim), np.float32))
+        k, x = element
         start = time.time()
         fault_dir = os.environ.get(FAULT_ENV)
         for i, (chunk, feats, labels) in enumerate(mix_class(
@@ -55,7 +51,7 @@ class _MixFn(beam.DoFn):
 
 
 class MixWithinClass(beam.PTransform):
-    """(k, Block) -> pyarrow.Table: T_k synthetic rows per class k in range(K)."""
+    """(k, float32 (N_k, d)) -> pyarrow.Table: T_k synthetic rows of class k."""
 
     def __init__(self, plan_pcoll, key_pcoll, *, device="auto", chunk_rows=4096,
                  features_column="features", label_column="label"):
@@ -63,9 +59,6 @@ class MixWithinClass(beam.PTransform):
         self.plan, self.key = plan_pcoll, key_pcoll
         self.fn = _MixFn(device, chunk_rows, features_column, label_column)
 
-    def expand(self, keyed_blocks):
-        classes = self.plan | "AllClasses" >> beam.FlatMap(lambda p: [(k, None) for k in range(p.num_classes)])
-        return ({"blocks": keyed_blocks, "class": classes}
-                | "GroupByClass" >> beam.CoGroupByKey()
-                | "Mix" >> beam.ParDo(self.fn, beam.pvalue.AsSingleton(self.plan),
-                                      beam.pvalue.AsSingleton(self.key)))
+    def expand(self, classes):
+        return classes | "Mix" >> beam.ParDo(self.fn, beam.pvalue.AsSingleton(self.plan),
+                                             beam.pvalue.AsSingleton(self.key))

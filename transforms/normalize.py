@@ -1,26 +1,22 @@
-"""NormalizeAndClip: Block -> (class, normalised Block), z-scored with the plan's statistics, L2-clipped."""
+"""NormalizeAndClip: (k, raw features) -> (k, features z-scored with the plan's statistics, L2-clipped to c)."""
 from __future__ import annotations
 
 import apache_beam as beam
-import numpy as np
 
 from transforms.plan import normalize
-from transforms.shards import Block
 
 
-def _split(block: Block, plan):
-    z = normalize(block.features, plan.mean, plan.std, plan.clip, plan.bounds)
-    for k in np.unique(block.labels):
-        sel = block.labels == k
-        yield int(k), Block(z[sel], block.labels[sel])
+def _normalize(element, plan):
+    k, x = element
+    return k, normalize(x, plan.mean, plan.std, plan.clip, plan.bounds)
 
 
 class NormalizeAndClip(beam.PTransform):
-    """Block -> (k, Block) per class present in the block."""
+    """(k, float32 (N_k, d)) -> (k, float32 (N_k, d)) with every row of L2 norm <= c."""
 
     def __init__(self, plan_pcoll):
         super().__init__()
         self.plan = plan_pcoll
 
-    def expand(self, blocks):
-        return blocks | "ZScoreClipSplit" >> beam.FlatMap(_split, beam.pvalue.AsSingleton(self.plan))
+    def expand(self, classes):
+        return classes | "ZScoreClip" >> beam.Map(_normalize, beam.pvalue.AsSingleton(self.plan))

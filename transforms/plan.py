@@ -95,12 +95,21 @@ def build_plan(first: FirstPass, cfg: ReleaseConfig, key: bytes) -> ReleasePlan:
     shared: list = []
 
     # Class sizes: public in fixed mode, a DP histogram in poisson mode.
+    where = f"{cfg.input}: column '{cfg.label_column}'"
+    too_big = [k for k in range(K) if counts[k] > cfg.max_class_rows]
+    if too_big:
+        k = too_big[0]
+        raise PlanError(f"{where}: class {k} has {counts[k]} records, more than max_class_rows={cfg.max_class_rows}, "
+                        f"the limit of the in-memory mixer (one class held by one worker); raise --max-class-rows on "
+                        f"workers with more memory, or split the class")
     if mode == "fixed":
         small = [k for k in range(K) if counts[k] < l]
         if small:
             k = small[0]
-            raise PlanError(f"class {k} has {counts[k]} records, fewer than mixing_order l={l}; fixed mode "
-                            f"draws l distinct records per row (lower l, or use --mode poisson)")
+            hint = ("" if cfg.num_classes else f"; without --num-classes, K = largest label + 1 = {K}, so a stray "
+                    f"label can create empty classes")
+            raise PlanError(f"{where}: class {k} has {counts[k]} records, fewer than mixing_order l={l}; fixed mode "
+                            f"draws l distinct records per row (lower l, or use --mode poisson){hint}")
         sizes, n_public = counts, float(rows)
         dp_sizes = None
         caveats.append("fixed mode: class sizes N_k are public and stated here; the guarantee covers "
@@ -136,13 +145,6 @@ def build_plan(first: FirstPass, cfg: ReleaseConfig, key: bytes) -> ReleasePlan:
     T_k = T // K
     if T_k < 1:
         raise PlanError(f"samples: T={T} gives no rows for {K} classes (T_k = floor(T/K) = 0)")
-    too_big = [k for k in range(K) if counts[k] > cfg.max_class_rows]
-    if too_big:
-        k = too_big[0]
-        raise PlanError(f"class {k} has more records than max_class_rows={cfg.max_class_rows}, the limit of the "
-                        f"in-memory mixer (one class held by one worker); raise --max-class-rows on workers "
-                        f"with more memory, or split the class")
-
     sizes_list = [int(s) for s in sizes]
     if cfg.sigma_x is not None:
         sigma_x = float(cfg.sigma_x)
