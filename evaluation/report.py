@@ -54,26 +54,30 @@ def _as_image(row: np.ndarray, shape: Optional[Sequence[int]]) -> np.ndarray:
 def write_samples(path: str, features: np.ndarray, labels: np.ndarray, *, num_classes: int, per_class: int = 8,
                   input_shape: Optional[Sequence[int]] = None, seed: int = 0,
                   class_names: Optional[Sequence[str]] = None) -> str:
-    """Grid of synthetic rows, one row of ``per_class`` samples per class (seed 000 Fig. 1)."""
+    """Grid of synthetic rows (seed 000 Fig. 1): one row per class, its mean over all its synthetic rows
+    first (noise averages out there; post-processing of released rows only), then ``per_class`` samples."""
     plt = _pyplot()
     rng = np.random.default_rng(seed)
-    fig, axes = plt.subplots(num_classes, per_class, figsize=(per_class * 0.9 + 0.8, num_classes * 0.9 + 0.3),
-                             squeeze=False)
+    cols = per_class + 1
+    fig, axes = plt.subplots(num_classes, cols, figsize=(cols * 0.9 + 0.8, num_classes * 0.9 + 0.4), squeeze=False)
     for k in range(num_classes):
         rows = np.flatnonzero(labels == k)
         pick = rng.choice(rows, size=min(per_class, len(rows)), replace=False) if len(rows) else []
-        for j in range(per_class):
+        shown = ([features[rows].mean(axis=0)] if len(rows) else []) + [features[i] for i in pick]
+        for j in range(cols):
             ax = axes[k, j]
             ax.set_xticks([])
             ax.set_yticks([])
             for spine in ax.spines.values():
                 spine.set_visible(False)
-            if j < len(pick):
-                img = _as_image(np.asarray(features[pick[j]], np.float32), input_shape)
+            if j < len(shown):
+                img = _as_image(np.asarray(shown[j], np.float32), input_shape)
                 if img.ndim == 3:  # colour: each image scaled to [0, 1] for display
                     lo, hi = np.nanmin(img), np.nanmax(img)
                     img = (img - lo) / (hi - lo + 1e-12)
                 ax.imshow(img, cmap="gray", interpolation="nearest")
+            if k == 0:
+                ax.set_title("class mean" if j == 0 else f"sample {j}", fontsize=7)
             if j == 0:
                 ax.set_ylabel(class_names[k] if class_names else str(k), rotation=0, ha="right", va="center",
                               fontsize=8)

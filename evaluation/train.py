@@ -118,17 +118,17 @@ class _EMA:
         for p in self.shadow.parameters():
             p.requires_grad_(False)
         self.steps = 0
+        src, dst = model.state_dict(), self.shadow.state_dict()  # tensors sharing storage with the modules
+        self._float = [(dst[k], src[k]) for k in dst if dst[k].dtype.is_floating_point]
+        self._other = [(dst[k], src[k]) for k in dst if not dst[k].dtype.is_floating_point]
 
     @torch.no_grad()
-    def update(self, model: nn.Module) -> None:
+    def update(self) -> None:
         self.steps += 1
         d = min(self.decay, (1 + self.steps) / (10 + self.steps))  # short warm-up: early weights forgotten fast
-        src = model.state_dict()
-        for k, v in self.shadow.state_dict().items():
-            if v.dtype.is_floating_point:
-                v.lerp_(src[k], 1.0 - d)
-            else:
-                v.copy_(src[k])
+        torch._foreach_lerp_([a for a, _ in self._float], [b for _, b in self._float], 1.0 - d)
+        for a, b in self._other:
+            a.copy_(b)
 
 
 def effective_batch_size(rows: int, batch_size: int, min_steps: int = 32, floor: int = 16) -> int:
@@ -156,7 +156,8 @@ def train_one(train_x: torch.Tensor, train_y: torch.Tensor, val_x: torch.Tensor,
     if device.type == "cuda" and isinstance(net, TableOneCNN):
         model = model.to(memory_format=torch.channels_last)
     autocast = device.type == "cuda"
-    opt = torch.optim.Adam(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
+    opt = torch.optim.Adam(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay,
+                           fused=device.type == "cuda" or None)
     n = len(train_y)
     batch_size = effective_batch_size(n, recipe.batch_size)
     steps_per_epoch = max(1, math.ceil(n / batch_size))
@@ -185,7 +186,7 @@ def train_one(train_x: torch.Tensor, train_y: torch.Tensor, val_x: torch.Tensor,
             opt.step()
             sched.step()
             if ema is not None:
-                ema.update(model)
+                ema.update()
             total_loss += loss.detach() * len(idx)
             if progress is not None:
                 progress.update(len(idx))
