@@ -68,7 +68,8 @@ def calibrate_sigma_x(mode: Mode, *, class_sizes: Sequence[int], samples_per_cla
                       shared: Sequence[Event] = ()) -> float:
     """Smallest sigma_x such that every class's (shared ∘ mixing) epsilon is <= the target.
 
-    Parallel composition over classes: the most demanding class sets sigma_x.
+    Parallel composition over classes: the most demanding class sets sigma_x. With T_k equal across classes that
+    is the smallest one (epsilon falls as N_k rises, a tested property); ``account`` re-checks every class.
     """
     if target_epsilon <= 0 or not math.isfinite(target_epsilon):
         raise CalibrationError(f"epsilon must be a positive finite number, got {target_epsilon}")
@@ -76,9 +77,10 @@ def calibrate_sigma_x(mode: Mode, *, class_sizes: Sequence[int], samples_per_cla
         raise CalibrationError(
             f"the statistics releases alone spend epsilon {epsilon_of(mode, shared, delta):.4g} "
             f">= target {target_epsilon}; lower their budget share")
-    sigma = 0.0
-    for size in sorted(set(int(n) for n in class_sizes)):
-        def make(s_over_c: float, size=size):
-            return [*shared, MixingEvent(mode, size, samples_per_class, mixing_order, clip, s_over_c * clip)]
-        sigma = max(sigma, _search(mode, make, target_epsilon, delta) * clip)
+    size = min(int(n) for n in class_sizes)
+
+    def make(s_over_c: float):
+        return [*shared, MixingEvent(mode, size, samples_per_class, mixing_order, clip, s_over_c * clip)]
+
+    sigma = _search(mode, make, target_epsilon, delta) * clip
     return sigma

@@ -149,3 +149,14 @@ def test_paper_theorem1_as_written():
     e = [theorem1_epsilon(sigma_x=s, sigma_y=s, **kw) for s in (0.5, 1.0, 2.0)]
     assert e[0] > e[1] > e[2] > 0
     assert theorem1_epsilon(sigma_x=1.0, sigma_y=1.0, **{**kw, "num_samples": 120000}) > e[1]
+
+
+@pytest.mark.parametrize("mode", ["fixed", "poisson"])
+def test_calibration_over_unequal_classes_covers_every_class(mode):
+    sizes = [900, 400, 2500]
+    sigma = calibrate_sigma_x(mode, class_sizes=sizes, samples_per_class=500, mixing_order=4, clip=1.0,
+                              target_epsilon=6.0, delta=DELTA)
+    events = tuple(MixingEvent(mode, n, 500, 4, 1.0, sigma) for n in sizes)
+    acc = account(ReleaseEvents(mode, (), events), DELTA)
+    assert acc.epsilon <= 6.0 and acc.worst_class_event.class_size == 400
+    assert all(epsilon_of(mode, [e], DELTA) <= 6.0 for e in events)
