@@ -57,10 +57,30 @@ def _search(mode: Mode, make_event, target_epsilon: float, delta: float) -> floa
 
 def calibrate_gaussian(mode: Mode, *, name: str, sensitivity: float, target_epsilon: float,
                        delta: float) -> GaussianStatsEvent:
-    """A Gaussian stats release spending ``target_epsilon`` alone."""
-    std = _search(mode, lambda s: [GaussianStatsEvent(name, s * sensitivity, sensitivity)],
-                  target_epsilon, delta)
-    return GaussianStatsEvent(name, std * sensitivity, sensitivity)
+    """A Gaussian stats release spending ``target_epsilon`` alone.
+
+    Searched with the PLD accountant, exact for a lone Gaussian: RDP over a finite list of orders has an epsilon
+    floor near log(1/delta) / max order, which would make small shares unreachable. ``sensitivity`` is already the
+    one the mode's relation implies, so the Gaussian's privacy loss is that of a shift by one noise multiplier in
+    either mode; dp_accounting's PLD ``REPLACE_ONE`` would double the shift again, so the add/remove PLD is used.
+    """
+    def relation_acc():
+        return make_accountant("poisson", "pld")
+    lo, hi = math.log(0.05), math.log(1e6)
+
+    def event(x: float) -> dp_accounting.DpEvent:
+        return GaussianStatsEvent(name, math.exp(x) * sensitivity, sensitivity).to_dp_event()
+
+    def eps_at(x: float) -> float:
+        return relation_acc().compose(event(x)).get_epsilon(delta)
+
+    if eps_at(lo) <= target_epsilon:
+        z = math.exp(lo)
+    else:
+        z = math.exp(dp_accounting.calibrate_dp_mechanism(
+            relation_acc, event, target_epsilon, delta,
+            bracket_interval=dp_accounting.ExplicitBracketInterval(lo, hi), tol=LOG_TOL))
+    return GaussianStatsEvent(name, z * sensitivity, sensitivity)
 
 
 def calibrate_sigma_x(mode: Mode, *, class_sizes: Sequence[int], samples_per_class: int,

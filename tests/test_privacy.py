@@ -80,8 +80,8 @@ def test_no_noise_is_infinite_and_unreachable_target_is_refused():
 
 def test_calibrate_gaussian_spends_its_share():
     ev = calibrate_gaussian("fixed", name="normalization", sensitivity=3.0, target_epsilon=0.5, delta=DELTA)
-    assert epsilon_of("fixed", [ev], DELTA) <= 0.5
-    assert epsilon_of("fixed", [ev], DELTA) > 0.49
+    # calibrated exactly (PLD); the RDP view used to compose it with the mixing is a little looser, never tighter
+    assert 0.5 <= epsilon_of("fixed", [ev], DELTA) < 0.5 * 1.3
     assert ev.noise_std / ev.sensitivity == pytest.approx(ev.noise_multiplier)
 
 
@@ -160,3 +160,14 @@ def test_calibration_over_unequal_classes_covers_every_class(mode):
     acc = account(ReleaseEvents(mode, (), events), DELTA)
     assert acc.epsilon <= 6.0 and acc.worst_class_event.class_size == 400
     assert all(epsilon_of(mode, [e], DELTA) <= 6.0 for e in events)
+
+
+@pytest.mark.parametrize("mode", ["fixed", "poisson"])
+@pytest.mark.parametrize("target", [0.02, 0.1, 0.5, 3.0])
+def test_calibrate_gaussian_small_shares_are_reached_not_floored(mode, target):
+    """A lone Gaussian has no epsilon floor: a 1 % share of a small budget must get noise, not 'infinite' noise."""
+    ev = calibrate_gaussian(mode, name="class_histogram", sensitivity=1.0, target_epsilon=target, delta=DELTA)
+    acc = pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)  # shift of one noise multiplier
+    got = acc.compose(ev.to_dp_event()).get_epsilon(DELTA)
+    assert target * 0.98 <= got <= target
+    assert ev.noise_multiplier < 1000  # e.g. 0.1 of epsilon needs z ~ 45, never ~ 6e4
