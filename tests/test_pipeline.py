@@ -111,9 +111,11 @@ def test_same_seed_identical_across_formats_and_running_modes(tmp_path):
 
 def test_poisson_mode_publishes_no_exact_counts(tmp_path, small_parquet):
     glob_, _, _ = small_parquet
-    out, m = release(tmp_path, glob_, mode="poisson", epsilon=8.0, num_classes=3, seed=4)
+    out, m = release(tmp_path, glob_, mode="poisson", epsilon=8.0, num_classes=3, seed=4, histogram_budget_share=0.3)
     assert m["mechanism"]["class_sizes"] is None
     assert len(m["mechanism"]["class_sizes_dp"]) == 3
+    # a 30 % share (eps 2.4) is a noise multiplier near 2: DP counts within 6 sd of the true 40
+    assert all(abs(n - 40) <= 12 for n in m["mechanism"]["class_sizes_dp"]), m["mechanism"]["class_sizes_dp"]
     assert set(m["privacy"]["components"]) == {"normalization", "class_histogram", "mixing"}
     assert m["privacy"]["accountant"] == "pld" and "rdp" in m["privacy"]["cross_check"]
     assert m["privacy"]["epsilon"] <= 8.0
