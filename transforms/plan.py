@@ -93,6 +93,9 @@ def build_plan(first: FirstPass, cfg: ReleaseConfig, key: bytes) -> ReleasePlan:
         "Label noise (sigma_y) costs no privacy here: within a class the one-hot mean is always e_k.",
     ]
     shared: list = []
+    if cfg.epsilon is None:
+        caveats.append(f"sigma_x was given explicitly: the statistics spent their shares of a reference budget "
+                       f"epsilon={REFERENCE_EPSILON:g}; the epsilon below is what the whole release spends.")
 
     # Class sizes: public in fixed mode, a DP histogram in poisson mode.
     where = f"{cfg.input}: column '{cfg.label_column}'"
