@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from evaluation.models import TableOneCNN, image_shape, make_model
+from transforms.mixing import pick_device  # Beam-free; one device policy for mixing and training
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,17 +73,6 @@ class RowScale(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.reshape(x.shape[0], -1)
         return x * torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True) + self.eps)
-
-
-def pick_device(device: str = "auto") -> torch.device:
-    """CUDA when present (and asked for by 'auto'), else CPU, with a warning when CUDA was asked for."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        print("evaluation: CUDA asked for but not available; training on CPU", file=sys.stderr)
-        return torch.device("cpu")
-    return dev
 
 
 def stratified_split(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -27,12 +27,14 @@ KEYS_PER_STEP = 1 << 24
 
 
 def pick_device(preference: str = "auto") -> torch.device:
-    if preference == "cuda" or (preference == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            log.warning("device=cuda asked for but CUDA is not available; mixing on the CPU")
-            return torch.device("cpu")
-        return torch.device("cuda")
-    return torch.device("cpu")
+    """CUDA when present and asked for ('auto', 'cuda', 'cuda:N'), else the CPU, with a warning if CUDA was named."""
+    if preference == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(preference)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        log.warning("device=%s asked for but CUDA is not available; using the CPU", preference)
+        return torch.device("cpu")
+    return dev
 
 
 def canonical_order(features: np.ndarray) -> np.ndarray:
