@@ -1,0 +1,50 @@
+"""Config: YAML/JSON file + flag overrides, validated by pydantic with errors that name the field."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from schemas.config import ConfigError, load_config
+
+
+def test_yaml_file_with_flag_overrides(tmp_path):
+    path = tmp_path / "release.yaml"
+    path.write_text("input: 'in/*.parquet'\noutput: out\nmixing-order: 8\nepsilon: 4\nfeature_bounds: [-1, 1]\n")
+    cfg = load_config(str(path), {"epsilon": 6.0, "mode": None})
+    assert (cfg.mixing_order, cfg.epsilon, cfg.feature_bounds, cfg.mode) == (8, 6.0, (-1.0, 1.0), "fixed")
+
+
+def test_json_file(tmp_path):
+    path = tmp_path / "release.json"
+    path.write_text(json.dumps({"input": "x", "output": "y", "sigma_x": 0.5, "mode": "poisson", "num_classes": 3}))
+    cfg = load_config(str(path), {})
+    assert cfg.sigma_x == 0.5 and cfg.num_classes == 3 and not cfg.reproducible
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    ({"mixing_order": 0}, "mixing_order"),
+    ({"clip": -1.0}, "clip"),
+    ({"delta": 2.0}, "delta"),
+    ({"feature_bounds": "1"}, "feature_bounds"),
+    ({"mode": "uniform"}, "mode"),
+    ({"bogus_field": 1}, "bogus_field"),
+    ({"sigma_x": 1.0}, "epsilon and sigma_x"),
+    ({"normalization": "public"}, "normalization_file"),
+    ({"normalization_budget_share": 0.45, "histogram_budget_share": 0.1}, "normalization_budget_share"),
+])
+def test_errors_name_the_field(overrides, needle):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, {"input": "a", "output": "b", "epsilon": 1.0, **overrides})
+    assert needle in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_epsilon_or_sigma_is_required():
+    with pytest.raises(ConfigError, match="epsilon: give a target epsilon"):
+        load_config(None, {"input": "a", "output": "b"})
+
+
+def test_missing_config_file_is_reported(tmp_path):
+    with pytest.raises(ConfigError, match="--config: no such file"):
+        load_config(str(tmp_path / "nope.yaml"), {})
