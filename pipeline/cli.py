@@ -39,8 +39,8 @@ def one_line_error(err: BaseException) -> str | None:
     return None
 
 
-def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+def _setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     for noisy in ("absl", "apache_beam", "urllib3", "google"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
@@ -103,7 +103,7 @@ def cmd_release(args, beam_args) -> int:
     from pipeline.release import run_release
     from schemas.config import load_config
 
-    overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config", "verbose")}
+    overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
     cfg = load_config(args.config, overrides)
     if not any(a.startswith("--runner") for a in beam_args):
         beam_args = DEFAULT_BEAM_ARGS + beam_args
@@ -186,7 +186,6 @@ def cmd_audit(args, _beam_args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpcda", description=__doc__.splitlines()[0])
-    parser.add_argument("--verbose", action="store_true", default=True, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
 
     prep = sub.add_parser("prepare", help="turn a public dataset into input shards")
@@ -239,7 +238,7 @@ def main(argv=None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "release":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    _setup_logging(args.verbose)
+    _setup_logging()
     try:
         return COMMANDS[args.command](args, extra)
     except KeyboardInterrupt:

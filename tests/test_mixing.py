@@ -97,3 +97,11 @@ def test_label_noise_flips_some_labels_only_when_asked():
     assert (lab == 0).all()
     _, _, lab = next(mix_class(x, sigma_y=1.0, **kw))
     assert 0.2 < (lab != 0).mean() < 0.9
+
+
+def test_empty_class_in_poisson_mode_still_gets_its_rows_of_noise():
+    out = list(mix_class(np.zeros((0, 4), np.float32), key=KEY, class_index=1, num_classes=2, mode="poisson",
+                         mixing_order=2, sigma_x=0.5, samples=10, chunk_rows=4, sampling_rate=1.0))
+    feats = np.concatenate([f for _, f, _ in out])
+    assert feats.shape == (10, 4) and np.all(np.isfinite(feats)) and feats.std() > 0.1
+    assert all((lab == 1).all() for _, _, lab in out)

@@ -88,9 +88,7 @@ def mix_chunk(x: torch.Tensor, *, mode: str, mixing_order: int, sigma_x: float, 
         out = torch.nn.functional.embedding_bag(idx, x, mode="sum")
     else:
         flat, offsets = sample_poisson(n, sampling_rate, rows, gen, x.device)
-        out = torch.nn.functional.embedding_bag(flat, x, offsets, mode="sum")
-        if out.shape[0] < rows:  # embedding_bag drops nothing, but guard against empty tails
-            out = torch.cat([out, out.new_zeros(rows - out.shape[0], x.shape[1])])
+        out = torch.nn.functional.embedding_bag(flat, x, offsets, mode="sum")  # one bag per offset, empty bags 0
     out = out / mixing_order
     if sigma_x > 0:
         out += sigma_x * torch.randn(out.shape, generator=gen, device=x.device, dtype=out.dtype)
