@@ -143,9 +143,9 @@ def evaluate_release(workdir: str, manifest: dict, test_glob: str, *, runs: int 
 
 
 def evaluate_standalone(synthetic_dir: str, test_glob: str, *, runs: int = 3, epochs: int = 10,
-                        out: Optional[str] = None) -> dict:
+                        out: Optional[str] = None, seed: int = 0) -> dict:
     """``dpcda evaluate``: evaluates a release folder; returns the report dict with 'path' (report.json)."""
     manifest_path = _join(synthetic_dir, MANIFEST)
     manifest = _read_json(manifest_path) if _exists(manifest_path) else None
     return run_evaluation(synthetic_dir, test_glob, out or _join(synthetic_dir, EVAL_DIR), runs=runs, epochs=epochs,
-                          manifest=manifest)
+                          manifest=manifest, seed=seed)

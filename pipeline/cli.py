@@ -172,7 +172,8 @@ def cmd_account(args, _beam_args) -> int:
 def cmd_evaluate(args, _beam_args) -> int:
     from evaluation.stage import evaluate_standalone
 
-    report = evaluate_standalone(args.synthetic, args.test, runs=args.runs, epochs=args.epochs, out=args.out)
+    report = evaluate_standalone(args.synthetic, args.test, runs=args.runs, epochs=args.epochs, out=args.out,
+                                 seed=args.seed)
     print(json.dumps({"accuracy_mean": report["accuracy_mean"], "accuracy_std": report["accuracy_std"],
                       "report": report.get("path")}))
     return 0
@@ -215,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--runs", type=int, default=3)
     ev.add_argument("--epochs", type=int, default=10)
     ev.add_argument("--out", default=None, help="report folder (default SYNTHETIC/evaluation)")
+    ev.add_argument("--seed", type=int, default=0, help="first training seed (runs use seed .. seed+R-1)")
 
     au = sub.add_parser("audit", help="empirical lower bound on epsilon for a configuration")
     au.add_argument("--mode", choices=["fixed", "poisson"], default="fixed")
