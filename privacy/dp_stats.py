@@ -29,23 +29,32 @@ def _on_grid(x: np.ndarray, scale: float) -> np.ndarray:
     return (np.round(np.asarray(x, np.float64) / (GRID * scale)) * (GRID * scale)).astype(np.float32)
 
 
-def feature_stats(*, n: float, sum_u: np.ndarray, sum_u2: np.ndarray, bounds: tuple[float, float],
+def moments_vector(*, count: int, sum_u: np.ndarray, sum_u2: np.ndarray) -> np.ndarray:
+    """The private vector that gets the noise: (sum u, sum (2u^2 - 1)), built with the EXACT row count.
+
+    Each record contributes (u, 2u^2 - 1) in [-1, 1]^2d, which is what ``moments_sensitivity`` bounds. Subtracting a
+    public or DP count instead would leave 2u^2 in [0, 2] per record and a larger sensitivity.
+    """
+    return np.concatenate([np.asarray(sum_u, np.float64), 2.0 * np.asarray(sum_u2, np.float64) - float(count)])
+
+
+def feature_stats(*, n: float, count: int, sum_u: np.ndarray, sum_u2: np.ndarray, bounds: tuple[float, float],
                   min_std: float, noise_std: float = 0.0, rng: np.random.Generator | None = None,
                   ) -> tuple[np.ndarray, np.ndarray]:
     """(mean, std) of the raw features from sums of u and u^2, with Gaussian noise when noise_std > 0.
 
-    ``n`` must be public (fixed mode) or DP (poisson mode). ``min_std`` floors the std in raw units,
+    ``count`` is the exact number of rows summed (it enters only the private vector, before the noise); ``n``, the
+    divisor afterwards, must be public (fixed mode) or DP (poisson mode). ``min_std`` floors the std in raw units,
     so constant features (std 0) never divide by zero.
     """
     lo, hi = bounds
     mid, half = (lo + hi) / 2.0, (hi - lo) / 2.0
-    su = np.asarray(sum_u, np.float64)
-    sv = 2.0 * np.asarray(sum_u2, np.float64) - n
+    vec = moments_vector(count=count, sum_u=sum_u, sum_u2=sum_u2)
     if noise_std > 0:
         if rng is None:
             raise ValueError("a generator is required to add noise")
-        su = su + rng.normal(0.0, noise_std, su.shape)
-        sv = sv + rng.normal(0.0, noise_std, sv.shape)
+        vec = vec + rng.normal(0.0, noise_std, vec.shape)
+    su, sv = np.split(vec, 2)
     n = max(float(n), 1.0)
     mean_u = np.clip(su / n, -1.0, 1.0)
     ex2 = np.clip((sv / n + 1.0) / 2.0, 0.0, 1.0)

@@ -91,7 +91,7 @@ def test_feature_stats_noise_free_match_numpy_and_constant_features_are_floored(
     x[:, 0] = 0.0  # a constant feature: std 0
     comb = FirstPassCombiner((0.0, 1.0))
     acc = comb.add(comb.create(), x.astype(np.float32), np.zeros(500, np.int64))
-    mean, std = dp_stats.feature_stats(n=500, sum_u=acc.moments.sum, sum_u2=acc.moments.sum_sq,
+    mean, std = dp_stats.feature_stats(n=500, count=500, sum_u=acc.moments.sum, sum_u2=acc.moments.sum_sq,
                                        bounds=(0.0, 1.0), min_std=0.01)
     np.testing.assert_allclose(mean, x.mean(0), atol=1e-5)
     np.testing.assert_allclose(std[1:], x.std(0)[1:], atol=1e-5)
@@ -101,7 +101,7 @@ def test_feature_stats_noise_free_match_numpy_and_constant_features_are_floored(
 
 def test_feature_stats_noise_is_centered_and_scaled():
     sums = np.zeros(2000)
-    m1, _ = dp_stats.feature_stats(n=10_000, sum_u=sums, sum_u2=sums + 2500, bounds=(-1.0, 1.0), min_std=1e-3,
+    m1, _ = dp_stats.feature_stats(n=10_000, count=10_000, sum_u=sums, sum_u2=sums + 2500, bounds=(-1.0, 1.0), min_std=1e-3,
                                    noise_std=100.0, rng=np.random.default_rng(1))
     # mean_u = noise / n: std 0.01; KS-free check on moments (false-failure rate < 1e-6)
     assert abs(m1.mean()) < 0.01 * 6 / math.sqrt(2000)
@@ -171,3 +171,25 @@ def test_calibrate_gaussian_small_shares_are_reached_not_floored(mode, target):
     got = acc.compose(ev.to_dp_event()).get_epsilon(DELTA)
     assert target * 0.98 <= got <= target
     assert ev.noise_multiplier < 1000  # e.g. 0.1 of epsilon needs z ~ 45, never ~ 6e4
+
+
+@pytest.mark.parametrize("mode", ["fixed", "poisson"])
+def test_moments_vector_sensitivity_holds_for_worst_case_records(mode):
+    """The noised vector moves by at most moments_sensitivity when one record is added/removed or replaced."""
+    rng = np.random.default_rng(5)
+    d = 6
+    u = rng.uniform(-1, 1, (50, d))
+    extremes = [np.ones(d), -np.ones(d), np.zeros(d), rng.uniform(-1, 1, d)]
+
+    def vec(rows):
+        return dp_stats.moments_vector(count=len(rows), sum_u=rows.sum(0), sum_u2=(rows ** 2).sum(0))
+
+    bound = dp_stats.moments_sensitivity(d, mode) + 1e-9
+    for a in extremes:
+        if mode == "poisson":  # add one record (its count too)
+            assert np.linalg.norm(vec(np.vstack([u, a])) - vec(u)) <= bound
+        else:  # replace one record's features
+            for b in extremes:
+                assert np.linalg.norm(vec(np.vstack([u, a])) - vec(np.vstack([u, b]))) <= bound
+    # tight: adding an all-ones record moves the vector by exactly sqrt(2d)
+    assert np.linalg.norm(vec(np.vstack([u, np.ones(d)])) - vec(u)) == pytest.approx(np.sqrt(2 * d))

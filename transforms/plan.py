@@ -102,7 +102,8 @@ def build_plan(first: FirstPass, cfg: ReleaseConfig, key: bytes) -> ReleasePlan:
     too_big = [k for k in range(K) if counts[k] > cfg.max_class_rows]
     if too_big:
         k = too_big[0]
-        raise PlanError(f"{where}: class {k} has {counts[k]} records, more than max_class_rows={cfg.max_class_rows}, "
+        size = f"{counts[k]} records, more" if mode == "fixed" else "more records"  # poisson: exact N_k is private
+        raise PlanError(f"{where}: class {k} has {size} than max_class_rows={cfg.max_class_rows}, "
                         f"the limit of the in-memory mixer (one class held by one worker); raise --max-class-rows on "
                         f"workers with more memory, or split the class")
     if mode == "fixed":
@@ -133,13 +134,13 @@ def build_plan(first: FirstPass, cfg: ReleaseConfig, key: bytes) -> ReleasePlan:
                                       target_epsilon=cfg.normalization_budget_share * budget, delta=delta)
         shared.append(stats_ev)
         norm_std = stats_ev.noise_std
-        mean, std = dp_stats.feature_stats(n=n_public, sum_u=m.sum, sum_u2=m.sum_sq, bounds=cfg.feature_bounds,
+        mean, std = dp_stats.feature_stats(n=n_public, count=m.count, sum_u=m.sum, sum_u2=m.sum_sq, bounds=cfg.feature_bounds,
                                            min_std=min_std, noise_std=norm_std, rng=numpy_generator(key, "stats"))
     elif cfg.normalization == "public":
         mean, std = load_public_stats(cfg.normalization_file, dim)
         caveats.append("Normalisation statistics were supplied by the user and are assumed public.")
     else:
-        mean, std = dp_stats.feature_stats(n=rows, sum_u=m.sum, sum_u2=m.sum_sq, bounds=cfg.feature_bounds,
+        mean, std = dp_stats.feature_stats(n=rows, count=m.count, sum_u=m.sum, sum_u2=m.sum_sq, bounds=cfg.feature_bounds,
                                            min_std=min_std)
         caveats.append("NOT END-TO-END DP: the z-score uses exact private means and stds "
                        "(--normalization exact); epsilon below covers the mixing only.")
