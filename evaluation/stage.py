@@ -127,19 +127,15 @@ def run_evaluation(release_dir: str, test_glob: str, out_dir: str, *, runs: int,
 
 def evaluate_release(workdir: str, manifest: dict, test_glob: str, *, runs: int = 1, epochs: int = 10) -> dict:
     """Release stage: evaluates ``workdir``, adds ``manifest['utility']``, rewrites manifest.json; returns it."""
-    from schemas.manifest import Manifest
+    from schemas import manifest as manifest_mod
 
     rep = run_evaluation(workdir, test_glob, _join(workdir, EVAL_DIR), runs=runs, epochs=epochs, manifest=manifest)
-    manifest = dict(manifest)
-    manifest["utility"] = {
+    utility = {
         "accuracy_mean": rep["accuracy_mean"], "accuracy_std": rep["accuracy_std"], "runs": rep["runs"],
         "epochs": rep["epochs"], "device": rep["device"], "test_rows": rep["test_rows"],
         "report": f"{EVAL_DIR}/{report_mod.REPORT}",
     }
-    Manifest(**manifest)  # raises on anything the schema does not allow
-    with open_file(_join(workdir, MANIFEST), "wb") as fh:
-        fh.write((json.dumps(manifest, indent=2, allow_nan=True) + "\n").encode())
-    return manifest
+    return manifest_mod.amend(workdir, manifest, utility=utility)
 
 
 def evaluate_standalone(synthetic_dir: str, test_glob: str, *, runs: int = 3, epochs: int = 10,

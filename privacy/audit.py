@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from typing import Optional
 
@@ -316,7 +315,7 @@ def audit_section(workdir: str, manifest: dict, *, class_size: Optional[int] = N
     strong as it can be (its accounted epsilon is that small class's, above the release's, whose
     classes are larger); 20000 trials per dataset on the CPU (about a second), 200000 on CUDA.
     """
-    from schemas.manifest import Manifest
+    from schemas import manifest as manifest_mod
 
     if "://" in workdir:
         raise CalibrationError(f"{workdir}: the audit section is written to local releases only")
@@ -328,12 +327,5 @@ def audit_section(workdir: str, manifest: dict, *, class_size: Optional[int] = N
                        class_size=class_size or max(2, l), samples_per_class=1,
                        trials=trials or (200000 if dev.type == "cuda" else 20000), seed=seed, device=dev.type)
     result["note"] = AUDIT_NOTE
-    manifest = {**manifest, "audit": json_safe(result)}
-    text = Manifest(**manifest).write_json()
-    path = os.path.join(workdir, "manifest.json")
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
-    return manifest
+    return manifest_mod.amend(workdir, manifest, audit=json_safe(result))
 

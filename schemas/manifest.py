@@ -110,6 +110,21 @@ class Manifest(_Frozen):
         return json.dumps(self.model_dump(mode="json"), indent=2, allow_nan=False) + "\n"
 
 
+def amend(workdir: str, manifest: dict, **sections) -> dict:
+    """Adds ``sections`` (e.g. ``utility``, ``audit``) to a release's manifest, validates it, rewrites manifest.json.
+
+    The one place the later stages (evaluation, audit) rewrite the manifest, before the release is published.
+    """
+    from transforms.shards import open_file
+
+    updated = {**manifest, **sections}
+    text = Manifest(**updated).write_json()  # raises on anything the schema does not allow
+    path = f"{workdir.rstrip('/')}/manifest.json"
+    with open_file(path, "wb") as fh:
+        fh.write(text.encode())
+    return updated
+
+
 def export_schema(path: Path = SCHEMA_PATH) -> None:
     path.write_text(json.dumps(Manifest.model_json_schema(), indent=2) + "\n")
 
