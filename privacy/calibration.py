@@ -44,15 +44,17 @@ def _search(mode: Mode, make_event, target_epsilon: float, delta: float) -> floa
             bracket_interval=dp_accounting.ExplicitBracketInterval(lo, hi), tol=tol)
 
     upper = run("rdp-coarse", lo, hi, 1e-2)
-    # The mode's accountant is tighter than coarse RDP, but not by 1.5x in sigma in our regime;
-    # if it is (both ends feasible), we keep the conservative lower end rather than search wider.
+    # The mode's accountant is tighter than coarse RDP, usually by less than 1.5x in sigma; where it is tighter
+    # still (small epsilon, tiny classes), the bracket steps down until its lower end misses the target.
     lower = upper - math.log(1.5)
-    try:
-        return math.exp(run(ACCOUNTANT_BY_MODE[mode], lower, upper, LOG_TOL))
-    except ValueError:  # no sign change: the lower end already meets the target
-        if epsilon_of(mode, make_event(math.exp(lower)), delta) <= target_epsilon:
-            return math.exp(lower)
-        raise
+    for _ in range(6):
+        try:
+            return math.exp(run(ACCOUNTANT_BY_MODE[mode], lower, upper, LOG_TOL))
+        except ValueError:  # no sign change: the lower end already meets the target
+            if epsilon_of(mode, make_event(math.exp(lower)), delta) > target_epsilon:
+                raise
+            upper, lower = lower, lower - math.log(1.5)
+    return math.exp(upper)  # feasible (checked above): conservative by at most 1.5x
 
 
 def calibrate_gaussian(mode: Mode, *, name: str, sensitivity: float, target_epsilon: float,
