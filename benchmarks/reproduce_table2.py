@@ -13,6 +13,9 @@ Calibrations:
   so label noise protects nothing) and the calibration drops the label term (sigma_y -> infinity in the formula).
 - fixed / poisson: our accounting, statistics included (DP z-score with 5 % of the budget; poisson also a DP
   class histogram), exactly as ``dpcda release`` does.
+- fixed+lpK / poisson+lpK: the same, with the release's low-pass post-processing (``--lowpass K``: each released row
+  projected onto its 2-D DCT frequencies u + v < K). Post-processing of the DP output, so the privacy is the plain
+  mode's; it is an addition of ours, not the paper's method.
 c = 1 throughout: every z-scored Fashion-MNIST row has norm well above 1, so all rows are projected onto the unit
 sphere and c cancels from the signal-to-noise ratio. delta = 1e-5.
 
@@ -55,11 +58,20 @@ def paper_reference(path=REFERENCE) -> dict:
     return ref
 
 
+def parse_calibration(name: str) -> tuple[str, int | None]:
+    """'fixed' -> ('fixed', None); 'fixed+lp16' -> ('fixed', 16)."""
+    base, plus, post = name.partition("+")
+    if base not in ("paper", "fixed", "poisson") or (plus and not (post.startswith("lp") and post[2:].isdigit())):
+        raise SystemExit(f"--calibrations: unknown {name!r} (paper, fixed, poisson, optionally +lpK, e.g. fixed+lp16)")
+    return base, int(post[2:]) if post else None
+
+
 def synthesize(x, y, first, *, calibration, eps, l, seed, device):
     """One release in-process through the pipeline's own cores; returns (features, labels, sigma_x, plan)."""
     n = len(y)
+    calibration, lowpass = parse_calibration(calibration)
     base = dict(input="in-process", output="in-process", mixing_order=l, clip=1.0, delta=1e-5, seed=seed,
-                num_classes=10)
+                num_classes=10, lowpass=lowpass)
     if eps == "inf":
         cfg = ReleaseConfig(**base, sigma_x=0.0, normalization="exact", allow_exact_normalization=True)
     elif calibration == "paper":
@@ -75,7 +87,8 @@ def synthesize(x, y, first, *, calibration, eps, l, seed, device):
     for k in range(plan.num_classes):
         for _, f, lab in mix_class(z[y == k], key=key, class_index=k, num_classes=plan.num_classes, mode=plan.mode,
                                    mixing_order=l, sigma_x=plan.sigma_x, samples=plan.samples_per_class,
-                                   chunk_rows=cfg.chunk_rows, sampling_rate=plan.sampling_rates[k], device=device):
+                                   chunk_rows=cfg.chunk_rows, sampling_rate=plan.sampling_rates[k], device=device,
+                                   lowpass=plan.lowpass):
             feats.append(f)
             labels.append(lab)
     return np.concatenate(feats), np.concatenate(labels), plan
@@ -94,6 +107,8 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=OUT)
     ap.add_argument("--name", default=None, help="output file stem (default table2_fashion_mnist[_quick])")
     args = ap.parse_args(argv)
+    for name in args.calibrations:
+        parse_calibration(name)
     runs = args.runs or (1 if args.quick else 3)
     epochs = args.epochs or (3 if args.quick else 10)
     ls = args.ls or ([1, 4, 16] if args.quick else [2 ** i for i in range(10)])

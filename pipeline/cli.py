@@ -74,6 +74,8 @@ RELEASE_FLAGS = {
     "--normalization-file": ("normalization_file", str, "JSON {mean: [...], std: [...]} for --normalization public"),
     "--normalization-budget-share": ("normalization_budget_share", float, "share of epsilon for the z-score (0.05)"),
     "--histogram-budget-share": ("histogram_budget_share", float, "share of epsilon for class counts, poisson (0.01)"),
+    "--lowpass": ("lowpass", int, "post-processing: keep DCT frequencies u + v < K of each row (free: privacy unchanged)"),
+    "--image-shape": ("image_shape", str, "H,W or C,H,W of the features for --lowpass (default square)"),
     "--chunk-rows": ("chunk_rows", int, "synthetic rows per noise chunk (4096)"),
     "--max-class-rows": ("max_class_rows", int, "largest class the in-memory mixer accepts"),
     "--output-shards": ("output_shards", int, "number of Parquet part files (0: runner decides)"),

@@ -7,7 +7,7 @@ import math
 import platform
 
 from pipeline import __version__
-from schemas.manifest import (InputInfo, Manifest, Mechanism, Normalization, Output, Privacy,
+from schemas.manifest import (InputInfo, Manifest, Mechanism, Normalization, Output, PostProcessing, Privacy,
                               Software)
 
 SAMPLING_WORDS = {
@@ -42,6 +42,15 @@ def finite(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
+def postprocessing(plan) -> PostProcessing | None:
+    if plan.lowpass is None:
+        return None
+    shape, k = plan.lowpass
+    h, w = shape[-2:]
+    per_channel = sum(1 for u in range(h) for v in range(w) if u + v < k)
+    return PostProcessing(lowpass=k, image_shape=list(shape), kept_coefficients=per_channel * (shape[0] if len(shape) == 3 else 1))
+
+
 def build_manifest(cfg, input_info: InputInfo, plan, outputs) -> Manifest:
     acc = plan.accounting
     worst = acc.worst_class_event
@@ -56,7 +65,8 @@ def build_manifest(cfg, input_info: InputInfo, plan, outputs) -> Manifest:
             samples_total=plan.samples_total, samples_per_class=plan.samples_per_class,
             class_sizes=list(plan.public_class_sizes) if plan.public_class_sizes else None,
             class_sizes_dp=list(plan.dp_class_sizes) if plan.dp_class_sizes else None,
-            sampling_rates=list(plan.sampling_rates), chunk_rows=cfg.chunk_rows),
+            sampling_rates=list(plan.sampling_rates), chunk_rows=cfg.chunk_rows,
+            postprocessing=postprocessing(plan)),
         normalization=Normalization(
             method=plan.normalization_method, feature_bounds=plan.bounds, out_of_bounds=cfg.out_of_bounds,
             min_std=cfg.min_std, noise_std=plan.normalization_noise_std, epsilon_share=plan.normalization_share),

@@ -45,6 +45,11 @@ class ReleaseConfig(BaseModel):
     histogram_budget_share: float = Field(0.01, gt=0, lt=1)
     min_std: float = Field(0.01, gt=0, description="std floor, as a fraction of the feature range")
 
+    lowpass: Optional[int] = Field(None, ge=1, description=(
+        "post-processing: project every released row onto its 2-D DCT frequencies u + v < K (per channel of "
+        "image_shape); public and data-independent, so privacy is unchanged"))
+    image_shape: Optional[tuple[int, ...]] = Field(None, description="H,W or C,H,W of the features for --lowpass "
+                                                   "(default: square, H = W = sqrt(d))")
     chunk_rows: int = Field(4096, ge=1, le=1 << 20, description="synthetic rows per noise chunk")
     max_class_rows: int = Field(5_000_000, ge=1, description="largest class the in-memory mixer holds")
     output_shards: int = Field(0, ge=0, description="Parquet part files (0: one per class)")
@@ -67,6 +72,18 @@ class ReleaseConfig(BaseModel):
             v = tuple(float(p) for p in parts)
         return v
 
+    @field_validator("image_shape", mode="before")
+    @classmethod
+    def _parse_shape(cls, v):
+        if isinstance(v, str):
+            try:
+                v = tuple(int(p) for p in v.split(","))
+            except ValueError:
+                raise ValueError("expected 'H,W' or 'C,H,W' (positive integers)") from None
+        if v is not None and (len(v) not in (2, 3) or min(v) < 1):
+            raise ValueError("expected 'H,W' or 'C,H,W' (positive integers)")
+        return v
+
     @model_validator(mode="after")
     def _check(self):
         lo, hi = self.feature_bounds
@@ -83,6 +100,8 @@ class ReleaseConfig(BaseModel):
         if self.normalization == "exact" and not self.allow_exact_normalization:
             raise ValueError("normalization: 'exact' uses private statistics without noise; pass "
                              "--i-understand-exact-normalization-is-not-dp to allow it")
+        if self.image_shape is not None and self.lowpass is None:
+            raise ValueError("image_shape: only used with --lowpass; give both or neither")
         if self.normalization_budget_share + self.histogram_budget_share >= 0.5:
             raise ValueError("normalization_budget_share: the statistics may take under half the budget")
         return self

@@ -38,6 +38,14 @@ class InputInfo(_Frozen):
     feature_dim: int
 
 
+class PostProcessing(_Frozen):
+    lowpass: int = Field(description="K: each released row keeps its 2-D DCT frequencies u + v < K")
+    image_shape: list[int] = Field(description="(H, W) or (C, H, W) grid the DCT runs on, channels-first")
+    kept_coefficients: int
+    privacy: str = ("post-processing of the DP output by a public, data-independent linear projection: "
+                    "the guarantee is unchanged")
+
+
 class Mechanism(_Frozen):
     mode: Literal["fixed", "poisson"]
     sampling: str
@@ -53,6 +61,7 @@ class Mechanism(_Frozen):
     class_sizes_dp: Optional[list[int]] = Field(None, description="DP estimates N_k_hat; poisson mode only")
     sampling_rates: list[float] = Field(description="l/N_k (fixed) or q_k = l/N_k_hat (poisson), per class")
     chunk_rows: int
+    postprocessing: Optional[PostProcessing] = None
 
 
 class Normalization(_Frozen):

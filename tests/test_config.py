@@ -48,3 +48,15 @@ def test_epsilon_or_sigma_is_required():
 def test_missing_config_file_is_reported(tmp_path):
     with pytest.raises(ConfigError, match="--config: no such file"):
         load_config(str(tmp_path / "nope.yaml"), {})
+
+
+def test_image_shape_parses_and_needs_lowpass():
+    cfg = load_config(None, {"input": "a", "output": "b", "epsilon": 1.0, "lowpass": 8, "image_shape": "3,32,32"})
+    assert cfg.image_shape == (3, 32, 32)
+    for bad in ("28", "a,b", "0,28", "1,2,3,4"):
+        with pytest.raises(ConfigError, match="image_shape"):
+            load_config(None, {"input": "a", "output": "b", "epsilon": 1.0, "lowpass": 8, "image_shape": bad})
+    with pytest.raises(ConfigError, match="only used with --lowpass"):
+        load_config(None, {"input": "a", "output": "b", "epsilon": 1.0, "image_shape": "28,28"})
+    with pytest.raises(ConfigError, match="lowpass"):
+        load_config(None, {"input": "a", "output": "b", "epsilon": 1.0, "lowpass": 0})

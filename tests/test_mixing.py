@@ -105,3 +105,48 @@ def test_empty_class_in_poisson_mode_still_gets_its_rows_of_noise():
     feats = np.concatenate([f for _, f, _ in out])
     assert feats.shape == (10, 4) and np.all(np.isfinite(feats)) and feats.std() > 0.1
     assert all((lab == 1).all() for _, _, lab in out)
+
+
+# --- low-pass post-processing -------------------------------------------------------------------------------
+
+def test_lowpass_basis_is_orthonormal_and_matches_scipy_dct():
+    from scipy.fft import dctn, idctn
+
+    from transforms.mixing import lowpass_basis
+    b = lowpass_basis((28, 28), 16).astype(np.float64)
+    assert b.shape == (136, 784)  # #{(u, v): u + v < 16} = 16 * 17 / 2
+    np.testing.assert_allclose(b @ b.T, np.eye(136), atol=1e-5)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(5, 28, 28))
+    u, v = np.meshgrid(np.arange(28), np.arange(28), indexing="ij")
+    ref = idctn(dctn(x, axes=(1, 2), norm="ortho") * ((u + v) < 16), axes=(1, 2), norm="ortho").reshape(5, -1)
+    np.testing.assert_allclose(x.reshape(5, -1) @ b.T @ b, ref, atol=1e-4)
+
+
+def test_lowpass_basis_channels_are_separate_blocks():
+    from transforms.mixing import lowpass_basis
+    b = lowpass_basis((3, 4, 5), 2)
+    assert b.shape == (9, 60)  # 3 channels x {(0,0), (0,1), (1,0)}
+    for c in range(3):
+        block = b[3 * c:3 * c + 3]
+        assert np.all(block[:, :20 * c] == 0) and np.all(block[:, 20 * (c + 1):] == 0)
+    with pytest.raises(ValueError, match="image_shape"):
+        lowpass_basis((784,), 4)
+
+
+def test_lowpass_is_a_projection_of_the_very_same_noisy_rows():
+    """Post-processing: with one key, the low-passed release is exactly the plain release, projected."""
+    from transforms.mixing import lowpass_basis
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(30, 36)).astype(np.float32)
+    kw = dict(key=KEY, class_index=0, num_classes=2, mode="fixed", mixing_order=3, sigma_x=0.5, samples=50,
+              chunk_rows=16)
+    plain = np.concatenate([f for _, f, _ in mix_class(x, **kw)])
+    low = np.concatenate([f for _, f, _ in mix_class(x, lowpass=((6, 6), 4), **kw)])
+    b = lowpass_basis((6, 6), 4)
+    np.testing.assert_allclose(low, plain @ b.T @ b, atol=1e-5)
+    np.testing.assert_allclose(low @ b.T @ b, low, atol=1e-5)  # idempotent: already in the kept subspace
+    # the noise outside the kept subspace is gone: the residual energy drops by about kept / d
+    assert np.linalg.norm(low) < 0.6 * np.linalg.norm(plain)
+    with pytest.raises(ValueError, match="has 49 features"):
+        next(mix_class(x, lowpass=((7, 7), 4), **kw))

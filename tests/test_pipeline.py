@@ -182,3 +182,33 @@ def test_cli_release_and_account(tmp_path, small_parquet):
     assert json.loads(res2.stdout)["epsilon"] == pytest.approx(out["epsilon"])
     res3 = run_cli("account", "--class-size", "3", "--samples-per-class", "10", "--mixing-order", "4", "--epsilon", "1")
     assert res3.returncode == 2 and "class_size 3 < mixing_order 4" in res3.stderr
+
+
+def test_lowpass_release_rows_lie_in_the_kept_subspace_and_privacy_is_unchanged(tmp_path, small_parquet):
+    from transforms.mixing import lowpass_basis
+    glob_, x, _ = small_parquet  # d = 16: a 4x4 image
+    plain, mp = release(tmp_path, glob_, name="plain", epsilon=8.0, samples=60, seed=3)
+    low, ml = release(tmp_path, glob_, name="low", epsilon=8.0, samples=60, seed=3, lowpass=3)
+    feats, _ = read_release(low)
+    b = lowpass_basis((4, 4), 3)
+    np.testing.assert_allclose(feats @ b.T @ b, feats, atol=1e-5)
+    assert not np.allclose(read_release(plain)[0] @ b.T @ b, read_release(plain)[0], atol=1e-3)
+    assert ml["mechanism"]["postprocessing"]["kept_coefficients"] == 6
+    assert ml["mechanism"]["postprocessing"]["image_shape"] == [4, 4]
+    assert ml["privacy"] == mp["privacy"] and mp["mechanism"]["postprocessing"] is None
+    jsonschema.validate(json.loads((low / "manifest.json").read_text()), json.loads(SCHEMA_PATH.read_text()))
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--lowpass", "3"], "d=15 is not a square image; give --image-shape"),
+    (["--lowpass", "3", "--image-shape", "4,4"], "image_shape: 4,4 has 16 features, the input has d=15"),
+    (["--lowpass", "7", "--image-shape", "3,5"], "K=7 keeps every DCT coefficient of a 3x5 image"),
+])
+def test_lowpass_shape_errors_are_one_line_and_leave_nothing(tmp_path, extra, message):
+    x, y = make_dataset(dim=15)
+    glob_ = write_dataset(tmp_path / "in", x, y)
+    out = tmp_path / "out"
+    res = run_cli("release", "--input", glob_, "--output", out, "--epsilon", "4", *extra, *BEAM_ARGS)
+    assert res.returncode == 2, res.stderr
+    assert message in res.stderr and "Traceback" not in res.stderr
+    assert not out.exists()

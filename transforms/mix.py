@@ -38,7 +38,7 @@ class _MixFn(beam.DoFn):
                 x, key=key, class_index=k, num_classes=plan.num_classes, mode=plan.mode,
                 mixing_order=plan.mixing_order, sigma_x=plan.sigma_x, samples=plan.samples_per_class,
                 chunk_rows=self.chunk_rows, sampling_rate=plan.sampling_rates[k], sigma_y=plan.sigma_y,
-                device=self.device)):
+                device=self.device, lowpass=plan.lowpass)):
             if fault_dir and i == 1:
                 marker = os.path.join(fault_dir, f"class-{k}")
                 if not os.path.exists(marker):

@@ -57,6 +57,7 @@ class ReleasePlan:
     paper_theorem1_epsilon: Optional[float]
     end_to_end_dp: bool
     caveats: tuple[str, ...]
+    lowpass: Optional[tuple[tuple[int, ...], int]] = None  # (image_shape, K): post-processing projection
 
     @property
     def samples_total(self) -> int:
@@ -75,6 +76,27 @@ def load_public_stats(path: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
     return mean, std
 
 
+def resolve_lowpass(cfg: ReleaseConfig, dim: int) -> Optional[tuple[tuple[int, ...], int]]:
+    """(image_shape, K) for the low-pass post-processing, checked against the feature dimension d."""
+    if cfg.lowpass is None:
+        return None
+    if cfg.image_shape is not None:
+        shape = tuple(cfg.image_shape)
+        if math.prod(shape) != dim:
+            raise PlanError(f"image_shape: {','.join(map(str, shape))} has {math.prod(shape)} features, the "
+                            f"input has d={dim}")
+    else:
+        side = math.isqrt(dim)
+        if side * side != dim:
+            raise PlanError(f"lowpass: d={dim} is not a square image; give --image-shape H,W or C,H,W")
+        shape = (side, side)
+    h, w = shape[-2:]
+    if cfg.lowpass >= h + w - 1:
+        raise PlanError(f"lowpass: K={cfg.lowpass} keeps every DCT coefficient of a {h}x{w} image (u + v <= "
+                        f"{h + w - 2}); use K < {h + w - 1} or leave --lowpass out")
+    return shape, int(cfg.lowpass)
+
+
 def build_plan(first: FirstPass, cfg: ReleaseConfig, key: bytes) -> ReleasePlan:
     rows = first.rows
     if rows == 0 or first.moments.mean is None:
@@ -85,6 +107,7 @@ def build_plan(first: FirstPass, cfg: ReleaseConfig, key: bytes) -> ReleasePlan:
     if len(counts) > K:
         raise InputError(f"{cfg.input}: column '{cfg.label_column}': label {len(counts) - 1} >= num_classes {K}")
     counts = np.pad(counts, (0, K - len(counts)))
+    lowpass = resolve_lowpass(cfg, dim)
     mode, l, c, delta = cfg.mode, cfg.mixing_order, cfg.clip, cfg.delta
     budget = cfg.epsilon if cfg.epsilon is not None else REFERENCE_EPSILON
     caveats = [
@@ -173,7 +196,8 @@ def build_plan(first: FirstPass, cfg: ReleaseConfig, key: bytes) -> ReleasePlan:
         dp_class_sizes=tuple(int(x) for x in dp_sizes) if dp_sizes is not None else None,
         normalization_method=cfg.normalization, normalization_noise_std=norm_std,
         normalization_share=cfg.normalization_budget_share if cfg.normalization == "dp" else None,
-        accounting=acc, paper_theorem1_epsilon=paper, end_to_end_dp=end_to_end, caveats=tuple(caveats))
+        accounting=acc, paper_theorem1_epsilon=paper, end_to_end_dp=end_to_end, caveats=tuple(caveats),
+        lowpass=lowpass)
 
 
 def normalize(features: np.ndarray, mean: np.ndarray, std: np.ndarray, clip: float,

@@ -1,0 +1,32 @@
+"""The reproduction script runs the real code paths end to end on a tiny slice and writes its table."""
+from __future__ import annotations
+
+import csv
+import os
+
+import pytest
+
+from benchmarks.reproduce_table2 import main, parse_calibration
+
+FASHION = "/usr/share/datasets/fashion-mnist"
+
+
+def test_parse_calibration():
+    assert parse_calibration("fixed") == ("fixed", None)
+    assert parse_calibration("poisson+lp16") == ("poisson", 16)
+    for bad in ("fixd", "fixed+16", "fixed+lpx", "paper+"):
+        with pytest.raises(SystemExit, match="--calibrations"):
+            parse_calibration(bad)
+
+
+@pytest.mark.skipif(not os.path.exists(FASHION), reason="Debian's dataset-fashion-mnist is not installed")
+def test_tiny_sweep_writes_table_csv_and_plot(tmp_path, capsys):
+    main(["--limit", "400", "--ls", "2", "--eps", "10", "--calibrations", "fixed", "fixed+lp8", "--runs", "1",
+          "--epochs", "1", "--device", "cpu", "--out", str(tmp_path), "--name", "t"])
+    rows = list(csv.DictReader(open(tmp_path / "t.csv")))
+    assert [r["calibration"] for r in rows] == ["fixed", "fixed+lp8"]
+    # post-processing leaves the calibration alone: the same sigma_x with and without the low-pass
+    assert rows[0]["sigma_x"] == rows[1]["sigma_x"] and float(rows[0]["sigma_x"]) > 0
+    assert all(0.0 <= float(r["accuracy_mean"]) <= 1.0 for r in rows)
+    assert (tmp_path / "t.png").stat().st_size > 0
+    assert "fixed+lp8" in (tmp_path / "t.md").read_text()
