@@ -30,3 +30,19 @@ def test_tiny_sweep_writes_table_csv_and_plot(tmp_path, capsys):
     assert all(0.0 <= float(r["accuracy_mean"]) <= 1.0 for r in rows)
     assert (tmp_path / "t.png").stat().st_size > 0
     assert "fixed+lp8" in (tmp_path / "t.md").read_text()
+    assert all(0.0 <= float(r["synthetic_val_accuracy"]) <= 1.0 for r in rows)
+
+
+@pytest.mark.skipif(not os.path.exists(FASHION), reason="Debian's dataset-fashion-mnist is not installed")
+def test_resume_keeps_finished_cells_and_runs_the_rest(tmp_path):
+    base = ["--limit", "300", "--eps", "10", "--calibrations", "fixed", "--runs", "1", "--device", "cpu",
+            "--out", str(tmp_path), "--name", "r"]
+    main(base + ["--ls", "2", "--epochs", "1"])
+    first = list(csv.DictReader(open(tmp_path / "r.csv")))
+    main(base + ["--ls", "2", "4", "--epochs", "1", "--resume"])
+    second = list(csv.DictReader(open(tmp_path / "r.csv")))
+    assert [r["l"] for r in second] == ["2", "4"]
+    assert second[0] == first[0]  # reused as written, not rerun
+    main(base + ["--ls", "2", "--epochs", "2", "--resume"])  # another protocol: nothing reused
+    third = list(csv.DictReader(open(tmp_path / "r.csv")))
+    assert len(third) == 1 and third[0]["epochs"] == "2" and third[0]["seconds"] != first[0]["seconds"]
