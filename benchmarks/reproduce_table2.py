@@ -35,7 +35,7 @@ import time
 import numpy as np
 
 from evaluation.train import train_and_score
-from pipeline.prepare import load_fashion_mnist
+from pipeline.prepare import FASHION_MNIST_DIR, load_fashion_mnist
 from privacy.noise import key_from_test_seed
 from privacy.paper import theorem1_calibrate_sigma_x
 from schemas.config import ReleaseConfig
@@ -106,6 +106,7 @@ def main(argv=None) -> None:
     ap.add_argument("--calibrations", nargs="+", default=["paper", "fixed", "poisson"])
     ap.add_argument("--limit", type=int, default=None, help="first N training rows")
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--source", default=FASHION_MNIST_DIR, help="folder of the Fashion-MNIST IDX files")
     ap.add_argument("--out", default=OUT)
     ap.add_argument("--name", default=None, help="output file stem (default table2_fashion_mnist[_quick])")
     ap.add_argument("--resume", action="store_true", help="keep the cells already in the output CSV (same runs, "
@@ -118,8 +119,8 @@ def main(argv=None) -> None:
     ls = args.ls or ([1, 4, 16] if args.quick else [2 ** i for i in range(10)])
     limit = args.limit or (3000 if args.quick else None)
     device = pick_device(args.device)
-    x, y = load_fashion_mnist("train")
-    tx, ty = load_fashion_mnist("test")
+    x, y = load_fashion_mnist("train", args.source)
+    tx, ty = load_fashion_mnist("test", args.source)
     if limit:
         x, y = x[:limit], y[:limit]
     comb = FirstPassCombiner((0.0, 1.0))
