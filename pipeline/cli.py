@@ -93,6 +93,8 @@ def _release_parser(sub):
         p.add_argument(flag, dest=(field or flag[2:]).replace("-", "_"), type=typ, default=None, help=text)
     p.add_argument("--overwrite", action="store_true", default=None, help="replace an existing release")
     p.add_argument("--audit", action="store_true", default=None, help="add an empirical privacy audit section")
+    p.add_argument("--soft-labels", action="store_true", default=None,
+                   help="also write LABEL_soft, the K noisy label scores e_k + N(0, sigma_y^2 I) (needs --num-classes)")
     p.add_argument("--i-understand-exact-normalization-is-not-dp", dest="allow_exact_normalization",
                    action="store_true", default=None, help="allow --normalization exact (marks end_to_end_dp false)")
     return p

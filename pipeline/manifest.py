@@ -80,5 +80,8 @@ def build_manifest(cfg, input_info: InputInfo, plan, outputs) -> Manifest:
             reproducible_seed=cfg.reproducible, paper_theorem1_epsilon=finite(plan.paper_theorem1_epsilon),
             caveats=list(plan.caveats) + (["TEST SEED: the noise key is derived from a fixed seed; this "
                                            "release is reproducible and NOT private."] if cfg.reproducible else [])),
-        output=Output(rows=sum(o.rows for o in outputs), files=list(outputs)),
+        output=Output(rows=sum(o.rows for o in outputs), files=list(outputs),
+                      **({"format": f"parquet: {cfg.features_column} fixed_size_list<float32>[d], {cfg.label_column} "
+                                    f"int64, {cfg.label_column}_soft fixed_size_list<float32>[{plan.num_classes}]"}
+                         if cfg.soft_labels else {})),
     )

@@ -72,10 +72,11 @@ def build_pipeline(p: beam.Pipeline, cfg: ReleaseConfig, files: list[str], fmt: 
                  | "NormalizeAndClip" >> NormalizeAndClip(plan)
                  | "MixWithinClass" >> MixWithinClass(plan, key, device=cfg.device, chunk_rows=cfg.chunk_rows,
                                                       features_column=cfg.features_column,
-                                                      label_column=cfg.label_column))
+                                                      label_column=cfg.label_column,
+                                                      soft_labels=cfg.soft_labels))
     files_written = synthetic | "WriteSynthetic" >> WriteSynthetic(
         workdir, dim, num_shards=cfg.output_shards, features_column=cfg.features_column,
-        label_column=cfg.label_column)
+        label_column=cfg.label_column, soft_classes=cfg.num_classes if cfg.soft_labels else None)
     return files_written | "WriteManifest" >> WriteManifest(
         workdir, plan, functools.partial(build_manifest, cfg, input_info))
 

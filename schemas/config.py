@@ -45,6 +45,8 @@ class ReleaseConfig(BaseModel):
     histogram_budget_share: float = Field(0.01, gt=0, lt=1)
     min_std: float = Field(0.01, gt=0, description="std floor, as a fraction of the feature range")
 
+    soft_labels: bool = Field(False, description=(
+        "also write LABEL_soft: the K label scores e_k + N(0, sigma_y^2 I) whose argmax is LABEL (needs num_classes)"))
     lowpass: Optional[int] = Field(None, ge=1, description=(
         "post-processing: project every released row onto its 2-D DCT frequencies u + v < K (per channel of "
         "image_shape); public and data-independent, so privacy is unchanged"))
@@ -100,6 +102,8 @@ class ReleaseConfig(BaseModel):
         if self.normalization == "exact" and not self.allow_exact_normalization:
             raise ValueError("normalization: 'exact' uses private statistics without noise; pass "
                              "--i-understand-exact-normalization-is-not-dp to allow it")
+        if self.soft_labels and self.num_classes is None:
+            raise ValueError("num_classes: required with soft_labels (the width of the soft-label column)")
         if self.image_shape is not None and self.lowpass is None:
             raise ValueError("image_shape: only used with --lowpass; give both or neither")
         if self.normalization_budget_share + self.histogram_budget_share >= 0.5:

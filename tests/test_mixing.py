@@ -150,3 +150,20 @@ def test_lowpass_is_a_projection_of_the_very_same_noisy_rows():
     assert np.linalg.norm(low) < 0.6 * np.linalg.norm(plain)
     with pytest.raises(ValueError, match="has 49 features"):
         next(mix_class(x, lowpass=((7, 7), 4), **kw))
+
+
+def test_soft_labels_are_the_scores_behind_the_hard_labels():
+    x = np.random.default_rng(0).normal(size=(20, 4)).astype(np.float32)
+    kw = dict(key=KEY, class_index=2, num_classes=5, mode="fixed", mixing_order=2, sigma_x=0.3, samples=300,
+              chunk_rows=128)
+    hard = np.concatenate([lab for _, _, lab in mix_class(x, sigma_y=0.8, **kw)])
+    soft = np.concatenate([lab for _, _, lab in mix_class(x, sigma_y=0.8, soft_labels=True, **kw)])
+    feats_soft = np.concatenate([f for _, f, _ in mix_class(x, sigma_y=0.8, soft_labels=True, **kw)])
+    feats_hard = np.concatenate([f for _, f, _ in mix_class(x, sigma_y=0.8, **kw)])
+    assert soft.shape == (300, 5) and soft.dtype == np.float32
+    np.testing.assert_array_equal(soft.argmax(axis=1), hard)
+    np.testing.assert_array_equal(feats_soft, feats_hard)
+    assert 0 < (hard != 2).mean() < 0.5  # sigma_y 0.8: noisy, mostly still k
+    np.testing.assert_allclose((soft - np.eye(5)[2]).std(), 0.8, rtol=0.1)
+    exact = np.concatenate([lab for _, _, lab in mix_class(x, soft_labels=True, **kw)])  # sigma_y = 0
+    np.testing.assert_array_equal(exact, np.tile(np.eye(5, dtype=np.float32)[2], (300, 1)))

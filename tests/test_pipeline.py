@@ -212,3 +212,18 @@ def test_lowpass_shape_errors_are_one_line_and_leave_nothing(tmp_path, extra, me
     assert res.returncode == 2, res.stderr
     assert message in res.stderr and "Traceback" not in res.stderr
     assert not out.exists()
+
+
+def test_soft_labels_column_beside_its_argmax(tmp_path, small_parquet):
+    glob_, _, _ = small_parquet
+    out, m = release(tmp_path, glob_, epsilon=8.0, samples=90, seed=5, sigma_y=0.6, num_classes=3, soft_labels=True)
+    tables = [pq.read_table(p) for p in sorted(glob.glob(str(out / "synthetic" / "part-*.parquet")))]
+    assert all(t.column_names == ["features", "label", "label_soft"] for t in tables)
+    soft = np.concatenate([np.stack(t.column("label_soft").to_numpy(zero_copy_only=False)) for t in tables])
+    hard = np.concatenate([t.column("label").to_numpy() for t in tables])
+    assert soft.shape == (90, 3)
+    np.testing.assert_array_equal(soft.argmax(axis=1), hard)
+    assert "label_soft fixed_size_list<float32>[3]" in m["output"]["format"]
+    jsonschema.validate(json.loads((out / "manifest.json").read_text()), json.loads(SCHEMA_PATH.read_text()))
+    with pytest.raises(ConfigError, match="num_classes: required with soft_labels"):
+        load_config(None, {"input": glob_, "output": str(tmp_path / "x"), "epsilon": 8.0, "soft_labels": True})

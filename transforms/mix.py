@@ -22,8 +22,8 @@ FAULT_ENV = "DPCDA_TEST_FAIL_FIRST_MIX_DIR"
 
 
 class _MixFn(beam.DoFn):
-    def __init__(self, device: str, chunk_rows: int, features_column: str, label_column: str):
-        self.device_pref, self.chunk_rows = device, chunk_rows
+    def __init__(self, device: str, chunk_rows: int, features_column: str, label_column: str, soft_labels: bool):
+        self.device_pref, self.chunk_rows, self.soft_labels = device, chunk_rows, soft_labels
         self.fc, self.lc = features_column, label_column
         self.rows_written = Metrics.counter("dpcda", "rows_synthesized")
 
@@ -38,7 +38,8 @@ class _MixFn(beam.DoFn):
                 x, key=key, class_index=k, num_classes=plan.num_classes, mode=plan.mode,
                 mixing_order=plan.mixing_order, sigma_x=plan.sigma_x, samples=plan.samples_per_class,
                 chunk_rows=self.chunk_rows, sampling_rate=plan.sampling_rates[k], sigma_y=plan.sigma_y,
-                device=self.device, lowpass=plan.lowpass)):
+                device=self.device, lowpass=plan.lowpass,
+                soft_labels=self.soft_labels)):
             if fault_dir and i == 1:
                 marker = os.path.join(fault_dir, f"class-{k}")
                 if not os.path.exists(marker):
@@ -54,10 +55,10 @@ class MixWithinClass(beam.PTransform):
     """(k, float32 (N_k, d)) -> pyarrow.Table: T_k synthetic rows of class k."""
 
     def __init__(self, plan_pcoll, key_pcoll, *, device="auto", chunk_rows=4096,
-                 features_column="features", label_column="label"):
+                 features_column="features", label_column="label", soft_labels=False):
         super().__init__()
         self.plan, self.key = plan_pcoll, key_pcoll
-        self.fn = _MixFn(device, chunk_rows, features_column, label_column)
+        self.fn = _MixFn(device, chunk_rows, features_column, label_column, soft_labels)
 
     def expand(self, classes):
         return classes | "Mix" >> beam.ParDo(self.fn, beam.pvalue.AsSingleton(self.plan),

@@ -132,25 +132,34 @@ def lowpass_basis(image_shape: Sequence[int], k: int) -> np.ndarray:
     return basis.astype(np.float32)
 
 
+def label_scores(class_index: int, num_classes: int, sigma_y: float, rows: int,
+                 gen: torch.Generator, device) -> torch.Tensor:
+    """(rows, K) scores e_k + N(0, sigma_y^2 I_K): the one-hot mean of a same-class mix plus label noise."""
+    scores = torch.zeros((rows, num_classes), device=device)
+    if sigma_y > 0:
+        scores = sigma_y * torch.randn((rows, num_classes), generator=gen, device=device)
+    scores[:, class_index] += 1.0
+    return scores
+
+
 def noisy_labels(class_index: int, num_classes: int, sigma_y: float, rows: int,
                  gen: torch.Generator, device) -> torch.Tensor:
     """argmax(e_k + N(0, sigma_y^2 I_K)); exactly k when sigma_y is 0 (the one-hot mean is e_k)."""
-    labels = torch.full((rows,), class_index, dtype=torch.long, device=device)
     if sigma_y > 0:
-        scores = sigma_y * torch.randn((rows, num_classes), generator=gen, device=device)
-        scores[:, class_index] += 1.0
-        labels = scores.argmax(dim=1)
-    return labels
+        return label_scores(class_index, num_classes, sigma_y, rows, gen, device).argmax(dim=1)
+    return torch.full((rows,), class_index, dtype=torch.long, device=device)
 
 
 def mix_class(features: np.ndarray, *, key: bytes, class_index: int, num_classes: int, mode: str,
               mixing_order: int, sigma_x: float, samples: int, chunk_rows: int,
               sampling_rate: float = 0.0, sigma_y: float = 0.0, device: str | torch.device = "cpu",
-              chunks=None, lowpass: Optional[tuple[Sequence[int], int]] = None,
+              chunks=None, lowpass: Optional[tuple[Sequence[int], int]] = None, soft_labels: bool = False,
               ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """Yield (chunk, features, labels) for class ``class_index``; ``chunks`` limits which chunks.
 
     ``lowpass=(image_shape, K)`` projects every finished row onto its low DCT frequencies (post-processing).
+    ``soft_labels``: labels are the float32 (rows, K) scores e_k + N(0, sigma_y^2 I) instead of their argmax
+    (the same draws: the argmax of the scores is the hard label the same key gives).
     """
     dev = torch.device(device) if not isinstance(device, torch.device) else device
     ordered = features[canonical_order(features)]
@@ -169,5 +178,8 @@ def mix_class(features: np.ndarray, *, key: bytes, class_index: int, num_classes
                         sampling_rate=sampling_rate)
         if basis is not None:
             out = (out @ basis.T) @ basis
-        labels = noisy_labels(class_index, num_classes, sigma_y, rows, gen, dev)
+        if soft_labels:
+            labels = label_scores(class_index, num_classes, sigma_y, rows, gen, dev)
+        else:
+            labels = noisy_labels(class_index, num_classes, sigma_y, rows, gen, dev)
         yield chunk, out.cpu().numpy(), labels.cpu().numpy()

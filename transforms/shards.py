@@ -132,15 +132,29 @@ def write_parquet(path: str, features: np.ndarray, labels: np.ndarray,
 
 def block_table(features: np.ndarray, labels: np.ndarray, features_column: str = "features",
                 label_column: str = "label") -> pa.Table:
+    """Arrow table of a block. 2-D ``labels`` are soft scores (rows, K): written as ``LABEL_soft`` beside their
+    argmax in ``LABEL``."""
     features = np.ascontiguousarray(features, dtype=np.float32)
     d = features.shape[1]
     flat = pa.array(features.reshape(-1), type=pa.float32())
-    return pa.table({features_column: pa.FixedSizeListArray.from_arrays(flat, d),
-                     label_column: pa.array(np.asarray(labels, np.int64), type=pa.int64())})
+    labels = np.asarray(labels)
+    columns = {features_column: pa.FixedSizeListArray.from_arrays(flat, d)}
+    if labels.ndim == 2:
+        scores = np.ascontiguousarray(labels, dtype=np.float32)
+        columns[label_column] = pa.array(scores.argmax(axis=1).astype(np.int64), type=pa.int64())
+        columns[label_column + "_soft"] = pa.FixedSizeListArray.from_arrays(
+            pa.array(scores.reshape(-1), type=pa.float32()), scores.shape[1])
+    else:
+        columns[label_column] = pa.array(labels.astype(np.int64), type=pa.int64())
+    return pa.table(columns)
 
 
-def parquet_schema(d: int, features_column: str = "features", label_column: str = "label") -> pa.Schema:
-    return pa.schema([(features_column, pa.list_(pa.float32(), d)), (label_column, pa.int64())])
+def parquet_schema(d: int, features_column: str = "features", label_column: str = "label",
+                   soft_classes: Optional[int] = None) -> pa.Schema:
+    fields = [(features_column, pa.list_(pa.float32(), d)), (label_column, pa.int64())]
+    if soft_classes:
+        fields.append((label_column + "_soft", pa.list_(pa.float32(), soft_classes)))
+    return pa.schema(fields)
 
 
 # ---------------------------------------------------------------- TFRecord

@@ -21,10 +21,11 @@ NORMALIZATION = "normalization.json"
 class WriteSynthetic(beam.PTransform):
     """pyarrow.Table -> file names of ``DIR/synthetic/part-SSSSS-of-NNNNN.parquet``."""
 
-    def __init__(self, directory, dim, *, num_shards=0, features_column="features", label_column="label"):
+    def __init__(self, directory, dim, *, num_shards=0, features_column="features", label_column="label",
+                 soft_classes=None):
         super().__init__()
         self.prefix = FileSystems.join(directory, "synthetic", "part")
-        self.schema = parquet_schema(dim, features_column, label_column)
+        self.schema = parquet_schema(dim, features_column, label_column, soft_classes)
         self.num_shards = num_shards
 
     def expand(self, tables):
