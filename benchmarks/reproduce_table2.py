@@ -31,6 +31,7 @@ import csv
 import math
 import os
 import time
+import zlib
 
 import numpy as np
 
@@ -130,6 +131,8 @@ def main(argv=None) -> None:
     t_all = time.time()
     cells = [(c, e, l) for e in args.eps for c in (["-"] if e == "inf" else args.calibrations) for l in ls]
     done = load_done(args, runs, epochs, len(y)) if args.resume else {}
+    wanted = {("none (eps=inf)" if c == "-" else c, e, l) for c, e, l in cells}
+    rows.extend(r for k, r in done.items() if k not in wanted)  # --resume never drops cells it was not asked for
     for i, (cal, eps, l) in enumerate(cells):
         label = "none (eps=inf)" if cal == "-" else cal
         if (label, eps, l) in done:
@@ -137,19 +140,21 @@ def main(argv=None) -> None:
             print(f"[{i + 1}/{len(cells)}] {label:>14} eps={eps:>3} l={l:>3} already in the table (--resume)", flush=True)
             continue
         t = time.time()
-        accs, vals, dev_name = [], [], str(device)
+        accs, vals, sigmas, dev_name = [], [], [], str(device)
+        base = cell_seed(eps, l)  # the same for every calibration: plain and +lpK cells are paired on one key
         for r in range(runs):  # each run: a fresh synthetic release (noise key) AND a fresh training seed
             feats, labels, plan = synthesize(x, y, first, calibration=cal if cal != "-" else "fixed", eps=eps, l=l,
-                                             seed=i + 1000 * r, device=device)
+                                             seed=base + 1000 * r, device=device)
             test = normalize(tx, plan.mean, plan.std, plan.clip, plan.bounds)
             res = train_and_score(feats, labels, test, ty, num_classes=10, input_shape=(1, 28, 28), runs=1,
-                                  epochs=epochs, device=str(device), seed=1000 * i + r, progress=False)
+                                  epochs=epochs, device=str(device), seed=base + r, progress=False)
             accs.append(res["accuracy_mean"])
             curve = res["curves"][0]
             vals.append(curve["val_accuracy"][curve["selected_epoch"]])
+            sigmas.append(plan.sigma_x)  # poisson: depends on the run's DP class sizes
             dev_name = res.get("device", dev_name)
         pm, ps = ref.get((l, eps), (float("nan"), float("nan")))
-        rows.append({"calibration": label, "eps": eps, "l": l, "sigma_x": plan.sigma_x,
+        rows.append({"calibration": label, "eps": eps, "l": l, "sigma_x": float(np.mean(sigmas)),
                      "accuracy_mean": float(np.mean(accs)), "accuracy_std": float(np.std(accs)),
                      "synthetic_val_accuracy": float(np.mean(vals)),
                      "paper_mean": pm, "paper_std": ps, "runs": runs, "epochs": epochs, "train_rows": len(y),
@@ -167,16 +172,29 @@ def output_stem(out, quick=False, name=None) -> str:
     return os.path.join(out, name or ("table2_fashion_mnist" + ("_quick" if quick else "")))
 
 
+FIELDS = ("calibration", "eps", "l", "sigma_x", "accuracy_mean", "accuracy_std", "synthetic_val_accuracy",
+          "paper_mean", "paper_std", "runs", "epochs", "train_rows", "seconds", "device")
+
+
+def cell_seed(eps: str, l: int) -> int:
+    """A seed fixed by the cell (not by its position in the sweep), shared by all calibrations of that cell."""
+    return zlib.crc32(f"eps={eps}/l={l}".encode()) % 1_000_000
+
+
 def load_done(args, runs, epochs, train_rows) -> dict:
-    """Cells already in the output CSV with the same runs, epochs and training rows (for --resume)."""
+    """Cells already in the output CSV (for --resume); it must hold this protocol (runs, epochs, training rows)."""
     path = output_stem(args.out, args.quick, args.name) + ".csv"
     if not os.path.exists(path):
         return {}
     done = {}
     with open(path) as fh:
         for row in csv.DictReader(fh):
-            if (int(row["runs"]), int(row["epochs"]), int(row["train_rows"])) != (runs, epochs, train_rows):
-                continue
+            missing = [f for f in FIELDS if f not in row]
+            protocol = None if missing else (int(row["runs"]), int(row["epochs"]), int(row["train_rows"]))
+            if protocol != (runs, epochs, train_rows):
+                why = f"lacks {', '.join(missing)}" if missing else f"has runs, epochs, rows = {protocol}"
+                raise SystemExit(f"--resume: {path} {why}, not {(runs, epochs, train_rows)}; give another --name "
+                                 f"for a new table, or leave out --resume to replace it")
             for key in ("sigma_x", "accuracy_mean", "accuracy_std", "synthetic_val_accuracy", "paper_mean",
                         "paper_std", "seconds"):
                 row[key] = float(row[key])
@@ -191,7 +209,7 @@ def write_outputs(rows, out, wall, device, quick=False, name=None, quiet=False) 
     stem = output_stem(out, quick, name)
     tmp = stem + ".csv.tmp"
     with open(tmp, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w = csv.DictWriter(fh, fieldnames=list(FIELDS))
         w.writeheader()
         w.writerows(rows)
     os.replace(tmp, stem + ".csv")

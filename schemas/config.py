@@ -82,7 +82,8 @@ class ReleaseConfig(BaseModel):
                 v = tuple(int(p) for p in v.split(","))
             except ValueError:
                 raise ValueError("expected 'H,W' or 'C,H,W' (positive integers)") from None
-        if v is not None and (len(v) not in (2, 3) or min(v) < 1):
+        if v is not None and (not isinstance(v, (list, tuple)) or len(v) not in (2, 3)
+                              or not all(isinstance(p, int) and not isinstance(p, bool) for p in v) or min(v) < 1):
             raise ValueError("expected 'H,W' or 'C,H,W' (positive integers)")
         return v
 

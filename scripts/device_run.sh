@@ -5,7 +5,8 @@
 #       carry=[".whl", ".device-data"])
 # Results the module writes under benchmarks/results/ during this call (at most 7) and log.txt come back in $OUT;
 # copy them into benchmarks/results/ here, so a later call with --resume continues where this one stopped.
-# DEVICE_BUDGET_S (default 540) stops the module in time for the copy, inside the tool's 600 s per call.
+# DEVICE_BUDGET_S (default 540) stops the module in time for the copy: keep it under the call's limit_s (600 s at
+# most, less when little device time is left), or finished cells are lost with the machine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
@@ -13,11 +14,14 @@ PY=${PY:-python3}
 if [ -z "${DEVICE_SKIP_INSTALL:-}" ]; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || { echo "device_run: installing .whl failed (carry it; see scripts/device_prepare.sh)" >&2; exit 2; }
-  export PYTHONPATH=/tmp/site
 fi
+[ -d /tmp/site ] && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+"$PY" -c "import torch, numpy, scipy, pyarrow, matplotlib, attr, absl, pydantic, dp_accounting" \
+  || { echo "device_run: a package is missing (see scripts/device_prepare.sh)" >&2; exit 2; }
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 marker=$(mktemp)
+trap 'rm -f "$marker"' EXIT
 timeout "${DEVICE_BUDGET_S:-540}" "$PY" -m "$@" 2>&1 | tee "$OUT/log.txt"
 rc=${PIPESTATUS[0]}
 [ "$rc" = 124 ] && echo "device_run: stopped after ${DEVICE_BUDGET_S:-540} s; rerun with --resume to continue" | tee -a "$OUT/log.txt"

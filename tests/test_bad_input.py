@@ -413,7 +413,7 @@ def test_mix_dofn_retry_after_partial_output_is_identical(tmp_path, monkeypatch,
     rng = np.random.default_rng(0)
     x = rng.normal(size=(12, DIM)).astype(np.float32)
     plan = types.SimpleNamespace(feature_dim=DIM, num_classes=K, mode=mode, mixing_order=3, sigma_x=0.5,
-                                 samples_per_class=10, sampling_rates=(0.25,) * K, sigma_y=0.0)
+                                 samples_per_class=10, sampling_rates=(0.25,) * K, sigma_y=0.0, lowpass=None)
     key = key_from_test_seed(5)
     element = (1, x)
     fn = _MixFn("cpu", 4, "features", "label")

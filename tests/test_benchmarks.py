@@ -43,6 +43,11 @@ def test_resume_keeps_finished_cells_and_runs_the_rest(tmp_path):
     second = list(csv.DictReader(open(tmp_path / "r.csv")))
     assert [r["l"] for r in second] == ["2", "4"]
     assert second[0] == first[0]  # reused as written, not rerun
-    main(base + ["--ls", "2", "--epochs", "2", "--resume"])  # another protocol: nothing reused
-    third = list(csv.DictReader(open(tmp_path / "r.csv")))
-    assert len(third) == 1 and third[0]["epochs"] == "2" and third[0]["seconds"] != first[0]["seconds"]
+    main(base + ["--ls", "8", "--epochs", "1", "--resume"])  # cells not asked for are kept, not dropped
+    assert [r["l"] for r in csv.DictReader(open(tmp_path / "r.csv"))] == ["2", "4", "8"]
+    with pytest.raises(SystemExit, match="has runs, epochs, rows = \\(1, 1, 300\\), not \\(1, 2, 300\\)"):
+        main(base + ["--ls", "2", "--epochs", "2", "--resume"])  # another protocol: refused, nothing lost
+    assert len(list(csv.DictReader(open(tmp_path / "r.csv")))) == 3
+    (tmp_path / "r.csv").write_text("calibration,eps,l\nfixed,10,2\n")  # an older format
+    with pytest.raises(SystemExit, match="lacks sigma_x"):
+        main(base + ["--ls", "2", "--epochs", "1", "--resume"])

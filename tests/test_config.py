@@ -53,7 +53,7 @@ def test_missing_config_file_is_reported(tmp_path):
 def test_image_shape_parses_and_needs_lowpass():
     cfg = load_config(None, {"input": "a", "output": "b", "epsilon": 1.0, "lowpass": 8, "image_shape": "3,32,32"})
     assert cfg.image_shape == (3, 32, 32)
-    for bad in ("28", "a,b", "0,28", "1,2,3,4"):
+    for bad in ("28", "a,b", "0,28", "1,2,3,4", 784, [28.5, 28], True):
         with pytest.raises(ConfigError, match="image_shape"):
             load_config(None, {"input": "a", "output": "b", "epsilon": 1.0, "lowpass": 8, "image_shape": bad})
     with pytest.raises(ConfigError, match="only used with --lowpass"):

@@ -167,3 +167,12 @@ def test_soft_labels_are_the_scores_behind_the_hard_labels():
     np.testing.assert_allclose((soft - np.eye(5)[2]).std(), 0.8, rtol=0.1)
     exact = np.concatenate([lab for _, _, lab in mix_class(x, soft_labels=True, **kw)])  # sigma_y = 0
     np.testing.assert_array_equal(exact, np.tile(np.eye(5, dtype=np.float32)[2], (300, 1)))
+
+
+def test_separable_lowpass_equals_the_dense_projection_with_channels():
+    from transforms.mixing import LowPass, lowpass_basis
+    rows = torch.from_numpy(np.random.default_rng(1).normal(size=(7, 60)).astype(np.float32))
+    b = lowpass_basis((3, 4, 5), 3)
+    np.testing.assert_allclose(LowPass((3, 4, 5), 3, "cpu")(rows).numpy(), rows.numpy() @ b.T @ b, atol=1e-5)
+    with pytest.raises(ValueError, match="lowpass K"):
+        LowPass((4, 4), 0, "cpu")

@@ -6,6 +6,7 @@ import pickle
 
 import dp_accounting
 import numpy as np
+import torch
 import pytest
 from dp_accounting import pld, rdp
 from hypothesis import HealthCheck, given, settings
@@ -139,8 +140,29 @@ def test_noise_keys_are_fresh_and_derivations_independent():
     a = numpy_generator(k, "stats").normal(size=4)
     np.testing.assert_array_equal(a, numpy_generator(k, "stats").normal(size=4))
     assert not np.array_equal(a, numpy_generator(k, "histogram").normal(size=4))
-    t1 = torch_generator(k, "mix", 0, 1).initial_seed()
-    assert t1 == torch_generator(k, "mix", 0, 1).initial_seed() != torch_generator(k, "mix", 1, 0).initial_seed()
+    draw = lambda g: torch.randn(6, generator=g).numpy()  # noqa: E731
+    np.testing.assert_array_equal(draw(torch_generator(k, "mix", 0, 1)), draw(torch_generator(k, "mix", 0, 1)))
+    assert not np.array_equal(draw(torch_generator(k, "mix", 0, 1)), draw(torch_generator(k, "mix", 1, 0)))
+    assert not np.array_equal(draw(torch_generator(k, "mix", 0, 1)), draw(torch_generator(k, "label", 0, 1)))
+
+
+def test_cpu_torch_stream_uses_the_whole_mersenne_twister_state():
+    """torch's CPU manual_seed keeps 32 bits; the stream must instead come from 624 key-derived words."""
+    from privacy.noise import mt_state_words
+    lo = torch.Generator().manual_seed(12345)
+    hi = torch.Generator().manual_seed(12345 + (7 << 32))
+    assert torch.equal(torch.randn(4, generator=lo), torch.randn(4, generator=hi))  # why: the 32-bit seed
+    k = key_from_test_seed(3)
+    g = torch_generator(k, "mix", 2, 5)
+    plain = torch.Generator().manual_seed(g.initial_seed())  # the same 64-bit seed without the state fill
+    assert not torch.equal(torch.randn(4, generator=g), torch.randn(4, generator=plain))
+    # The layout written into get_state() is the one torch runs: its outputs are numpy's MT19937 on our words
+    # (an int64 draw below 2^31 consumes two 32-bit outputs and keeps the second).
+    g = torch_generator(k, "mix", 2, 5)
+    ours = torch.empty(16, dtype=torch.int64).random_(0, 2 ** 31, generator=g).numpy()
+    bits = np.random.MT19937()
+    bits.state = {"bit_generator": "MT19937", "state": {"key": mt_state_words(k, ("mix", 2, 5)), "pos": 624}}
+    np.testing.assert_array_equal(ours, bits.random_raw(32)[1::2] % 2 ** 31)
 
 
 def test_paper_theorem1_as_written():

@@ -22,7 +22,7 @@ FAULT_ENV = "DPCDA_TEST_FAIL_FIRST_MIX_DIR"
 
 
 class _MixFn(beam.DoFn):
-    def __init__(self, device: str, chunk_rows: int, features_column: str, label_column: str, soft_labels: bool):
+    def __init__(self, device: str, chunk_rows: int, features_column: str, label_column: str, soft_labels: bool = False):
         self.device_pref, self.chunk_rows, self.soft_labels = device, chunk_rows, soft_labels
         self.fc, self.lc = features_column, label_column
         self.rows_written = Metrics.counter("dpcda", "rows_synthesized")
@@ -46,7 +46,7 @@ class _MixFn(beam.DoFn):
                     open(marker, "w").close()
                     raise RuntimeError(f"injected fault: first attempt of class {k}")
             self.rows_written.inc(len(labels))
-            yield block_table(feats, labels, self.fc, self.lc)
+            yield block_table(feats, labels, self.fc, self.lc, soft=self.soft_labels)
         log.info("stage=mix class=%d rows=%d device=%s seconds=%.2f", k, plan.samples_per_class,
                  self.device, time.time() - start)
 

@@ -132,6 +132,33 @@ def lowpass_basis(image_shape: Sequence[int], k: int) -> np.ndarray:
     return basis.astype(np.float32)
 
 
+class LowPass:
+    """The projection of ``lowpass_basis`` applied separably: DCT along H and W, keep u + v < k, inverse DCT.
+
+    O(rows * C * H * W * (H + W)) work and no (kept, d) matrix, so it scales to large images.
+    """
+
+    def __init__(self, image_shape: Sequence[int], k: int, device):
+        shape = tuple(int(s) for s in image_shape)
+        if len(shape) == 2:
+            shape = (1, *shape)
+        if len(shape) != 3 or min(shape) < 1:
+            raise ValueError(f"image_shape must be (H, W) or (C, H, W), got {image_shape}")
+        if k < 1:
+            raise ValueError(f"lowpass K must be >= 1, got {k}")
+        self.shape, self.dim = shape, int(np.prod(shape))
+        _, h, w = shape
+        self.ch = torch.from_numpy(dct_matrix(h).astype(np.float32)).to(device)
+        self.cw = torch.from_numpy(dct_matrix(w).astype(np.float32)).to(device)
+        u, v = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+        self.mask = torch.from_numpy(((u + v) < k).astype(np.float32)).to(device)
+
+    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
+        x = rows.reshape(rows.shape[0], *self.shape)
+        coef = self.ch @ x @ self.cw.T * self.mask
+        return (self.ch.T @ coef @ self.cw).reshape(rows.shape[0], self.dim)
+
+
 def label_scores(class_index: int, num_classes: int, sigma_y: float, rows: int,
                  gen: torch.Generator, device) -> torch.Tensor:
     """(rows, K) scores e_k + N(0, sigma_y^2 I_K): the one-hot mean of a same-class mix plus label noise."""
@@ -164,11 +191,11 @@ def mix_class(features: np.ndarray, *, key: bytes, class_index: int, num_classes
     dev = torch.device(device) if not isinstance(device, torch.device) else device
     ordered = features[canonical_order(features)]
     x = torch.from_numpy(np.ascontiguousarray(ordered, np.float32)).to(dev)
-    basis = None
+    project = None
     if lowpass is not None:
-        basis = torch.from_numpy(lowpass_basis(*lowpass)).to(dev)
-        if basis.shape[1] != x.shape[1]:
-            raise ValueError(f"lowpass image_shape {tuple(lowpass[0])} has {basis.shape[1]} features, rows have "
+        project = LowPass(lowpass[0], lowpass[1], dev)
+        if project.dim != x.shape[1]:
+            raise ValueError(f"lowpass image_shape {tuple(lowpass[0])} has {project.dim} features, rows have "
                              f"{x.shape[1]}")
     n_chunks = -(-samples // chunk_rows)
     for chunk in (range(n_chunks) if chunks is None else chunks):
@@ -176,10 +203,13 @@ def mix_class(features: np.ndarray, *, key: bytes, class_index: int, num_classes
         gen = torch_generator(key, "mix", class_index, chunk, device=dev)
         out = mix_chunk(x, mode=mode, mixing_order=mixing_order, sigma_x=sigma_x, rows=rows, gen=gen,
                         sampling_rate=sampling_rate)
-        if basis is not None:
-            out = (out @ basis.T) @ basis
+        if project is not None:
+            out = project(out)
+        # Labels draw from their own stream: soft scores publish their noise almost verbatim, and must reveal
+        # nothing about the generator behind the feature noise.
+        label_gen = torch_generator(key, "label", class_index, chunk, device=dev) if sigma_y > 0 else None
         if soft_labels:
-            labels = label_scores(class_index, num_classes, sigma_y, rows, gen, dev)
+            labels = label_scores(class_index, num_classes, sigma_y, rows, label_gen, dev)
         else:
-            labels = noisy_labels(class_index, num_classes, sigma_y, rows, gen, dev)
+            labels = noisy_labels(class_index, num_classes, sigma_y, rows, label_gen, dev)
         yield chunk, out.cpu().numpy(), labels.cpu().numpy()

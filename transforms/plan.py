@@ -111,8 +111,9 @@ def build_plan(first: FirstPass, cfg: ReleaseConfig, key: bytes) -> ReleasePlan:
     mode, l, c, delta = cfg.mode, cfg.mixing_order, cfg.clip, cfg.delta
     budget = cfg.epsilon if cfg.epsilon is not None else REFERENCE_EPSILON
     caveats = [
-        "Noise is drawn with torch/numpy generators seeded from a 256-bit secret key; floating-point "
-        "Gaussian sampling is not hardened against precision attacks.",
+        "Noise is drawn from generators derived from a 256-bit secret key (torch on CPU: the whole Mersenne "
+        "Twister state; torch on CUDA: Philox with a 64-bit seed; numpy: PCG64 with a 128-bit seed). None is a "
+        "cryptographic generator, and floating-point Gaussian sampling is not hardened against precision attacks.",
         "Label noise (sigma_y) costs no privacy here: within a class the one-hot mean is always e_k.",
     ]
     shared: list = []

@@ -131,15 +131,17 @@ def write_parquet(path: str, features: np.ndarray, labels: np.ndarray,
 
 
 def block_table(features: np.ndarray, labels: np.ndarray, features_column: str = "features",
-                label_column: str = "label") -> pa.Table:
-    """Arrow table of a block. 2-D ``labels`` are soft scores (rows, K): written as ``LABEL_soft`` beside their
-    argmax in ``LABEL``."""
+                label_column: str = "label", soft: bool = False) -> pa.Table:
+    """Arrow table of a block. ``soft``: ``labels`` are float scores (rows, K), written as ``LABEL_soft`` beside
+    their argmax in ``LABEL``."""
     features = np.ascontiguousarray(features, dtype=np.float32)
     d = features.shape[1]
     flat = pa.array(features.reshape(-1), type=pa.float32())
     labels = np.asarray(labels)
     columns = {features_column: pa.FixedSizeListArray.from_arrays(flat, d)}
-    if labels.ndim == 2:
+    if soft != (labels.ndim == 2):
+        raise ValueError(f"labels of shape {labels.shape} do not match soft={soft}")
+    if soft:
         scores = np.ascontiguousarray(labels, dtype=np.float32)
         columns[label_column] = pa.array(scores.argmax(axis=1).astype(np.int64), type=pa.int64())
         columns[label_column + "_soft"] = pa.FixedSizeListArray.from_arrays(
