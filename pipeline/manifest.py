@@ -45,10 +45,10 @@ def finite(x: float | None) -> float | None:
 def postprocessing(plan) -> PostProcessing | None:
     if plan.lowpass is None:
         return None
+    from transforms.mixing import lowpass_kept
+
     shape, k = plan.lowpass
-    h, w = shape[-2:]
-    per_channel = sum(1 for u in range(h) for v in range(w) if u + v < k)
-    return PostProcessing(lowpass=k, image_shape=list(shape), kept_coefficients=per_channel * (shape[0] if len(shape) == 3 else 1))
+    return PostProcessing(lowpass=k, image_shape=list(shape), kept_coefficients=lowpass_kept(shape, k)[1])
 
 
 def build_manifest(cfg, input_info: InputInfo, plan, outputs) -> Manifest:

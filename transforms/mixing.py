@@ -109,12 +109,8 @@ def dct_matrix(n: int) -> np.ndarray:
     return c
 
 
-def lowpass_basis(image_shape: Sequence[int], k: int) -> np.ndarray:
-    """(kept, d) orthonormal rows spanning the 2-D DCT images with u + v < k, per channel.
-
-    ``image_shape`` is (H, W) or (C, H, W) with d = prod(image_shape), features in C-major (channels-first)
-    order. ``rows @ B.T @ B`` is then the orthogonal projection of each row onto the low frequencies.
-    """
+def lowpass_kept(image_shape: Sequence[int], k: int) -> tuple[tuple[int, int, int], int]:
+    """((C, H, W), coefficients kept) for a low-pass with frequencies u + v < k; checks both arguments."""
     shape = tuple(int(s) for s in image_shape)
     if len(shape) == 2:
         shape = (1, *shape)
@@ -122,6 +118,17 @@ def lowpass_basis(image_shape: Sequence[int], k: int) -> np.ndarray:
         raise ValueError(f"image_shape must be (H, W) or (C, H, W), got {image_shape}")
     if k < 1:
         raise ValueError(f"lowpass K must be >= 1, got {k}")
+    _, h, w = shape
+    return shape, shape[0] * sum(1 for u in range(h) for v in range(w) if u + v < k)
+
+
+def lowpass_basis(image_shape: Sequence[int], k: int) -> np.ndarray:
+    """(kept, d) orthonormal rows spanning the 2-D DCT images with u + v < k, per channel.
+
+    ``image_shape`` is (H, W) or (C, H, W) with d = prod(image_shape), features in C-major (channels-first)
+    order. ``rows @ B.T @ B`` is then the orthogonal projection of each row onto the low frequencies.
+    """
+    shape, _ = lowpass_kept(image_shape, k)
     ch, h, w = shape
     ch_h, ch_w = dct_matrix(h), dct_matrix(w)
     freqs = [(u, v) for u in range(h) for v in range(w) if u + v < k]
@@ -139,13 +146,7 @@ class LowPass:
     """
 
     def __init__(self, image_shape: Sequence[int], k: int, device):
-        shape = tuple(int(s) for s in image_shape)
-        if len(shape) == 2:
-            shape = (1, *shape)
-        if len(shape) != 3 or min(shape) < 1:
-            raise ValueError(f"image_shape must be (H, W) or (C, H, W), got {image_shape}")
-        if k < 1:
-            raise ValueError(f"lowpass K must be >= 1, got {k}")
+        shape, _ = lowpass_kept(image_shape, k)
         self.shape, self.dim = shape, int(np.prod(shape))
         _, h, w = shape
         self.ch = torch.from_numpy(dct_matrix(h).astype(np.float32)).to(device)
