@@ -137,7 +137,8 @@ def main(argv=None) -> None:
         label = "none (eps=inf)" if cal == "-" else cal
         if (label, eps, l) in done:
             rows.append(done[(label, eps, l)])
-            print(f"[{i + 1}/{len(cells)}] {label:>14} eps={eps:>3} l={l:>3} already in the table (--resume)", flush=True)
+            print(f"[{i + 1}/{len(cells)}] {label:>14} eps={eps:>3} l={l:>3} already in the table (--resume)",
+                  flush=True)
             continue
         t = time.time()
         accs, vals, sigmas, dev_name = [], [], [], str(device)

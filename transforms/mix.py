@@ -22,7 +22,8 @@ FAULT_ENV = "DPCDA_TEST_FAIL_FIRST_MIX_DIR"
 
 
 class _MixFn(beam.DoFn):
-    def __init__(self, device: str, chunk_rows: int, features_column: str, label_column: str, soft_labels: bool = False):
+    def __init__(self, device: str, chunk_rows: int, features_column: str, label_column: str,
+                 soft_labels: bool = False):
         self.device_pref, self.chunk_rows, self.soft_labels = device, chunk_rows, soft_labels
         self.fc, self.lc = features_column, label_column
         self.rows_written = Metrics.counter("dpcda", "rows_synthesized")
