@@ -69,17 +69,19 @@ def parse_calibration(name: str) -> tuple[str, int | None]:
     return base, int(post[2:]) if post else None
 
 
-def synthesize(x, y, first, *, calibration, eps, l, seed, device):
-    """One release in-process through the pipeline's own cores; returns (features, labels, sigma_x, plan)."""
+def synthesize(x, y, first, *, calibration, eps, l, seed, device, samples=None):
+    """One release in-process through the pipeline's own cores; returns (features, labels, plan).
+
+    ``samples``: T, the number of synthetic rows (default: the number of input rows)."""
     n = len(y)
     calibration, lowpass = parse_calibration(calibration)
     base = dict(input="in-process", output="in-process", mixing_order=l, clip=1.0, delta=1e-5, seed=seed,
-                num_classes=10, lowpass=lowpass)
+                num_classes=10, lowpass=lowpass, samples=samples)
     if eps == "inf":
         cfg = ReleaseConfig(**base, sigma_x=0.0, normalization="exact", allow_exact_normalization=True)
     elif calibration == "paper":
         sigma = theorem1_calibrate_sigma_x(target_epsilon=float(eps), sigma_y_over_sigma_x=math.inf, mixing_order=l,
-                                           clip=1.0, num_records=n, num_samples=n, delta=1e-5)
+                                           clip=1.0, num_records=n, num_samples=samples or n, delta=1e-5)
         cfg = ReleaseConfig(**base, sigma_x=sigma, normalization="exact", allow_exact_normalization=True)
     else:
         cfg = ReleaseConfig(**base, epsilon=float(eps), mode=calibration)

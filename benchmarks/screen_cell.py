@@ -5,7 +5,7 @@
 Prints one JSON line: the setting, sigma_x, the real-test accuracy of the kept model, the per-epoch accuracy on the
 synthetic hold-out (``val``) and, with ``--track``, on the real test split (``test``; informational, it never picks
 the model). Same cores as ``benchmarks.reproduce_table2`` (DP normalisation, the Calibrate stage, per-class mixing,
-the evaluation CNN); ``--T`` sets the number of synthetic rows (``ReleaseConfig.samples``).
+the evaluation CNN), through its ``synthesize``; ``--T`` sets the number of synthetic rows (``ReleaseConfig.samples``).
 """
 from __future__ import annotations
 
@@ -13,16 +13,13 @@ import argparse
 import json
 import time
 
-import numpy as np
 import torch
 
+from benchmarks.reproduce_table2 import synthesize
 from evaluation.train import train_and_score
 from pipeline.prepare import FASHION_MNIST_DIR, load_fashion_mnist
-from privacy.noise import key_from_test_seed
-from schemas.config import ReleaseConfig
 from transforms.combiners import FirstPassCombiner
-from transforms.mixing import mix_class
-from transforms.plan import build_plan, normalize
+from transforms.plan import normalize
 
 
 def main(argv=None) -> None:
@@ -32,7 +29,7 @@ def main(argv=None) -> None:
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eps", type=float, default=10.0)
-    ap.add_argument("--mode", default="fixed")
+    ap.add_argument("--mode", default="fixed", choices=["fixed", "poisson"])
     ap.add_argument("--lowpass", type=int, default=None)
     ap.add_argument("--track", action="store_true")
     ap.add_argument("--device", default="cpu")
@@ -46,22 +43,12 @@ def main(argv=None) -> None:
     comb = FirstPassCombiner((0.0, 1.0))
     first = comb.add(comb.create(), x, y)
     t = time.time()
-    cfg = ReleaseConfig(input="in-process", output="in-process", mixing_order=a.l, clip=1.0, delta=1e-5, seed=a.seed,
-                        num_classes=10, samples=a.T, epsilon=a.eps, mode=a.mode, lowpass=a.lowpass)
-    key = key_from_test_seed(a.seed)
-    plan = build_plan(first, cfg, key)
-    z = normalize(x, plan.mean, plan.std, plan.clip, plan.bounds)
-    feats, labels = [], []
-    for k in range(10):
-        for _, f, lab in mix_class(z[y == k], key=key, class_index=k, num_classes=10, mode=plan.mode,
-                                   mixing_order=a.l, sigma_x=plan.sigma_x, samples=plan.samples_per_class,
-                                   chunk_rows=cfg.chunk_rows, sampling_rate=plan.sampling_rates[k],
-                                   device=torch.device(a.device), lowpass=plan.lowpass):
-            feats.append(f)
-            labels.append(lab)
+    calibration = a.mode + (f"+lp{a.lowpass}" if a.lowpass else "")
+    feats, labels, plan = synthesize(x, y, first, calibration=calibration, eps=repr(a.eps), l=a.l, seed=a.seed,
+                                     device=torch.device(a.device), samples=a.T)
     test = normalize(tx, plan.mean, plan.std, plan.clip, plan.bounds)
     t1 = time.time()
-    res = train_and_score(np.concatenate(feats), np.concatenate(labels), test, ty, num_classes=10,
+    res = train_and_score(feats, labels, test, ty, num_classes=10,
                           input_shape=(1, 28, 28), runs=1, epochs=a.epochs, device=a.device, seed=a.seed * 1000,
                           progress=False, track_test=a.track)
     curve = res["curves"][0]
