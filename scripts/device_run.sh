@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs one of our Python modules on the GPU machine of the `device` tool (its image has torch but not
 # pydantic or dp-accounting; nothing can be fetched there). Prepare once here with scripts/device_prepare.sh, then:
-#   run(command="bash scripts/device_run.sh benchmarks.reproduce_table2 --source .device-data/fashion-mnist --resume",
+#   run(command="bash scripts/device_run.sh benchmarks.reproduce_table2 --source .device-data/fashion-mnist --runs 3 --resume",
 #       carry=[".whl", ".device-data"])
 # Results the module writes under benchmarks/results/ during this call (at most 7) and log.txt come back in $OUT;
 # copy them into benchmarks/results/ here, so a later call with --resume continues where this one stopped.

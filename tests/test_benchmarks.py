@@ -6,15 +6,23 @@ import os
 
 import pytest
 
-from benchmarks.reproduce_table2 import main, parse_calibration
+import math
+
+import numpy as np
+
+from benchmarks.reproduce_table2 import main, parse_calibration, synthesize
+from pipeline.prepare import load_fashion_mnist
+from transforms.combiners import FirstPassCombiner
 
 FASHION = "/usr/share/datasets/fashion-mnist"
 
 
 def test_parse_calibration():
-    assert parse_calibration("fixed") == ("fixed", None)
-    assert parse_calibration("poisson+lp16") == ("poisson", 16)
-    for bad in ("fixd", "fixed+16", "fixed+lpx", "paper+"):
+    assert parse_calibration("fixed") == ("fixed", None, math.inf)
+    assert parse_calibration("poisson+lp16") == ("poisson", 16, math.inf)
+    assert parse_calibration("paper_sy1") == ("paper", None, 1.0)
+    assert parse_calibration("paper_sy0.5+lp8") == ("paper", 8, 0.5)
+    for bad in ("fixd", "fixed+16", "fixed+lpx", "paper+", "fixed_sy1", "paper_sy0", "paper_sy"):
         with pytest.raises(SystemExit, match="--calibrations"):
             parse_calibration(bad)
 
@@ -51,3 +59,22 @@ def test_resume_keeps_finished_cells_and_runs_the_rest(tmp_path):
     (tmp_path / "r.csv").write_text("calibration,eps,l\nfixed,10,2\n")  # an older format
     with pytest.raises(SystemExit, match="lacks sigma_x"):
         main(base + ["--ls", "2", "--epochs", "1", "--resume"])
+
+
+@pytest.mark.skipif(not os.path.exists(FASHION), reason="Debian's dataset-fashion-mnist is not installed")
+def test_paper_label_term_costs_feature_noise_and_noises_the_labels():
+    x, y = load_fashion_mnist("train", FASHION)
+    x, y = x[:500], y[:500]
+    comb = FirstPassCombiner((0.0, 1.0))
+    first = comb.add(comb.create(), x, y)
+    common = dict(eps="10", l=1, seed=3, device="cpu")
+    _, lab0, plan0 = synthesize(x, y, first, calibration="paper", **common)
+    _, lab1, plan1 = synthesize(x, y, first, calibration="paper_sy1", **common)
+    assert plan0.sigma_y == 0 and plan1.sigma_y == pytest.approx(plan1.sigma_x)
+    # Theorem 1 with the label term (sigma_y = sigma_x): 2/sigma^2 + 1/sigma^2 = (2/sigma0^2), sigma = sqrt(1.5) sigma0
+    # under the same subsampled-RDP curve, so the feature noise grows by about that factor
+    assert 1.1 < plan1.sigma_x / plan0.sigma_x < 1.4
+    made_for = np.repeat(np.arange(10), plan0.samples_per_class)  # synthesize yields class 0's rows, then 1's, ...
+    assert np.array_equal(lab0, made_for)  # no label noise: every row keeps its class
+    flipped = (lab1 != made_for).mean()  # label noise at sigma_y ~ 0.7 flips some argmaxes
+    assert 0.05 < flipped < 0.9
