@@ -1,6 +1,6 @@
 """Reproduce seed 000's Table 2 (Fashion-MNIST) beside our rigorous accounting.
 
-    python -m benchmarks.reproduce_table2                  # full sweep (GPU: l = 1..512, eps inf/20/10, 3 calibrations)
+    python -m benchmarks.reproduce_table2 --runs 3         # full sweep (GPU: l = 1..512, eps inf/20/10, 3 calibrations)
     python -m benchmarks.reproduce_table2 --quick          # CPU-sized: 3000 train rows, l in {1, 4, 16}, 1 seed
     ... --resume                                           # keep finished cells (results are written after each)
 
@@ -119,7 +119,8 @@ def main(argv=None) -> None:
     ap.add_argument("--epochs", type=int, default=None, help="(default 10; quick 3)")
     ap.add_argument("--ls", type=int, nargs="+", default=None)
     ap.add_argument("--eps", nargs="+", default=["inf", "20", "10"])
-    ap.add_argument("--calibrations", nargs="+", default=["paper", "fixed", "poisson"])
+    ap.add_argument("--calibrations", nargs="+", default=["paper_sy1", "fixed", "poisson"],
+                    help="paper, paper_syR, fixed, poisson, each optionally +lpK (default: paper_sy1 fixed poisson)")
     ap.add_argument("--limit", type=int, default=None, help="first N training rows")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--source", default=FASHION_MNIST_DIR, help="folder of the Fashion-MNIST IDX files")
@@ -169,6 +170,8 @@ def main(argv=None) -> None:
             vals.append(curve["val_accuracy"][curve["selected_epoch"]])
             sigmas.append(plan.sigma_x)  # poisson: depends on the run's DP class sizes
             dev_name = res.get("device", dev_name)
+            print(f"    {label} eps={eps} l={l} release {r + 1}/{runs}: acc={accs[-1]:.4f} synthetic-val={vals[-1]:.3f} "
+                  f"({time.time() - t:.0f}s so far)", flush=True)
         pm, ps = ref.get((l, eps), (float("nan"), float("nan")))
         rows.append({"calibration": label, "eps": eps, "l": l, "sigma_x": float(np.mean(sigmas)),
                      "accuracy_mean": float(np.mean(accs)), "accuracy_std": float(np.std(accs)),
