@@ -67,7 +67,7 @@ def paper_reference(path=REFERENCE) -> dict:
     return ref
 
 
-_CALIBRATION = re.compile(r"^(?P<base>paper|fixed|poisson)(?:_sy(?P<ratio>\d+(?:\.\d+)?))?(?:\+lp(?P<lp>\d+))?$")
+_CALIBRATION = re.compile(r"(?P<base>paper|fixed|poisson)(?:_sy(?P<ratio>\d+(?:\.\d+)?))?(?:\+lp(?P<lp>\d+))?")
 
 
 def parse_calibration(name: str) -> tuple[str, int | None, float]:
