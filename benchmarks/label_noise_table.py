@@ -18,10 +18,8 @@ import os
 
 from scipy import integrate, stats
 
+from benchmarks.sigma_table import DELTA, K, LS, N
 from privacy.paper import theorem1_calibrate_sigma_x
-
-N, K, DELTA = 60000, 10, 1e-5
-LS = [2 ** i for i in range(10)]
 
 
 def label_flip_rate(sigma_y: float, num_classes: int) -> float:
