@@ -1,6 +1,10 @@
 """Release of full Fashion-MNIST: the Beam job (DirectRunner) beside a bare single-process implementation.
 
     python -m benchmarks.bench_release [--data data/fashion-mnist] [--repeats 1]
+    python -m benchmarks.bench_release --compare-to REV --repeats 3   # this tree vs git revision REV, paired
+
+``--compare-to`` checks REV out into a temporary git worktree and runs the Beam job (in_memory) from both trees,
+alternating, so a change's cost is measured in one run on one machine state.
 
 Both run the same steps on the same shards: read Parquet, first-pass statistics, DP calibration,
 z-score + clip, per-class mixing, Parquet out. The bare one calls the same Beam-free cores in a plain loop
@@ -58,19 +62,61 @@ def _run(cmd: list[str]) -> tuple[float, float]:
     return wall, usage.ru_maxrss / 1024.0
 
 
+def _release_cmd(train: str, out: str, epsilon: float) -> list[str]:
+    return [sys.executable, "-m", "pipeline.cli", "release", "--input", train, "--output", out, "--epsilon",
+            str(epsilon), "--seed", "0", "--runner=DirectRunner", "--direct_running_mode=in_memory"]
+
+
+def compare(rev: str, train: str, epsilon: float, repeats: int) -> None:
+    """The in_memory Beam release from this tree and from git revision ``rev``, alternating."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tmp = tempfile.mkdtemp(prefix="bench-release-")
+    ref_tree = os.path.join(tmp, "ref")
+    subprocess.run(["git", "-C", here, "worktree", "add", "--detach", ref_tree, rev], check=True,
+                   capture_output=True)
+    train = os.path.abspath(train)
+    times: dict[str, list[float]] = {rev: [], "this tree": []}
+    try:
+        for r in range(repeats):
+            for name, tree in ((rev, ref_tree), ("this tree", here)):
+                out = os.path.join(tmp, f"out-{r}-{len(times[name])}-{name.replace(' ', '_')}")
+                cwd = os.getcwd()
+                os.chdir(tree)  # python -m imports the package of the working directory first
+                try:
+                    wall, rss = _run(_release_cmd(train, out, epsilon))
+                finally:
+                    os.chdir(cwd)
+                times[name].append(wall)
+                print(f"{name}: {wall:.1f} s, peak RSS {rss:.0f} MiB", file=sys.stderr, flush=True)
+                shutil.rmtree(out, ignore_errors=True)
+    finally:
+        subprocess.run(["git", "-C", here, "worktree", "remove", "--force", ref_tree], capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    ref = sum(times[rev]) / len(times[rev])
+    print(f"\nFull Fashion-MNIST release, Beam DirectRunner in_memory (60,000 rows, d = 784, l = 4, eps = "
+          f"{epsilon:g}), {os.cpu_count()} cores, {repeats} alternating runs each\n")
+    print("| tree | wall s (each run) | mean | / reference |")
+    print("|---|---|---:|---:|")
+    for name, ts in times.items():
+        mean = sum(ts) / len(ts)
+        print(f"| {name} | {', '.join(f'{t:.1f}' for t in ts)} | {mean:.1f} | {mean / ref:.2f} |")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default="data/fashion-mnist")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--epsilon", type=float, default=10.0)
+    ap.add_argument("--compare-to", metavar="REV", help="git revision to time against (in_memory Beam job only)")
     args = ap.parse_args(argv)
     train = os.path.join(args.data, "train", "*.parquet")
+    if args.compare_to:
+        compare(args.compare_to, train, args.epsilon, args.repeats)
+        return
     tmp = tempfile.mkdtemp(prefix="bench-release-")
     fields = {"input": train, "epsilon": args.epsilon, "mixing_order": 4, "seed": 0}
     variants = {
-        "beam DirectRunner in_memory": lambda out: [sys.executable, "-m", "pipeline.cli", "release", "--input", train,
-                                                    "--output", out, "--epsilon", str(args.epsilon), "--seed", "0",
-                                                    "--runner=DirectRunner", "--direct_running_mode=in_memory"],
+        "beam DirectRunner in_memory": lambda out: _release_cmd(train, out, args.epsilon),
         "beam DirectRunner multi_processing x2": lambda out: [
             sys.executable, "-m", "pipeline.cli", "release", "--input", train, "--output", out, "--epsilon",
             str(args.epsilon), "--seed", "0", "--runner=DirectRunner", "--direct_running_mode=multi_processing",

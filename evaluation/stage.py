@@ -125,15 +125,25 @@ def run_evaluation(release_dir: str, test_glob: str, out_dir: str, *, runs: int,
     return {**result, **extra, "path": _join(out_dir, report_mod.REPORT)}
 
 
-def evaluate_release(workdir: str, manifest: dict, test_glob: str, *, runs: int = 1, epochs: int = 10) -> dict:
-    """Release stage: evaluates ``workdir``, adds ``manifest['utility']``, rewrites manifest.json; returns it."""
+TEST_DATA_NOTE = ("accuracy on real test rows: a statistic of the test set, which the privacy guarantee does not "
+                  "cover (it covers the release's input records); publish it only if the test set is public")
+
+
+def evaluate_release(workdir: str, manifest: dict, test_glob: str, *, runs: int = 1, epochs: int = 10,
+                     test_public: bool = False) -> dict:
+    """Release stage: evaluates ``workdir``, adds ``manifest['utility']``, rewrites manifest.json; returns it.
+
+    Unless ``test_public``, the utility section says that its figures are outside the guarantee and leaves out the
+    exact test row count.
+    """
     from schemas import manifest as manifest_mod
 
     rep = run_evaluation(workdir, test_glob, _join(workdir, EVAL_DIR), runs=runs, epochs=epochs, manifest=manifest)
     utility = {
         "accuracy_mean": rep["accuracy_mean"], "accuracy_std": rep["accuracy_std"], "runs": rep["runs"],
-        "epochs": rep["epochs"], "device": rep["device"], "test_rows": rep["test_rows"],
-        "report": f"{EVAL_DIR}/{report_mod.REPORT}",
+        "epochs": rep["epochs"], "device": rep["device"], "report": f"{EVAL_DIR}/{report_mod.REPORT}",
+        "test_set_public": test_public,
+        **({"test_rows": rep["test_rows"]} if test_public else {"outside_guarantee": TEST_DATA_NOTE}),
     }
     return manifest_mod.amend(workdir, manifest, utility=utility)
 

@@ -93,6 +93,8 @@ def _release_parser(sub):
         p.add_argument(flag, dest=(field or flag[2:]).replace("-", "_"), type=typ, default=None, help=text)
     p.add_argument("--overwrite", action="store_true", default=None, help="replace an existing release")
     p.add_argument("--audit", action="store_true", default=None, help="add an empirical privacy audit section")
+    p.add_argument("--eval-input-public", action="store_true", default=None,
+                   help="the --eval-input test set is public (otherwise its figures are marked outside the guarantee)")
     p.add_argument("--soft-labels", action="store_true", default=None,
                    help="also write LABEL_soft, the K noisy label scores e_k + N(0, sigma_y^2 I) (needs --num-classes)")
     p.add_argument("--i-understand-exact-normalization-is-not-dp", dest="allow_exact_normalization",
@@ -116,7 +118,8 @@ def cmd_release(args, beam_args) -> int:
         from evaluation.stage import evaluate_release
 
         def evaluate(workdir, manifest):
-            return evaluate_release(workdir, manifest, cfg.eval_input, runs=cfg.eval_runs, epochs=cfg.eval_epochs)
+            return evaluate_release(workdir, manifest, cfg.eval_input, runs=cfg.eval_runs, epochs=cfg.eval_epochs,
+                                    test_public=cfg.eval_input_public)
     if cfg.audit:
         from privacy.audit import audit_section
         previous = evaluate

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import datetime
-import hashlib
 import math
 import platform
 
 from pipeline import __version__
-from schemas.manifest import (InputInfo, Manifest, Mechanism, Normalization, Output, PostProcessing, Privacy,
+from privacy import noise
+from schemas.manifest import (InputInfo, Manifest, Mechanism, Noise, Normalization, Output, PostProcessing, Privacy,
                               Software)
 
 SAMPLING_WORDS = {
@@ -29,14 +29,6 @@ def software() -> Software:
                     torch=torch.__version__, dp_accounting=version("dp-accounting"))
 
 
-def fingerprint(paths_and_mtimes: list[tuple[str, float]]) -> str:
-    """sha256 over sorted (path, mtime): identifies the input without hashing private contents."""
-    h = hashlib.sha256()
-    for path, mtime in sorted(paths_and_mtimes):
-        h.update(f"{path}\t{mtime:.3f}\n".encode())
-    return h.hexdigest()
-
-
 def finite(x: float | None) -> float | None:
     """JSON has no infinity: infinite epsilons are written as null (the schema says so)."""
     return x if x is not None and math.isfinite(x) else None
@@ -49,6 +41,13 @@ def postprocessing(plan) -> PostProcessing | None:
 
     shape, k = plan.lowpass
     return PostProcessing(lowpass=k, image_shape=list(shape), kept_coefficients=lowpass_kept(shape, k)[1])
+
+
+def noise_section(plan) -> Noise:
+    sigmas = {"features": plan.sigma_x, "labels": plan.sigma_y, "normalization": plan.normalization_noise_std,
+              "class_histogram": plan.histogram_noise_std}
+    return Noise(generator=noise.GENERATOR, sampler=noise.SAMPLER,
+                 grids={k: noise.grid_for(s) for k, s in sigmas.items() if s})
 
 
 def build_manifest(cfg, input_info: InputInfo, plan, outputs) -> Manifest:
@@ -65,7 +64,7 @@ def build_manifest(cfg, input_info: InputInfo, plan, outputs) -> Manifest:
             samples_total=plan.samples_total, samples_per_class=plan.samples_per_class,
             class_sizes=list(plan.public_class_sizes) if plan.public_class_sizes else None,
             class_sizes_dp=list(plan.dp_class_sizes) if plan.dp_class_sizes else None,
-            sampling_rates=list(plan.sampling_rates), chunk_rows=cfg.chunk_rows,
+            sampling_rates=[float(q) for q in plan.sampling_rates], chunk_rows=cfg.chunk_rows,
             postprocessing=postprocessing(plan)),
         normalization=Normalization(
             method=plan.normalization_method, feature_bounds=plan.bounds, out_of_bounds=cfg.out_of_bounds,
@@ -76,7 +75,8 @@ def build_manifest(cfg, input_info: InputInfo, plan, outputs) -> Manifest:
             composition="parallel over classes (a record meets only its own class's rows); sequential "
                         "with the statistics releases",
             components={k: finite(v) for k, v in acc.components.items()},
-            cross_check={k: finite(v) for k, v in acc.cross_check.items()}, end_to_end_dp=plan.end_to_end_dp,
+            cross_check={k: finite(v) for k, v in acc.cross_check.items()},
+            delta_breakdown=dict(acc.delta_breakdown), noise=noise_section(plan), end_to_end_dp=plan.end_to_end_dp,
             reproducible_seed=cfg.reproducible, paper_theorem1_epsilon=finite(plan.paper_theorem1_epsilon),
             caveats=list(plan.caveats) + (["TEST SEED: the noise key is derived from a fixed seed; this "
                                            "release is reproducible and NOT private."] if cfg.reproducible else [])),

@@ -18,7 +18,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipeline.manifest import build_manifest, fingerprint
+from pipeline.manifest import build_manifest
 from privacy.noise import fresh_key, key_from_test_seed
 from schemas.config import ReleaseConfig
 from schemas.manifest import InputInfo
@@ -43,12 +43,8 @@ def _noise_key(seed):
 
 
 def _input_info(cfg: ReleaseConfig, files: list[str], fmt: str, dim: int) -> InputInfo:
-    metas = []
-    for f in files:
-        m = FileSystems.match([f])[0].metadata_list
-        metas.append((f, m[0].last_updated_in_seconds if m else 0.0))
-    return InputInfo(pattern=cfg.input, format=fmt, files=len(files), fingerprint=fingerprint(metas),
-                     features_column=cfg.features_column, label_column=cfg.label_column, feature_dim=dim)
+    return InputInfo(pattern=cfg.input, format=fmt, files=len(files), features_column=cfg.features_column,
+                     label_column=cfg.label_column, feature_dim=dim)
 
 
 def _peek_dim(files: list[str], fmt: str, cfg: ReleaseConfig) -> int:

@@ -4,6 +4,16 @@ Relations: ``fixed`` accounts under replace-one (RDP, ``SampledWithoutReplacemen
 ``poisson`` under add/remove-one (PLD, with RDP as a cross-check). A record meets only its own
 class's rows, so the class mixing events compose in parallel: the release's epsilon is the largest,
 over classes k, of (shared events) composed with (class k's mixing).
+
+Adaptive stages. Events in ``ReleaseEvents.adaptive`` are released first and their outputs choose the later
+events' parameters (poisson mode: the DP class histogram sets q_k, T_k and sigma_x). Each is accounted alone at
+its own delta, and the rest is calibrated, for whatever the adaptive outputs were, to the remaining
+(epsilon, delta); the adaptive composition theorem for (epsilon, delta)-DP then gives the sum of both, whatever
+the adaptive choice (Dwork, Rothblum and Vadhan 2010: basic composition holds for adaptively chosen mechanisms).
+
+Delta. A fixed share of the target delta (``SAMPLER_DELTA_SHARE``) is set aside for the noise sampler's
+finite precision (``privacy.noise.sampler_delta``, a bound that is checked to fit); the accountant works with the
+rest. ``Accounting.delta_breakdown`` says where each part went; its sum is at most the target.
 """
 from __future__ import annotations
 
@@ -15,6 +25,9 @@ import dp_accounting
 from dp_accounting import pld, rdp
 
 from privacy.events import Event, MixingEvent, Mode
+from privacy.noise import sampler_delta
+
+SAMPLER_DELTA_SHARE = 1e-6  # of the target delta, reserved for the sampler (its bound is far smaller)
 
 # Integer orders only above 2: the without-replacement bound is defined on integers, and a short
 # list keeps calibration fast. Tests compare against dp_accounting with the same list.
@@ -60,13 +73,24 @@ def epsilon_of(mode: Mode, events: Sequence[Event], delta: float, accountant: st
     return float(acc.get_epsilon(delta))
 
 
+class AccountingError(ValueError):
+    """The events cannot fit the delta budget (e.g. the sampler's bound at a very large epsilon)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ReleaseEvents:
-    """All privacy events of one release: ``shared`` touch every record, ``per_class`` one class each."""
+    """All privacy events of one release: ``shared`` touch every record, ``per_class`` one class each.
+
+    ``adaptive``: (event, delta) pairs released first, each accounted alone at its delta (see the module doc).
+    ``gaussian_draws`` and ``binomial_draws`` count the sampler's draws, for its delta term.
+    """
 
     mode: Mode
     shared: tuple[Event, ...]
     per_class: tuple[MixingEvent, ...]
+    adaptive: tuple[tuple[Event, float], ...] = ()
+    gaussian_draws: int = 0
+    binomial_draws: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,9 +99,23 @@ class Accounting:
     delta: float
     accountant: str
     relation: str
-    components: dict  # name -> epsilon of that component alone at ``delta``
+    components: dict  # name -> epsilon of that component alone at the accountant's delta
     worst_class_event: MixingEvent | None
     cross_check: dict  # other accountant name -> epsilon
+    delta_breakdown: dict = dataclasses.field(default_factory=dict)  # part -> delta; sums to <= delta
+
+
+def accountant_delta(delta: float, adaptive_deltas=()) -> float:
+    """The delta the accountant may use for the non-adaptive events: the target minus the reserved parts."""
+    rest = delta * (1.0 - SAMPLER_DELTA_SHARE) - sum(adaptive_deltas)
+    if not rest > 0:
+        raise AccountingError(f"delta={delta}: nothing left for the accountant after the reserved shares")
+    return rest
+
+
+def adaptive_epsilon(mode: Mode, event: Event, delta: float) -> float:
+    """Epsilon of one adaptive event alone at its own delta (PLD under the mode's relation where it applies)."""
+    return epsilon_of(mode, [event], delta, accountant="pld" if mode == "poisson" else None)
 
 
 def _distinct(events: Sequence[MixingEvent]) -> list[MixingEvent]:
@@ -85,20 +123,37 @@ def _distinct(events: Sequence[MixingEvent]) -> list[MixingEvent]:
 
 
 def account(events: ReleaseEvents, delta: float, *, cross_check: bool = True) -> Accounting:
-    """Epsilon at ``delta`` of a release: max over classes of shared ∘ class mixing."""
+    """Epsilon at ``delta`` of a release: adaptive stages + max over classes of shared o class mixing."""
     mode = events.mode
     name = ACCOUNTANT_BY_MODE[mode]
+    acc_delta = accountant_delta(delta, [d for _, d in events.adaptive])
     worst = None
-    eps = epsilon_of(mode, events.shared, delta) if events.shared else 0.0
+    eps = epsilon_of(mode, events.shared, acc_delta) if events.shared else 0.0
     for ev in _distinct(events.per_class):
-        e = epsilon_of(mode, [*events.shared, ev], delta)
+        e = epsilon_of(mode, [*events.shared, ev], acc_delta)
         if worst is None or e > eps:
             worst, eps = ev, e
-    components = {e.name: epsilon_of(mode, [e], delta) for e in events.shared}
+    components = {}
+    breakdown = {"accountant": acc_delta}
+    for ev, d in events.adaptive:
+        e = adaptive_epsilon(mode, ev, d)
+        components[ev.name] = e
+        breakdown[ev.name] = d
+        eps += e
+    components.update({e.name: epsilon_of(mode, [e], acc_delta) for e in events.shared})
     if worst is not None:
-        components["mixing"] = epsilon_of(mode, [worst], delta)
+        components["mixing"] = epsilon_of(mode, [worst], acc_delta)
+    spent = 0.0
+    if math.isfinite(eps):  # infinite epsilon: no guarantee for the sampler to weaken
+        spent = sampler_delta(eps, gaussian_draws=events.gaussian_draws, binomial_draws=events.binomial_draws)
+    if spent > delta * SAMPLER_DELTA_SHARE:
+        raise AccountingError(f"epsilon={eps:.4g}: the noise sampler's delta bound {spent:.3g} exceeds its share "
+                              f"{delta * SAMPLER_DELTA_SHARE:.3g} of delta; lower epsilon or raise delta")
+    breakdown["sampler"] = spent
     checks = {}
     if cross_check and mode == "poisson" and worst is not None:
-        checks["rdp"] = epsilon_of(mode, [*events.shared, worst], delta, accountant="rdp")
+        rest = epsilon_of(mode, [*events.shared, worst], acc_delta, accountant="rdp")
+        checks["rdp"] = rest + sum(components[ev.name] for ev, _ in events.adaptive)
     return Accounting(epsilon=eps, delta=delta, accountant=name, relation=RELATION_WORDS[mode],
-                      components=components, worst_class_event=worst, cross_check=checks)
+                      components=components, worst_class_event=worst, cross_check=checks,
+                      delta_breakdown=breakdown)

@@ -41,7 +41,7 @@ from scipy import stats
 from privacy.accounting import RELATION_WORDS, ReleaseEvents, account
 from privacy.calibration import CalibrationError, calibrate_sigma_x
 from privacy.events import MODES, MixingEvent
-from privacy.noise import key_from_test_seed, torch_generator
+from privacy.noise import NoiseStream, key_from_test_seed
 from transforms.mixing import mix_chunk, pick_device  # Beam-free core of the mixing stage
 
 CONFIDENCE = 0.95
@@ -67,6 +67,15 @@ def clopper_pearson_upper(k, n: int, alpha: float):
     k = np.asarray(k, dtype=float)
     upper = stats.beta.ppf(1.0 - alpha, k + 1.0, np.maximum(n - k, 1e-300))
     return np.where(k >= n, 1.0, upper)
+
+
+def max_detectable_epsilon(n_d: int, n_dprime: int, delta: float, alpha: float) -> float:
+    """The largest bound this many evaluation trials can give (no error at all): about ln(trials / 3.7).
+
+    A bound of 0 from a game that could not have shown more than this is no evidence of privacy beyond it.
+    """
+    return float(epsilon_lower_bound(clopper_pearson_upper(0, n_dprime, alpha), clopper_pearson_upper(0, n_d, alpha),
+                                     delta))
 
 
 def epsilon_lower_bound(fp, fn, delta: float):
@@ -153,16 +162,15 @@ def canary_datasets(mode: str, class_size: int, dim: int, clip: float, seed: int
 def _projections(x: np.ndarray, u: np.ndarray, *, mode: str, mixing_order: int, sigma_x: float, rate: float,
                  samples: int, trials: int, key: bytes, tag: str, device: torch.device) -> np.ndarray:
     """(trials, samples) projections on u of the rows of ``trials`` independent mechanism runs on x."""
-    xt = torch.from_numpy(x).to(device)
-    ut = torch.from_numpy(u).to(device)
+    xt = torch.from_numpy(np.asarray(x, np.float64)).to(device)
     per_batch = max(1, BATCH_ROWS.get(device.type, BATCH_ROWS["cpu"]) // samples)
     parts = []
     for b, start in enumerate(range(0, trials, per_batch)):
         n = min(per_batch, trials - start)
-        gen = torch_generator(key, "audit", tag, b, device=device)
-        rows = mix_chunk(xt, mode=mode, mixing_order=mixing_order, sigma_x=sigma_x, rows=n * samples, gen=gen,
-                         sampling_rate=rate)
-        parts.append((rows @ ut).double().reshape(n, samples).cpu().numpy())
+        rows = mix_chunk(xt, mode=mode, mixing_order=mixing_order, sigma_x=sigma_x, rows=n * samples,
+                         index_stream=NoiseStream(key, "audit-index", tag, b),
+                         noise_stream=NoiseStream(key, "audit-noise", tag, b), sampling_rate=rate)
+        parts.append((rows @ np.asarray(u, np.float64)).reshape(n, samples))
     return np.concatenate(parts)
 
 
@@ -217,7 +225,7 @@ def run_audit(*, mode: str, mixing_order: int, epsilon: Optional[float] = None, 
 
     dev = pick_device(device)
     key = key_from_test_seed(seed)
-    rate = event.sampling_rate
+    rate = event.exact_sampling_rate
     d, d_prime, u = canary_datasets(mode, class_size, dim, clip, seed)
     half = trials // 2
     common = dict(mode=mode, mixing_order=mixing_order, sigma_x=float(sigma_x), rate=rate,
@@ -225,7 +233,7 @@ def run_audit(*, mode: str, mixing_order: int, epsilon: Optional[float] = None, 
     scores = {}
     for name, x in (("D", d), ("D'", d_prime)):
         proj = _projections(x, u, trials=trials, tag=name, **common)
-        scores[name] = log_likelihood_ratio(proj, mode=mode, shift=clip / mixing_order, rate=rate,
+        scores[name] = log_likelihood_ratio(proj, mode=mode, shift=clip / mixing_order, rate=float(rate),
                                             sigma=float(sigma_x))
     alpha = (1.0 - CONFIDENCE) / 2  # two one-sided intervals, union bound
     threshold, direction = choose_threshold(scores["D"][:half], scores["D'"][:half], delta, alpha)
@@ -240,11 +248,12 @@ def run_audit(*, mode: str, mixing_order: int, epsilon: Optional[float] = None, 
     return {
         "mode": mode, "mixing_order": mixing_order, "class_size": class_size,
         "samples_per_class": samples_per_class, "dim": dim, "clip": clip, "delta": delta,
-        "sigma_x": float(sigma_x), "noise_multiplier": event.noise_multiplier, "sampling_rate": rate,
+        "sigma_x": float(sigma_x), "noise_multiplier": event.noise_multiplier, "sampling_rate": float(rate),
         "neighbouring_relation": RELATION_WORDS[mode],
         "game": ("D' replaces the canary +c*u by -c*u" if mode == "fixed" else "D' removes the canary +c*u"),
         "target_epsilon": epsilon, "accounted_epsilon": accounted, "claimed_epsilon": claimed,
         "empirical_epsilon_lower_bound": bound, "confidence": CONFIDENCE,
+        "max_detectable_epsilon": max_detectable_epsilon(n_d, n_dp, delta, alpha),
         "empirical_epsilon_point_estimate": point,
         "violation": bool(bound > claimed),
         "fp": float(fp_count[0] / n_dp), "fn": float(fn_count[0] / n_d), "fp_upper": fp_upper,
@@ -278,7 +287,8 @@ def run_paper_rate_audit(*, mode: str, mixing_order: int, epsilon: float, num_cl
 
 def format_table(result: dict) -> str:
     keys = ["mode", "mixing_order", "class_size", "samples_per_class", "sigma_x", "sampling_rate",
-            "accounted_epsilon", "claimed_epsilon", "empirical_epsilon_lower_bound", "violation", "fp", "fn",
+            "accounted_epsilon", "claimed_epsilon", "empirical_epsilon_lower_bound", "max_detectable_epsilon",
+            "violation", "fp", "fn",
             "fp_upper", "fn_upper", "trials", "noiseless_privacy_epsilon", "device", "wall_seconds"]
     lines = []
     for k in keys:

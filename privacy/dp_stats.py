@@ -4,10 +4,12 @@ Relations: ``fixed`` releases under replace-one within class (class sizes public
 moments are noised); ``poisson`` under add/remove-one (moments and a class histogram are noised).
 
 Moments: raw features are clipped to the declared bounds [lo, hi] and mapped to u = (x - m) / r in
-[-1, 1] (m, r the bounds' midpoint and half-width). The released vector is (sum u, sum (2u^2 - 1)),
-whose per-record L2 norm is at most sqrt(2d): add/remove sensitivity sqrt(2d), replace-one 2 sqrt(2d).
-Released values are rounded to a public grid (post-processing), which makes reruns bit-identical
-across runners despite float summation order.
+[-1, 1] (m, r the bounds' midpoint and half-width). Each record contributes (u, 2u^2 - 1), each coordinate
+rounded to a multiple of 2^-16 (``SUM_QUANTUM``) and still in [-1, 1], and the first pass sums these as exact
+integers (``transforms.combiners``): the released vector is an exact function of the records, whose
+per-record L2 norm is at most sqrt(2d) in the bits, not only in exact arithmetic: add/remove sensitivity
+sqrt(2d), replace-one 2 sqrt(2d). Noise comes from ``privacy.noise`` (rounded to its grid); the released
+statistics are then rounded to a public grid (post-processing), which keeps reruns bit-identical.
 """
 from __future__ import annotations
 
@@ -15,7 +17,10 @@ import math
 
 import numpy as np
 
+from privacy.noise import NoiseStream
+
 GRID = 2.0 ** -20
+SUM_QUANTUM = 2.0 ** -16  # per-record contributions are multiples of this; sums stay exact below 2^37 records
 
 
 def moments_sensitivity(dim: int, mode: str) -> float:
@@ -29,31 +34,39 @@ def _on_grid(x: np.ndarray, scale: float) -> np.ndarray:
     return (np.round(np.asarray(x, np.float64) / (GRID * scale)) * (GRID * scale)).astype(np.float32)
 
 
-def moments_vector(*, count: int, sum_u: np.ndarray, sum_u2: np.ndarray) -> np.ndarray:
-    """The private vector that gets the noise: (sum u, sum (2u^2 - 1)), built with the EXACT row count.
+def quantized_contributions(u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """int64 (u, 2u^2 - 1) in units of SUM_QUANTUM, each in [-2^16, 2^16]: what one record adds to the sums."""
+    u = np.clip(np.asarray(u, np.float64), -1.0, 1.0)
+    qu = np.rint(u / SUM_QUANTUM).astype(np.int64)
+    qv = np.rint((2.0 * u * u - 1.0) / SUM_QUANTUM).astype(np.int64)
+    return qu, qv
 
-    Each record contributes (u, 2u^2 - 1) in [-1, 1]^2d, which is what ``moments_sensitivity`` bounds. Subtracting a
-    public or DP count instead would leave 2u^2 in [0, 2] per record and a larger sensitivity.
+
+def moments_vector(sum_qu: np.ndarray, sum_qv: np.ndarray) -> np.ndarray:
+    """The private vector that gets the noise: (sum u, sum (2u^2 - 1)) from the exact integer sums.
+
+    Each record contributes (u, 2u^2 - 1) in [-1, 1]^2d, which is what ``moments_sensitivity`` bounds. Building
+    the second half from a sum of u^2 and a public or DP count instead would leave 2u^2 in [0, 2] per record and a
+    larger sensitivity.
     """
-    return np.concatenate([np.asarray(sum_u, np.float64), 2.0 * np.asarray(sum_u2, np.float64) - float(count)])
+    return np.concatenate([np.asarray(sum_qu, np.int64), np.asarray(sum_qv, np.int64)]).astype(np.float64) * SUM_QUANTUM
 
 
-def feature_stats(*, n: float, count: int, sum_u: np.ndarray, sum_u2: np.ndarray, bounds: tuple[float, float],
-                  min_std: float, noise_std: float = 0.0, rng: np.random.Generator | None = None,
+def feature_stats(*, n: float, sum_qu: np.ndarray, sum_qv: np.ndarray, bounds: tuple[float, float],
+                  min_std: float, noise_std: float = 0.0, stream: NoiseStream | None = None,
                   ) -> tuple[np.ndarray, np.ndarray]:
-    """(mean, std) of the raw features from sums of u and u^2, with Gaussian noise when noise_std > 0.
+    """(mean, std) of the raw features from the quantized sums, with Gaussian noise when noise_std > 0.
 
-    ``count`` is the exact number of rows summed (it enters only the private vector, before the noise); ``n``, the
-    divisor afterwards, must be public (fixed mode) or DP (poisson mode). ``min_std`` floors the std in raw units,
-    so constant features (std 0) never divide by zero.
+    ``n``, the divisor after the noise, must be public (fixed mode) or DP (poisson mode). ``min_std`` floors the
+    std in raw units, so constant features (std 0) never divide by zero.
     """
     lo, hi = bounds
     mid, half = (lo + hi) / 2.0, (hi - lo) / 2.0
-    vec = moments_vector(count=count, sum_u=sum_u, sum_u2=sum_u2)
+    vec = moments_vector(sum_qu, sum_qv)
     if noise_std > 0:
-        if rng is None:
-            raise ValueError("a generator is required to add noise")
-        vec = vec + rng.normal(0.0, noise_std, vec.shape)
+        if stream is None:
+            raise ValueError("a noise stream is required to add noise")
+        vec = stream.gaussian(vec, noise_std)
     su, sv = np.split(vec, 2)
     n = max(float(n), 1.0)
     mean_u = np.clip(su / n, -1.0, 1.0)
@@ -64,7 +77,7 @@ def feature_stats(*, n: float, count: int, sum_u: np.ndarray, sum_u2: np.ndarray
     return _on_grid(mean, hi - lo), _on_grid(std, hi - lo)
 
 
-def class_histogram(counts: np.ndarray, *, noise_std: float, rng: np.random.Generator) -> np.ndarray:
+def class_histogram(counts: np.ndarray, *, noise_std: float, stream: NoiseStream) -> np.ndarray:
     """DP class counts N_k_hat: Gaussian noise, rounded, floored at 0 (post-processing)."""
-    noisy = np.asarray(counts, np.float64) + rng.normal(0.0, noise_std, np.shape(counts))
+    noisy = stream.gaussian(np.asarray(counts, np.float64), noise_std)
     return np.maximum(np.rint(noisy), 0).astype(np.int64)

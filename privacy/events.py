@@ -10,12 +10,19 @@ Each event holds exactly what accounting needs and converts itself to a ``dp_acc
 from __future__ import annotations
 
 import dataclasses
+import math
+from fractions import Fraction
 from typing import Literal, Union
 
 import dp_accounting
 
 Mode = Literal["fixed", "poisson"]
 MODES: tuple[str, ...] = ("fixed", "poisson")
+# Records reach the mixer clipped to c (1 - CLIP_MARGIN): the margin absorbs float32 rounding of the records and
+# the float64 summation of at most MAX_ROW_RECORDS of them (m^2 2^-52 <= 2^-22 < 2^-21), so the computed means
+# have the sensitivities below in the bits (transforms.mixing states the bound).
+CLIP_MARGIN = 2.0 ** -20
+MAX_ROW_RECORDS = 1 << 15
 
 
 def _gaussian(noise_multiplier: float) -> dp_accounting.DpEvent:
@@ -49,8 +56,17 @@ class MixingEvent:
         return self.sigma_x * self.mixing_order / self.clip
 
     @property
+    def exact_sampling_rate(self) -> Fraction:
+        """q = min(1, l / class_size) as an exact fraction: what the mixer samples with."""
+        n = max(int(self.class_size), 1)
+        return Fraction(min(int(self.mixing_order), n), n)
+
+    @property
     def sampling_rate(self) -> float:
-        return min(1.0, self.mixing_order / max(self.class_size, 1))
+        """q as a float for the accountant, rounded up (never below the rate the mixer uses)."""
+        exact = self.exact_sampling_rate
+        q = float(exact)
+        return math.nextafter(q, 2.0) if Fraction(q) < exact else q
 
     def to_dp_event(self) -> dp_accounting.DpEvent:
         if self.samples == 0:

@@ -1,26 +1,74 @@
-"""Noise keys: a fresh secret per run, expanded into independent generators per (purpose, class, chunk).
+"""The one noise module: every random draw that touches private data comes from here.
 
-The key is 32 bytes from ``secrets`` and is never written anywhere (not to outputs, logs or the
-manifest). Deriving each generator from (key, purpose, class, chunk) makes a retried Beam bundle draw
-exactly the rows it drew the first time. ``from_test_seed`` exists for tests and benchmarks only and
-the manifest then says ``reproducible_seed: true``.
+Relation-agnostic: it draws indices and noise; the mechanisms say which relation their accounting assumes.
 
-Seeding. numpy's PCG64 takes 128 derived bits. torch's CUDA generator (Philox) takes a 64-bit seed. torch's CPU
-generator is a Mersenne Twister whose ``manual_seed`` keeps only 32 bits of the seed (seeds that differ above bit
-32 give the same stream), which would let anyone search all 2^32 seeds of a chunk and strip its noise; so its whole
-624-word state is filled from the key instead (``get_state``/``set_state``; the layout is checked against numpy's
-MT19937 in the tests). Each (purpose, class, chunk) has its own stream, and labels draw from a stream apart from the
-feature noise. Caveat (stated in the manifest): none of these generators is cryptographic, and floating-point
-Gaussian sampling is not hardened against precision attacks.
+Generator. A fresh 256-bit run key (``secrets``) is never written anywhere. Each (purpose, class, chunk) path gets
+its own ChaCha20 keystream (RFC 8439 block function, OpenSSL through the ``cryptography`` package) under the subkey
+BLAKE2b-256(key = run key, message = path). Streams are deterministic in (key, path), so a retried Beam bundle
+redraws exactly the rows it drew the first time; they are independent as long as ChaCha20 is a PRF. Privacy is
+therefore claimed against adversaries who cannot distinguish ChaCha20 from random bits; below, the bits are treated
+as ideal.
+
+Uniform indices (``uniform_int``, ``distinct``) are exact: rejection sampling on 64-bit words (no modulo bias), and
+distinct sets either by rejecting rows with a repeated index or, where repeats would be common, as the l smallest
+of n random 64-bit keys with rows redrawn on a tie at the cut (no tie-breaking bias).
+
+Gaussian noise (``gaussian``). The ideal mechanism is ``g * round((f + sigma * Z) / g)`` for an exact standard
+normal Z: post-processing of the Gaussian mechanism on the query f, so its privacy is exactly the Gaussian
+mechanism's (dp_accounting's events). The grid is public and data-independent: g = 2^(floor(log2 sigma) - 12), so
+rounding adds at most sigma/8192 to any value. It is what keeps float artefacts out of the output: an unrounded
+float sum would carry the low bits of f (Mironov's attack on floating-point Laplace noise).
+We sample it by inversion. A 192-bit uniform integer U gives u = (U + 1/2) / 2^192, and Z = Phi^-1(u), so the
+output is a function of U alone. Phi^-1 is evaluated in float64 with Wichura's AS 241 (relative error about
+1e-16; we assume 2^-40 (1 + |z|), and the tests check it against mpmath over the whole range). Any output whose
+float value lies within (twice) the error bound of a cell boundary is decided exactly instead: u is compared with
+Phi(boundary) computed in 170-digit decimal arithmetic. So given U, the output is exactly the ideal mechanism's
+output at u. The only gap left is u's resolution: every output cell receives a number of U values within one of
+2^192 times its ideal probability, the implementation's support is |Z| <= Phi^-1(1 - 2^-193) < 16.5 (ideal mass
+outside it: below 2^-191), and fewer than 33 * 2^13 + 2 < 2^18.1 cells lie inside. The total variation distance
+from the ideal mechanism is therefore below tau = 2^-174 per draw.
+
+Binomial draws (``binomial``, poisson-mode row sizes) use the inverse CDF of Binomial(n, q), q rational, tabulated
+to 192 bits in decimal arithmetic up to the point M where the upper tail is below 2^-194; their distance is below
+(M + 1) 2^-192 + 2^-194 <= 2^-171 per draw (M < 2^20 is enforced).
+
+What it adds to delta (``sampler_delta``). If the ideal mechanism is (eps, delta)-DP and every draw of the
+implementation is within total variation tau_i of its ideal, then for any event S and neighbours D, D',
+P[impl(D) in S] <= P[ideal(D) in S] + tau <= e^eps P[ideal(D') in S] + delta + tau
+<= e^eps P[impl(D') in S] + delta + (1 + e^eps) tau, with tau = sum of tau_i. The release's delta budget is split
+so that the accountant's delta plus this term is at most the target; the manifest states both.
 """
 from __future__ import annotations
 
 import hashlib
+import math
 import secrets
+from decimal import Decimal, localcontext
+from fractions import Fraction
+from functools import lru_cache
 
 import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 KEY_BYTES = 32
+GRID_BITS = 12  # g = 2^(floor(log2 sigma) - GRID_BITS)
+TV_PER_GAUSSIAN = 2.0 ** -174
+TV_PER_BINOMIAL = 2.0 ** -171
+UNIFORM_WORDS = 3  # 192-bit uniforms
+MAX_BINOMIAL_TABLE = 1 << 20
+# Assumed bound on AS 241's float64 error, |z_float - z| <= Z_ERROR * (1 + |z|); observed: below 2^-50.
+Z_ERROR = 2.0 ** -40
+GENERATOR = ("ChaCha20 keystream (RFC 8439, OpenSSL via the cryptography package), one stream per (purpose, class, "
+             "chunk) under the subkey BLAKE2b-256(run key, path); 256-bit run key from the secrets module, never "
+             "written")
+SAMPLER = ("exact inversion of 192-bit uniforms: Gaussian noise rounded to the grid g = 2^(floor(log2 sigma) - "
+           f"{GRID_BITS}) (AS 241 in float64, cells near a boundary decided in 170-digit decimal arithmetic; total "
+           "variation from the exact rounded Gaussian < 2^-174 per draw); indices by rejection (exact); poisson row "
+           "sizes by inversion of a 192-bit Binomial table (< 2^-171 per draw)")
+_BLOCK = 8192  # elements per vectorised block (keeps temporaries in cache)
+_DENSE_KEYS = 1 << 22  # random keys per batch in the dense distinct-index sampler
+_ZEROS = bytes(1 << 20)  # plaintext for the keystream, 1 MiB at a time
+_SLACK_WORDS = 8
 
 
 def fresh_key() -> bytes:
@@ -28,46 +76,347 @@ def fresh_key() -> bytes:
 
 
 def key_from_test_seed(seed: int) -> bytes:
+    """TEST ONLY: a fixed key (the manifest then says ``reproducible_seed: true``)."""
     return hashlib.blake2b(f"dpcda-test-seed:{int(seed)}".encode(), digest_size=KEY_BYTES).digest()
 
 
-def _derive(key: bytes, path: tuple, nbytes: int) -> int:
-    if len(key) != KEY_BYTES:
+def subkey(key: bytes, path: tuple) -> bytes:
+    if not isinstance(key, (bytes, bytearray)) or len(key) != KEY_BYTES:
         raise ValueError(f"noise key must be {KEY_BYTES} bytes")
     label = "/".join(str(p) for p in path).encode()
-    return int.from_bytes(hashlib.blake2b(label, key=key, digest_size=nbytes).digest(), "little")
+    return hashlib.blake2b(label, key=bytes(key), digest_size=32, person=b"dpcda-stream").digest()
 
 
-def numpy_generator(key: bytes, *path) -> np.random.Generator:
-    """A PCG64 generator for ``path`` (e.g. ``("stats",)``), seeded with 128 derived bits."""
-    return np.random.Generator(np.random.PCG64(_derive(key, path, 16)))
+def grid_for(sigma: float) -> float:
+    """The public output grid of Gaussian noise of std ``sigma``: 2^(floor(log2 sigma) - GRID_BITS)."""
+    if not (sigma > 0 and math.isfinite(sigma)):
+        raise ValueError(f"sigma must be positive and finite, got {sigma}")
+    _, e = math.frexp(sigma)  # sigma = m 2^e, m in [0.5, 1)
+    return math.ldexp(1.0, e - 1 - GRID_BITS)
 
 
-# torch's CPU generator state (aten CPUGeneratorImplState, 5056 bytes): uint64 the_initial_seed, int32 left,
-# int32 seeded, uint64 next, then uint64 state[624] holding the Mersenne Twister's 32-bit words.
-MT_WORDS = 624
-_MT_STATE_BYTES = 5056
-_MT_WORDS_OFFSET = 24
+def sampler_delta(epsilon: float, *, gaussian_draws: int, binomial_draws: int = 0) -> float:
+    """(1 + e^eps) * sum of per-draw total variation: what the finite-precision sampler adds to delta."""
+    tau = gaussian_draws * TV_PER_GAUSSIAN + binomial_draws * TV_PER_BINOMIAL
+    if tau == 0:
+        return 0.0
+    if not math.isfinite(epsilon) or epsilon > 700:
+        return math.inf
+    return (1.0 + math.exp(epsilon)) * tau * (1 + 1e-12)  # round up
 
 
-def mt_state_words(key: bytes, path: tuple) -> np.ndarray:
-    """624 key-derived 32-bit words: the whole Mersenne Twister state of the CPU stream for ``path``."""
-    subkey = _derive(key, ("torch-cpu-mt19937", *path), 64).to_bytes(64, "little")
-    return np.frombuffer(hashlib.shake_256(subkey).digest(4 * MT_WORDS), dtype="<u4").copy()
+# ---------------------------------------------------------------- the stream
+
+class NoiseStream:
+    """ChaCha20 keystream for one (purpose, class, chunk) path; every draw reads the next bytes."""
+
+    def __init__(self, key: bytes, *path):
+        if not path:
+            raise ValueError("a noise stream needs a path, e.g. ('mix', k, chunk)")
+        self.path = path
+        self._enc = Cipher(algorithms.ChaCha20(subkey(key, path), bytes(16)), mode=None).encryptor()
+
+    def words(self, n: int) -> np.ndarray:
+        """``n`` uniform uint64 words: the next 8n keystream bytes (little-endian)."""
+        n = max(int(n), 0)
+        out = np.empty(n + _SLACK_WORDS, np.uint64)  # update_into wants room beyond the data
+        self._fill(out, n)
+        return out[:n]
+
+    def _fill(self, out: np.ndarray, n: int) -> None:
+        view = memoryview(out).cast("B")
+        for start in range(0, 8 * n, len(_ZEROS)):
+            size = min(len(_ZEROS), 8 * n - start)
+            self._enc.update_into(_ZEROS[:size], view[start:])
+
+    def uniform_int(self, bound: int, size) -> np.ndarray:
+        """int64 array of shape ``size``, uniform on range(bound), exactly (rejection, no modulo bias)."""
+        bound = int(bound)
+        if not 1 <= bound <= 1 << 62:
+            raise ValueError(f"bound must be in [1, 2^62], got {bound}")
+        shape = (size,) if isinstance(size, (int, np.integer)) else tuple(size)
+        total = int(np.prod(shape))
+        excess = (1 << 64) % bound  # accept w < 2^64 - excess: each residue then occurs equally often
+        limit = np.uint64((1 << 64) - excess) if excess else None
+        out = np.empty(total, np.int64)
+        todo = np.arange(total)
+        while todo.size:
+            w = self.words(todo.size)
+            ok = w < limit if limit is not None else np.ones(todo.size, bool)
+            out[todo[ok]] = (w[ok] % np.uint64(bound)).astype(np.int64)
+            todo = todo[~ok]
+        return out.reshape(shape)
+
+    def distinct(self, n: int, l: int, rows: int) -> np.ndarray:
+        """(rows, l) int64: each row ``l`` distinct indices of range(n), a uniform l-subset in uniform order."""
+        if not 0 <= l <= n:
+            raise ValueError(f"cannot draw {l} distinct records from {n}")
+        if rows == 0 or l == 0:
+            return np.zeros((rows, l), np.int64)
+        if l * (l - 1) / (2.0 * n) <= 0.5:  # a row repeats an index with probability < 0.4: reject such rows
+            out = self.uniform_int(n, (rows, l))
+            bad = _has_repeat(out)
+            while bad.any():
+                out[bad] = self.uniform_int(n, (int(bad.sum()), l))
+                bad = _has_repeat(out)
+            return out
+        out = np.empty((rows, l), np.int64)
+        step = max(1, _DENSE_KEYS // n)
+        for start in range(0, rows, step):
+            stop = min(rows, start + step)
+            out[start:stop] = self._smallest_keys(n, l, stop - start)
+        return out
+
+    def _smallest_keys(self, n: int, l: int, rows: int) -> np.ndarray:
+        """The l smallest of n random keys per row, ordered by key; rows with a tie at the cut are redrawn."""
+        out = np.empty((rows, l), np.int64)
+        todo = np.arange(rows)
+        while todo.size:
+            keys = self.words(todo.size * n).reshape(todo.size, n)
+            if l < n:
+                part = np.argpartition(keys, l, axis=1)[:, :l + 1]
+                pk = np.take_along_axis(keys, part, axis=1)
+                order = np.argsort(pk, axis=1, kind="stable")
+                part, pk = np.take_along_axis(part, order, axis=1), np.take_along_axis(pk, order, axis=1)
+                tied = pk[:, l - 1] == pk[:, l] if l > 0 else np.zeros(todo.size, bool)
+                chosen = part[:, :l]
+            else:
+                order = np.argsort(keys, axis=1, kind="stable")
+                chosen, tied = order, np.zeros(todo.size, bool)
+            sel = np.take_along_axis(keys, chosen, axis=1)
+            tied |= (np.diff(sel, axis=1) == 0).any(axis=1)  # order inside the row must be random too
+            out[todo[~tied]] = chosen[~tied]
+            todo = todo[tied]
+        return out
+
+    def binomial(self, n: int, q: Fraction, size: int) -> np.ndarray:
+        """int64 draws of Binomial(n, q) for rational q, by inversion of a 192-bit table."""
+        q = Fraction(q)
+        if not 0 <= q <= 1:
+            raise ValueError(f"q must be in [0, 1], got {q}")
+        if q == 0 or n == 0:
+            return np.zeros(size, np.int64)
+        if q == 1:
+            return np.full(size, int(n), np.int64)
+        th = _binomial_thresholds(int(n), q.numerator, q.denominator)
+        u = self._uniform_words(size)
+        # m = number of thresholds C_j <= U (C_j = 2^192 F(j), increasing), compared word by word.
+        t0, t1, t2 = (th[None, :, i] for i in range(UNIFORM_WORDS))
+        u0, u1, u2 = (u[i, :, None] for i in range(UNIFORM_WORDS))
+        below = (t0 < u0) | ((t0 == u0) & ((t1 < u1) | ((t1 == u1) & (t2 <= u2))))
+        return below.sum(axis=1).astype(np.int64)
+
+    def _uniform_words(self, n: int) -> np.ndarray:
+        """(3, n) uint64: n 192-bit uniform integers, row 0 the most significant words (each row read in turn)."""
+        out = np.empty(UNIFORM_WORDS * n + _SLACK_WORDS, np.uint64)
+        self._fill(out, UNIFORM_WORDS * n)
+        return out[:UNIFORM_WORDS * n].reshape(UNIFORM_WORDS, n)
+
+    def gaussian(self, center, sigma: float) -> np.ndarray:
+        """float64 ``g * round((center + sigma * Z) / g)``, Z exact standard normal per element, g = grid_for(sigma).
+
+        ``center`` is an array (float64 values taken as exact); ``sigma`` = 0 returns ``center`` unchanged (no
+        noise, no privacy).
+        """
+        c = np.asarray(center, dtype=np.float64)
+        if sigma == 0:
+            return c.copy()
+        g = grid_for(sigma)
+        flat = c.reshape(-1)
+        out = np.empty(flat.size, np.float64)
+        for start in range(0, flat.size, _BLOCK):
+            stop = min(flat.size, start + _BLOCK)
+            out[start:stop] = _rounded_gaussian(flat[start:stop], float(sigma), g, self._uniform_words(stop - start))
+        return out.reshape(c.shape)
 
 
-def torch_generator(key: bytes, *path, device="cpu"):
-    """A torch generator on ``device`` for ``path`` (e.g. ``("mix", k, chunk)``)."""
-    import torch
+def _has_repeat(idx: np.ndarray) -> np.ndarray:
+    if idx.shape[1] < 2:
+        return np.zeros(idx.shape[0], bool)
+    s = np.sort(idx, axis=1)
+    return (s[:, 1:] == s[:, :-1]).any(axis=1)
 
-    gen = torch.Generator(device=device)
-    gen.manual_seed(_derive(key, path, 8) & ((1 << 63) - 1))
-    if gen.device.type == "cpu":
-        state = gen.get_state().numpy().copy()  # after manual_seed: left = 1, so the next draw twists this state
-        if state.size != _MT_STATE_BYTES:
-            raise RuntimeError(f"torch {torch.__version__}: CPU generator state is {state.size} bytes, expected "
-                               f"{_MT_STATE_BYTES}; the full-state seeding in privacy/noise.py needs updating")
-        words = mt_state_words(key, path).astype("<u8")
-        state[_MT_WORDS_OFFSET:_MT_WORDS_OFFSET + 8 * MT_WORDS] = words.view(np.uint8)
-        gen.set_state(torch.from_numpy(state))
-    return gen
+
+# ---------------------------------------------------------------- Gaussian by inversion
+
+_A = (3.3871328727963666080, 1.3314166789178437745e2, 1.9715909503065514427e3, 1.3731693765509461125e4,
+      4.5921953931549871457e4, 6.7265770927008700853e4, 3.3430575583588128105e4, 2.5090809287301226727e3)
+_B = (1.0, 4.2313330701600911252e1, 6.8718700749205790830e2, 5.3941960214247511077e3, 2.1213794301586595867e4,
+      3.9307895800092710610e4, 2.8729085735721942674e4, 5.2264952788528545610e3)
+_C = (1.42343711074968357734, 4.63033784615654529590, 5.76949722146069140550, 3.64784832476320460504,
+      1.27045825245236838258, 2.41780725177450611770e-1, 2.27238449892691845833e-2, 7.74545014278341407640e-4)
+_D = (1.0, 2.05319162663775882187, 1.67638483018380384940, 6.89767334985100004550e-1, 1.48103976427480074590e-1,
+      1.51986665636164571966e-2, 5.47593808499534494600e-4, 1.05075007164441684324e-9)
+_E = (6.65790464350110377720, 5.46378491116411436990, 1.78482653991729133580, 2.96560571828504891230e-1,
+      2.65321895265761230930e-2, 1.24266094738807843860e-3, 2.71155556874348757815e-5, 2.01033439929228813265e-7)
+_F = (1.0, 5.99832206555887937690e-1, 1.36929880922735805310e-1, 1.48753612908506148525e-2,
+      7.86869131145613259100e-4, 1.84631831751005468180e-5, 1.42151175831644588870e-7, 2.04426310338993978564e-15)
+
+
+def _poly(coef, x):
+    """Horner's rule, in place on one temporary."""
+    acc = x * coef[-1]
+    acc += coef[-2]
+    for a in coef[-3::-1]:
+        acc *= x
+        acc += a
+    return acc
+
+
+def upper_quantile(p: np.ndarray) -> np.ndarray:
+    """t >= 0 with P(Z > t) = p, for float64 p in (0, 1/2] (Wichura's AS 241, PPND16)."""
+    p = np.asarray(p, np.float64)
+    q = p - 0.5
+    r = q * q
+    np.subtract(0.180625, r, out=r)
+    t = _poly(_A, r)
+    t /= _poly(_B, r)
+    t *= q
+    np.negative(t, out=t)
+    tail = np.flatnonzero(p < 0.075)  # |q| > 0.425: about 15 % of uniform p
+    if tail.size:
+        r = np.sqrt(-np.log(p[tail]))
+        far = r > 5.0  # p < 1.4e-11: rare
+        r -= 1.6
+        near = _poly(_C, r)
+        near /= _poly(_D, r)
+        if far.any():
+            rf = r[far] - 3.4  # r - 5
+            near[far] = _poly(_E, rf) / _poly(_F, rf)
+        t[tail] = near
+    return t
+
+
+_LOW63 = np.uint64((1 << 63) - 1)
+_SHIFT11 = np.uint64(11)
+
+
+def _rounded_gaussian(center: np.ndarray, sigma: float, g: float, u: np.ndarray) -> np.ndarray:
+    """The ideal rounded Gaussian at the 192-bit uniforms ``u`` (3, n); see the module docstring."""
+    flip = u[0] >> np.uint64(63)  # 1 where U >= 2^191: u > 1/2 and z = +t; else z = -t
+    mask = np.uint64(0) - flip  # all ones where flipped: U' = 2^192 - 1 - U, so p = 1 - u
+    w0 = (u[0] ^ mask) & _LOW63
+    w1 = ((u[1] ^ mask) >> _SHIFT11).view(np.int64)
+    # p = (U' + 1/2) / 2^192 from its top 116 bits; exact to a relative 2^-51 when w0 >= 2^11 (int64 -> float64
+    # conversions are fast; the unsigned ones are not). Where w0 < 2^11 (probability 2^-52) p is recomputed.
+    p = w0.view(np.int64).astype(np.float64)
+    p *= 2.0 ** -64
+    p += w1.astype(np.float64) * 2.0 ** -117
+    small = np.flatnonzero(w0 < np.uint64(1 << 11))
+    for i in small:
+        exact = (int(w0[i]) << 128) | (int(u[1, i] ^ mask[i]) << 64) | int(u[2, i] ^ mask[i])
+        p[i] = float(Fraction(2 * exact + 1, 2 ** 193))
+    t = upper_quantile(p)
+    scaled = np.where(flip.astype(bool), t, -t)
+    scaled *= sigma / g
+    scaled += center / g  # (center + sigma z) / g: g is a power of two, so the divisions are exact
+    k = np.rint(scaled)
+    # Float error of scaled, in grid units: AS 241 and p's rounding (Z_ERROR (1 + |z|)) and three roundings.
+    tmax = float(t.max()) if t.size else 0.0
+    cmax = float(np.abs(center).max()) if center.size else 0.0
+    err = (sigma * Z_ERROR * (1.0 + tmax) + 2.0 ** -50 * (cmax + sigma * tmax)) / g
+    if err > 0.125:
+        raise ArithmeticError(f"noise sampler: sigma={sigma:g} is too small for values of size {cmax:g}")
+    ambiguous = np.flatnonzero(np.abs(scaled - k) >= 0.5 - 2.0 * err)
+    for i in ambiguous:
+        u_int = (int(u[0, i]) << 128) | (int(u[1, i]) << 64) | int(u[2, i])
+        k[i] = _exact_cell(float(center[i]), sigma, g, u_int, int(k[i]))
+    k *= g
+    return k
+
+
+# ---------------------------------------------------------------- exact decisions (rare), in decimal arithmetic
+
+_DIGITS = 110  # decisions need |Phi(w) - u| resolved far below u's resolution 2^-192 (1.6e-58)
+
+
+@lru_cache(maxsize=4)
+def _decimal_pi(prec: int) -> Decimal:
+    """pi to ``prec`` digits (the recipe of the decimal module's documentation)."""
+    with localcontext() as ctx:
+        ctx.prec = prec + 2
+        three = Decimal(3)
+        lasts, t, s, n, na, d, da = 0, three, 3, 1, 0, 0, 24
+        while s != lasts:
+            lasts = s
+            n, na = n + na, na + 8
+            d, da = d + da, da + 32
+            t = (t * n) / d
+            s += t
+        ctx.prec = prec
+        return +s
+
+
+def normal_cdf_decimal(w: Fraction) -> Decimal:
+    """Phi(w) with absolute error below 1e-100, for |w| < 17 (cancellation costs at most 63 of the 180 digits)."""
+    with localcontext() as ctx:
+        ctx.prec = _DIGITS + 70
+        x = abs(Decimal(w.numerator) / Decimal(w.denominator)) / Decimal(2).sqrt()
+        x2 = x * x
+        # erf(x) = 2/sqrt(pi) exp(-x^2) sum_n (2x^2)^n x / (1 3 5 ... (2n+1)): positive terms only.
+        term = x
+        total = x
+        n = 0
+        eps = Decimal(10) ** -(ctx.prec + 5)
+        while term > eps * total:
+            n += 1
+            term = term * 2 * x2 / (2 * n + 1)
+            total += term
+        erf = 2 / _decimal_pi(ctx.prec).sqrt() * (-x2).exp() * total
+        half_tail = (1 - erf) / 2  # Phi(-|w|)
+        return +(half_tail if w < 0 else 1 - half_tail)
+
+
+def _u_below_cdf(u_int: int, w: Fraction) -> bool:
+    """Exactly: is u = (U + 1/2) / 2^192 below Phi(w)?"""
+    if w <= -17:  # Phi(-17) < 1e-64 < 2^-193 <= u
+        return False
+    if w >= 17:  # Phi(17) > 1 - 1e-64 > 1 - 2^-193 >= u
+        return True
+    phi = normal_cdf_decimal(w)
+    with localcontext() as ctx:
+        ctx.prec = _DIGITS + 70
+        u = Decimal(2 * u_int + 1) / Decimal(2 ** 193)
+        gap = phi - u
+    if abs(gap) < Decimal(10) ** -(_DIGITS - 10):
+        raise ArithmeticError("noise sampler: u within 1e-100 of a cell boundary; cannot decide")  # probability ~0
+    return gap > 0
+
+
+def _exact_cell(center: float, sigma: float, g: float, u_int: int, k: int) -> float:
+    """The k with Phi(((k - 1/2) g - c) / s) <= u < Phi(((k + 1/2) g - c) / s), starting the walk at ``k``."""
+    c, s, gg = Fraction(center), Fraction(sigma), Fraction(g)
+    k = int(k)
+    while _u_below_cdf(u_int, ((k - Fraction(1, 2)) * gg - c) / s):
+        k -= 1
+    while not _u_below_cdf(u_int, ((k + Fraction(1, 2)) * gg - c) / s):
+        k += 1
+    return float(k)
+
+
+@lru_cache(maxsize=256)
+def _binomial_thresholds(n: int, num: int, den: int) -> np.ndarray:
+    """(M, 3) uint64 words of C_j = round(2^192 F(j)), j < M, F the Binomial(n, num/den) CDF; 1 - F(M) < 2^-194."""
+    with localcontext() as ctx:
+        ctx.prec = 100
+        q = Decimal(num) / Decimal(den)
+        ratio = q / (1 - q)
+        pmf = (1 - q) ** n
+        cdf = Decimal(0)
+        tail_limit = Decimal(2) ** -194
+        scale = Decimal(2) ** 192
+        thresholds = []
+        j = 0
+        mean = Decimal(n) * q
+        while True:
+            cdf += pmf
+            if (1 - cdf) < tail_limit and j >= mean or j == n:
+                break
+            thresholds.append(int((cdf * scale).to_integral_value()))
+            if len(thresholds) >= MAX_BINOMIAL_TABLE:
+                raise ValueError(f"Binomial({n}, {num}/{den}): table longer than {MAX_BINOMIAL_TABLE}")
+            pmf = pmf * (n - j) / (j + 1) * ratio
+            j += 1
+    mask = (1 << 64) - 1
+    return np.array([[(v >> 128) & mask, (v >> 64) & mask, v & mask] for v in thresholds],
+                    dtype=np.uint64).reshape(-1, UNIFORM_WORDS)

@@ -60,6 +60,8 @@ class ReleaseConfig(BaseModel):
     overwrite: bool = False
 
     eval_input: Optional[str] = None
+    eval_input_public: bool = Field(False, description="the evaluation's real test set is public: its figures may "
+                                                        "be published with the release")
     eval_runs: int = Field(1, ge=1)
     eval_epochs: int = Field(10, ge=1)
     audit: bool = False

@@ -32,7 +32,6 @@ class InputInfo(_Frozen):
     pattern: str
     format: str
     files: int
-    fingerprint: str = Field(description="sha256 over the sorted input paths and modification times")
     features_column: str
     label_column: str
     feature_dim: int
@@ -74,6 +73,13 @@ class Normalization(_Frozen):
     statistics_file: str = "normalization.json"
 
 
+class Noise(_Frozen):
+    generator: str = Field(description="where the random bits come from")
+    sampler: str = Field(description="how indices and Gaussian noise are drawn from them")
+    grids: dict[str, float] = Field(description="output grid of each Gaussian release, by name: every noisy value "
+                                                "is a multiple of it")
+
+
 class Privacy(_Frozen):
     epsilon: Optional[float] = Field(description="the guarantee; null means infinite (no noise)")
     delta: float
@@ -83,6 +89,10 @@ class Privacy(_Frozen):
     composition: str
     components: dict[str, Optional[float]] = Field(description="epsilon of each component alone at delta (null: infinite)")
     cross_check: dict[str, Optional[float]] = Field(default_factory=dict)
+    delta_breakdown: dict[str, float] = Field(description=(
+        "where delta goes: the accountant's share, adaptive stages accounted alone (poisson: class_histogram) and "
+        "the noise sampler's finite-precision bound; the sum is at most delta"))
+    noise: Noise
     end_to_end_dp: bool
     reproducible_seed: bool
     paper_theorem1_epsilon: Optional[float] = Field(

@@ -108,7 +108,7 @@ def _manifest(sigma_x=1.0, mode="fixed"):
     return {
         "created_at": "2024-01-01T00:00:00+00:00",
         "software": {"version": "0", "python": "3", "torch": torch.__version__, "dp_accounting": "0"},
-        "input": {"pattern": "x", "format": "parquet", "files": 1, "fingerprint": "f", "features_column": "x",
+        "input": {"pattern": "x", "format": "parquet", "files": 1, "features_column": "x",
                   "label_column": "y", "feature_dim": 4},
         "mechanism": {"mode": mode, "sampling": "s", "mixing_order": 2, "clip": 1.0, "sigma_x": sigma_x,
                       "sigma_y": 0.0, "noise_multiplier": 1.0, "num_classes": 2, "samples_total": 4,
@@ -116,7 +116,8 @@ def _manifest(sigma_x=1.0, mode="fixed"):
         "normalization": {"method": "dp", "feature_bounds": [0, 1], "out_of_bounds": "clip", "min_std": 1e-3},
         "privacy": {"epsilon": 4.0, "delta": 1e-5, "target_epsilon": 4.0, "accountant": "rdp",
                     "neighbouring_relation": "r", "composition": "c", "components": {}, "end_to_end_dp": True,
-                    "reproducible_seed": False, "caveats": []},
+                    "reproducible_seed": False, "caveats": [], "delta_breakdown": {"accountant": 1e-5},
+                    "noise": {"generator": "g", "sampler": "s", "grids": {}}},
         "output": {"rows": 4, "files": []},
     }
 

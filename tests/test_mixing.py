@@ -2,48 +2,36 @@
 from __future__ import annotations
 
 import itertools
+from fractions import Fraction
 
 import numpy as np
 import pytest
 import torch
 from scipy import stats
 
-from privacy.noise import key_from_test_seed
-from transforms.mixing import mix_class, sample_distinct, sample_poisson
+from privacy.noise import NoiseStream, key_from_test_seed
+from transforms.mixing import mix_class, sample_rows
 
 KEY = key_from_test_seed(1)
 
 
-def _gen(seed=0):
-    g = torch.Generator()
-    g.manual_seed(seed)
-    return g
-
-
-@pytest.mark.parametrize("n,l", [(50, 3), (10, 9), (6, 6), (1000, 1)])
-def test_sample_distinct_rows_are_distinct_and_uniform(n, l):
-    idx = sample_distinct(n, l, 20000, _gen(), "cpu").numpy()
-    assert idx.shape == (20000, l)
-    assert all(len(set(r)) == l for r in idx[:2000])
-    counts = np.bincount(idx.ravel(), minlength=n)
-    if l < n:  # chi-square on inclusion counts; false-failure rate 1e-4
-        assert stats.chisquare(counts).pvalue >= 1e-4
-    # the first column alone is uniform too (order within a row is random)
-    if l < n:
-        assert stats.chisquare(np.bincount(idx[:, 0], minlength=n)).pvalue >= 1e-4
-
-
-def test_poisson_inclusion_rate_is_q():
-    n, q, rows = 40, 0.1, 20000
-    flat, offsets = sample_poisson(n, q, rows, _gen(2), "cpu")
-    sizes = np.diff(np.append(offsets.numpy(), len(flat)))
+def test_poisson_rows_include_each_record_with_rate_q():
+    n, q, rows = 40, Fraction(1, 10), 20000
+    flat, offsets = sample_rows(n, mode="poisson", mixing_order=4, rows=rows, stream=NoiseStream(KEY, "p"),
+                                sampling_rate=q)
+    sizes = np.diff(np.append(offsets, len(flat)))
     # m ~ Binomial(n, q): mean n q, variance n q (1 - q); z-test with false-failure rate < 1e-5
-    assert abs(sizes.mean() - n * q) < 4.5 * np.sqrt(n * q * (1 - q) / rows)
-    incl = np.bincount(flat.numpy(), minlength=n) / rows
-    assert np.all(np.abs(incl - q) < 4.5 * np.sqrt(q * (1 - q) / rows))
-    starts = offsets.numpy()
-    for s, m in zip(starts[:500], sizes[:500]):
+    assert abs(sizes.mean() - n * 0.1) < 4.5 * np.sqrt(n * 0.1 * 0.9 / rows)
+    incl = np.bincount(flat, minlength=n) / rows
+    assert np.all(np.abs(incl - 0.1) < 4.5 * np.sqrt(0.1 * 0.9 / rows))
+    for s, m in zip(offsets[:500], sizes[:500]):
         assert len(set(flat[s:s + m].tolist())) == m
+
+
+def test_fixed_rows_are_l_distinct_records():
+    flat, offsets = sample_rows(12, mode="fixed", mixing_order=5, rows=300, stream=NoiseStream(KEY, "f"))
+    assert offsets.tolist() == list(range(0, 1500, 5))
+    assert all(len(set(r)) == 5 for r in flat.reshape(300, 5).tolist())
 
 
 def test_noise_off_each_row_is_a_mean_of_l_distinct_rows():

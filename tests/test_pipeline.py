@@ -54,6 +54,14 @@ def test_release_end_to_end_manifest_and_balance(tmp_path, small_parquet):
     assert not any(p.name.startswith("out.tmp") for p in tmp_path.iterdir())
     text = (out / "manifest.json").read_text()
     assert '"seed"' not in text and "key" not in json.loads(text)["privacy"]
+    # the noise: generator and sampler named, every feature value on the stated grid, delta split within the target
+    assert "ChaCha20" in m.privacy.noise.generator and "192-bit" in m.privacy.noise.sampler
+    grid = m.privacy.noise.grids["features"]
+    assert set(m.privacy.delta_breakdown) == {"accountant", "sampler"}
+    assert sum(m.privacy.delta_breakdown.values()) <= m.privacy.delta == 1e-5
+    assert not any("not a cryptographic" in c.lower() or "mersenne" in c.lower() for c in m.privacy.caveats)
+    assert any("ChaCha20" in c for c in m.privacy.caveats)
+    assert grid == 2.0 ** (np.floor(np.log2(m.mechanism.sigma_x)) - 12)
 
 
 def test_schema_file_is_current():
@@ -121,7 +129,11 @@ def test_poisson_mode_publishes_no_exact_counts(tmp_path, small_parquet):
     assert m["privacy"]["epsilon"] <= 8.0
     feats, labels = read_release(out)
     assert len(labels) == m["output"]["rows"] == 3 * (sum(m["mechanism"]["class_sizes_dp"]) // 3)
-    assert "120" not in json.dumps(m["mechanism"])  # the exact row count appears nowhere
+    # the exact row count appears nowhere (T = 3 floor(N_hat / 3) may land on it: it is a function of the DP counts)
+    derived = ("samples_total", "samples_per_class")
+    assert "120" not in json.dumps({k: v for k, v in m["mechanism"].items() if k not in derived})
+    assert m["privacy"]["delta_breakdown"]["class_histogram"] == pytest.approx(0.3 * 1e-5)
+    assert sum(m["privacy"]["delta_breakdown"].values()) <= m["privacy"]["delta"]
 
 
 def test_exact_normalization_needs_the_loud_flag_and_is_marked(tmp_path, small_parquet):

@@ -6,19 +6,19 @@ import pickle
 
 import dp_accounting
 import numpy as np
-import torch
 import pytest
 from dp_accounting import pld, rdp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from privacy import dp_stats
-from privacy.accounting import (PLD_DISCRETIZATION, RDP_ORDERS, ReleaseEvents, account, epsilon_of)
+from privacy.accounting import (PLD_DISCRETIZATION, RDP_ORDERS, SAMPLER_DELTA_SHARE, AccountingError, ReleaseEvents,
+                                account, epsilon_of)
 from privacy.calibration import CalibrationError, calibrate_gaussian, calibrate_sigma_x
 from privacy.events import GaussianStatsEvent, MixingEvent
-from privacy.noise import fresh_key, key_from_test_seed, numpy_generator, torch_generator
+from privacy.noise import NoiseStream, fresh_key, key_from_test_seed
 from privacy.paper import theorem1_epsilon
-from transforms.combiners import FirstPassCombiner, Moments
+from transforms.combiners import FirstPassCombiner
 
 DELTA = 1e-5
 
@@ -43,7 +43,8 @@ def test_epsilon_equals_direct_dp_accounting_fixed():
     acc.compose(dp_accounting.SelfComposedDpEvent(
         dp_accounting.SampledWithoutReplacementDpEvent(6000, 4, dp_accounting.GaussianDpEvent(0.3 * 4 / 2)), 6000))
     ours = account(ReleaseEvents("fixed", (), (ev,)), DELTA)
-    assert ours.epsilon == pytest.approx(acc.get_epsilon(DELTA), rel=1e-12)
+    # the accountant's delta is the target less the sampler's reserved share (1e-6 of it)
+    assert ours.epsilon == pytest.approx(acc.get_epsilon(DELTA * (1 - SAMPLER_DELTA_SHARE)), rel=1e-12)
     assert ours.accountant == "rdp"
 
 
@@ -57,10 +58,35 @@ def test_epsilon_equals_direct_dp_accounting_poisson_with_shared_events():
         dp_accounting.GaussianDpEvent(5.0), dp_accounting.GaussianDpEvent(20.0),
         dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(8 / 5000, dp_accounting.GaussianDpEvent(0.1 * 8 / 2.0)), 5000)]))
     ours = account(ReleaseEvents("poisson", (stats, hist), evs), DELTA)
-    assert ours.epsilon == pytest.approx(acc.get_epsilon(DELTA), rel=1e-9)
+    assert ours.epsilon == pytest.approx(acc.get_epsilon(DELTA * (1 - SAMPLER_DELTA_SHARE)), rel=1e-9)
     assert ours.worst_class_event == evs[0]
     assert set(ours.components) == {"normalization", "class_histogram", "mixing"}
     assert ours.cross_check["rdp"] >= ours.epsilon * 0.95  # RDP is looser than PLD, never far tighter
+
+
+def test_adaptive_histogram_is_accounted_alone_and_added():
+    """Poisson mode: the histogram at its own (eps, delta) share, plus the rest at the remaining delta."""
+    hist = GaussianStatsEvent("class_histogram", noise_std=40.0, sensitivity=1.0)
+    mix = MixingEvent("poisson", 5000, 5000, 8, 1.0, 0.1)
+    hist_delta = 0.01 * DELTA
+    ours = account(ReleaseEvents("poisson", (), (mix,), ((hist, hist_delta),), gaussian_draws=10 ** 8,
+                                 binomial_draws=10 ** 5), DELTA)
+    alone = pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
+    alone.compose(dp_accounting.GaussianDpEvent(40.0))
+    rest = account(ReleaseEvents("poisson", (), (mix,)), DELTA - hist_delta / (1 - SAMPLER_DELTA_SHARE))
+    assert ours.components["class_histogram"] == pytest.approx(alone.get_epsilon(hist_delta), rel=1e-12)
+    assert ours.epsilon == pytest.approx(alone.get_epsilon(hist_delta) + rest.epsilon, rel=1e-9)
+    parts = ours.delta_breakdown
+    assert set(parts) == {"accountant", "class_histogram", "sampler"}
+    assert sum(parts.values()) <= DELTA and 0 < parts["sampler"] < 1e-20
+
+
+def test_sampler_delta_that_does_not_fit_is_refused():
+    loud = GaussianStatsEvent("normalization", noise_std=0.25, sensitivity=1.0)  # epsilon about 24
+    assert account(ReleaseEvents("poisson", (loud,), (), gaussian_draws=10 ** 12), DELTA).epsilon > 20
+    louder = GaussianStatsEvent("normalization", noise_std=0.08, sensitivity=1.0)  # epsilon about 130
+    with pytest.raises(AccountingError, match="sampler"):
+        account(ReleaseEvents("poisson", (louder,), (), gaussian_draws=10 ** 6), DELTA)
 
 
 @pytest.mark.parametrize("mode", ["fixed", "poisson"])
@@ -92,18 +118,17 @@ def test_feature_stats_noise_free_match_numpy_and_constant_features_are_floored(
     x[:, 0] = 0.0  # a constant feature: std 0
     comb = FirstPassCombiner((0.0, 1.0))
     acc = comb.add(comb.create(), x.astype(np.float32), np.zeros(500, np.int64))
-    mean, std = dp_stats.feature_stats(n=500, count=500, sum_u=acc.moments.sum, sum_u2=acc.moments.sum_sq,
-                                       bounds=(0.0, 1.0), min_std=0.01)
-    np.testing.assert_allclose(mean, x.mean(0), atol=1e-5)
-    np.testing.assert_allclose(std[1:], x.std(0)[1:], atol=1e-5)
+    mean, std = dp_stats.feature_stats(n=500, sum_qu=acc.sum_qu, sum_qv=acc.sum_qv, bounds=(0.0, 1.0), min_std=0.01)
+    np.testing.assert_allclose(mean, x.mean(0), atol=2 ** -16)  # the sums' resolution
+    np.testing.assert_allclose(std[1:], x.std(0)[1:], atol=2 ** -14)
     assert std[0] == pytest.approx(0.01, abs=2 ** -19)  # floored, then on the public grid
     assert np.all(np.isfinite((x - mean) / std))
 
 
 def test_feature_stats_noise_is_centered_and_scaled():
-    sums = np.zeros(2000)
-    m1, _ = dp_stats.feature_stats(n=10_000, count=10_000, sum_u=sums, sum_u2=sums + 2500, bounds=(-1.0, 1.0), min_std=1e-3,
-                                   noise_std=100.0, rng=np.random.default_rng(1))
+    sums = np.zeros(2000, np.int64)
+    m1, _ = dp_stats.feature_stats(n=10_000, sum_qu=sums, sum_qv=sums - 5000 * 2 ** 16, bounds=(-1.0, 1.0),
+                                   min_std=1e-3, noise_std=100.0, stream=NoiseStream(key_from_test_seed(1), "stats"))
     # mean_u = noise / n: std 0.01; KS-free check on moments (false-failure rate < 1e-6)
     assert abs(m1.mean()) < 0.01 * 6 / math.sqrt(2000)
     assert m1.std() == pytest.approx(0.01, rel=0.1)
@@ -116,53 +141,31 @@ def test_sensitivities_follow_the_relation():
     assert MixingEvent("poisson", 10, 1, 4, 2.0, 1.0).noise_multiplier == pytest.approx(2.0)
 
 
-def test_chan_merge_matches_numpy_on_random_splits_and_pickles():
+def test_first_pass_sums_are_exact_on_random_splits_and_pickle():
+    """Integer sums: any split of the input, in any order, pickled or not, gives bit-identical accumulators."""
     rng = np.random.default_rng(3)
-    u = rng.normal(3.0, 2.0, (1000, 5))
+    x = rng.uniform(-0.2, 1.2, (1000, 5)).astype(np.float32)  # some values outside the bounds: clipped
+    y = rng.integers(0, 3, 1000)
+    comb = FirstPassCombiner((0.0, 1.0))
+    whole = comb.add(comb.create(), x, y)
     cuts = np.sort(rng.choice(np.arange(1, 1000), 7, replace=False))
-    parts = [Moments.of(p) for p in np.split(u, cuts)]
-    merged = Moments()
-    for p in (pickle.loads(pickle.dumps(p)) for p in parts):
-        merged = merged.merge(p)
-    np.testing.assert_allclose(merged.mean, u.mean(0), rtol=1e-12)
-    np.testing.assert_allclose(merged.m2 / 1000, u.var(0), rtol=1e-10)
-    gen = (Moments.of(u[i:i + 10]) for i in range(0, 1000, 10))
-    total = Moments()
-    for m in gen:
-        total = total.merge(m)
-    np.testing.assert_allclose(total.sum_sq, (u ** 2).sum(0), rtol=1e-10)
+    parts = [comb.add(comb.create(), a, b) for a, b in zip(np.split(x, cuts), np.split(y, cuts))]
+    merged = comb.merge(pickle.loads(pickle.dumps(p)) for p in reversed(parts))
+    np.testing.assert_array_equal(merged.sum_qu, whole.sum_qu)
+    np.testing.assert_array_equal(merged.sum_qv, whole.sum_qv)
+    np.testing.assert_array_equal(merged.class_counts, np.bincount(y))
+    u = np.clip(x.astype(np.float64), 0, 1) * 2 - 1
+    np.testing.assert_allclose(merged.sum_qu * 2.0 ** -16, u.sum(0), atol=1000 * 2 ** -17)
+    assert merged.count == 1000 and merged.dim == 5
 
 
-def test_noise_keys_are_fresh_and_derivations_independent():
+def test_noise_keys_are_fresh_and_streams_keyed_by_path():
     assert fresh_key() != fresh_key()
     k = key_from_test_seed(7)
     assert k == key_from_test_seed(7) and k != key_from_test_seed(8)
-    a = numpy_generator(k, "stats").normal(size=4)
-    np.testing.assert_array_equal(a, numpy_generator(k, "stats").normal(size=4))
-    assert not np.array_equal(a, numpy_generator(k, "histogram").normal(size=4))
-    draw = lambda g: torch.randn(6, generator=g).numpy()  # noqa: E731
-    np.testing.assert_array_equal(draw(torch_generator(k, "mix", 0, 1)), draw(torch_generator(k, "mix", 0, 1)))
-    assert not np.array_equal(draw(torch_generator(k, "mix", 0, 1)), draw(torch_generator(k, "mix", 1, 0)))
-    assert not np.array_equal(draw(torch_generator(k, "mix", 0, 1)), draw(torch_generator(k, "label", 0, 1)))
-
-
-def test_cpu_torch_stream_uses_the_whole_mersenne_twister_state():
-    """torch's CPU manual_seed keeps 32 bits; the stream must instead come from 624 key-derived words."""
-    from privacy.noise import mt_state_words
-    lo = torch.Generator().manual_seed(12345)
-    hi = torch.Generator().manual_seed(12345 + (7 << 32))
-    assert torch.equal(torch.randn(4, generator=lo), torch.randn(4, generator=hi))  # why: the 32-bit seed
-    k = key_from_test_seed(3)
-    g = torch_generator(k, "mix", 2, 5)
-    plain = torch.Generator().manual_seed(g.initial_seed())  # the same 64-bit seed without the state fill
-    assert not torch.equal(torch.randn(4, generator=g), torch.randn(4, generator=plain))
-    # The layout written into get_state() is the one torch runs: its outputs are numpy's MT19937 on our words
-    # (an int64 draw below 2^31 consumes two 32-bit outputs and keeps the second).
-    g = torch_generator(k, "mix", 2, 5)
-    ours = torch.empty(16, dtype=torch.int64).random_(0, 2 ** 31, generator=g).numpy()
-    bits = np.random.MT19937()
-    bits.state = {"bit_generator": "MT19937", "state": {"key": mt_state_words(k, ("mix", 2, 5)), "pos": 624}}
-    np.testing.assert_array_equal(ours, bits.random_raw(32)[1::2] % 2 ** 31)
+    a = NoiseStream(k, "stats").gaussian(np.zeros(4), 1.0)
+    np.testing.assert_array_equal(a, NoiseStream(k, "stats").gaussian(np.zeros(4), 1.0))
+    assert not np.array_equal(a, NoiseStream(k, "histogram").gaussian(np.zeros(4), 1.0))
 
 
 def test_paper_theorem1_as_written():
@@ -204,7 +207,8 @@ def test_moments_vector_sensitivity_holds_for_worst_case_records(mode):
     extremes = [np.ones(d), -np.ones(d), np.zeros(d), rng.uniform(-1, 1, d)]
 
     def vec(rows):
-        return dp_stats.moments_vector(count=len(rows), sum_u=rows.sum(0), sum_u2=(rows ** 2).sum(0))
+        qu, qv = dp_stats.quantized_contributions(rows)
+        return dp_stats.moments_vector(qu.sum(0), qv.sum(0))
 
     bound = dp_stats.moments_sensitivity(d, mode) + 1e-9
     for a in extremes:

@@ -1,7 +1,10 @@
-"""Beam-free first-pass combiner: class counts and per-feature moments with Chan's parallel merge.
+"""Beam-free first-pass combiner: class counts and exact integer sums of the quantized moments.
 
-"Combiners contain logic, accumulators contain data." The moments are of u = (clip(x, lo, hi) - m) / r
-in [-1, 1] (see ``privacy.dp_stats``); ``transforms.stats`` wraps this in a ``beam.CombineFn``.
+"Combiners contain logic, accumulators contain data." Each record contributes (u, 2u^2 - 1) per feature, with
+u = (clip(x, lo, hi) - m) / r in [-1, 1], rounded to multiples of 2^-16 (``privacy.dp_stats``). The sums are int64,
+so merging is exact and associative: any split of the input into bundles gives bit-identical sums, and the
+sensitivity the DP statistics assume holds for the computed sums, not only for exact arithmetic.
+``transforms.stats`` wraps this in a ``beam.CombineFn``.
 """
 from __future__ import annotations
 
@@ -10,55 +13,28 @@ from typing import Iterable, Optional
 
 import numpy as np
 
-
-@dataclasses.dataclass
-class Moments:
-    """count, mean and M2 (sum of squared deviations) per feature, float64."""
-
-    count: int = 0
-    mean: Optional[np.ndarray] = None
-    m2: Optional[np.ndarray] = None
-
-    @staticmethod
-    def of(u: np.ndarray) -> "Moments":
-        u = np.asarray(u, np.float64)
-        if len(u) == 0:
-            return Moments()
-        mean = u.mean(axis=0)
-        return Moments(len(u), mean, ((u - mean) ** 2).sum(axis=0))
-
-    def merge(self, other: "Moments") -> "Moments":
-        if other.count == 0:
-            return self
-        if self.count == 0:
-            return other
-        if self.mean.shape != other.mean.shape:
-            raise ValueError(f"feature widths differ: {self.mean.shape[0]} vs {other.mean.shape[0]}")
-        n = self.count + other.count
-        delta = other.mean - self.mean
-        mean = self.mean + delta * (other.count / n)
-        m2 = self.m2 + other.m2 + delta ** 2 * (self.count * other.count / n)
-        return Moments(n, mean, m2)
-
-    @property
-    def sum(self) -> np.ndarray:
-        return self.mean * self.count
-
-    @property
-    def sum_sq(self) -> np.ndarray:
-        return self.m2 + self.count * self.mean ** 2
+from privacy.dp_stats import quantized_contributions
 
 
 @dataclasses.dataclass
 class FirstPass:
-    """Accumulator: exact private first-pass statistics (never released as they are)."""
+    """Accumulator: exact private first-pass statistics (never released as they are).
 
-    moments: Moments = dataclasses.field(default_factory=Moments)
+    ``sum_qu`` and ``sum_qv`` are the int64 sums of the quantized u and 2u^2 - 1 (units of 2^-16), per feature.
+    """
+
+    count: int = 0
+    sum_qu: Optional[np.ndarray] = None
+    sum_qv: Optional[np.ndarray] = None
     class_counts: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
 
     @property
     def rows(self) -> int:
         return int(self.class_counts.sum())
+
+    @property
+    def dim(self) -> Optional[int]:
+        return None if self.sum_qu is None else int(self.sum_qu.shape[0])
 
 
 class FirstPassCombiner:
@@ -73,7 +49,11 @@ class FirstPassCombiner:
     def add(self, acc: FirstPass, features: np.ndarray, labels: np.ndarray) -> FirstPass:
         u = (np.clip(features, *self.bounds).astype(np.float64) - self.mid) / self.half
         counts = np.bincount(labels, minlength=len(acc.class_counts))
-        return self.merge([acc, FirstPass(Moments.of(u), counts)])
+        part = FirstPass(len(u), None, None, counts)
+        if len(u):
+            qu, qv = quantized_contributions(u)
+            part.sum_qu, part.sum_qv = qu.sum(axis=0), qv.sum(axis=0)
+        return self.merge([acc, part])
 
     def merge(self, accs: Iterable[FirstPass]) -> FirstPass:
         out = FirstPass()
@@ -82,5 +62,13 @@ class FirstPassCombiner:
             counts = np.zeros(k, np.int64)
             counts[:len(out.class_counts)] += out.class_counts
             counts[:len(a.class_counts)] += a.class_counts
-            out = FirstPass(out.moments.merge(a.moments), counts)
+            if a.sum_qu is None:
+                qu, qv = out.sum_qu, out.sum_qv
+            elif out.sum_qu is None:
+                qu, qv = a.sum_qu, a.sum_qv
+            else:
+                if out.sum_qu.shape != a.sum_qu.shape:
+                    raise ValueError(f"feature widths differ: {out.sum_qu.shape[0]} vs {a.sum_qu.shape[0]}")
+                qu, qv = out.sum_qu + a.sum_qu, out.sum_qv + a.sum_qv
+            out = FirstPass(out.count + a.count, qu, qv, counts)
         return out

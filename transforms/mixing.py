@@ -1,13 +1,20 @@
-"""Beam-free DP-CDA mixing (seed 000, Algorithm 1, steps 8-14) in torch, on CUDA when present.
+"""Beam-free DP-CDA mixing (seed 000, Algorithm 1, steps 8-14): indices and noise from ``privacy.noise``.
 
-One class at a time: ``T_k`` synthetic rows in chunks of ``chunk_rows``, each chunk with its own
-generator derived from the run's secret key (``privacy.noise``), so a retried chunk reproduces its
-rows. Rows are gathered and summed with ``embedding_bag`` (no (rows, l, d) intermediate) and batched:
-there is no Python loop per row.
+One class at a time: ``T_k`` synthetic rows in chunks of ``chunk_rows``. Each chunk draws its indices from the
+stream ("mix-index", k, chunk) and its noise from ("mix-noise", k, chunk), so a retried chunk reproduces its rows.
+Rows are gathered and summed with ``embedding_bag`` in float64 (CUDA when present, the same code on the CPU; no
+(rows, l, d) intermediate), then the noise is drawn on the CPU: every released value is
+``g * round((mean + sigma_x Z) / g)`` (``NoiseStream.gaussian``).
 
-fixed: each row averages exactly ``l`` distinct records, uniformly.
-poisson: each record joins a row independently with probability q (m ~ Binomial(N_k, q), then a
+fixed: each row averages exactly ``l`` distinct records, a uniform l-subset (exact).
+poisson: each record joins a row independently with probability q (m ~ Binomial(N_k, q) by exact inversion, then a
 uniform m-subset); the sum is divided by ``l``, not m, so the sensitivity stays c / l.
+
+Sensitivity in the bits. Records reach the mixer clipped to ``c (1 - CLIP_MARGIN)`` (``plan.normalize``; float32
+rounding keeps them below ``c (1 - 2^-21)``). The mean is computed as fl(fl(sum)/l) in float64, whose error is at
+most gamma_{m-1} m c / l + 2^-53 m c / l in L2 (m <= MAX_ROW_RECORDS records per row, gamma_j = j 2^-53 / (1 - j
+2^-53)); two neighbouring outputs therefore differ by at most (2c/l) (1 - 2^-21 + m^2 2^-52) <= 2c/l (fixed) and
+c/l (poisson) in L2, the sensitivities the accountant assumes.
 
 Optional low-pass post-processing (``lowpass``): every finished noisy row is projected onto the span of its
 low-frequency 2-D DCT basis images (frequencies u + v < K on the feature image's (H, W) grid, per channel).
@@ -18,18 +25,16 @@ noise outside the kept subspace (on Fashion-MNIST, K = 16 keeps 136 of 784 coeff
 from __future__ import annotations
 
 import logging
+from fractions import Fraction
 from typing import Iterator, Optional, Sequence
 
 import numpy as np
 import torch
 
-from privacy.noise import torch_generator
+from privacy.events import MAX_ROW_RECORDS
+from privacy.noise import NoiseStream
 
 log = logging.getLogger(__name__)
-# Rejection sampling of distinct indices while a row's collision chance is small; beyond that,
-# the l smallest of N_k random keys per row (exact, O(N_k) per row).
-REJECTION_LIMIT = 0.5
-KEYS_PER_STEP = 1 << 24
 
 
 def pick_device(preference: str = "auto") -> torch.device:
@@ -49,56 +54,38 @@ def canonical_order(features: np.ndarray) -> np.ndarray:
     return np.argsort(rows.view(np.dtype((np.void, rows.shape[1] * rows.itemsize))).ravel(), kind="stable")
 
 
-def sample_distinct(n: int, l: int, rows: int, gen: torch.Generator, device) -> torch.Tensor:
-    """(rows, l) indices into range(n), distinct within each row, in uniformly random order."""
-    if l > n:
-        raise ValueError(f"cannot draw {l} distinct records from {n}")
-    if l * (l - 1) / (2.0 * n) <= REJECTION_LIMIT:
-        idx = torch.randint(n, (rows, l), generator=gen, device=device)
-        while l > 1:
-            s = idx.sort(dim=1).values
-            dup = (s[:, 1:] == s[:, :-1]).any(dim=1)
-            count = int(dup.sum())
-            if count == 0:
-                break
-            idx[dup] = torch.randint(n, (count, l), generator=gen, device=device)
-        return idx
-    step = max(1, KEYS_PER_STEP // n)
-    parts = []
-    for start in range(0, rows, step):
-        keys = torch.rand((min(step, rows - start), n), generator=gen, device=device)
-        parts.append(keys.topk(l, dim=1, largest=False).indices)  # ordered by key: random order
-    return torch.cat(parts)
-
-
-def sample_poisson(n: int, q: float, rows: int, gen: torch.Generator, device):
-    """Flat indices and offsets: row i holds m_i ~ Binomial(n, q) distinct records."""
-    m = torch.binomial(torch.full((rows,), float(n), device=device),
-                       torch.full((rows,), float(q), device=device), generator=gen).long()
+def sample_rows(n: int, *, mode: str, mixing_order: int, rows: int, stream: NoiseStream,
+                sampling_rate: Fraction = Fraction(0)) -> tuple[np.ndarray, np.ndarray]:
+    """(flat indices, offsets): row i holds indices flat[offsets[i]:offsets[i+1]] into range(n)."""
+    if mode == "fixed":
+        idx = stream.distinct(n, mixing_order, rows)
+        return idx.reshape(-1), np.arange(rows, dtype=np.int64) * mixing_order
+    m = stream.binomial(n, sampling_rate, rows)
     width = int(m.max()) if rows else 0
-    if width == 0:
-        return torch.zeros(0, dtype=torch.long, device=device), torch.zeros(rows, dtype=torch.long, device=device)
-    idx = sample_distinct(n, width, rows, gen, device)
-    keep = torch.arange(width, device=device)[None, :] < m[:, None]
-    offsets = torch.zeros(rows, dtype=torch.long, device=device)
-    offsets[1:] = torch.cumsum(m, 0)[:-1]
+    if width > MAX_ROW_RECORDS:
+        raise ValueError(f"a poisson row drew {width} records, above {MAX_ROW_RECORDS}")
+    idx = stream.distinct(n, width, rows)  # uniform order, so each row's first m_i form a uniform m_i-subset
+    keep = np.arange(width)[None, :] < m[:, None]
+    offsets = np.zeros(rows, np.int64)
+    offsets[1:] = np.cumsum(m)[:-1]
     return idx[keep], offsets
 
 
 def mix_chunk(x: torch.Tensor, *, mode: str, mixing_order: int, sigma_x: float, rows: int,
-              gen: torch.Generator, sampling_rate: float = 0.0) -> torch.Tensor:
-    """``rows`` synthetic feature rows from the class matrix ``x`` (on its device)."""
-    n = x.shape[0]
-    if mode == "fixed":
-        idx = sample_distinct(n, mixing_order, rows, gen, x.device)
-        out = torch.nn.functional.embedding_bag(idx, x, mode="sum")
-    else:
-        flat, offsets = sample_poisson(n, sampling_rate, rows, gen, x.device)
-        out = torch.nn.functional.embedding_bag(flat, x, offsets, mode="sum")  # one bag per offset, empty bags 0
-    out = out / mixing_order
-    if sigma_x > 0:
-        out += sigma_x * torch.randn(out.shape, generator=gen, device=x.device, dtype=out.dtype)
-    return out
+              index_stream: NoiseStream, noise_stream: NoiseStream,
+              sampling_rate: Fraction = Fraction(0)) -> np.ndarray:
+    """``rows`` synthetic float64 feature rows from the float64 class matrix ``x`` (on its device)."""
+    if mode == "fixed" and mixing_order > MAX_ROW_RECORDS:
+        raise ValueError(f"mixing_order {mixing_order} is above {MAX_ROW_RECORDS}")
+    flat, offsets = sample_rows(x.shape[0], mode=mode, mixing_order=mixing_order, rows=rows, stream=index_stream,
+                                sampling_rate=sampling_rate)
+    if flat.size:
+        sums = torch.nn.functional.embedding_bag(torch.from_numpy(flat).to(x.device), x,
+                                                 torch.from_numpy(offsets).to(x.device), mode="sum")
+        means = (sums / mixing_order).cpu().numpy()
+    else:  # every row empty (an empty poisson class, or q small): the sums are 0
+        means = np.zeros((rows, x.shape[1]), np.float64)
+    return noise_stream.gaussian(means, sigma_x)
 
 
 def dct_matrix(n: int) -> np.ndarray:
@@ -161,29 +148,27 @@ class LowPass:
 
 
 def label_scores(class_index: int, num_classes: int, sigma_y: float, rows: int,
-                 gen: torch.Generator, device) -> torch.Tensor:
-    """(rows, K) scores e_k + N(0, sigma_y^2 I_K): the one-hot mean of a same-class mix plus label noise."""
-    scores = torch.zeros((rows, num_classes), device=device)
-    if sigma_y > 0:
-        scores = sigma_y * torch.randn((rows, num_classes), generator=gen, device=device)
-    scores[:, class_index] += 1.0
-    return scores
+                 stream: Optional[NoiseStream]) -> np.ndarray:
+    """(rows, K) float64 scores e_k + N(0, sigma_y^2 I_K) on sigma_y's grid: the one-hot mean of a same-class mix."""
+    scores = np.zeros((rows, num_classes), np.float64)
+    scores[:, class_index] = 1.0
+    return stream.gaussian(scores, sigma_y) if sigma_y > 0 else scores
 
 
 def noisy_labels(class_index: int, num_classes: int, sigma_y: float, rows: int,
-                 gen: torch.Generator, device) -> torch.Tensor:
+                 stream: Optional[NoiseStream]) -> np.ndarray:
     """argmax(e_k + N(0, sigma_y^2 I_K)); exactly k when sigma_y is 0 (the one-hot mean is e_k)."""
     if sigma_y > 0:
-        return label_scores(class_index, num_classes, sigma_y, rows, gen, device).argmax(dim=1)
-    return torch.full((rows,), class_index, dtype=torch.long, device=device)
+        return label_scores(class_index, num_classes, sigma_y, rows, stream).argmax(axis=1)
+    return np.full(rows, class_index, dtype=np.int64)
 
 
 def mix_class(features: np.ndarray, *, key: bytes, class_index: int, num_classes: int, mode: str,
               mixing_order: int, sigma_x: float, samples: int, chunk_rows: int,
-              sampling_rate: float = 0.0, sigma_y: float = 0.0, device: str | torch.device = "cpu",
-              chunks=None, lowpass: Optional[tuple[Sequence[int], int]] = None, soft_labels: bool = False,
-              ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    """Yield (chunk, features, labels) for class ``class_index``; ``chunks`` limits which chunks.
+              sampling_rate: Fraction | float = Fraction(0), sigma_y: float = 0.0,
+              device: str | torch.device = "cpu", chunks=None, lowpass: Optional[tuple[Sequence[int], int]] = None,
+              soft_labels: bool = False) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """Yield (chunk, float32 features, labels) for class ``class_index``; ``chunks`` limits which chunks.
 
     ``lowpass=(image_shape, K)`` projects every finished row onto its low DCT frequencies (post-processing).
     ``soft_labels``: labels are the float32 (rows, K) scores e_k + N(0, sigma_y^2 I) instead of their argmax
@@ -191,7 +176,8 @@ def mix_class(features: np.ndarray, *, key: bytes, class_index: int, num_classes
     """
     dev = torch.device(device) if not isinstance(device, torch.device) else device
     ordered = features[canonical_order(features)]
-    x = torch.from_numpy(np.ascontiguousarray(ordered, np.float32)).to(dev)
+    x = torch.from_numpy(np.ascontiguousarray(ordered, np.float64)).to(dev)
+    rate = Fraction(sampling_rate)
     project = None
     if lowpass is not None:
         project = LowPass(lowpass[0], lowpass[1], dev)
@@ -201,16 +187,16 @@ def mix_class(features: np.ndarray, *, key: bytes, class_index: int, num_classes
     n_chunks = -(-samples // chunk_rows)
     for chunk in (range(n_chunks) if chunks is None else chunks):
         rows = min(chunk_rows, samples - chunk * chunk_rows)
-        gen = torch_generator(key, "mix", class_index, chunk, device=dev)
-        out = mix_chunk(x, mode=mode, mixing_order=mixing_order, sigma_x=sigma_x, rows=rows, gen=gen,
-                        sampling_rate=sampling_rate)
+        out = mix_chunk(x, mode=mode, mixing_order=mixing_order, sigma_x=sigma_x, rows=rows,
+                        index_stream=NoiseStream(key, "mix-index", class_index, chunk),
+                        noise_stream=NoiseStream(key, "mix-noise", class_index, chunk), sampling_rate=rate)
+        feats = out.astype(np.float32)
         if project is not None:
-            out = project(out)
-        # Labels draw from their own stream: soft scores publish their noise almost verbatim, and must reveal
-        # nothing about the generator behind the feature noise.
-        label_gen = torch_generator(key, "label", class_index, chunk, device=dev) if sigma_y > 0 else None
+            feats = project(torch.from_numpy(feats).to(dev)).cpu().numpy()
+        # Labels draw from their own stream: soft scores publish their noise almost verbatim.
+        label_stream = NoiseStream(key, "label", class_index, chunk) if sigma_y > 0 else None
         if soft_labels:
-            labels = label_scores(class_index, num_classes, sigma_y, rows, label_gen, dev)
+            labels = label_scores(class_index, num_classes, sigma_y, rows, label_stream).astype(np.float32)
         else:
-            labels = noisy_labels(class_index, num_classes, sigma_y, rows, label_gen, dev)
-        yield chunk, out.cpu().numpy(), labels.cpu().numpy()
+            labels = noisy_labels(class_index, num_classes, sigma_y, rows, label_stream)
+        yield chunk, feats, labels
