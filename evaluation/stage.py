@@ -48,8 +48,12 @@ def _exists(path: str) -> bool:
     return os.path.exists(path)
 
 
-def load_synthetic(release_dir: str):
-    """Every synthetic row of a release (``release_dir/synthetic/*.parquet``, or Parquet files in the folder)."""
+def load_synthetic(release_dir: str, manifest: Optional[dict] = None):
+    """Every synthetic row of a release: the manifest's files, else ``release_dir/synthetic/*.parquet`` (or Parquet
+    files in the folder)."""
+    listed = (manifest or {}).get("output", {}).get("files")
+    if listed:
+        return read_all([_join(release_dir, f["path"]) for f in listed], "parquet")
     files = expand_glob(_join(release_dir, SYNTHETIC_DIR, "*.parquet")) or expand_glob(_join(release_dir, "*.parquet"))
     if not files:
         raise EvaluationError(f"{release_dir}: no synthetic Parquet files (expected {SYNTHETIC_DIR}/part-*.parquet)")
@@ -71,7 +75,10 @@ def load_test(test_glob: str, norm: dict, dim: int):
     return x, block.labels
 
 
-def _find_normalization(release_dir: str) -> str:
+def _find_normalization(release_dir: str, manifest: Optional[dict] = None) -> str:
+    listed = (manifest or {}).get("normalization", {}).get("statistics_file")
+    if listed and _exists(_join(release_dir, listed)):
+        return _join(release_dir, listed)
     for d in (release_dir, os.path.dirname(release_dir.rstrip("/"))):
         path = _join(d, NORMALIZATION)
         if d and _exists(path):
@@ -94,9 +101,9 @@ def run_evaluation(release_dir: str, test_glob: str, out_dir: str, *, runs: int,
                    manifest: Optional[dict] = None, device: str = "auto", seed: int = 0,
                    progress: bool = True) -> dict:
     """Loads, trains ``runs`` x ``epochs``, writes report.json, samples.png, curves.png into ``out_dir``."""
-    syn = load_synthetic(release_dir)
+    syn = load_synthetic(release_dir, manifest)
     dim = syn.features.shape[1]
-    norm = _read_json(_find_normalization(release_dir))
+    norm = _read_json(_find_normalization(release_dir, manifest))
     test_x, test_y = load_test(test_glob, norm, dim)
     declared = (manifest or {}).get("mechanism", {}).get("num_classes")
     num_classes = int(declared or max(int(syn.labels.max()), int(test_y.max())) + 1)
@@ -131,21 +138,22 @@ TEST_DATA_NOTE = ("accuracy on real test rows: a statistic of the test set, whic
 
 def evaluate_release(workdir: str, manifest: dict, test_glob: str, *, runs: int = 1, epochs: int = 10,
                      test_public: bool = False) -> dict:
-    """Release stage: evaluates ``workdir``, adds ``manifest['utility']``, rewrites manifest.json; returns it.
+    """Release stage: evaluates the run directory ``workdir`` (not yet published); returns the ``utility`` section.
 
-    Unless ``test_public``, the utility section says that its figures are outside the guarantee and leaves out the
-    exact test row count.
+    Unless ``test_public``, the section says that its figures are outside the guarantee and leaves out the exact
+    test row count. Its report path is relative to OUTPUT, like the manifest's files.
     """
-    from schemas import manifest as manifest_mod
-
-    rep = run_evaluation(workdir, test_glob, _join(workdir, EVAL_DIR), runs=runs, epochs=epochs, manifest=manifest)
-    utility = {
+    draft_files = {**manifest, "output": {**manifest["output"], "files": [
+        {**f, "path": f["path"][len(manifest["output"].get("prefix", "")):]} for f in manifest["output"]["files"]]}}
+    rep = run_evaluation(workdir, test_glob, _join(workdir, EVAL_DIR), runs=runs, epochs=epochs,
+                         manifest={**draft_files, "normalization": {}})
+    return {
         "accuracy_mean": rep["accuracy_mean"], "accuracy_std": rep["accuracy_std"], "runs": rep["runs"],
-        "epochs": rep["epochs"], "device": rep["device"], "report": f"{EVAL_DIR}/{report_mod.REPORT}",
+        "epochs": rep["epochs"], "device": rep["device"],
+        "report": f"{manifest['output'].get('prefix', '')}{EVAL_DIR}/{report_mod.REPORT}",
         "test_set_public": test_public,
         **({"test_rows": rep["test_rows"]} if test_public else {"outside_guarantee": TEST_DATA_NOTE}),
     }
-    return manifest_mod.amend(workdir, manifest, utility=utility)
 
 
 def evaluate_standalone(synthetic_dir: str, test_glob: str, *, runs: int = 3, epochs: int = 10,

@@ -10,10 +10,13 @@ import json
 import logging
 import math
 import re
+import signal
 import sys
 
 EXIT_BAD_INPUT = 2
-_KNOWN = ("InputError", "PlanError", "CalibrationError", "ConfigError", "ReleaseError", "PrepareError")
+EXIT_SIGINT, EXIT_SIGTERM = 130, 143
+_KNOWN = ("InputError", "PlanError", "CalibrationError", "ConfigError", "ReleaseError", "PrepareError",
+          "PublishError", "EvaluationError", "AccountingError")
 _PATTERN = re.compile(r"(?:^|\W)(%s): (.+)" % "|".join(_KNOWN))
 
 
@@ -77,7 +80,8 @@ RELEASE_FLAGS = {
     "--lowpass": ("lowpass", int, "post-processing: keep DCT frequencies u + v < K of each row (free: privacy unchanged)"),
     "--image-shape": ("image_shape", str, "H,W or C,H,W of the features for --lowpass (default square)"),
     "--chunk-rows": ("chunk_rows", int, "synthetic rows per noise chunk (4096)"),
-    "--max-class-rows": ("max_class_rows", int, "largest class the in-memory mixer accepts"),
+    "--max-class-bytes": ("max_class_bytes", str, "memory one class may take on a worker (e.g. 8G; default 40 % of "
+                                                   "the machine's memory)"),
     "--output-shards": ("output_shards", int, "number of Parquet part files (0: runner decides)"),
     "--device": ("device", str, "auto|cpu|cuda for mixing"),
     "--seed": ("seed", int, "TEST ONLY: fixed noise key; the manifest says reproducible_seed: true"),
@@ -88,13 +92,16 @@ RELEASE_FLAGS = {
 
 
 def _release_parser(sub):
-    p = sub.add_parser("release", help="run the DP-CDA release job (Beam)")
+    p = sub.add_parser("release", allow_abbrev=False, help="run the DP-CDA release job (Beam)")
     for flag, (field, typ, text) in RELEASE_FLAGS.items():
         p.add_argument(flag, dest=(field or flag[2:]).replace("-", "_"), type=typ, default=None, help=text)
     p.add_argument("--overwrite", action="store_true", default=None, help="replace an existing release")
     p.add_argument("--audit", action="store_true", default=None, help="add an empirical privacy audit section")
     p.add_argument("--eval-input-public", action="store_true", default=None,
                    help="the --eval-input test set is public (otherwise its figures are marked outside the guarantee)")
+    p.add_argument("--allow-exception-sampling", action="store_true", default=False,
+                   help="let the runner sample the input element of a failing step (off by default: for this job "
+                        "that element is raw private records)")
     p.add_argument("--soft-labels", action="store_true", default=None,
                    help="also write LABEL_soft, the K noisy label scores e_k + N(0, sigma_y^2 I) (needs --num-classes)")
     p.add_argument("--i-understand-exact-normalization-is-not-dp", dest="allow_exact_normalization",
@@ -103,31 +110,65 @@ def _release_parser(sub):
 
 
 DEFAULT_BEAM_ARGS = ["--runner=DirectRunner", "--direct_running_mode=in_memory"]
+# Dataflow samples the input element of a failing step by default: for this job, a whole class of raw records.
+NO_EXCEPTION_SAMPLING = "--experiments=disable_always_on_exception_sampling"
+
+
+def unknown_beam_args(beam_args: list[str]) -> list[str]:
+    """The arguments no Beam pipeline option accepts (Beam would drop them silently)."""
+    from apache_beam.options import pipeline_options as po
+
+    parser = po._BeamArgumentParser(allow_abbrev=False)  # what PipelineOptions.get_all_options parses with
+    seen = {}
+    stack = list(po.PipelineOptions.__subclasses__())
+    while stack:
+        cls = stack.pop()
+        stack.extend(cls.__subclasses__())
+        seen.setdefault(f"{cls.__module__}.{cls.__qualname__}", cls)
+    for cls in seen.values():
+        try:
+            cls._add_argparse_args(parser)
+        except Exception:  # noqa: BLE001 - a duplicate registration of one class
+            continue
+    _, unknown = parser.parse_known_args(beam_args)
+    return unknown
+
+
+def _suggest(flag: str) -> str:
+    import difflib
+
+    names = [f for f in RELEASE_FLAGS] + ["--overwrite", "--audit", "--soft-labels", "--eval-input-public",
+                                          "--allow-exception-sampling"]
+    close = difflib.get_close_matches(flag.split("=", 1)[0], names, n=1)
+    return f"; did you mean {close[0]}?" if close else ""
 
 
 def cmd_release(args, beam_args) -> int:
     from pipeline.release import run_release
-    from schemas.config import load_config
+    from schemas.config import ConfigError, load_config
 
-    overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
+    unknown = unknown_beam_args(beam_args)
+    if unknown:
+        raise ConfigError(f"unknown option {unknown[0]}{_suggest(unknown[0])} (release options are listed by "
+                          f"'dpcda release --help'; anything else must be a Beam pipeline option)")
+    overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config", "allow_exception_sampling")}
     cfg = load_config(args.config, overrides)
     if not any(a.startswith("--runner") for a in beam_args):
         beam_args = DEFAULT_BEAM_ARGS + beam_args
-    evaluate = None
+    if not args.allow_exception_sampling:
+        beam_args = beam_args + [NO_EXCEPTION_SAMPLING]
+    stages = []
     if cfg.eval_input:
         from evaluation.stage import evaluate_release
 
-        def evaluate(workdir, manifest):
-            return evaluate_release(workdir, manifest, cfg.eval_input, runs=cfg.eval_runs, epochs=cfg.eval_epochs,
-                                    test_public=cfg.eval_input_public)
+        stages.append(("utility", lambda workdir, manifest: evaluate_release(
+            workdir, manifest, cfg.eval_input, runs=cfg.eval_runs, epochs=cfg.eval_epochs,
+            test_public=cfg.eval_input_public)))
     if cfg.audit:
         from privacy.audit import audit_section
-        previous = evaluate
 
-        def evaluate(workdir, manifest):
-            manifest = previous(workdir, manifest) if previous else manifest
-            return audit_section(workdir, manifest)
-    manifest = run_release(cfg, beam_args, evaluate=evaluate)
+        stages.append(("audit", lambda workdir, manifest: audit_section(manifest)))
+    manifest = run_release(cfg, beam_args, tuple(stages), eval_input=cfg.eval_input)
     p = manifest["privacy"]
     print(json.dumps({"output": cfg.output, "rows": manifest["output"]["rows"], "epsilon": p["epsilon"],
                       "delta": p["delta"], "sigma_x": manifest["mechanism"]["sigma_x"],
@@ -193,10 +234,10 @@ def cmd_audit(args, _beam_args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dpcda", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="dpcda", description=__doc__.splitlines()[0], allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    prep = sub.add_parser("prepare", help="turn a public dataset into input shards")
+    prep = sub.add_parser("prepare", allow_abbrev=False, help="turn a public dataset into input shards")
     prep.add_argument("dataset", choices=["fashion-mnist"])
     prep.add_argument("--out", required=True)
     prep.add_argument("--format", choices=["parquet", "tfrecord"], default="parquet")
@@ -206,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _release_parser(sub)
 
-    acc = sub.add_parser("account", help="calibrate or account one class's mixing without data")
+    acc = sub.add_parser("account", allow_abbrev=False, help="calibrate or account one class's mixing without data")
     acc.add_argument("--mode", choices=["fixed", "poisson"], default="fixed")
     acc.add_argument("--class-size", type=int, required=True, help="N_k")
     acc.add_argument("--samples-per-class", type=int, required=True, help="T_k")
@@ -217,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     acc.add_argument("--delta", type=float, default=1e-5)
     acc.add_argument("--json", action="store_true")
 
-    ev = sub.add_parser("evaluate", help="train the evaluation CNN on a release, test on real data")
+    ev = sub.add_parser("evaluate", allow_abbrev=False, help="train the evaluation CNN on a release, test on real data")
     ev.add_argument("--synthetic", required=True, help="release directory (holds synthetic/ and manifest.json)")
     ev.add_argument("--test", required=True, help="glob of real test shards")
     ev.add_argument("--runs", type=int, default=3)
@@ -225,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--out", default=None, help="report folder (default SYNTHETIC/evaluation)")
     ev.add_argument("--seed", type=int, default=0, help="first training seed (runs use seed .. seed+R-1)")
 
-    au = sub.add_parser("audit", help="empirical lower bound on epsilon for a configuration")
+    au = sub.add_parser("audit", allow_abbrev=False, help="empirical lower bound on epsilon for a configuration")
     au.add_argument("--mode", choices=["fixed", "poisson"], default="fixed")
     au.add_argument("--mixing-order", type=int, default=4)
     au.add_argument("--epsilon", type=float, required=True)
@@ -242,23 +283,55 @@ COMMANDS = {"prepare": cmd_prepare, "release": cmd_release, "account": cmd_accou
             "evaluate": cmd_evaluate, "audit": cmd_audit}
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is, so that the same clean-up as for Ctrl-C runs."""
+
+
+_SIGNAL_SEEN: list[int] = []
+
+
+def _on_signal(signum, _frame):
+    _SIGNAL_SEEN.append(signum)
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def _interrupted(err: BaseException) -> bool:
+    seen = err
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return bool(_SIGNAL_SEEN) or "KeyboardInterrupt" in str(err)
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "release":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     _setup_logging()
+    _SIGNAL_SEEN.clear()
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    for s in previous:
+        signal.signal(s, _on_signal)
     try:
         return COMMANDS[args.command](args, extra)
-    except KeyboardInterrupt:
-        print("dpcda: interrupted; nothing was published", file=sys.stderr)
-        return 130
-    except Exception as err:  # noqa: BLE001 - the CLI boundary: one line for known errors
+    except BaseException as err:  # noqa: BLE001 - the CLI boundary: one line for known errors and interrupts
+        if isinstance(err, SystemExit):
+            raise
+        if _interrupted(err):
+            term = signal.SIGTERM in _SIGNAL_SEEN or isinstance(err, Terminated)
+            print(f"dpcda: {'terminated (SIGTERM)' if term else 'interrupted'}; nothing was published",
+                  file=sys.stderr)
+            return EXIT_SIGTERM if term else EXIT_SIGINT
         msg = one_line_error(err)
         if msg is None:
             raise
         print(f"dpcda: error: {msg}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,12 @@ def noise_section(plan) -> Noise:
                  grids={k: noise.grid_for(s) for k, s in sigmas.items() if s})
 
 
-def build_manifest(cfg, input_info: InputInfo, plan, outputs) -> Manifest:
+def build_manifest(cfg, input_info: InputInfo, plan, outputs, prefix: str = "") -> Manifest:
+    """The manifest draft of a release (the pipeline writes it; ``storage.publish`` writes the final manifest).
+
+    ``prefix`` is the run directory relative to OUTPUT ('' locally, ``runs/<run>/`` on GCS): every path in the
+    manifest is relative to OUTPUT.
+    """
     acc = plan.accounting
     worst = acc.worst_class_event
     return Manifest(
@@ -68,9 +73,12 @@ def build_manifest(cfg, input_info: InputInfo, plan, outputs) -> Manifest:
             postprocessing=postprocessing(plan)),
         normalization=Normalization(
             method=plan.normalization_method, feature_bounds=plan.bounds, out_of_bounds=cfg.out_of_bounds,
-            min_std=cfg.min_std, noise_std=plan.normalization_noise_std, epsilon_share=plan.normalization_share),
+            min_std=cfg.min_std, noise_std=plan.normalization_noise_std, epsilon_share=plan.normalization_share,
+            statistics_file=f"{prefix}normalization.json"),
         privacy=Privacy(
-            epsilon=finite(acc.epsilon), delta=acc.delta, target_epsilon=cfg.epsilon, accountant=acc.accountant,
+            epsilon=finite(plan.guarantee_epsilon), delta=acc.delta, target_epsilon=cfg.epsilon,
+            epsilon_this_histogram=finite(acc.epsilon) if plan.mode == "poisson" else None,
+            accountant=acc.accountant,
             neighbouring_relation=acc.relation,
             composition="parallel over classes (a record meets only its own class's rows); sequential "
                         "with the statistics releases",
@@ -80,7 +88,7 @@ def build_manifest(cfg, input_info: InputInfo, plan, outputs) -> Manifest:
             reproducible_seed=cfg.reproducible, paper_theorem1_epsilon=finite(plan.paper_theorem1_epsilon),
             caveats=list(plan.caveats) + (["TEST SEED: the noise key is derived from a fixed seed; this "
                                            "release is reproducible and NOT private."] if cfg.reproducible else [])),
-        output=Output(rows=sum(o.rows for o in outputs), files=list(outputs),
+        output=Output(rows=sum(o.rows for o in outputs), files=list(outputs), prefix=prefix,
                       **({"format": f"parquet: {cfg.features_column} fixed_size_list<float32>[d], {cfg.label_column} "
                                     f"int64, {cfg.label_column}_soft fixed_size_list<float32>[{plan.num_classes}]"}
                          if cfg.soft_labels else {})),

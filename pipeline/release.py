@@ -1,62 +1,81 @@
-"""The release job: builds the Beam graph of DESIGN.md and publishes the release atomically.
+"""The release job: checks everything it can before work, builds the Beam graph of DESIGN.md, publishes safely.
 
     ReadShards -> ComputeGlobalStats -> Calibrate --(side inputs)--+
-    ReadShards -> GroupByClass -> NormalizeAndClip -> MixWithinClass -> WriteSynthetic -> WriteManifest
+    ReadShards -> GroupByClass -> NormalizeAndClip -> MixWithinClass -> WriteSynthetic -> WriteDraftManifest
 
-Everything is written under a temporary sibling of OUTPUT and moved into place only after every
-shard and the manifest are written; a failure leaves nothing at OUTPUT.
+Order of a run: the inputs, config files and OUTPUT are checked (``storage.publish.prepare`` takes OUTPUT's lock and
+creates the run directory); the pipeline writes the parts and a manifest draft into the run directory; the
+evaluation and audit stages add their sections; ``storage.publish.publish`` writes the manifest and makes the
+release visible. Any failure or interrupt removes the run directory (and cancels a remote job): OUTPUT is left as
+it was.
 """
 from __future__ import annotations
 
 import functools
+import json
 import logging
-import os
 import time
-import uuid
+from typing import Callable, Optional
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
 
+from pipeline import __version__, build_commit
 from pipeline.manifest import build_manifest
 from privacy.noise import fresh_key, key_from_test_seed
 from schemas.config import ReleaseConfig
-from schemas.manifest import InputInfo
+from schemas.manifest import InputInfo, RunInfo
+from storage import publish
+from storage.paths import expand_glob, join, not_regular_files, open_file
 from transforms.calibrate import Calibrate
 from transforms.group import GroupByClass
 from transforms.mix import MixWithinClass
 from transforms.normalize import NormalizeAndClip
+from transforms.plan import PlanError, load_public_stats
 from transforms.read import ReadShards
-from transforms.shards import InputError, detect_format, expand_glob, read_shard
+from transforms.shards import InputError, detect_format, read_shard
 from transforms.stats import ComputeGlobalStats
-from transforms.write import MANIFEST, WriteManifest, WriteSynthetic
+from transforms.write import WriteDraftManifest, WriteSynthetic
 
 log = logging.getLogger("dpcda.release")
+# A stage adds one manifest section: (name, function(run directory, draft manifest) -> section dict).
+Stage = tuple[str, Callable[[str, dict], dict]]
 
 
 class ReleaseError(RuntimeError):
-    """A release that cannot go ahead (existing output, unreadable input...)."""
+    """A release that cannot go ahead (a failed pipeline, a launcher option that cannot work...)."""
 
 
 def _noise_key(seed):
     return key_from_test_seed(seed) if seed is not None else fresh_key()
 
 
-def _input_info(cfg: ReleaseConfig, files: list[str], fmt: str, dim: int) -> InputInfo:
-    return InputInfo(pattern=cfg.input, format=fmt, files=len(files), features_column=cfg.features_column,
-                     label_column=cfg.label_column, feature_dim=dim)
-
-
-def _peek_dim(files: list[str], fmt: str, cfg: ReleaseConfig) -> int:
+def _peek_dim(files: list[str], fmt: str, features_column: str, label_column: str, what: str) -> int:
     """Feature width of the first row of the first non-empty shard (an empty shard among others is fine)."""
     for path in files:
-        for block in read_shard(path, fmt, cfg.features_column, cfg.label_column, batch_rows=1):
-            return int(block.features.shape[1])
-    raise InputError(f"{cfg.input}: zero rows in the {len(files)} matching file(s)")
+        for block in read_shard(path, fmt, features_column, label_column, batch_rows=1):
+            dim = int(block.features.shape[1])
+            if dim == 0:
+                raise InputError(f"{path}: column '{features_column}' row {block.first_row}: width 0 (no features)")
+            return dim
+    raise InputError(f"{what}: zero rows in the {len(files)} matching file(s)")
+
+
+def _input_files(pattern: str, what: str) -> list[str]:
+    files = expand_glob(pattern)
+    if not files:
+        raise InputError(f"{pattern}: no {what} files match")
+    odd = not_regular_files(files)
+    if odd:
+        raise InputError(f"{odd[0]}: not a regular file (a directory, FIFO, socket or device); match only the shard "
+                         f"files")
+    return files
 
 
 def build_pipeline(p: beam.Pipeline, cfg: ReleaseConfig, files: list[str], fmt: str, dim: int,
-                   workdir: str, input_info: InputInfo):
+                   target: publish.Target, input_info: InputInfo):
+    # The key is drawn on a worker and reaches the others as a side input: the runner keeps it for the job's
+    # lifetime (docs/operations.md says where, and how to protect it).
     key = p | "NoiseKey" >> beam.Create([cfg.seed]) | "DrawKey" >> beam.Map(_noise_key)
     blocks = p | "ReadShards" >> ReadShards(
         files, fmt=fmt, features_column=cfg.features_column, label_column=cfg.label_column,
@@ -69,12 +88,14 @@ def build_pipeline(p: beam.Pipeline, cfg: ReleaseConfig, files: list[str], fmt: 
                  | "MixWithinClass" >> MixWithinClass(plan, key, device=cfg.device, chunk_rows=cfg.chunk_rows,
                                                       features_column=cfg.features_column,
                                                       label_column=cfg.label_column,
-                                                      soft_labels=cfg.soft_labels))
+                                                      soft_labels=cfg.soft_labels,
+                                                      expected_build=(__version__, build_commit())))
     files_written = synthetic | "WriteSynthetic" >> WriteSynthetic(
-        workdir, dim, num_shards=cfg.output_shards, features_column=cfg.features_column,
+        target.workdir, dim, num_shards=cfg.output_shards, features_column=cfg.features_column,
         label_column=cfg.label_column, soft_classes=cfg.num_classes if cfg.soft_labels else None)
-    return files_written | "WriteManifest" >> WriteManifest(
-        workdir, plan, functools.partial(build_manifest, cfg, input_info))
+    return files_written | "WriteDraftManifest" >> WriteDraftManifest(
+        target.workdir, plan, functools.partial(build_manifest, cfg, input_info, prefix=target.prefix),
+        prefix=target.prefix)
 
 
 COUNTERS = ("rows_read", "rows_rejected", "values_clipped_to_bounds", "rows_synthesized", "rows_written")
@@ -95,77 +116,119 @@ def _counters(result) -> dict:
     return totals
 
 
-def _has_release(output: str) -> bool:
-    """Anything at OUTPUT (for gs://, any object under the prefix) counts as an existing release."""
-    if "://" in output:
-        return bool(FileSystems.match([output + "/**"])[0].metadata_list)
-    return os.path.exists(output) and (not os.path.isdir(output) or bool(os.listdir(output)))
+def _is_dataflow(options: PipelineOptions) -> bool:
+    return "dataflow" in str(options.view_as(StandardOptions).runner or "").lower()
 
 
-def _delete_tree(path: str) -> None:
-    if "://" in path:
-        matches = FileSystems.match([path.rstrip("/") + "/**"])[0].metadata_list
-        if matches:
-            FileSystems.delete([m.path for m in matches])
-    elif os.path.exists(path):
-        import shutil
-        shutil.rmtree(path)
+def check_launcher_options(options: PipelineOptions) -> None:
+    """Options the launcher cannot honour are refused before any work."""
+    flags = options.get_all_options()
+    runner = flags.get("runner")
+    if runner:
+        from apache_beam.runners.runner import create_runner
 
-
-def _publish(workdir: str, output: str, overwrite: bool) -> None:
-    """Move the finished release into place; the manifest arrives last."""
-    if "://" not in output:
-        old = None
-        if os.path.exists(output):
-            old = f"{output.rstrip('/')}.old-{uuid.uuid4().hex[:8]}"
-            os.rename(output, old)
         try:
-            os.rename(workdir, output)
-        except BaseException:
-            if old:
-                os.rename(old, output)
-            raise
-        if old:
-            _delete_tree(old)
+            create_runner(runner)
+        except (ValueError, ImportError) as err:
+            raise ReleaseError(f"--runner={runner}: {str(err).splitlines()[0][:200]}") from None
+    if flags.get("no_wait_until_finish"):
+        raise ReleaseError("--no_wait_until_finish: the launcher must wait for the job to publish the release "
+                           "(and to cancel it on an interrupt); drop the flag")
+    if not _is_dataflow(options):
         return
-    if overwrite:
-        _delete_tree(output)
-    src = [m.path for m in FileSystems.match([workdir.rstrip("/") + "/**"])[0].metadata_list]
-    src.sort(key=lambda s: s.endswith("/" + MANIFEST))
-    FileSystems.rename(src, [output.rstrip("/") + s[len(workdir.rstrip("/")):] for s in src])
-    _delete_tree(workdir)
+    image = flags.get("sdk_container_image")
+    if not image:
+        raise ReleaseError("DataflowRunner: pass --sdk_container_image (the worker image built from the Dockerfile)")
+    if flags.get("setup_file") or flags.get("requirements_file"):
+        raise ReleaseError("DataflowRunner: --sdk_container_image already holds the code; --setup_file/"
+                           "--requirements_file would make every worker reinstall it over the image at start-up")
+    expected = f"{__version__}-{build_commit()}"
+    tag = image.rsplit(":", 1)[-1] if ":" in image.rsplit("/", 1)[-1] else ""
+    if tag != expected:
+        raise ReleaseError(f"--sdk_container_image {image}: tag '{tag}' does not match this launcher "
+                           f"({expected}); build and push the image of this version (docs/operations.md)")
 
 
-def run_release(cfg: ReleaseConfig, beam_args: list[str], evaluate=None) -> dict:
-    """Runs the whole release; returns the manifest as a dict. Raises on any failure, leaving OUTPUT as it was."""
-    t0 = time.time()
-    files = expand_glob(cfg.input)
-    if not files:
-        raise InputError(f"{cfg.input}: no input files match")
-    fmt = detect_format(files[0], cfg.input_format)
-    output = cfg.output.rstrip("/")
-    if _has_release(output) and not cfg.overwrite:
-        raise ReleaseError(f"{output}: a release already exists there; pass --overwrite to replace it")
-    dim = _peek_dim(files, fmt, cfg)
-    info = _input_info(cfg, files, fmt, dim)
-    workdir = f"{output}.tmp-{uuid.uuid4().hex[:12]}"
-    log.info("stage=start files=%d format=%s dim=%d mode=%s l=%d workdir=%s", len(files), fmt, dim, cfg.mode,
-             cfg.mixing_order, workdir)
-    options = PipelineOptions(beam_args)
+def _run_info(result, options: PipelineOptions) -> RunInfo:
+    runner = str(options.view_as(StandardOptions).runner or "DirectRunner")
+    job_id = console = None
+    if _is_dataflow(options):
+        try:
+            job_id = result.job_id()
+        except Exception:  # noqa: BLE001 - a runner without job ids
+            job_id = None
+        gcp = options.view_as(GoogleCloudOptions)
+        if job_id:
+            console = (f"https://console.cloud.google.com/dataflow/jobs/{gcp.region}/{job_id}"
+                       f"?project={gcp.project}")
+    return RunInfo(runner=runner, job_id=job_id, console_url=console)
+
+
+def run_pipeline(p: beam.Pipeline, options: PipelineOptions):
+    """Runs ``p`` to the end; returns (RunInfo, result). A remote job is cancelled if the launcher is interrupted or
+    fails while waiting for it."""
+    from apache_beam.runners.runner import PipelineState
+
+    result = p.run()  # the DirectRunner finishes here; Dataflow returns once the job is submitted
+    info = _run_info(result, options)
+    if info.job_id:
+        log.info("stage=submitted job_id=%s console=%s", info.job_id, info.console_url)
     try:
-        with beam.Pipeline(options=options) as p:
-            build_pipeline(p, cfg, files, fmt, dim, workdir, info)
-        import json
-        with FileSystems.open(FileSystems.join(workdir, MANIFEST)) as fh:
-            manifest = json.loads(fh.read())
-        counts = " ".join(f"{k}={v}" for k, v in _counters(p.result).items())
-        log.info("stage=pipeline rows=%d %s seconds=%.1f", manifest["output"]["rows"], counts, time.time() - t0)
-        if evaluate is not None:
-            manifest = evaluate(workdir, manifest)
-        _publish(workdir, output, cfg.overwrite)
+        state = result.wait_until_finish()
     except BaseException:
-        _delete_tree(workdir)
+        if info.job_id:
+            log.warning("stage=cancel job_id=%s: the launcher stopped; cancelling the job", info.job_id)
+            try:
+                result.cancel()
+            except Exception as err:  # noqa: BLE001 - report and keep the original error
+                log.error("stage=cancel job_id=%s failed (%s); cancel it from the console", info.job_id, err)
         raise
-    log.info("stage=done output=%s rows=%d epsilon=%s seconds=%.1f", output, manifest["output"]["rows"],
+    if state is not None and str(state) not in (PipelineState.DONE, "DONE", "PipelineState.DONE"):
+        raise ReleaseError(f"the pipeline ended in state {state}; nothing was published")
+    return info, result
+
+
+def run_release(cfg: ReleaseConfig, beam_args: list[str], stages: tuple[Stage, ...] = (),
+                eval_input: Optional[str] = None) -> dict:
+    """Runs the whole release; returns the published manifest. Raises on any failure, leaving OUTPUT as it was."""
+    t0 = time.time()
+    options = PipelineOptions(beam_args)
+    check_launcher_options(options)
+    files = _input_files(cfg.input, "input")
+    fmt = detect_format(files[0], cfg.input_format)
+    dim = _peek_dim(files, fmt, cfg.features_column, cfg.label_column, cfg.input)
+    if cfg.normalization == "public":
+        load_public_stats(cfg.normalization_file, dim)  # a missing or malformed file is refused now, not later
+    eval_files = []
+    if eval_input:
+        eval_files = _input_files(eval_input, "evaluation")
+        eval_dim = _peek_dim(eval_files, detect_format(eval_files[0], "auto"), cfg.features_column,
+                             cfg.label_column, eval_input)
+        if eval_dim != dim:
+            raise InputError(f"{eval_input}: test rows have width {eval_dim}, the input has {dim}")
+    target = publish.prepare(cfg.output, overwrite=cfg.overwrite, inputs=files + eval_files)
+    info = InputInfo(pattern=cfg.input, format=fmt, files=len(files), features_column=cfg.features_column,
+                     label_column=cfg.label_column, feature_dim=dim)
+    log.info("stage=start files=%d format=%s dim=%d mode=%s l=%d run=%s", len(files), fmt, dim, cfg.mode,
+             cfg.mixing_order, target.workdir)
+    try:
+        p = beam.Pipeline(options=options)
+        build_pipeline(p, cfg, files, fmt, dim, target, info)
+        run, result = run_pipeline(p, options)
+        with open_file(join(target.workdir, publish.DRAFT)) as fh:
+            manifest = json.loads(fh.read())
+        manifest["run"] = run.model_dump(mode="json")
+        counts = " ".join(f"{k}={v}" for k, v in _counters(result).items())
+        log.info("stage=pipeline rows=%d %s seconds=%.1f", manifest["output"]["rows"], counts, time.time() - t0)
+        for name, stage in stages:
+            manifest[name] = stage(target.workdir, manifest)
+        publish.publish(target, manifest)
+    except BaseException:
+        publish.abandon(target)
+        raise
+    log.info("stage=done output=%s rows=%d epsilon=%s seconds=%.1f", target.output, manifest["output"]["rows"],
              manifest["privacy"]["epsilon"], time.time() - t0)
     return manifest
+
+
+__all__ = ["ReleaseError", "PlanError", "run_release", "build_pipeline", "check_launcher_options", "run_pipeline"]

@@ -317,18 +317,14 @@ def run_audit_cli(args) -> int:
     return 1 if result["violation"] else 0
 
 
-def audit_section(workdir: str, manifest: dict, *, class_size: Optional[int] = None, trials: Optional[int] = None,
+def audit_section(manifest: dict, *, class_size: Optional[int] = None, trials: Optional[int] = None,
                   seed: int = 0) -> dict:
-    """Adds ``audit`` to a release's manifest (its mode, l, c, sigma_x) and rewrites workdir/manifest.json.
+    """The ``audit`` section for a release's manifest (its mode, l, c, sigma_x).
 
     Defaults: a class of ``max(2, l)`` records, so the canary joins every row and the audit is as
     strong as it can be (its accounted epsilon is that small class's, above the release's, whose
     classes are larger); 20000 trials per dataset on the CPU (about a second), 200000 on CUDA.
     """
-    from schemas import manifest as manifest_mod
-
-    if "://" in workdir:
-        raise CalibrationError(f"{workdir}: the audit section is written to local releases only")
     mech = manifest["mechanism"]
     l = int(mech["mixing_order"])
     dev = pick_device("auto")
@@ -337,5 +333,5 @@ def audit_section(workdir: str, manifest: dict, *, class_size: Optional[int] = N
                        class_size=class_size or max(2, l), samples_per_class=1,
                        trials=trials or (200000 if dev.type == "cuda" else 20000), seed=seed, device=dev.type)
     result["note"] = AUDIT_NOTE
-    return manifest_mod.amend(workdir, manifest, audit=json_safe(result))
+    return json_safe(result)
 

@@ -29,8 +29,8 @@ outside it: below 2^-191), and fewer than 33 * 2^13 + 2 < 2^18.1 cells lie insid
 from the ideal mechanism is therefore below tau = 2^-174 per draw.
 
 Binomial draws (``binomial``, poisson-mode row sizes) use the inverse CDF of Binomial(n, q), q rational, tabulated
-to 192 bits in decimal arithmetic up to the point M where the upper tail is below 2^-194; their distance is below
-(M + 1) 2^-192 + 2^-194 <= 2^-171 per draw (M < 2^20 is enforced).
+to 192 bits in decimal arithmetic up to the point M where the upper tail is below 2^-193 (every threshold below
+2^192); their distance is below (M + 1) 2^-192 + 2^-193 <= 2^-171 per draw (M < 2^20 is enforced).
 
 What it adds to delta (``sampler_delta``). If the ideal mechanism is (eps, delta)-DP and every draw of the
 implementation is within total variation tau_i of its ideal, then for any event S and neighbours D, D',
@@ -315,6 +315,8 @@ def _rounded_gaussian(center: np.ndarray, sigma: float, g: float, u: np.ndarray)
     tmax = float(t.max()) if t.size else 0.0
     cmax = float(np.abs(center).max()) if center.size else 0.0
     err = (sigma * Z_ERROR * (1.0 + tmax) + 2.0 ** -50 * (cmax + sigma * tmax)) / g
+    if not (np.isfinite(scaled).all() and math.isfinite(err)):
+        raise ArithmeticError(f"noise sampler: values overflow (sigma={sigma:g}, values up to {cmax:g})")
     if err > 0.125:
         raise ArithmeticError(f"noise sampler: sigma={sigma:g} is too small for values of size {cmax:g}")
     ambiguous = np.flatnonzero(np.abs(scaled - k) >= 0.5 - 2.0 * err)
@@ -396,7 +398,11 @@ def _exact_cell(center: float, sigma: float, g: float, u_int: int, k: int) -> fl
 
 @lru_cache(maxsize=256)
 def _binomial_thresholds(n: int, num: int, den: int) -> np.ndarray:
-    """(M, 3) uint64 words of C_j = round(2^192 F(j)), j < M, F the Binomial(n, num/den) CDF; 1 - F(M) < 2^-194."""
+    """(M, 3) uint64 words of C_j = round(2^192 F(j)) < 2^192, j < M, F the Binomial(n, num/den) CDF.
+
+    The table stops where the upper tail is below 2^-194 or where C_j would round to 2^192 (no U reaches it); draws
+    above the last threshold are m = M, which then carries pmf(M) and a tail below 2^-193.
+    """
     with localcontext() as ctx:
         ctx.prec = 100
         q = Decimal(num) / Decimal(den)
@@ -408,11 +414,17 @@ def _binomial_thresholds(n: int, num: int, den: int) -> np.ndarray:
         thresholds = []
         j = 0
         mean = Decimal(n) * q
+        top = 1 << 192
         while True:
             cdf += pmf
             if (1 - cdf) < tail_limit and j >= mean or j == n:
                 break
-            thresholds.append(int((cdf * scale).to_integral_value()))
+            threshold = int((cdf * scale).to_integral_value())
+            if threshold >= top:  # no 192-bit U reaches it: draws above the last threshold are m = j
+                break
+            if thresholds and threshold < thresholds[-1]:
+                raise ArithmeticError(f"Binomial({n}, {num}/{den}): table not monotone")  # never expected
+            thresholds.append(threshold)
             if len(thresholds) >= MAX_BINOMIAL_TABLE:
                 raise ValueError(f"Binomial({n}, {num}/{den}): table longer than {MAX_BINOMIAL_TABLE}")
             pmf = pmf * (n - j) / (j + 1) * ratio

@@ -12,6 +12,10 @@ from typing import Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+MAX_CLASSES = 1 << 16
+MAX_MIXING_ORDER = 1 << 14  # keeps a row's summed records below privacy.events.MAX_ROW_RECORDS
+MAX_SAMPLES_PER_INPUT_ROW = 100  # T may be at most this many times the input rows (checked once they are counted)
+
 
 class ConfigError(ValueError):
     """A configuration problem, with a message that names the field."""
@@ -27,14 +31,15 @@ class ReleaseConfig(BaseModel):
     label_column: str = "label"
 
     mode: Literal["fixed", "poisson"] = "fixed"
-    mixing_order: int = Field(4, ge=1, description="l: records mixed into each synthetic row")
+    mixing_order: int = Field(4, ge=1, le=MAX_MIXING_ORDER, description="l: records mixed into each synthetic row")
     clip: float = Field(1.0, gt=0, description="c: L2 clip norm after the z-score")
     epsilon: Optional[float] = Field(None, gt=0, description="target epsilon (calibrates sigma_x)")
     sigma_x: Optional[float] = Field(None, ge=0, description="explicit feature noise std (instead of epsilon)")
     sigma_y: float = Field(0.0, ge=0, description="label noise std (paper-faithful; default 0)")
     delta: float = Field(1e-5, gt=0, lt=1)
-    samples: Optional[int] = Field(None, ge=1, description="T: synthetic rows in total (default: input rows)")
-    num_classes: Optional[int] = Field(None, ge=1, description="K (required in poisson mode)")
+    samples: Optional[int] = Field(None, ge=1, description=(
+        f"T: synthetic rows in total (default: input rows; at most {MAX_SAMPLES_PER_INPUT_ROW} x input rows)"))
+    num_classes: Optional[int] = Field(None, ge=1, le=MAX_CLASSES, description="K (required in poisson mode)")
 
     feature_bounds: tuple[float, float] = (0.0, 1.0)
     out_of_bounds: Literal["clip", "refuse"] = "clip"
@@ -53,10 +58,12 @@ class ReleaseConfig(BaseModel):
     image_shape: Optional[tuple[int, ...]] = Field(None, description="H,W or C,H,W of the features for --lowpass "
                                                    "(default: square, H = W = sqrt(d))")
     chunk_rows: int = Field(4096, ge=1, le=1 << 20, description="synthetic rows per noise chunk")
-    max_class_rows: int = Field(5_000_000, ge=1, description="largest class the in-memory mixer holds")
+    max_class_bytes: Optional[int] = Field(None, ge=1, description=(
+        "memory one class may take on the worker that mixes it (d * 8 + 8 bytes per record: one float64 copy and an "
+        "index); default: 40 % of that machine's memory. Accepts K, M, G suffixes"))
     output_shards: int = Field(0, ge=0, description="Parquet part files (0: one per class)")
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    seed: Optional[int] = Field(None, description="TEST ONLY: fixed noise key; marks the manifest")
+    seed: Optional[int] = Field(None, ge=0, lt=1 << 63, description="TEST ONLY: fixed noise key; marks the manifest")
     overwrite: bool = False
 
     eval_input: Optional[str] = None
@@ -65,6 +72,42 @@ class ReleaseConfig(BaseModel):
     eval_runs: int = Field(1, ge=1)
     eval_epochs: int = Field(10, ge=1)
     audit: bool = False
+
+    @field_validator("max_class_bytes", mode="before")
+    @classmethod
+    def _parse_bytes(cls, v):
+        if isinstance(v, str):
+            units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+            text = v.strip().upper().removesuffix("B").removesuffix("I")
+            try:
+                return int(float(text[:-1]) * units[text[-1]]) if text and text[-1] in units else int(text)
+            except (ValueError, KeyError):
+                raise ValueError("expected bytes, e.g. 8000000000 or 8G") from None
+        return v
+
+    @field_validator("mixing_order", "samples", "num_classes", "chunk_rows", "max_class_bytes", "output_shards",
+                     "eval_runs", "eval_epochs", "seed", "lowpass", mode="before")
+    @classmethod
+    def _no_bools(cls, v):
+        if isinstance(v, bool):
+            raise ValueError("expected an integer, got a boolean")
+        return v
+
+    @field_validator("epsilon", "sigma_x", "sigma_y", "delta", "clip", mode="after")
+    @classmethod
+    def _finite(cls, v):
+        if v is not None and not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        return v
+
+    @field_validator("output", mode="after")
+    @classmethod
+    def _output_named(cls, v):
+        out = v.rstrip("/")
+        name = out.rsplit("/", 1)[-1]
+        if not out or name in ("", ".", "..") or ("://" in out and out.count("/") < 3):
+            raise ValueError(f"{v!r} is not a release directory; name one, e.g. releases/fm-eps10")
+        return v
 
     @field_validator("feature_bounds", mode="before")
     @classmethod
@@ -94,10 +137,17 @@ class ReleaseConfig(BaseModel):
         lo, hi = self.feature_bounds
         if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
             raise ValueError(f"feature_bounds: need finite lo < hi, got {lo},{hi}")
+        if not (math.isfinite(hi - lo) and hi - lo <= 1e30 and max(abs(lo), abs(hi)) <= 1e30):
+            raise ValueError(f"feature_bounds: {lo:g},{hi:g} is too wide (|bounds| and hi - lo must be at most 1e30; "
+                             f"the z-score would overflow)")
         if self.epsilon is None and self.sigma_x is None:
             raise ValueError("epsilon: give a target epsilon (or an explicit sigma_x)")
         if self.epsilon is not None and self.sigma_x is not None:
             raise ValueError("epsilon and sigma_x: give one, not both")
+        if self.mode == "poisson" and self.sigma_x:
+            raise ValueError("sigma_x: poisson mode chooses q_k and T_k from the DP class histogram, so its epsilon "
+                             "holds only for a budget fixed in advance: give --epsilon (sigma_x 0 is allowed: no "
+                             "privacy)")
         if self.mode == "poisson" and self.num_classes is None:
             raise ValueError("num_classes: required in poisson mode (which labels occur is private)")
         if self.normalization == "public" and not self.normalization_file:
@@ -132,11 +182,18 @@ def load_config(path: Optional[str], overrides: dict) -> ReleaseConfig:
     data: dict = {}
     if path:
         p = Path(path)
-        if not p.exists():
-            raise ConfigError(f"--config: no such file {path}")
-        loaded = yaml.safe_load(p.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"--config: {path} must hold a mapping of fields")
+        if not p.is_file():
+            raise ConfigError(f"--config: {path}: {'is not a file' if p.exists() else 'no such file'}")
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except UnicodeDecodeError:
+            raise ConfigError(f"--config: {path}: not a text file") from None
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+            raise ConfigError(f"--config: {path}: not valid YAML{where}") from None
+        if not isinstance(loaded, dict) or not all(isinstance(k, str) for k in loaded):
+            raise ConfigError(f"--config: {path} must hold a mapping of field names to values")
         data.update({k.replace("-", "_"): v for k, v in loaded.items()})
     data.update({k: v for k, v in overrides.items() if v is not None})
     try:

@@ -84,6 +84,9 @@ class Privacy(_Frozen):
     epsilon: Optional[float] = Field(description="the guarantee; null means infinite (no noise)")
     delta: float
     target_epsilon: Optional[float]
+    epsilon_this_histogram: Optional[float] = Field(None, description=(
+        "poisson mode: what the accountant gives for the parameters this run's DP histogram chose; informational, "
+        "the guarantee is epsilon (the budget fixed before the histogram was drawn)"))
     accountant: str
     neighbouring_relation: str
     composition: str
@@ -102,15 +105,24 @@ class Privacy(_Frozen):
 
 
 class OutputFile(_Frozen):
-    path: str
+    path: str = Field(description="relative to the release directory (OUTPUT)")
     rows: int
-    sha256: str
+    sha256: str = Field(description="of the stored object, read back after writing")
+    bytes: Optional[int] = None
 
 
 class Output(_Frozen):
     rows: int
+    prefix: str = Field("", description="where this release's files live under OUTPUT ('' locally; on gs:// the "
+                                        "run's own prefix runs/<run>/, never rewritten)")
     files: list[OutputFile]
     format: str = "parquet: features fixed_size_list<float32>[d], label int64"
+
+
+class RunInfo(_Frozen):
+    runner: str
+    job_id: Optional[str] = None
+    console_url: Optional[str] = None
 
 
 class Manifest(_Frozen):
@@ -122,26 +134,12 @@ class Manifest(_Frozen):
     normalization: Normalization
     privacy: Privacy
     output: Output
+    run: Optional[RunInfo] = None
     utility: Optional[dict] = None
     audit: Optional[dict] = None
 
     def write_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), indent=2, allow_nan=False) + "\n"
-
-
-def amend(workdir: str, manifest: dict, **sections) -> dict:
-    """Adds ``sections`` (e.g. ``utility``, ``audit``) to a release's manifest, validates it, rewrites manifest.json.
-
-    The one place the later stages (evaluation, audit) rewrite the manifest, before the release is published.
-    """
-    from transforms.shards import open_file
-
-    updated = {**manifest, **sections}
-    text = Manifest(**updated).write_json()  # raises on anything the schema does not allow
-    path = f"{workdir.rstrip('/')}/manifest.json"
-    with open_file(path, "wb") as fh:
-        fh.write(text.encode())
-    return updated
 
 
 def export_schema(path: Path = SCHEMA_PATH) -> None:

@@ -32,7 +32,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipeline.cli import EXIT_BAD_INPUT, main
 from pipeline.release import run_release
 from schemas.config import load_config
-from tests.conftest import BEAM_ARGS, make_dataset, run_cli, write_dataset
+from tests.conftest import BEAM_ARGS, make_dataset, run_cli, valid_manifest, write_dataset
 from transforms.mix import FAULT_ENV, _MixFn
 from transforms.shards import Block, block_table, write_parquet, write_tfrecord
 
@@ -85,9 +85,10 @@ def snapshot(d: Path) -> dict:
 
 
 def fake_old_release(out: Path) -> dict:
+    """A release of ours (its manifest validates), so that --overwrite may replace it."""
     (out / "synthetic").mkdir(parents=True)
     (out / "synthetic" / "part-00000-of-00001.parquet").write_bytes(b"old rows")
-    (out / "manifest.json").write_text('{"old": true}\n')
+    (out / "manifest.json").write_text(json.dumps(valid_manifest()) + "\n")
     return snapshot(out)
 
 
@@ -106,7 +107,7 @@ def _nan_in_second_shard(d: Path):
     x[7, 2] = np.nan
     good_input(d)
     write_parquet(str(d / "part-00009.parquet"), x, Y)
-    return str(d / "*.parquet"), str(d / "part-00009.parquet"), ["'features'", "row 7", "non-finite"]
+    return str(d / "*.parquet"), str(d / "part-00009.parquet"), ["'features'", "row 7", "NaN, infinite"]
 
 
 def _truncated_parquet(d: Path):
@@ -128,11 +129,16 @@ def _truncated_tfrecord(d: Path):
 def _narrower_shard(d: Path):
     good_input(d)
     write_parquet(str(d / "part-00009.parquet"), np.full((5, DIM - 1), 0.5), Y[:5])
-    return str(d / "*.parquet"), str(d / "part-00009.parquet"), ["'features'", "row 0", f"width {DIM - 1}, expected {DIM}"]
+    return str(d / "*.parquet"), str(d / "part-00009.parquet"), ["'features'", "row 0",
+                                                                 f"width {DIM - 1}, but the input's width is {DIM}"]
+
+
+CLASS_BYTES = N_PER_CLASS * (8 * DIM + 8)  # one float64 copy and an int64 index per record
 
 
 def _class_too_large(d: Path):
-    return good_input(d), None, [f"class 0 has {N_PER_CLASS} records, more than max_class_rows={N_PER_CLASS - 1}", "--max-class-rows", "column 'label'"]
+    return good_input(d), None, [f"class 0 needs about", f"({N_PER_CLASS} records at d={DIM})", "max_class_bytes",
+                                 "--max-class-bytes", "column 'label'"]
 
 
 SUBPROCESS_CASES = {
@@ -141,7 +147,7 @@ SUBPROCESS_CASES = {
     "truncated-parquet": (_truncated_parquet, [], False),
     "truncated-tfrecord": (_truncated_tfrecord, [], False),
     "wrong-width-shard": (_narrower_shard, [], False),
-    "class-too-large": (_class_too_large, ["--max-class-rows", str(N_PER_CLASS - 1)], True),
+    "class-too-large": (_class_too_large, ["--max-class-bytes", str(CLASS_BYTES - 1)], True),
 }
 
 
@@ -216,22 +222,21 @@ def _label_strings(d):
 def _ragged_rows(d):
     vals = pa.array([[0.1] * DIM, [0.1] * DIM, [0.1] * (DIM + 1)], pa.list_(pa.float32()))
     f = add_table(d, pa.table({"features": vals, "label": pa.array([0, 1, 2])}))
-    return str(d / "*.parquet"), f, ["column 'features' row 2", f"width {DIM + 1}, expected {DIM}"]
+    return str(d / "*.parquet"), f, ["column 'features' row 2", f"width {DIM + 1}, but the input's width is {DIM}"]
 
 
 def _inf_feature(d):
     x = X.copy()
     x[3, 1] = -np.inf
     f = add_table(d, block_table(x, Y))
-    return str(d / "*.parquet"), f, ["column 'features' row 3", "non-finite value -inf"]
+    return str(d / "*.parquet"), f, ["column 'features' row 3", "a value is NaN, infinite or beyond the float32 range"]
 
 
 def _out_of_bounds_refused(d):
     x = X.copy()
     x[4, 1], x[6, 0] = 1.5, -0.25
     f = add_table(d, block_table(x, Y))
-    return str(d / "*.parquet"), f, ["column 'features' row 4", "1.5 outside feature_bounds [0, 1]",
-                                     "2 values outside"]
+    return str(d / "*.parquet"), f, ["column 'features' row 4", "a value lies outside feature_bounds [0, 1]"]
 
 
 def _label_table(d, labels):
@@ -240,12 +245,12 @@ def _label_table(d, labels):
 
 def _negative_label(d):
     f = _label_table(d, [0, 1, -1, 2])
-    return str(d / "*.parquet"), f, ["column 'label' row 2", "negative label -1"]
+    return str(d / "*.parquet"), f, ["column 'label' row 2", "negative label"]
 
 
 def _fractional_label(d):
     f = _label_table(d, [0.0, 1.0, 2.0, 1.5])
-    return str(d / "*.parquet"), f, ["column 'label' row 3", "label 1.5 is not an integer"]
+    return str(d / "*.parquet"), f, ["column 'label' row 3", "label is not an integer"]
 
 
 def _missing_label_value(d):
@@ -255,7 +260,7 @@ def _missing_label_value(d):
 
 def _label_not_below_num_classes(d):
     f = _label_table(d, [0, 1, 2, 3])
-    return str(d / "*.parquet"), f, ["column 'label' row 3", f"label 3 >= num_classes {K}"]
+    return str(d / "*.parquet"), f, ["column 'label' row 3", f"label >= num_classes {K}"]
 
 
 def _huge_label_without_num_classes(d):
@@ -284,7 +289,7 @@ def _garbage_tfrecord(d):
 def _unreadable_tfrecord(d):
     good_input(d, "tfrecord")
     (d / "part-00009.tfrecord").mkdir()  # matches the glob, cannot be read
-    return str(d / "*.tfrecord"), str(d / "part-00009.tfrecord"), ["unreadable TFRecord shard"]
+    return str(d / "*.tfrecord"), str(d / "part-00009.tfrecord"), ["not a regular file"]
 
 
 def _tfrecord_int_features(d):
@@ -304,7 +309,7 @@ def _tfrecord_wrong_width(d):
     good_input(d, "tfrecord")
     write_tfrecord(str(d / "part-00009.tfrecord"), np.full((3, DIM + 2), 0.5), Y[:3])
     return str(d / "*.tfrecord"), str(d / "part-00009.tfrecord"), ["column 'features' row 0",
-                                                                   f"width {DIM + 2}, expected {DIM}"]
+                                                                   f"width {DIM + 2}, but the input's width is {DIM}"]
 
 
 def _class_smaller_than_l(d):

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -11,36 +9,16 @@ import pytest
 
 from tests.conftest import BEAM_ARGS, make_dataset
 
-emulator = pytest.importorskip("gcp_storage_emulator.server")
+pytest.importorskip("gcp_storage_emulator.server")
 pytestmark = pytest.mark.gcs
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def gcs(monkeypatch):
-    port = _free_port()
-    server = emulator.create_server("localhost", port, in_memory=True, default_bucket="lake")
-    server.start()
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://localhost:{port}")
-    # Offline, Beam's credential lookup stalls ~25 s; the emulator takes anonymous requests.
-    import apache_beam.internal.gcp.auth as auth
-    monkeypatch.setattr(auth, "get_service_credentials", lambda *a, **k: None)
-    try:
-        yield "gs://lake"
-    finally:
-        server.stop()
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "tfrecord"])
 def test_release_reads_and_writes_gs(gcs, fmt):
     from apache_beam.io.filesystems import FileSystems
 
-    from pipeline.release import ReleaseError, run_release
+    from pipeline.release import run_release
+    from storage.publish import PublishError
     from schemas.config import load_config
     from transforms.shards import write_parquet, write_tfrecord
 
@@ -58,5 +36,5 @@ def test_release_reads_and_writes_gs(gcs, fmt):
         assert pq.read_table(fh).num_rows == manifest["output"]["files"][0]["rows"]
     leftovers = [m.path for m in FileSystems.match([f"{gcs}/rel.tmp-*"])[0].metadata_list]
     assert leftovers == []
-    with pytest.raises(ReleaseError, match="already exists"):
+    with pytest.raises(PublishError, match="already exists"):
         run_release(cfg, BEAM_ARGS)

@@ -11,7 +11,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.release import ReleaseError, run_release
+from pipeline.release import run_release
+from storage.publish import PublishError
 from schemas.config import ConfigError, load_config
 from schemas.manifest import SCHEMA_PATH, Manifest
 from tests.conftest import BEAM_ARGS, make_dataset, run_cli, write_dataset
@@ -170,7 +171,7 @@ def test_existing_release_is_not_overwritten(tmp_path, small_parquet):
     glob_, _, _ = small_parquet
     out, _ = release(tmp_path, glob_, epsilon=5.0, seed=1)
     before = (out / "manifest.json").read_text()
-    with pytest.raises(ReleaseError, match="--overwrite"):
+    with pytest.raises(PublishError, match="--overwrite"):
         release(tmp_path, glob_, epsilon=5.0, seed=2)
     assert (out / "manifest.json").read_text() == before
     release(tmp_path, glob_, epsilon=5.0, seed=2, overwrite=True)

@@ -1,8 +1,9 @@
-"""GroupByClass: Block -> (k, raw features (N_k, d)) for every class k in range(K), empty classes included.
+"""GroupByClass: Block -> (k, iterable of raw float32 row blocks) for every class k in range(K), empty classes included.
 
 Grouping raw rows (before the z-score) lets the read stage feed the shuffle directly, so the full input crosses a
-stage boundary once; normalisation then runs fused with the mixing. A poisson-mode class with no records still
-gets its key (and its T_k rows of noise): the output must not reveal that it is empty.
+stage boundary once; normalisation then runs fused with the mixing, writing each block straight into the class's one
+preallocated array (``NormalizeAndClip``). A poisson-mode class with no records still gets its key (and its T_k rows
+of noise): the output must not reveal that it is empty.
 """
 from __future__ import annotations
 
@@ -17,15 +18,13 @@ def _split_by_label(block: Block):
         yield int(k), block.features[block.labels == k]
 
 
-def _concatenate(element, plan):
+def _blocks(element):
     k, groups = element
-    parts = groups["rows"]
-    x = np.concatenate(parts) if parts else np.zeros((0, plan.feature_dim), np.float32)
-    return k, x
+    return k, groups["rows"]
 
 
 class GroupByClass(beam.PTransform):
-    """Block -> (k, float32 (N_k, d)) for k in range(plan.num_classes)."""
+    """Block -> (k, iterable of float32 (n, d) blocks) for k in range(plan.num_classes)."""
 
     def __init__(self, plan_pcoll):
         super().__init__()
@@ -35,4 +34,4 @@ class GroupByClass(beam.PTransform):
         classes = self.plan | "AllClasses" >> beam.FlatMap(lambda p: [(k, None) for k in range(p.num_classes)])
         return ({"rows": blocks | "SplitByLabel" >> beam.FlatMap(_split_by_label), "class": classes}
                 | "CoGroupByClass" >> beam.CoGroupByKey()
-                | "Concatenate" >> beam.Map(_concatenate, beam.pvalue.AsSingleton(self.plan)))
+                | "Blocks" >> beam.Map(_blocks))

@@ -10,9 +10,11 @@ import os
 import time
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.metrics import Metrics
 
 from transforms.mixing import mix_class, pick_device
+from transforms.plan import PlanError
 from transforms.shards import block_table
 
 log = logging.getLogger(__name__)
@@ -21,14 +23,28 @@ log = logging.getLogger(__name__)
 FAULT_ENV = "DPCDA_TEST_FAIL_FIRST_MIX_DIR"
 
 
+def check_build(expected: tuple | None) -> None:
+    """A worker runs the code the launcher was built from (version, commit), or refuses to mix."""
+    if expected is None:
+        return
+    from pipeline import __version__, build_commit
+
+    here = (__version__, build_commit())
+    if tuple(expected) != here:
+        raise RuntimeError(f"worker code dpcda {here[0]}-{here[1]} does not match the launcher's "
+                           f"{expected[0]}-{expected[1]}; use the worker image of the launcher's version")
+
+
 class _MixFn(beam.DoFn):
     def __init__(self, device: str, chunk_rows: int, features_column: str, label_column: str,
-                 soft_labels: bool = False):
+                 soft_labels: bool = False, expected_build: tuple | None = None):
         self.device_pref, self.chunk_rows, self.soft_labels = device, chunk_rows, soft_labels
         self.fc, self.lc = features_column, label_column
+        self.expected_build = expected_build
         self.rows_written = Metrics.counter("dpcda", "rows_synthesized")
 
     def setup(self):
+        check_build(self.expected_build)
         self.device = pick_device(self.device_pref)
 
     def process(self, element, plan, key):
@@ -46,6 +62,9 @@ class _MixFn(beam.DoFn):
                 if not os.path.exists(marker):
                     open(marker, "w").close()
                     raise RuntimeError(f"injected fault: first attempt of class {k}")
+            if not (np.isfinite(feats).all() and np.isfinite(labels).all()):
+                raise PlanError(f"class {k}: synthetic values are not finite (the statistics or bounds overflow the "
+                                f"z-score); nothing was published")
             self.rows_written.inc(len(labels))
             yield block_table(feats, labels, self.fc, self.lc, soft=self.soft_labels)
         log.info("stage=mix class=%d rows=%d device=%s seconds=%.2f", k, plan.samples_per_class,
@@ -56,10 +75,10 @@ class MixWithinClass(beam.PTransform):
     """(k, float32 (N_k, d)) -> pyarrow.Table: T_k synthetic rows of class k."""
 
     def __init__(self, plan_pcoll, key_pcoll, *, device="auto", chunk_rows=4096,
-                 features_column="features", label_column="label", soft_labels=False):
+                 features_column="features", label_column="label", soft_labels=False, expected_build=None):
         super().__init__()
         self.plan, self.key = plan_pcoll, key_pcoll
-        self.fn = _MixFn(device, chunk_rows, features_column, label_column, soft_labels)
+        self.fn = _MixFn(device, chunk_rows, features_column, label_column, soft_labels, expected_build)
 
     def expand(self, classes):
         return classes | "Mix" >> beam.ParDo(self.fn, beam.pvalue.AsSingleton(self.plan),

@@ -73,15 +73,20 @@ def sample_rows(n: int, *, mode: str, mixing_order: int, rows: int, stream: Nois
 
 def mix_chunk(x: torch.Tensor, *, mode: str, mixing_order: int, sigma_x: float, rows: int,
               index_stream: NoiseStream, noise_stream: NoiseStream,
-              sampling_rate: Fraction = Fraction(0)) -> np.ndarray:
-    """``rows`` synthetic float64 feature rows from the float64 class matrix ``x`` (on its device)."""
+              sampling_rate: Fraction = Fraction(0), order: Optional[torch.Tensor] = None) -> np.ndarray:
+    """``rows`` synthetic float64 feature rows from the float64 class matrix ``x`` (on its device).
+
+    ``order`` (optional) maps sampled positions to rows of ``x`` (the canonical order of the class).
+    """
     if mode == "fixed" and mixing_order > MAX_ROW_RECORDS:
         raise ValueError(f"mixing_order {mixing_order} is above {MAX_ROW_RECORDS}")
     flat, offsets = sample_rows(x.shape[0], mode=mode, mixing_order=mixing_order, rows=rows, stream=index_stream,
                                 sampling_rate=sampling_rate)
     if flat.size:
-        sums = torch.nn.functional.embedding_bag(torch.from_numpy(flat).to(x.device), x,
-                                                 torch.from_numpy(offsets).to(x.device), mode="sum")
+        idx = torch.from_numpy(flat).to(x.device)
+        if order is not None:
+            idx = order[idx]
+        sums = torch.nn.functional.embedding_bag(idx, x, torch.from_numpy(offsets).to(x.device), mode="sum")
         means = (sums / mixing_order).cpu().numpy()
     else:  # every row empty (an empty poisson class, or q small): the sums are 0
         means = np.zeros((rows, x.shape[1]), np.float64)
@@ -175,8 +180,9 @@ def mix_class(features: np.ndarray, *, key: bytes, class_index: int, num_classes
     (the same draws: the argmax of the scores is the hard label the same key gives).
     """
     dev = torch.device(device) if not isinstance(device, torch.device) else device
-    ordered = features[canonical_order(features)]
-    x = torch.from_numpy(np.ascontiguousarray(ordered, np.float64)).to(dev)
+    order = canonical_order(features)  # sampled positions refer to this order: the input's row order is irrelevant
+    x = torch.from_numpy(np.ascontiguousarray(features, np.float64)).to(dev)  # no copy for float64 input on the CPU
+    order_t = torch.from_numpy(order).to(dev)
     rate = Fraction(sampling_rate)
     project = None
     if lowpass is not None:
@@ -189,7 +195,8 @@ def mix_class(features: np.ndarray, *, key: bytes, class_index: int, num_classes
         rows = min(chunk_rows, samples - chunk * chunk_rows)
         out = mix_chunk(x, mode=mode, mixing_order=mixing_order, sigma_x=sigma_x, rows=rows,
                         index_stream=NoiseStream(key, "mix-index", class_index, chunk),
-                        noise_stream=NoiseStream(key, "mix-noise", class_index, chunk), sampling_rate=rate)
+                        noise_stream=NoiseStream(key, "mix-noise", class_index, chunk), sampling_rate=rate,
+                        order=order_t)
         feats = out.astype(np.float32)
         if project is not None:
             feats = project(torch.from_numpy(feats).to(dev)).cpu().numpy()

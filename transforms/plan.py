@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from fractions import Fraction
 from typing import Optional
 
@@ -21,9 +22,10 @@ from privacy.calibration import calibrate_gaussian, calibrate_sigma_x
 from privacy.events import CLIP_MARGIN, MixingEvent
 from privacy.noise import NoiseStream
 from privacy.paper import theorem1_epsilon
-from schemas.config import ReleaseConfig
+from schemas.config import MAX_SAMPLES_PER_INPUT_ROW, ReleaseConfig
 from transforms.combiners import FirstPass
-from transforms.shards import InputError, open_file
+from storage.paths import open_file
+from transforms.shards import InputError
 
 # With an explicit sigma_x there is no target epsilon to take shares of; the statistics then spend
 # their share of this reference budget (stated in the manifest).
@@ -58,8 +60,17 @@ class ReleasePlan:
     accounting: Accounting
     paper_theorem1_epsilon: Optional[float]
     end_to_end_dp: bool
+    target_epsilon: Optional[float]
     caveats: tuple[str, ...]
     lowpass: Optional[tuple[tuple[int, ...], int]] = None  # (image_shape, K): post-processing projection
+
+    @property
+    def guarantee_epsilon(self) -> float:
+        """The stated epsilon. poisson: the target, fixed before the histogram chose q_k and T_k (adaptive
+        composition holds for that budget, not for the accounted figure of one histogram outcome)."""
+        if self.mode == "poisson" and self.target_epsilon is not None:
+            return self.target_epsilon
+        return self.accounting.epsilon
 
     @property
     def samples_total(self) -> int:
@@ -67,15 +78,67 @@ class ReleasePlan:
 
 
 def load_public_stats(path: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
-    with open_file(path) as fh:
-        data = json.loads(fh.read())
-    mean, std = (np.asarray(data.get(k, []), np.float32) for k in ("mean", "std"))
-    for name, arr in (("mean", mean), ("std", std)):
+    """(mean, std) from a JSON file {"mean": [d numbers], "std": [d numbers]}; PlanError naming the problem."""
+    where = f"normalization_file {path}"
+    try:
+        with open_file(path) as fh:
+            data = json.loads(fh.read())
+    except (OSError, ValueError) as err:
+        kind = "not valid JSON" if isinstance(err, ValueError) else "cannot be read"
+        raise PlanError(f"{where}: {kind} ({type(err).__name__})") from None
+    if not isinstance(data, dict):
+        raise PlanError(f"{where}: must hold an object with 'mean' and 'std'")
+    out = []
+    for name in ("mean", "std"):
+        try:
+            arr = np.asarray(data.get(name, []), np.float64)
+        except (TypeError, ValueError):
+            raise PlanError(f"{where}: '{name}' must be a list of numbers") from None
         if arr.shape != (dim,):
-            raise PlanError(f"normalization_file: '{name}' must list {dim} numbers, found {arr.size}")
-    if not np.all(np.isfinite(mean)) or not np.all(std > 0):
-        raise PlanError("normalization_file: mean must be finite and std positive")
+            raise PlanError(f"{where}: '{name}' must be a flat list of {dim} numbers, found shape {list(arr.shape)}")
+        out.append(arr)
+    mean, std = out
+    if not np.all(np.isfinite(mean)) or not np.all(np.isfinite(std)) or not np.all(std > 0):
+        raise PlanError(f"{where}: mean must be finite and std positive and finite")
     return mean, std
+
+
+CLASS_BUDGET_SHARE = 0.4
+MAX_Z_REACH = 1e12
+
+
+def default_class_budget() -> int:
+    """40 % of this machine's memory (the workers that mix are assumed to be machines like it)."""
+    try:
+        return int(CLASS_BUDGET_SHARE * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def class_bytes(rows: float, dim: int) -> float:
+    """Memory of one class on the mixing worker: one float64 copy of its rows plus an int64 index."""
+    return float(rows) * (8 * dim + 8)
+
+
+def check_class_memory(sizes, dim: int, budget: int, *, where: str, exact: bool) -> None:
+    for k, n in enumerate(sizes):
+        need = class_bytes(n, dim)
+        if need > budget:
+            size = f"{int(n)} records" if exact else "its DP size"
+            raise PlanError(f"{where}: class {k} needs about {need / 2**30:.2f} GiB ({size} at d={dim}), more than "
+                            f"max_class_bytes={budget / 2**30:.2f} GiB, the limit of the in-memory mixer (one class "
+                            f"on one worker); raise --max-class-bytes on workers with more memory, or split the class")
+
+
+def check_statistics(mean: np.ndarray, std: np.ndarray, bounds: tuple[float, float], clip: float) -> None:
+    """Statistics that would make the z-score overflow (or are not finite) are refused before any row is mixed."""
+    lo, hi = bounds
+    if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(std)) and np.all(std > 0)):
+        raise PlanError("normalization: the statistics are not finite positive numbers; nothing was released")
+    reach = (hi - lo + np.abs(np.asarray(mean, np.float64) - (lo + hi) / 2)) / np.asarray(std, np.float64)
+    if not np.all(reach < MAX_Z_REACH):
+        raise PlanError(f"normalization: a std is below 1e-12 of feature_bounds [{lo:g}, {hi:g}] (z-scores near "
+                        f"1e12 would leave nothing but their signs after the clip); nothing was released")
 
 
 def resolve_lowpass(cfg: ReleaseConfig, dim: int) -> Optional[tuple[tuple[int, ...], int]]:
@@ -125,13 +188,7 @@ def build_plan(first: FirstPass, cfg: ReleaseConfig, key: bytes) -> ReleasePlan:
 
     # Class sizes: public in fixed mode, a DP histogram in poisson mode.
     where = f"{cfg.input}: column '{cfg.label_column}'"
-    too_big = [k for k in range(K) if counts[k] > cfg.max_class_rows]
-    if too_big:
-        k = too_big[0]
-        size = f"{counts[k]} records, more" if mode == "fixed" else "more records"  # poisson: exact N_k is private
-        raise PlanError(f"{where}: class {k} has {size} than max_class_rows={cfg.max_class_rows}, "
-                        f"the limit of the in-memory mixer (one class held by one worker); raise --max-class-rows on "
-                        f"workers with more memory, or split the class")
+    budget_bytes = cfg.max_class_bytes or default_class_budget()
     if mode == "fixed":
         small = [k for k in range(K) if counts[k] < l]
         if small:
@@ -140,6 +197,7 @@ def build_plan(first: FirstPass, cfg: ReleaseConfig, key: bytes) -> ReleasePlan:
                     f"label can create empty classes")
             raise PlanError(f"{where}: class {k} has {counts[k]} records, fewer than mixing_order l={l}; fixed mode "
                             f"draws l distinct records per row (lower l, or use --mode poisson){hint}")
+        check_class_memory(counts, dim, budget_bytes, where=where, exact=True)
         sizes, n_public = counts, float(rows)
         dp_sizes = None
         caveats.append("fixed mode: class sizes N_k are public and stated here; the guarantee covers "
@@ -152,6 +210,8 @@ def build_plan(first: FirstPass, cfg: ReleaseConfig, key: bytes) -> ReleasePlan:
                                   target_epsilon=cfg.histogram_budget_share * budget, delta=hist_delta)
         adaptive.append((hist, hist_delta))
         dp_sizes = dp_stats.class_histogram(counts, noise_std=hist.noise_std, stream=NoiseStream(key, "histogram"))
+        # decided on the DP counts (plus 6 noise sds), never on the exact ones: whether the job stops is public
+        check_class_memory(dp_sizes + 6 * hist.noise_std, dim, budget_bytes, where=where, exact=False)
         sizes, n_public = dp_sizes, float(max(dp_sizes.sum(), 1))
         caveats.append("poisson mode: q_k, T_k and sigma_x are chosen from the DP class histogram; the histogram is "
                        "accounted alone at its own (epsilon, delta) share and the rest is calibrated to what remains, "
@@ -181,7 +241,12 @@ def build_plan(first: FirstPass, cfg: ReleaseConfig, key: bytes) -> ReleasePlan:
         caveats.append("NOT END-TO-END DP: the z-score uses exact private means and stds "
                        "(--normalization exact); epsilon below covers the mixing only.")
 
+    check_statistics(mean, std, cfg.feature_bounds, c)
     T = cfg.samples or (rows if mode == "fixed" else int(n_public))
+    cap = MAX_SAMPLES_PER_INPUT_ROW * max(int(n_public), 1)
+    if T > cap:  # fixed: n_public is the exact row count (public there); poisson: the DP total
+        raise PlanError(f"samples: T={T} is more than {MAX_SAMPLES_PER_INPUT_ROW} times the input's rows; lower "
+                        f"--samples")
     T_k = T // K
     if T_k < 1:
         raise PlanError(f"samples: T={T} gives no rows for {K} classes (T_k = floor(T/K) = 0)")
@@ -214,22 +279,41 @@ def build_plan(first: FirstPass, cfg: ReleaseConfig, key: bytes) -> ReleasePlan:
         normalization_method=cfg.normalization, normalization_noise_std=norm_std,
         histogram_noise_std=adaptive[0][0].noise_std if adaptive else None,
         normalization_share=cfg.normalization_budget_share if cfg.normalization == "dp" else None,
-        accounting=acc, paper_theorem1_epsilon=paper, end_to_end_dp=end_to_end, caveats=tuple(caveats),
+        accounting=acc, paper_theorem1_epsilon=paper, end_to_end_dp=end_to_end, target_epsilon=cfg.epsilon,
+        caveats=tuple(caveats),
         lowpass=lowpass)
+
+
+def _normalized64(features: np.ndarray, mean: np.ndarray, std: np.ndarray, clip: float,
+                  bounds: tuple[float, float]) -> np.ndarray:
+    z = (np.clip(np.asarray(features, np.float64), *bounds) - np.asarray(mean, np.float64)) / np.asarray(std, np.float64)
+    norms = np.linalg.norm(z, axis=1, keepdims=True)
+    z *= np.minimum(1.0, clip * (1.0 - CLIP_MARGIN) / np.maximum(norms, np.finfo(np.float64).tiny))
+    return z
+
+
+def _check_clipped(rows: np.ndarray, clip: float) -> None:
+    if rows.size and np.linalg.norm(np.asarray(rows, np.float64), axis=1).max() > clip * (1.0 - CLIP_MARGIN / 2):
+        raise AssertionError("clip: a row's norm exceeds the clip margin after rounding")  # never expected
 
 
 def normalize(features: np.ndarray, mean: np.ndarray, std: np.ndarray, clip: float,
               bounds: tuple[float, float]) -> np.ndarray:
-    """z-score with the plan's statistics, then clip each row to L2 norm ``clip (1 - CLIP_MARGIN)`` (Algorithm 1, 2-6).
+    """float32 rows z-scored with the plan's statistics, each clipped to L2 norm ``clip (1 - CLIP_MARGIN)``
+    (Algorithm 1, 2-6); what the evaluation applies to real test rows.
 
     The margin absorbs float32 rounding and the mixer's float64 summation (``transforms.mixing``): what leaves
     here has a norm below ``clip (1 - 2^-21)`` as computed in float64, which is checked.
     """
-    z = (np.clip(np.asarray(features, np.float64), *bounds) - np.asarray(mean, np.float64)) / np.asarray(std, np.float64)
-    target = clip * (1.0 - CLIP_MARGIN)
-    norms = np.linalg.norm(z, axis=1, keepdims=True)
-    out = (z * np.minimum(1.0, target / np.maximum(norms, np.finfo(np.float64).tiny))).astype(np.float32)
-    limit = clip * (1.0 - CLIP_MARGIN / 2)
-    if out.size and np.linalg.norm(out.astype(np.float64), axis=1).max() > limit:
-        raise AssertionError("clip: a row's norm exceeds the clip margin after rounding")  # never expected
+    out = _normalized64(features, mean, std, clip, bounds).astype(np.float32)
+    _check_clipped(out, clip)
     return out
+
+
+def normalize_into(out: np.ndarray, features: np.ndarray, mean: np.ndarray, std: np.ndarray, clip: float,
+                   bounds: tuple[float, float], rows_per_step: int = 4096) -> None:
+    """``normalize`` in float64, written into ``out`` (the class's preallocated rows) a few thousand rows at a time."""
+    for start in range(0, len(features), rows_per_step):
+        part = _normalized64(features[start:start + rows_per_step], mean, std, clip, bounds)
+        _check_clipped(part, clip)
+        out[start:start + len(part)] = part

@@ -19,34 +19,34 @@ def validate_block(block: Block, *, bounds, out_of_bounds: str, num_classes, fea
     """Check a block before any noise is drawn; returns the (clipped) block and the clipped count."""
     x, y, src = block.features, block.labels, block.source
     bad = ~np.isfinite(x)
-    if bad.any():
+    if bad.any():  # values are private: the message names the rule, never the value
         r = int(np.flatnonzero(bad.any(axis=1))[0])
-        raise InputError(f"{src}: column '{features_column}' row {block.first_row + r}: non-finite value {x[r][bad[r]][0]}")
+        raise InputError(f"{src}: column '{features_column}' row {block.first_row + r}: a value is NaN, infinite or "
+                         f"beyond the float32 range")
     lo, hi = bounds
     outside = (x < lo) | (x > hi)
     n_out = int(outside.sum())
     if n_out and out_of_bounds == "refuse":
         r = int(np.flatnonzero(outside.any(axis=1))[0])
         last = block.first_row + len(x) - 1
-        raise InputError(f"{src}: column '{features_column}' row {block.first_row + r}: value "
-                         f"{x[r][outside[r]][0]:g} outside feature_bounds [{lo:g}, {hi:g}] ({n_out} values "
-                         f"outside in rows {block.first_row}-{last}; out_of_bounds=refuse, or pass "
-                         f"--out-of-bounds clip)")
+        raise InputError(f"{src}: column '{features_column}' row {block.first_row + r}: a value lies outside "
+                         f"feature_bounds [{lo:g}, {hi:g}] (rows {block.first_row}-{last} hold such values; "
+                         f"out_of_bounds=refuse, or pass --out-of-bounds clip)")
     if n_out:
         x = np.clip(x, lo, hi)
     neg = np.flatnonzero(y < 0)
     if neg.size:
-        raise InputError(f"{src}: column '{label_column}' row {block.first_row + int(neg[0])}: negative label {y[neg[0]]}")
+        raise InputError(f"{src}: column '{label_column}' row {block.first_row + int(neg[0])}: negative label")
     if num_classes is not None:
         big = np.flatnonzero(y >= num_classes)
         if big.size:
-            raise InputError(f"{src}: column '{label_column}' row {block.first_row + int(big[0])}: label "
-                             f"{y[big[0]]} >= num_classes {num_classes}")
+            raise InputError(f"{src}: column '{label_column}' row {block.first_row + int(big[0])}: label >= "
+                             f"num_classes {num_classes}")
     else:  # K is inferred as max label + 1: a stray huge label must not size the class histogram
         big = np.flatnonzero(y >= MAX_INFERRED_CLASSES)
         if big.size:
-            raise InputError(f"{src}: column '{label_column}' row {block.first_row + int(big[0])}: label "
-                             f"{y[big[0]]} >= {MAX_INFERRED_CLASSES} with no --num-classes; pass --num-classes")
+            raise InputError(f"{src}: column '{label_column}' row {block.first_row + int(big[0])}: label >= "
+                             f"{MAX_INFERRED_CLASSES} with no --num-classes; pass --num-classes")
     return Block(x, y, src, block.first_row), n_out
 
 

@@ -15,6 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from storage.paths import expand_glob, open_file  # noqa: F401 - expand_glob re-exported for callers
+
 
 class InputError(ValueError):
     """Bad input data: the message names the file, the column and (where it applies) the row."""
@@ -31,12 +33,6 @@ class Block:
         return len(self.labels)
 
 
-def open_file(path: str, mode: str = "rb"):
-    if "://" in path:
-        from apache_beam.io.filesystems import FileSystems
-
-        return FileSystems.open(path) if "r" in mode else FileSystems.create(path)
-    return open(path, mode)
 
 
 def detect_format(path: str, declared: str = "auto") -> str:
@@ -69,14 +65,15 @@ def _column_to_features(col: pa.ChunkedArray | pa.Array, path: str, name: str, f
         values = arr.flatten().to_numpy(zero_copy_only=False)
     else:
         lengths = np.asarray(arr.value_lengths())
-        d = int(lengths[0]) if n else (width or 0)
+        d = int(width) if width is not None else (int(lengths[0]) if n else 0)
         bad = np.flatnonzero(lengths != d)
         if bad.size:
             row = first_row + int(bad[0])
-            raise InputError(f"{path}: column '{name}' row {row}: width {lengths[bad[0]]}, expected {d}")
+            basis = "the input's width" if width is not None else f"row {first_row}'s width"
+            raise InputError(f"{path}: column '{name}' row {row}: width {lengths[bad[0]]}, but {basis} is {d}")
         values = arr.flatten().to_numpy(zero_copy_only=False)
     if width is not None and d != width:
-        raise InputError(f"{path}: column '{name}' row {first_row}: width {d}, expected {width}")
+        raise InputError(f"{path}: column '{name}' row {first_row}: width {d}, but the input's width is {width}")
     return np.asarray(values, dtype=np.float32).reshape(n, d)
 
 
@@ -86,13 +83,18 @@ def _column_to_labels(col, path: str, name: str, first_row: int) -> np.ndarray:
         row = first_row + int(np.flatnonzero(np.asarray(arr.is_null()))[0])
         raise InputError(f"{path}: column '{name}' row {row}: missing label")
     if pa.types.is_integer(arr.type):
-        return arr.to_numpy(zero_copy_only=False).astype(np.int64)
+        vals = arr.to_numpy(zero_copy_only=False)
+        if vals.dtype == np.uint64:
+            big = np.flatnonzero(vals >= np.uint64(1 << 63))
+            if big.size:
+                raise InputError(f"{path}: column '{name}' row {first_row + int(big[0])}: label beyond the int64 "
+                                 f"range")
+        return vals.astype(np.int64)
     if pa.types.is_floating(arr.type):
         vals = arr.to_numpy(zero_copy_only=False)
-        bad = np.flatnonzero(~np.isfinite(vals) | (vals != np.round(vals)))
+        bad = np.flatnonzero(~np.isfinite(vals) | (vals != np.round(vals)) | (np.abs(vals) >= 2.0 ** 62))
         if bad.size:
-            raise InputError(f"{path}: column '{name}' row {first_row + int(bad[0])}: "
-                             f"label {float(vals[bad[0]]):g} is not an integer")
+            raise InputError(f"{path}: column '{name}' row {first_row + int(bad[0])}: label is not an integer")
         return vals.astype(np.int64)
     raise InputError(f"{path}: column '{name}' has type {arr.type}; expected int64")
 
@@ -106,6 +108,9 @@ def read_parquet(path: str, features_column: str, label_column: str, batch_rows:
             for col in (features_column, label_column):
                 if col not in names:
                     raise InputError(f"{path}: column '{col}' is missing (columns: {', '.join(names)})")
+                if names.count(col) > 1:
+                    raise InputError(f"{path}: column '{col}' appears {names.count(col)} times; column names must "
+                                     f"be unique")
             row = 0
             for batch in pf.iter_batches(batch_size=batch_rows, columns=[features_column, label_column]):
                 feats = _column_to_features(batch.column(features_column), path, features_column, row, width)
@@ -234,7 +239,8 @@ def _read_tfrecord(path: str, features_column: str, label_column: str, batch_row
             if width is None:
                 width = values.size
             if values.size != width:
-                raise InputError(f"{path}: column '{features_column}' row {row}: width {values.size}, expected {width}")
+                raise InputError(f"{path}: column '{features_column}' row {row}: width {values.size}, but the input's "
+                                 f"width is {width}")
             lab = fmap[label_column]
             if lab.WhichOneof("kind") != "int64_list" or len(lab.int64_list.value) != 1:
                 raise InputError(f"{path}: column '{label_column}' row {row}: expected one int64 label")
@@ -273,15 +279,3 @@ def read_all(paths: list[str], fmt: str = "auto", features_column: str = "featur
     if not blocks:
         raise InputError(f"{', '.join(paths) or '(no files)'}: zero rows")
     return Block(np.concatenate([b.features for b in blocks]), np.concatenate([b.labels for b in blocks]))
-
-
-def expand_glob(pattern: str) -> list[str]:
-    """Sorted file paths matching ``pattern`` (local or gs://)."""
-    if "://" in pattern:
-        from apache_beam.io.filesystems import FileSystems
-
-        res = FileSystems.match([pattern])[0]
-        return sorted(m.path for m in res.metadata_list)
-    import glob as _glob
-
-    return sorted(p for p in _glob.glob(pattern, recursive=True) if not p.endswith("/"))

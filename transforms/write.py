@@ -1,4 +1,8 @@
-"""WriteSynthetic (pyarrow.Table -> Parquet part files) and WriteManifest (file names -> manifest.json)."""
+"""WriteSynthetic (pyarrow.Table -> Parquet part files) and WriteDraftManifest (file names -> manifest draft).
+
+The pipeline never writes ``manifest.json``: it writes a draft beside the parts, and ``storage.publish`` writes the
+manifest when the release is published (``pipeline.release``).
+"""
 from __future__ import annotations
 
 import hashlib
@@ -11,10 +15,10 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from storage.publish import DRAFT
 from transforms.shards import parquet_schema
 
 log = logging.getLogger(__name__)
-MANIFEST = "manifest.json"
 NORMALIZATION = "normalization.json"
 
 
@@ -34,14 +38,17 @@ class WriteSynthetic(beam.PTransform):
             shard_name_template="-SSSSS-of-NNNNN")
 
 
-def _sha256_and_rows(path: str) -> tuple[str, int]:
+def _sha256_rows_bytes(path: str) -> tuple[str, int, int]:
+    """Read back from storage: what a reader will get."""
     h = hashlib.sha256()
+    size = 0
     with FileSystems.open(path) as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
+            size += len(chunk)
     with FileSystems.open(path) as fh:
         rows = pq.ParquetFile(fh).metadata.num_rows
-    return h.hexdigest(), rows
+    return h.hexdigest(), rows, size
 
 
 def _write_text(path: str, text: str) -> None:
@@ -49,34 +56,34 @@ def _write_text(path: str, text: str) -> None:
         fh.write(text.encode())
 
 
-def _write_manifest(files, plan, directory, build_manifest):
+def _write_manifest(files, plan, directory, prefix, build_manifest):
     from schemas.manifest import OutputFile
 
     outputs = []
     for f in sorted(files):
-        digest, rows = _sha256_and_rows(f)
+        digest, rows, size = _sha256_rows_bytes(f)
         rel = posixpath.relpath(f, directory) if "://" not in f else f[len(directory.rstrip("/")) + 1:]
-        outputs.append(OutputFile(path=rel, rows=rows, sha256=digest))
+        outputs.append(OutputFile(path=prefix + rel, rows=rows, sha256=digest, bytes=size))
     _write_text(FileSystems.join(directory, NORMALIZATION), json.dumps(
         {"mean": plan.mean.tolist(), "std": plan.std.tolist(), "clip": plan.clip,
          "feature_bounds": list(plan.bounds), "method": plan.normalization_method}) + "\n")
     manifest = build_manifest(plan, outputs)
-    _write_text(FileSystems.join(directory, MANIFEST), manifest.write_json())
+    _write_text(FileSystems.join(directory, DRAFT), manifest.write_json())
     Metrics.counter("dpcda", "rows_written").inc(manifest.output.rows)
     log.info("stage=manifest files=%d rows=%d epsilon=%s", len(outputs), manifest.output.rows,
              manifest.privacy.epsilon)
     return manifest.output.rows
 
 
-class WriteManifest(beam.PTransform):
-    """file names -> rows written; writes normalization.json, then manifest.json (last)."""
+class WriteDraftManifest(beam.PTransform):
+    """file names -> rows written; writes normalization.json, then the manifest draft (paths prefixed for OUTPUT)."""
 
-    def __init__(self, directory, plan_pcoll, build_manifest):
+    def __init__(self, directory, plan_pcoll, build_manifest, prefix=""):
         super().__init__()
-        self.directory, self.plan, self.build = directory, plan_pcoll, build_manifest
+        self.directory, self.plan, self.build, self.prefix = directory, plan_pcoll, build_manifest, prefix
 
     def expand(self, file_names):
         return (file_names
                 | "AllFiles" >> beam.combiners.ToList()
                 | "Write" >> beam.Map(_write_manifest, beam.pvalue.AsSingleton(self.plan), self.directory,
-                                      self.build))
+                                      self.prefix, self.build))

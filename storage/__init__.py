@@ -1,0 +1,1 @@
+"""Storage: local and gs:// paths, and publishing a release safely."""
