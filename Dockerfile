@@ -15,6 +15,7 @@ RUN grep -v '^apache-beam' requirements.txt > /tmp/requirements.txt \
 COPY pipeline/ pipeline/
 COPY transforms/ transforms/
 COPY storage/ storage/
+COPY mechanisms/ mechanisms/
 COPY schemas/ schemas/
 COPY privacy/ privacy/
 COPY evaluation/ evaluation/

@@ -5,7 +5,7 @@ setup(
     name="dpcda",
     version="0.1.0",
     description="Differentially private synthetic data release by class-centric mixing (DP-CDA) on Apache Beam",
-    packages=["pipeline", "transforms", "storage", "schemas", "privacy", "evaluation"],
+    packages=["pipeline", "transforms", "mechanisms", "storage", "schemas", "privacy", "evaluation"],
     package_data={"schemas": ["manifest.schema.json"]},
     python_requires=">=3.10",
     install_requires=[

@@ -15,7 +15,8 @@ import time
 import torch
 
 from privacy.noise import NoiseStream, key_from_test_seed
-from transforms.mixing import mix_chunk, pick_device
+from mechanisms.device import pick_device
+from mechanisms.dpcda import mix_chunk
 
 
 def copy_bandwidth(device, nbytes=2 << 30) -> float:

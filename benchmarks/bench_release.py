@@ -27,10 +27,10 @@ import glob, os, sys, json
 import numpy as np, pyarrow.parquet as pq
 from schemas.config import load_config
 from privacy.noise import key_from_test_seed
-from transforms.shards import read_parquet, block_table
-from transforms.combiners import FirstPassCombiner
-from transforms.plan import build_plan, normalize
-from transforms.mixing import mix_class
+from storage.shards import read_parquet, block_table
+from mechanisms.combiners import FirstPassCombiner
+from mechanisms.plan import build_plan, normalize
+from mechanisms.dpcda import mix_class
 cfg = load_config(None, json.loads(sys.argv[1]))
 key = key_from_test_seed(cfg.seed)
 blocks = [b for p in sorted(glob.glob(cfg.input)) for b in read_parquet(p, "features", "label", 16384)]

@@ -19,7 +19,7 @@ import os
 from scipy import integrate, stats
 
 from benchmarks.sigma_table import DELTA, K, LS, N
-from privacy.paper import theorem1_calibrate_sigma_x
+from evaluation.paper import theorem1_calibrate_sigma_x
 
 
 def label_flip_rate(sigma_y: float, num_classes: int) -> float:

@@ -18,9 +18,10 @@ import numpy as np
 from pipeline.prepare import FASHION_MNIST_DIR, load_fashion_mnist
 from privacy.noise import key_from_test_seed
 from schemas.config import ReleaseConfig
-from transforms.combiners import FirstPassCombiner
-from transforms.mixing import lowpass_basis, mix_class
-from transforms.plan import build_plan, normalize
+from mechanisms.combiners import FirstPassCombiner
+from mechanisms.dpcda import mix_class
+from mechanisms.postprocess import lowpass_basis
+from mechanisms.plan import build_plan, normalize
 
 OUT = os.path.join(os.path.dirname(__file__), "results")
 

@@ -5,8 +5,8 @@
     ... --resume                                           # keep finished cells (results are written after each)
 
 For each (calibration, eps, l) it runs the real code paths in-process: first-pass statistics
-(``transforms.combiners``), the Calibrate stage (``transforms.plan.build_plan``), z-score + clip, per-class mixing
-(``transforms.mixing.mix_class``), and the evaluation CNN (``evaluation.train.train_and_score``), R seeds each;
+(``mechanisms.combiners``), the Calibrate stage (``mechanisms.plan.build_plan``), z-score + clip, per-class mixing
+(``mechanisms.dpcda.mix_class``), and the evaluation CNN (``evaluation.train.train_and_score``), R seeds each;
 every seed is a fresh synthetic release (its own noise key) and a fresh training seed, so the spread covers both.
 
 Calibrations:
@@ -44,11 +44,12 @@ import numpy as np
 from evaluation.train import train_and_score
 from pipeline.prepare import FASHION_MNIST_DIR, load_fashion_mnist
 from privacy.noise import key_from_test_seed
-from privacy.paper import theorem1_calibrate_sigma_x
+from evaluation.paper import theorem1_calibrate_sigma_x
 from schemas.config import ReleaseConfig
-from transforms.combiners import FirstPassCombiner
-from transforms.mixing import mix_class, pick_device
-from transforms.plan import build_plan, normalize
+from mechanisms.combiners import FirstPassCombiner
+from mechanisms.device import pick_device
+from mechanisms.dpcda import mix_class
+from mechanisms.plan import build_plan, normalize
 
 REFERENCE = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "reference", "dpcda_table2.csv")
 OUT = os.path.join(os.path.dirname(__file__), "results")

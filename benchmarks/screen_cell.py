@@ -18,8 +18,8 @@ import torch
 from benchmarks.reproduce_table2 import synthesize
 from evaluation.train import train_and_score
 from pipeline.prepare import FASHION_MNIST_DIR, load_fashion_mnist
-from transforms.combiners import FirstPassCombiner
-from transforms.plan import normalize
+from mechanisms.combiners import FirstPassCombiner
+from mechanisms.plan import normalize
 
 
 def main(argv=None) -> None:

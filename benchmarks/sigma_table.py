@@ -17,7 +17,7 @@ import os
 import time
 
 from privacy.calibration import calibrate_sigma_x
-from privacy.paper import theorem1_calibrate_sigma_x
+from evaluation.paper import theorem1_calibrate_sigma_x
 
 N, K, DELTA = 60000, 10, 1e-5
 LS = [2 ** i for i in range(10)]

@@ -1,7 +1,7 @@
 """EvaluateUtility: train the Table 1 CNN on a release's synthetic rows, test on real rows (seed 000, Table 2).
 
 The real test rows get exactly the transform the release applied to its training rows (``normalization.json``:
-DP z-score then L2 clip, ``transforms.plan.normalize``); the synthetic rows are used as written. No real test
+DP z-score then L2 clip, ``mechanisms.plan.normalize``); the synthetic rows are used as written. No real test
 data takes part in any training choice (see ``evaluation.train``). Beam is not needed for local paths.
 """
 from __future__ import annotations
@@ -17,35 +17,25 @@ import numpy as np
 
 from evaluation import report as report_mod
 from evaluation.train import train_and_score
-from transforms.plan import normalize
-from transforms.shards import InputError, expand_glob, open_file, read_all
+from mechanisms.plan import normalize
+from storage.paths import exists as _exists
+from storage.paths import expand_glob, is_remote, open_file
+from storage.paths import join as _join
+from storage.shards import InputError, read_all
 
 log = logging.getLogger("dpcda.evaluation")
 EVAL_DIR = "evaluation"
 SYNTHETIC_DIR = "synthetic"
 NORMALIZATION = "normalization.json"
-MANIFEST = "manifest.json"
 
 
 class EvaluationError(ValueError):
     """The release or the test data cannot be evaluated (missing files, mismatched widths or labels)."""
 
 
-def _join(base: str, *parts: str) -> str:
-    return "/".join([base.rstrip("/"), *parts]) if "://" in base else os.path.join(base, *parts)
-
-
 def _read_json(path: str) -> dict:
     with open_file(path) as fh:
         return json.loads(fh.read())
-
-
-def _exists(path: str) -> bool:
-    if "://" in path:
-        from apache_beam.io.filesystems import FileSystems
-
-        return FileSystems.exists(path)
-    return os.path.exists(path)
 
 
 def load_synthetic(release_dir: str, manifest: Optional[dict] = None):
@@ -115,7 +105,7 @@ def run_evaluation(release_dir: str, test_glob: str, out_dir: str, *, runs: int,
     result = train_and_score(syn.features, syn.labels, test_x, test_y, num_classes=num_classes, runs=runs,
                              epochs=epochs, device=device, seed=seed, progress=progress)
     extra = {"synthetic_rows": int(len(syn.labels)), "test_glob": test_glob, **_release_info(manifest)}
-    remote = "://" in out_dir
+    remote = is_remote(out_dir)
     local_dir = tempfile.mkdtemp(prefix="dpcda-eval-") if remote else out_dir
     try:
         paths = report_mod.write_all(local_dir, result, syn.features, syn.labels,
@@ -159,6 +149,8 @@ def evaluate_release(workdir: str, manifest: dict, test_glob: str, *, runs: int 
 def evaluate_standalone(synthetic_dir: str, test_glob: str, *, runs: int = 3, epochs: int = 10,
                         out: Optional[str] = None, seed: int = 0) -> dict:
     """``dpcda evaluate``: evaluates a release folder; returns the report dict with 'path' (report.json)."""
+    from storage.publish import MANIFEST
+
     manifest_path = _join(synthetic_dir, MANIFEST)
     manifest = _read_json(manifest_path) if _exists(manifest_path) else None
     return run_evaluation(synthetic_dir, test_glob, out or _join(synthetic_dir, EVAL_DIR), runs=runs, epochs=epochs,

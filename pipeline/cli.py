@@ -165,7 +165,7 @@ def cmd_release(args, beam_args) -> int:
             workdir, manifest, cfg.eval_input, runs=cfg.eval_runs, epochs=cfg.eval_epochs,
             test_public=cfg.eval_input_public)))
     if cfg.audit:
-        from privacy.audit import audit_section
+        from evaluation.audit import audit_section
 
         stages.append(("audit", lambda workdir, manifest: audit_section(manifest)))
     manifest = run_release(cfg, beam_args, tuple(stages), eval_input=cfg.eval_input)
@@ -228,7 +228,7 @@ def cmd_evaluate(args, _beam_args) -> int:
 
 
 def cmd_audit(args, _beam_args) -> int:
-    from privacy.audit import run_audit_cli
+    from evaluation.audit import run_audit_cli
 
     return run_audit_cli(args)
 

@@ -37,10 +37,19 @@ def finite(x: float | None) -> float | None:
 def postprocessing(plan) -> PostProcessing | None:
     if plan.lowpass is None:
         return None
-    from transforms.mixing import lowpass_kept
+    from mechanisms.postprocess import lowpass_kept
 
     shape, k = plan.lowpass
     return PostProcessing(lowpass=k, image_shape=list(shape), kept_coefficients=lowpass_kept(shape, k)[1])
+
+
+def paper_epsilon(plan) -> float:
+    """Seed 000's Theorem 1 for this release's sigmas, as written: informational, never the guarantee."""
+    from evaluation.paper import theorem1_epsilon
+
+    return theorem1_epsilon(sigma_x=plan.sigma_x, sigma_y=plan.sigma_y, mixing_order=plan.mixing_order,
+                            clip=plan.clip, num_records=plan.records_public, num_samples=plan.samples_total,
+                            delta=plan.accounting.delta)
 
 
 def noise_section(plan) -> Noise:
@@ -85,7 +94,7 @@ def build_manifest(cfg, input_info: InputInfo, plan, outputs, prefix: str = "") 
             components={k: finite(v) for k, v in acc.components.items()},
             cross_check={k: finite(v) for k, v in acc.cross_check.items()},
             delta_breakdown=dict(acc.delta_breakdown), noise=noise_section(plan), end_to_end_dp=plan.end_to_end_dp,
-            reproducible_seed=cfg.reproducible, paper_theorem1_epsilon=finite(plan.paper_theorem1_epsilon),
+            reproducible_seed=cfg.reproducible, paper_theorem1_epsilon=finite(paper_epsilon(plan)),
             caveats=list(plan.caveats) + (["TEST SEED: the noise key is derived from a fixed seed; this "
                                            "release is reproducible and NOT private."] if cfg.reproducible else [])),
         output=Output(rows=sum(o.rows for o in outputs), files=list(outputs), prefix=prefix,

@@ -11,7 +11,7 @@ import struct
 
 import numpy as np
 
-from transforms.shards import write_parquet, write_tfrecord
+from storage.shards import write_parquet, write_tfrecord
 
 log = logging.getLogger("dpcda.prepare")
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"

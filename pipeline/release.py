@@ -31,9 +31,9 @@ from transforms.calibrate import Calibrate
 from transforms.group import GroupByClass
 from transforms.mix import MixWithinClass
 from transforms.normalize import NormalizeAndClip
-from transforms.plan import PlanError, load_public_stats
+from mechanisms.plan import PlanError, load_public_stats
 from transforms.read import ReadShards
-from transforms.shards import InputError, detect_format, read_shard
+from storage.shards import InputError, detect_format, read_shard
 from transforms.stats import ComputeGlobalStats
 from transforms.write import WriteDraftManifest, WriteSynthetic
 

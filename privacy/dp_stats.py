@@ -6,7 +6,7 @@ moments are noised); ``poisson`` under add/remove-one (moments and a class histo
 Moments: raw features are clipped to the declared bounds [lo, hi] and mapped to u = (x - m) / r in
 [-1, 1] (m, r the bounds' midpoint and half-width). Each record contributes (u, 2u^2 - 1), each coordinate
 rounded to a multiple of 2^-16 (``SUM_QUANTUM``) and still in [-1, 1], and the first pass sums these as exact
-integers (``transforms.combiners``): the released vector is an exact function of the records, whose
+integers (``mechanisms.combiners``): the released vector is an exact function of the records, whose
 per-record L2 norm is at most sqrt(2d) in the bits, not only in exact arithmetic: add/remove sensitivity
 sqrt(2d), replace-one 2 sqrt(2d). Noise comes from ``privacy.noise`` (rounded to its grid); the released
 statistics are then rounded to a public grid (post-processing), which keeps reruns bit-identical.

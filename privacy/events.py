@@ -20,7 +20,7 @@ Mode = Literal["fixed", "poisson"]
 MODES: tuple[str, ...] = ("fixed", "poisson")
 # Records reach the mixer clipped to c (1 - CLIP_MARGIN): the margin absorbs float32 rounding of the records and
 # the float64 summation of at most MAX_ROW_RECORDS of them (m^2 2^-52 <= 2^-22 < 2^-21), so the computed means
-# have the sensitivities below in the bits (transforms.mixing states the bound).
+# have the sensitivities below in the bits (mechanisms.dpcda states the bound).
 CLIP_MARGIN = 2.0 ** -20
 MAX_ROW_RECORDS = 1 << 15
 

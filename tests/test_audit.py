@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from privacy.audit import (audit_section, clopper_pearson_upper, epsilon_lower_bound, run_audit,
+from evaluation.audit import (audit_section, clopper_pearson_upper, epsilon_lower_bound, run_audit,
                            run_paper_rate_audit)
 from schemas.manifest import Manifest
 from tests.conftest import valid_manifest, run_cli

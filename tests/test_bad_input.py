@@ -34,7 +34,7 @@ from pipeline.release import run_release
 from schemas.config import load_config
 from tests.conftest import BEAM_ARGS, make_dataset, run_cli, valid_manifest, write_dataset
 from transforms.mix import FAULT_ENV, _MixFn
-from transforms.shards import Block, block_table, write_parquet, write_tfrecord
+from storage.shards import Block, block_table, write_parquet, write_tfrecord
 
 N_PER_CLASS, K, DIM = 10, 3, 4
 X, Y = make_dataset(n_per_class=N_PER_CLASS, num_classes=K, dim=DIM, seed=2)
@@ -295,7 +295,7 @@ def _unreadable_tfrecord(d):
 def _tfrecord_int_features(d):
     from tfrecord import example_pb2
 
-    from transforms.shards import _frame
+    from storage.shards import _frame
 
     good_input(d, "tfrecord")
     ex = example_pb2.Example()

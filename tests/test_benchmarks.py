@@ -12,8 +12,8 @@ from benchmarks.label_noise_table import label_flip_rate
 from benchmarks.reproduce_table2 import main, parse_calibration, synthesize
 from pipeline.prepare import load_fashion_mnist
 from privacy.noise import NoiseStream, key_from_test_seed
-from transforms.combiners import FirstPassCombiner
-from transforms.mixing import noisy_labels
+from mechanisms.combiners import FirstPassCombiner
+from mechanisms.dpcda import noisy_labels
 
 FASHION = "/usr/share/datasets/fashion-mnist"
 

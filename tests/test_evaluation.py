@@ -14,7 +14,7 @@ import torch
 from evaluation.models import TableOneCNN, TabularMLP, make_model
 from evaluation.train import Recipe, RowScale, stratified_split, train_and_score
 from tests.conftest import ROOT, make_dataset, run_cli, write_dataset
-from transforms.plan import normalize
+from mechanisms.plan import normalize
 
 FASHION = "/usr/share/datasets/fashion-mnist"
 

@@ -20,7 +20,7 @@ def test_release_reads_and_writes_gs(gcs, fmt):
     from pipeline.release import run_release
     from storage.publish import PublishError
     from schemas.config import load_config
-    from transforms.shards import write_parquet, write_tfrecord
+    from storage.shards import write_parquet, write_tfrecord
 
     x, y = make_dataset(n_per_class=20, num_classes=2, dim=6)
     writer = write_parquet if fmt == "parquet" else write_tfrecord

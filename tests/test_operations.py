@@ -303,7 +303,7 @@ def test_eval_input_of_the_wrong_width_is_refused_before_work(tmp_path, capsys):
 
 def test_non_finite_statistics_or_rows_are_never_published():
     from transforms.mix import _MixFn
-    from transforms.plan import PlanError, check_statistics
+    from mechanisms.plan import PlanError, check_statistics
 
     with pytest.raises(PlanError, match="not finite"):
         check_statistics(np.array([np.nan, 0.0]), np.ones(2), (0.0, 1.0), 1.0)
@@ -360,7 +360,7 @@ def _gcs_objects(prefix: str) -> dict:
 def test_gcs_release_lives_under_its_run_prefix_and_the_old_one_goes_after_the_switch(gcs):
     from pipeline.release import run_release
     from schemas.config import load_config
-    from transforms.shards import write_parquet
+    from storage.shards import write_parquet
 
     write_parquet(f"{gcs}/in/a.parquet", X, Y)
     cfg = load_config(None, {"input": f"{gcs}/in/*.parquet", "output": f"{gcs}/rel", "sigma_x": 0.5, "seed": 1})
@@ -523,7 +523,7 @@ def test_a_class_is_held_once_while_it_is_normalised_and_mixed():
     from types import SimpleNamespace
 
     from privacy.noise import key_from_test_seed
-    from transforms.mixing import mix_class
+    from mechanisms.dpcda import mix_class
     from transforms.normalize import _normalize
 
     rng = np.random.default_rng(0)

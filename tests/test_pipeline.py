@@ -16,7 +16,7 @@ from storage.publish import PublishError
 from schemas.config import ConfigError, load_config
 from schemas.manifest import SCHEMA_PATH, Manifest
 from tests.conftest import BEAM_ARGS, make_dataset, run_cli, write_dataset
-from transforms.plan import PlanError, normalize
+from mechanisms.plan import PlanError, normalize
 
 
 def release(tmp_path, input_glob, name="out", beam_args=BEAM_ARGS, **overrides):
@@ -198,7 +198,7 @@ def test_cli_release_and_account(tmp_path, small_parquet):
 
 
 def test_lowpass_release_rows_lie_in_the_kept_subspace_and_privacy_is_unchanged(tmp_path, small_parquet):
-    from transforms.mixing import lowpass_basis
+    from mechanisms.postprocess import lowpass_basis
     glob_, x, _ = small_parquet  # d = 16: a 4x4 image
     plain, mp = release(tmp_path, glob_, name="plain", epsilon=8.0, samples=60, seed=3)
     low, ml = release(tmp_path, glob_, name="low", epsilon=8.0, samples=60, seed=3, lowpass=3)

@@ -17,8 +17,8 @@ from privacy.accounting import (PLD_DISCRETIZATION, RDP_ORDERS, SAMPLER_DELTA_SH
 from privacy.calibration import CalibrationError, calibrate_gaussian, calibrate_sigma_x
 from privacy.events import GaussianStatsEvent, MixingEvent
 from privacy.noise import NoiseStream, fresh_key, key_from_test_seed
-from privacy.paper import theorem1_epsilon
-from transforms.combiners import FirstPassCombiner
+from evaluation.paper import theorem1_epsilon
+from mechanisms.combiners import FirstPassCombiner
 
 DELTA = 1e-5
 

@@ -6,7 +6,7 @@ import time
 
 import apache_beam as beam
 
-from transforms.plan import build_plan
+from mechanisms.plan import build_plan
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import apache_beam as beam
 import numpy as np
 
-from transforms.shards import Block
+from storage.shards import Block
 
 
 def _split_by_label(block: Block):

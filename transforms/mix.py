@@ -13,9 +13,10 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from transforms.mixing import mix_class, pick_device
-from transforms.plan import PlanError
-from transforms.shards import block_table
+from mechanisms.device import pick_device
+from mechanisms.dpcda import mix_class
+from mechanisms.plan import PlanError
+from storage.shards import block_table
 
 log = logging.getLogger(__name__)
 # Test hook: fail the first attempt of each class's mixing after its first chunk (marker files in

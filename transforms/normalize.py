@@ -1,14 +1,14 @@
 """NormalizeAndClip: (k, raw blocks) -> (k, float64 (N_k, d): z-scored with the plan's statistics, L2-clipped to c).
 
 The class is written block by block into ONE preallocated float64 array (its size is the plan's exact N_k): the
-memory a class takes on its worker is that array plus an index (``transforms.plan.class_bytes``).
+memory a class takes on its worker is that array plus an index (``mechanisms.plan.class_bytes``).
 """
 from __future__ import annotations
 
 import apache_beam as beam
 import numpy as np
 
-from transforms.plan import normalize_into
+from mechanisms.plan import normalize_into
 
 
 def _normalize(element, plan):

@@ -7,7 +7,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from transforms.shards import Block, InputError, read_shard
+from storage.shards import Block, InputError, read_shard
 
 log = logging.getLogger(__name__)
 # Without --num-classes, K = max label + 1; labels at or above this are refused as corrupt.

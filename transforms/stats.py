@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import apache_beam as beam
 
-from transforms.combiners import FirstPassCombiner
+from mechanisms.combiners import FirstPassCombiner
 
 
 class FirstPassCombineFn(beam.CombineFn):

@@ -15,8 +15,9 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from storage.paths import is_remote
 from storage.publish import DRAFT
-from transforms.shards import parquet_schema
+from storage.shards import parquet_schema
 
 log = logging.getLogger(__name__)
 NORMALIZATION = "normalization.json"
@@ -62,7 +63,7 @@ def _write_manifest(files, plan, directory, prefix, build_manifest):
     outputs = []
     for f in sorted(files):
         digest, rows, size = _sha256_rows_bytes(f)
-        rel = posixpath.relpath(f, directory) if "://" not in f else f[len(directory.rstrip("/")) + 1:]
+        rel = f[len(directory.rstrip("/")) + 1:] if is_remote(f) else posixpath.relpath(f, directory)
         outputs.append(OutputFile(path=prefix + rel, rows=rows, sha256=digest, bytes=size))
     _write_text(FileSystems.join(directory, NORMALIZATION), json.dumps(
         {"mean": plan.mean.tolist(), "std": plan.std.tolist(), "clip": plan.clip,

@@ -21,11 +21,10 @@ from privacy.accounting import Accounting, ReleaseEvents, account, accountant_de
 from privacy.calibration import calibrate_gaussian, calibrate_sigma_x
 from privacy.events import CLIP_MARGIN, MixingEvent
 from privacy.noise import NoiseStream
-from privacy.paper import theorem1_epsilon
 from schemas.config import MAX_SAMPLES_PER_INPUT_ROW, ReleaseConfig
-from transforms.combiners import FirstPass
+from mechanisms.combiners import FirstPass
 from storage.paths import open_file
-from transforms.shards import InputError
+from storage.shards import InputError
 
 # With an explicit sigma_x there is no target epsilon to take shares of; the statistics then spend
 # their share of this reference budget (stated in the manifest).
@@ -58,7 +57,7 @@ class ReleasePlan:
     histogram_noise_std: Optional[float]
     normalization_share: Optional[float]
     accounting: Accounting
-    paper_theorem1_epsilon: Optional[float]
+    records_public: int  # N as the paper's Theorem 1 uses it (public in fixed mode, the DP total in poisson mode)
     end_to_end_dp: bool
     target_epsilon: Optional[float]
     caveats: tuple[str, ...]
@@ -267,8 +266,6 @@ def build_plan(first: FirstPass, cfg: ReleaseConfig, key: bytes) -> ReleasePlan:
     end_to_end = cfg.normalization != "exact" and math.isfinite(acc.epsilon)
     if sigma_x == 0:
         caveats.append("sigma_x = 0: no noise on the features; epsilon is infinite.")
-    paper = theorem1_epsilon(sigma_x=sigma_x, sigma_y=cfg.sigma_y, mixing_order=l, clip=c,
-                             num_records=max(int(n_public), l), num_samples=T_k * K, delta=delta)
     return ReleasePlan(
         mode=mode, num_classes=K, feature_dim=dim, mean=mean, std=std, clip=c, bounds=cfg.feature_bounds,
         mixing_order=l, sigma_x=sigma_x, sigma_y=cfg.sigma_y, samples_per_class=T_k,
@@ -279,7 +276,7 @@ def build_plan(first: FirstPass, cfg: ReleaseConfig, key: bytes) -> ReleasePlan:
         normalization_method=cfg.normalization, normalization_noise_std=norm_std,
         histogram_noise_std=adaptive[0][0].noise_std if adaptive else None,
         normalization_share=cfg.normalization_budget_share if cfg.normalization == "dp" else None,
-        accounting=acc, paper_theorem1_epsilon=paper, end_to_end_dp=end_to_end, target_epsilon=cfg.epsilon,
+        accounting=acc, records_public=max(int(n_public), l), end_to_end_dp=end_to_end, target_epsilon=cfg.epsilon,
         caveats=tuple(caveats),
         lowpass=lowpass)
 
@@ -302,7 +299,7 @@ def normalize(features: np.ndarray, mean: np.ndarray, std: np.ndarray, clip: flo
     """float32 rows z-scored with the plan's statistics, each clipped to L2 norm ``clip (1 - CLIP_MARGIN)``
     (Algorithm 1, 2-6); what the evaluation applies to real test rows.
 
-    The margin absorbs float32 rounding and the mixer's float64 summation (``transforms.mixing``): what leaves
+    The margin absorbs float32 rounding and the mixer's float64 summation (``mechanisms.dpcda``): what leaves
     here has a norm below ``clip (1 - 2^-21)`` as computed in float64, which is checked.
     """
     out = _normalized64(features, mean, std, clip, bounds).astype(np.float32)

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage.paths import expand_glob, open_file  # noqa: F401 - expand_glob re-exported for callers
+from storage.paths import expand_glob, is_remote, open_file  # noqa: F401 - expand_glob re-exported
 
 
 class InputError(ValueError):
@@ -103,7 +103,7 @@ def read_parquet(path: str, features_column: str, label_column: str, batch_rows:
                  width: Optional[int] = None) -> Iterator[Block]:
     try:
         with open_file(path) as fh:
-            pf = pq.ParquetFile(io.BytesIO(fh.read()) if "://" in path else fh)
+            pf = pq.ParquetFile(io.BytesIO(fh.read()) if is_remote(path) else fh)
             names = pf.schema_arrow.names
             for col in (features_column, label_column):
                 if col not in names:

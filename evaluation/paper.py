@@ -5,7 +5,8 @@ epsilon(alpha) = alpha / l^2 * (2 c^2 / sigma_x^2 + 1 / sigma_y^2) including the
 subsampled-RDP bound of Wang et al. (2019) for sampling without replacement, minimised over integer
 alpha >= 3. DESIGN.md lists why this is not our guarantee (exact private z-scores, rate l/N where
 class-centric sampling has l/N_k, label changes across classes). The product's epsilon comes from
-``privacy.accounting``. Evaluated with mpmath because B(l) is an alternating sum of huge terms.
+``privacy.accounting`` (this module lives with the evaluation because it is the paper's claim under test, not ours).
+Evaluated with mpmath because B(l) is an alternating sum of huge terms.
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ Neighbouring relations (DESIGN.md, "Privacy model"), one game per mode:
 
 Background records are clipped to norm ``c`` and orthogonal to ``u``, so the projection of a released
 row on ``u`` is exactly (canary's share) + Gaussian noise: the canary is as easy to detect as the
-relation allows. Each trial runs ``transforms.mixing.mix_chunk`` (the product's mechanism) for one
+relation allows. Each trial runs ``mechanisms.dpcda.mix_chunk`` (the product's mechanism) for one
 class of ``samples_per_class`` rows; trials are stacked as rows of one call, batched, on CUDA when
 present. The test statistic is the Neyman-Pearson log-likelihood ratio of the released projections
 (monotone in the projection when a trial releases one row; the largest projection when noise is off).
@@ -42,7 +42,8 @@ from privacy.accounting import RELATION_WORDS, ReleaseEvents, account
 from privacy.calibration import CalibrationError, calibrate_sigma_x
 from privacy.events import MODES, MixingEvent
 from privacy.noise import NoiseStream, key_from_test_seed
-from transforms.mixing import mix_chunk, pick_device  # Beam-free core of the mixing stage
+from mechanisms.dpcda import mix_chunk  # Beam-free core of the mixing stage
+from mechanisms.device import pick_device
 
 CONFIDENCE = 0.95
 DEFAULT_DIM = 8

@@ -16,11 +16,7 @@ most gamma_{m-1} m c / l + 2^-53 m c / l in L2 (m <= MAX_ROW_RECORDS records per
 2^-53)); two neighbouring outputs therefore differ by at most (2c/l) (1 - 2^-21 + m^2 2^-52) <= 2c/l (fixed) and
 c/l (poisson) in L2, the sensitivities the accountant assumes.
 
-Optional low-pass post-processing (``lowpass``): every finished noisy row is projected onto the span of its
-low-frequency 2-D DCT basis images (frequencies u + v < K on the feature image's (H, W) grid, per channel).
-The projection is public and fixed before any data is seen, and it acts on the DP output only, so it is
-post-processing: the privacy guarantee is unchanged. It keeps most of an image's energy and removes the
-noise outside the kept subspace (on Fashion-MNIST, K = 16 keeps 136 of 784 coefficients).
+Optional low-pass post-processing (``lowpass``, ``mechanisms.postprocess``) acts on the finished noisy rows only.
 """
 from __future__ import annotations
 
@@ -31,21 +27,11 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 import torch
 
+from mechanisms.postprocess import LowPass
 from privacy.events import MAX_ROW_RECORDS
 from privacy.noise import NoiseStream
 
 log = logging.getLogger(__name__)
-
-
-def pick_device(preference: str = "auto") -> torch.device:
-    """CUDA when present and asked for ('auto', 'cuda', 'cuda:N'), else the CPU, with a warning if CUDA was named."""
-    if preference == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(preference)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        log.warning("device=%s asked for but CUDA is not available; using the CPU", preference)
-        return torch.device("cpu")
-    return dev
 
 
 def canonical_order(features: np.ndarray) -> np.ndarray:
@@ -91,65 +77,6 @@ def mix_chunk(x: torch.Tensor, *, mode: str, mixing_order: int, sigma_x: float, 
     else:  # every row empty (an empty poisson class, or q small): the sums are 0
         means = np.zeros((rows, x.shape[1]), np.float64)
     return noise_stream.gaussian(means, sigma_x)
-
-
-def dct_matrix(n: int) -> np.ndarray:
-    """Orthonormal DCT-II matrix (n, n): row u is the u-th cosine basis vector."""
-    i = np.arange(n)
-    c = np.cos(np.pi * (2 * i[None, :] + 1) * i[:, None] / (2 * n)) * np.sqrt(2.0 / n)
-    c[0] /= np.sqrt(2.0)
-    return c
-
-
-def lowpass_kept(image_shape: Sequence[int], k: int) -> tuple[tuple[int, int, int], int]:
-    """((C, H, W), coefficients kept) for a low-pass with frequencies u + v < k; checks both arguments."""
-    shape = tuple(int(s) for s in image_shape)
-    if len(shape) == 2:
-        shape = (1, *shape)
-    if len(shape) != 3 or min(shape) < 1:
-        raise ValueError(f"image_shape must be (H, W) or (C, H, W), got {image_shape}")
-    if k < 1:
-        raise ValueError(f"lowpass K must be >= 1, got {k}")
-    _, h, w = shape
-    return shape, shape[0] * sum(1 for u in range(h) for v in range(w) if u + v < k)
-
-
-def lowpass_basis(image_shape: Sequence[int], k: int) -> np.ndarray:
-    """(kept, d) orthonormal rows spanning the 2-D DCT images with u + v < k, per channel.
-
-    ``image_shape`` is (H, W) or (C, H, W) with d = prod(image_shape), features in C-major (channels-first)
-    order. ``rows @ B.T @ B`` is then the orthogonal projection of each row onto the low frequencies.
-    """
-    shape, _ = lowpass_kept(image_shape, k)
-    ch, h, w = shape
-    ch_h, ch_w = dct_matrix(h), dct_matrix(w)
-    freqs = [(u, v) for u in range(h) for v in range(w) if u + v < k]
-    plane = np.stack([np.outer(ch_h[u], ch_w[v]).ravel() for u, v in freqs])  # (kept per channel, H*W)
-    basis = np.zeros((ch * len(freqs), ch * h * w))
-    for c in range(ch):
-        basis[c * len(freqs):(c + 1) * len(freqs), c * h * w:(c + 1) * h * w] = plane
-    return basis.astype(np.float32)
-
-
-class LowPass:
-    """The projection of ``lowpass_basis`` applied separably: DCT along H and W, keep u + v < k, inverse DCT.
-
-    O(rows * C * H * W * (H + W)) work and no (kept, d) matrix, so it scales to large images.
-    """
-
-    def __init__(self, image_shape: Sequence[int], k: int, device):
-        shape, _ = lowpass_kept(image_shape, k)
-        self.shape, self.dim = shape, int(np.prod(shape))
-        _, h, w = shape
-        self.ch = torch.from_numpy(dct_matrix(h).astype(np.float32)).to(device)
-        self.cw = torch.from_numpy(dct_matrix(w).astype(np.float32)).to(device)
-        u, v = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
-        self.mask = torch.from_numpy(((u + v) < k).astype(np.float32)).to(device)
-
-    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
-        x = rows.reshape(rows.shape[0], *self.shape)
-        coef = self.ch @ x @ self.cw.T * self.mask
-        return (self.ch.T @ coef @ self.cw).reshape(rows.shape[0], self.dim)
 
 
 def label_scores(class_index: int, num_classes: int, sigma_y: float, rows: int,

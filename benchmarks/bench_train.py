@@ -1,0 +1,105 @@
+"""Training throughput of the evaluation CNN on this machine: rows/s and achieved GFLOP/s against a measured peak.
+
+    python -m benchmarks.bench_train                     # every variant, 3 timed epochs' worth of steps each
+    python -m benchmarks.bench_train --variants base bf16 --steps 200
+
+FLOPs per training row are counted by torch's FlopCounterMode on one forward and backward pass of the Table 1 CNN
+(what one training row costs; the optimizer, EMA and data path are not counted). The peak is a float32 (and a bf16)
+2048 x 2048 matmul measured in the same run, so the percentages are relative to what this machine does at its best
+in each precision. Variants change only how the same computation runs (memory format, precision, batch shape); the
+recipe of ``evaluation.train`` decides which one a release uses.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+
+import torch
+from torch import nn
+
+from evaluation.models import TableOneCNN
+from evaluation.train import RowScale
+
+VARIANTS = {
+    # name: (channels_last, bf16 autocast, batch size)
+    "base": (False, False, 256),
+    "channels_last": (True, False, 256),
+    "bf16": (False, True, 256),
+    "bf16+channels_last": (True, True, 256),
+    "bf16+channels_last b512": (True, True, 512),
+}
+
+
+def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 20) -> float:
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    t = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2 * n ** 3 * reps / (time.perf_counter() - t) / 1e9
+
+
+def flops_per_row(batch: int = 64) -> float:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = nn.Sequential(RowScale(), TableOneCNN((1, 28, 28), 10))
+    x, y = torch.randn(batch, 784), torch.randint(0, 10, (batch,))
+    with FlopCounterMode(display=False) as counter:
+        nn.functional.cross_entropy(model(x), y).backward()
+    return counter.get_total_flops() / batch
+
+
+def time_variant(channels_last: bool, bf16: bool, batch: int, steps: int) -> float:
+    torch.manual_seed(0)
+    model = nn.Sequential(RowScale(), TableOneCNN((1, 28, 28), 10))
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = nn.CrossEntropyLoss(label_smoothing=0.1)
+    x, y = torch.randn(batch * 8, 784), torch.randint(0, 10, (batch * 8,))
+    model.train()
+
+    def step(i):
+        sl = slice((i % 8) * batch, (i % 8 + 1) * batch)
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+        with ctx:
+            loss = loss_fn(model(x[sl]).float(), y[sl])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    for i in range(5):
+        step(i)
+    t = time.perf_counter()
+    for i in range(steps):
+        step(i)
+    return steps * batch / (time.perf_counter() - t)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--steps", type=int, default=150, help="timed training steps per variant")
+    args = ap.parse_args(argv)
+    fl = flops_per_row()
+    peak32, peak16 = matmul_peak(torch.float32), matmul_peak(torch.bfloat16)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {fl / 1e6:.1f} MFLOP per training row "
+          f"(forward + backward); matmul peak {peak32:.0f} GFLOP/s float32, {peak16:.0f} GFLOP/s bf16\n")
+    print("| variant | batch | rows/s | GFLOP/s | % of float32 peak | % of this precision's peak | vs base |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    base = None
+    for name in args.variants:
+        cl, bf16, batch = VARIANTS[name]
+        rows = time_variant(cl, bf16, batch, args.steps)
+        base = base or (rows if name == "base" else None)
+        gflops = rows * fl / 1e9
+        rel = f"{rows / base:.2f}x" if base else "-"
+        print(f"| {name} | {batch} | {rows:,.0f} | {gflops:.0f} | {100 * gflops / peak32:.0f} % | "
+              f"{100 * gflops / (peak16 if bf16 else peak32):.0f} % | {rel} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,19 @@
+"""Where torch work runs: one device policy for mixing and training."""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def pick_device(preference: str = "auto") -> torch.device:
+    """CUDA when present and asked for ('auto', 'cuda', 'cuda:N'), else the CPU, with a warning if CUDA was named."""
+    if preference == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(preference)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        log.warning("device=%s asked for but CUDA is not available; using the CPU", preference)
+        return torch.device("cpu")
+    return dev
