@@ -19,7 +19,7 @@ COPY mechanisms/ mechanisms/
 COPY schemas/ schemas/
 COPY privacy/ privacy/
 COPY evaluation/ evaluation/
-RUN echo "COMMIT = \"${GIT_COMMIT}\"" > pipeline/_build.py \
+RUN echo "COMMIT = \"${GIT_COMMIT}\"" > storage/_build.py \
     && pip install --no-cache-dir --no-deps . \
     && pip check
 

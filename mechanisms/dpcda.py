@@ -27,17 +27,24 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 import torch
 
-from mechanisms.postprocess import LowPass
+from mechanisms.postprocess import make_postprocess
 from privacy.events import MAX_ROW_RECORDS
 from privacy.noise import NoiseStream
 
 log = logging.getLogger(__name__)
 
 
-def canonical_order(features: np.ndarray) -> np.ndarray:
-    """A permutation sorting rows by their bytes: the order rows arrive in never changes the output."""
+def canonical_order(features: np.ndarray, labels: Optional[np.ndarray] = None) -> np.ndarray:
+    """A permutation sorting rows by their bytes (then by label): the order rows arrive in never changes the output."""
     rows = np.ascontiguousarray(features)
-    return np.argsort(rows.view(np.dtype((np.void, rows.shape[1] * rows.itemsize))).ravel(), kind="stable")
+    keys = rows.view(np.dtype((np.void, rows.shape[1] * rows.itemsize))).ravel()
+    order = np.argsort(keys, kind="stable")
+    if labels is None or len(order) < 2:
+        return order
+    sorted_keys = keys[order]
+    rank = np.empty(len(order), np.int64)  # equal rows share a rank; labels then break the tie
+    rank[order] = np.concatenate([[0], np.cumsum(sorted_keys[1:] != sorted_keys[:-1])])
+    return np.lexsort((np.asarray(labels), rank))
 
 
 def sample_rows(n: int, *, mode: str, mixing_order: int, rows: int, stream: NoiseStream,
@@ -99,10 +106,12 @@ def mix_class(features: np.ndarray, *, key: bytes, class_index: int, num_classes
               mixing_order: int, sigma_x: float, samples: int, chunk_rows: int,
               sampling_rate: Fraction | float = Fraction(0), sigma_y: float = 0.0,
               device: str | torch.device = "cpu", chunks=None, lowpass: Optional[tuple[Sequence[int], int]] = None,
-              soft_labels: bool = False) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+              soft_labels: bool = False, denoise: Optional[tuple[Sequence[int], float]] = None,
+              ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """Yield (chunk, float32 features, labels) for class ``class_index``; ``chunks`` limits which chunks.
 
-    ``lowpass=(image_shape, K)`` projects every finished row onto its low DCT frequencies (post-processing).
+    ``lowpass=(image_shape, K)`` projects every finished row onto its low DCT frequencies, ``denoise=(image_shape,
+    sigma)`` blurs it (post-processing, ``mechanisms.postprocess``).
     ``soft_labels``: labels are the float32 (rows, K) scores e_k + N(0, sigma_y^2 I) instead of their argmax
     (the same draws: the argmax of the scores is the hard label the same key gives).
     """
@@ -111,12 +120,7 @@ def mix_class(features: np.ndarray, *, key: bytes, class_index: int, num_classes
     x = torch.from_numpy(np.ascontiguousarray(features, np.float64)).to(dev)  # no copy for float64 input on the CPU
     order_t = torch.from_numpy(order).to(dev)
     rate = Fraction(sampling_rate)
-    project = None
-    if lowpass is not None:
-        project = LowPass(lowpass[0], lowpass[1], dev)
-        if project.dim != x.shape[1]:
-            raise ValueError(f"lowpass image_shape {tuple(lowpass[0])} has {project.dim} features, rows have "
-                             f"{x.shape[1]}")
+    post = make_postprocess(lowpass=lowpass, denoise=denoise, device=dev)
     n_chunks = -(-samples // chunk_rows)
     for chunk in (range(n_chunks) if chunks is None else chunks):
         rows = min(chunk_rows, samples - chunk * chunk_rows)
@@ -125,8 +129,8 @@ def mix_class(features: np.ndarray, *, key: bytes, class_index: int, num_classes
                         noise_stream=NoiseStream(key, "mix-noise", class_index, chunk), sampling_rate=rate,
                         order=order_t)
         feats = out.astype(np.float32)
-        if project is not None:
-            feats = project(torch.from_numpy(feats).to(dev)).cpu().numpy()
+        if post is not None:
+            feats = post(feats)
         # Labels draw from their own stream: soft scores publish their noise almost verbatim.
         label_stream = NoiseStream(key, "label", class_index, chunk) if sigma_y > 0 else None
         if soft_labels:

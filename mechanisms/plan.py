@@ -1,9 +1,10 @@
-"""Beam-free core of the Calibrate stage: first-pass statistics + config + key -> ReleasePlan.
+"""Beam-free core of the Calibrate stage: first-pass statistics + config + key -> ReleasePlan, for every mechanism.
 
-Everything the later stages need, decided before any row is mixed: the (DP, public or exact)
-normalisation statistics, the class sizes the mode may use, T_k, sigma_x, and the accounting.
-Neighbouring relations are the modes' (``privacy.accounting``). The plan holds exact private counts
-for the mixer; only ``public_*`` fields and the accounting reach the manifest.
+Everything the later stages need, decided before any row is synthesised: the (DP, public or exact) normalisation
+statistics, the group sizes the mode may use, the rows per group, the noise, and the accounting. The mechanism says
+which events its synthesis spends (``privacy.events``: MixingEvent for DP-CDA, DpmixEvent, PerturbEvent for local
+perturbation and random projection); relations are in ``privacy.accounting``. The plan holds exact private counts
+for the synthesis only; only ``public_*`` fields and the accounting reach the manifest.
 """
 from __future__ import annotations
 
@@ -17,9 +18,10 @@ from typing import Optional
 import numpy as np
 
 from privacy import dp_stats
-from privacy.accounting import Accounting, ReleaseEvents, account, accountant_delta, adaptive_epsilon
-from privacy.calibration import calibrate_gaussian, calibrate_sigma_x
-from privacy.events import CLIP_MARGIN, MixingEvent
+from privacy.accounting import (Accounting, ReleaseEvents, account, accountant_delta, adaptive_epsilon,
+                                relation_key)
+from privacy.calibration import calibrate_gaussian, calibrate_noise
+from privacy.events import CLIP_MARGIN, DpmixEvent, MixingEvent, PerturbEvent
 from privacy.noise import NoiseStream
 from schemas.config import MAX_SAMPLES_PER_INPUT_ROW, ReleaseConfig
 from mechanisms.combiners import FirstPass
@@ -37,6 +39,7 @@ class PlanError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ReleasePlan:
+    mechanism: str
     mode: str
     num_classes: int
     feature_dim: int
@@ -47,9 +50,10 @@ class ReleasePlan:
     mixing_order: int
     sigma_x: float
     sigma_y: float
-    samples_per_class: int
-    class_rows: tuple[int, ...]  # exact N_k: private in poisson mode, for the mixer only
-    sampling_rates: tuple[Fraction, ...]  # exact q_k (the accountant uses these, rounded up)
+    samples_per_class: int  # dpcda: T_k; dpmix, local, randproj: 0 (rows are not made per class)
+    samples_total: int
+    class_rows: tuple[int, ...]  # exact N_k: private in poisson mode, for the synthesis only
+    sampling_rates: tuple[Fraction, ...]  # exact q per group (dpcda: per class; dpmix: one), rounded up for the accountant
     public_class_sizes: Optional[tuple[int, ...]]  # fixed mode
     dp_class_sizes: Optional[tuple[int, ...]]  # poisson mode
     normalization_method: str
@@ -62,6 +66,10 @@ class ReleasePlan:
     target_epsilon: Optional[float]
     caveats: tuple[str, ...]
     lowpass: Optional[tuple[tuple[int, ...], int]] = None  # (image_shape, K): post-processing projection
+    label_noise_ratio: Optional[float] = None  # dpmix: sigma_y / sigma_x
+    projection: Optional[tuple[int, int, float]] = None  # randproj: (p, public seed, operator norm of R)
+    denoise: Optional[float] = None  # post-processing: Gaussian blur of this std (pixels) on image rows
+    image_shape: Optional[tuple[int, ...]] = None  # of the rows, for the post-processing
 
     @property
     def guarantee_epsilon(self) -> float:
@@ -72,8 +80,16 @@ class ReleasePlan:
         return self.accounting.epsilon
 
     @property
-    def samples_total(self) -> int:
-        return self.samples_per_class * self.num_classes
+    def denoise_spec(self) -> Optional[tuple[tuple[int, ...], float]]:
+        """(image_shape, sigma) for the blur post-processing, or None."""
+        if self.denoise is None:
+            return None
+        shape = self.image_shape or (math.isqrt(self.feature_dim),) * 2
+        return shape, self.denoise
+
+    @property
+    def output_dim(self) -> int:
+        return self.projection[0] if self.projection else self.feature_dim
 
 
 def load_public_stats(path: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
@@ -115,8 +131,9 @@ def default_class_budget() -> int:
 
 
 def class_bytes(rows: float, dim: int) -> float:
-    """Memory of one class on the mixing worker: one float64 copy of its rows plus an int64 index."""
-    return float(rows) * (8 * dim + 8)
+    """Memory of one class on the mixing worker: our float64 copy of its rows and an int64 index, plus the runner's
+    grouped float32 rows (a runner that holds groups in memory, like the DirectRunner, keeps them meanwhile)."""
+    return float(rows) * (12 * dim + 8)
 
 
 def check_class_memory(sizes, dim: int, budget: int, *, where: str, exact: bool) -> None:
@@ -140,20 +157,25 @@ def check_statistics(mean: np.ndarray, std: np.ndarray, bounds: tuple[float, flo
                         f"1e12 would leave nothing but their signs after the clip); nothing was released")
 
 
-def resolve_lowpass(cfg: ReleaseConfig, dim: int) -> Optional[tuple[tuple[int, ...], int]]:
-    """(image_shape, K) for the low-pass post-processing, checked against the feature dimension d."""
-    if cfg.lowpass is None:
-        return None
+def resolve_image_shape(cfg: ReleaseConfig, dim: int) -> tuple[int, ...]:
+    """The rows' image grid for post-processing: --image-shape (checked against d), else a square."""
     if cfg.image_shape is not None:
         shape = tuple(cfg.image_shape)
         if math.prod(shape) != dim:
             raise PlanError(f"image_shape: {','.join(map(str, shape))} has {math.prod(shape)} features, the "
                             f"input has d={dim}")
-    else:
-        side = math.isqrt(dim)
-        if side * side != dim:
-            raise PlanError(f"lowpass: d={dim} is not a square image; give --image-shape H,W or C,H,W")
-        shape = (side, side)
+        return shape
+    side = math.isqrt(dim)
+    if side * side != dim:
+        raise PlanError(f"lowpass/denoise: d={dim} is not a square image; give --image-shape H,W or C,H,W")
+    return (side, side)
+
+
+def resolve_lowpass(cfg: ReleaseConfig, dim: int) -> Optional[tuple[tuple[int, ...], int]]:
+    """(image_shape, K) for the low-pass post-processing, checked against the feature dimension d."""
+    if cfg.lowpass is None:
+        return None
+    shape = resolve_image_shape(cfg, dim)
     h, w = shape[-2:]
     if cfg.lowpass >= h + w - 1:
         raise PlanError(f"lowpass: K={cfg.lowpass} keeps every DCT coefficient of a {h}x{w} image (u + v <= "
@@ -189,17 +211,23 @@ def build_plan(first: FirstPass, cfg: ReleaseConfig, key: bytes) -> ReleasePlan:
     where = f"{cfg.input}: column '{cfg.label_column}'"
     budget_bytes = cfg.max_class_bytes or default_class_budget()
     if mode == "fixed":
-        small = [k for k in range(K) if counts[k] < l]
+        small = [k for k in range(K) if counts[k] < l] if cfg.mechanism == "dpcda" else []
+        if cfg.mechanism == "dpmix" and rows < l:
+            raise PlanError(f"{cfg.input}: {rows} records, fewer than mixing_order l={l}")
         if small:
             k = small[0]
             hint = ("" if cfg.num_classes else f"; without --num-classes, K = largest label + 1 = {K}, so a stray "
                     f"label can create empty classes")
             raise PlanError(f"{where}: class {k} has {counts[k]} records, fewer than mixing_order l={l}; fixed mode "
                             f"draws l distinct records per row (lower l, or use --mode poisson){hint}")
-        check_class_memory(counts, dim, budget_bytes, where=where, exact=True)
+        groups = [rows] if cfg.mechanism == "dpmix" else counts
+        if cfg.mechanism in ("dpcda", "dpmix"):
+            check_class_memory(groups, dim, budget_bytes, where=where, exact=True)
         sizes, n_public = counts, float(rows)
         dp_sizes = None
-        caveats.append("fixed mode: class sizes N_k are public and stated here; the guarantee covers "
+        caveats.append("fixed mode: the dataset size is public and stated here; the guarantee covers replacing one "
+                       "record (its features and label)." if cfg.mechanism == "dpmix" else
+                       "fixed mode: class sizes N_k are public and stated here; the guarantee covers "
                        "replacing one record's features within its class.")
     else:
         # The histogram's output chooses q_k, T_k and sigma_x: it is accounted alone, at its own share of epsilon and
@@ -210,7 +238,9 @@ def build_plan(first: FirstPass, cfg: ReleaseConfig, key: bytes) -> ReleasePlan:
         adaptive.append((hist, hist_delta))
         dp_sizes = dp_stats.class_histogram(counts, noise_std=hist.noise_std, stream=NoiseStream(key, "histogram"))
         # decided on the DP counts (plus 6 noise sds), never on the exact ones: whether the job stops is public
-        check_class_memory(dp_sizes + 6 * hist.noise_std, dim, budget_bytes, where=where, exact=False)
+        grouped = [dp_sizes.sum() + 6 * hist.noise_std * math.sqrt(K)] if cfg.mechanism == "dpmix" else \
+            dp_sizes + 6 * hist.noise_std
+        check_class_memory(grouped, dim, budget_bytes, where=where, exact=False)
         sizes, n_public = dp_sizes, float(max(dp_sizes.sum(), 1))
         caveats.append("poisson mode: q_k, T_k and sigma_x are chosen from the DP class histogram; the histogram is "
                        "accounted alone at its own (epsilon, delta) share and the rest is calibrated to what remains, "
@@ -241,44 +271,77 @@ def build_plan(first: FirstPass, cfg: ReleaseConfig, key: bytes) -> ReleasePlan:
                        "(--normalization exact); epsilon below covers the mixing only.")
 
     check_statistics(mean, std, cfg.feature_bounds, c)
-    T = cfg.samples or (rows if mode == "fixed" else int(n_public))
+    mech = cfg.mechanism
+    N = rows if mode == "fixed" else int(n_public)
+    T = cfg.samples or N
     cap = MAX_SAMPLES_PER_INPUT_ROW * max(int(n_public), 1)
     if T > cap:  # fixed: n_public is the exact row count (public there); poisson: the DP total
         raise PlanError(f"samples: T={T} is more than {MAX_SAMPLES_PER_INPUT_ROW} times the input's rows; lower "
                         f"--samples")
-    T_k = T // K
-    if T_k < 1:
-        raise PlanError(f"samples: T={T} gives no rows for {K} classes (T_k = floor(T/K) = 0)")
     sizes_list = [int(s) for s in sizes]
+    projection = None
+    gain = 1.0
+    if mech == "randproj":
+        from mechanisms.randproj import projection_matrix
+
+        R = projection_matrix(dim, cfg.projection_dim, cfg.projection_seed)
+        gain = float(np.linalg.norm(R, 2))
+        projection = (cfg.projection_dim, cfg.projection_seed, gain)
+    ratio = cfg.label_noise_ratio if mech == "dpmix" else None
+
+    def events(sigma: float) -> list:
+        """The synthesis's events at feature noise ``sigma`` (one per group; groups compose in parallel)."""
+        if mech == "dpcda":
+            return [MixingEvent(mode, max(s, l), T_k, l, c, sigma) for s in sizes_list]
+        if mech == "dpmix":
+            return [DpmixEvent(mode, max(N, l), T, l, c, sigma, ratio * sigma)]
+        return [PerturbEvent(c, sigma, gain)]
+
+    if mech == "dpcda":
+        T_k = T // K
+        if T_k < 1:
+            raise PlanError(f"samples: T={T} gives no rows for {K} classes (T_k = floor(T/K) = 0)")
+        T_total = T_k * K
+    else:
+        T_k, T_total = 0, T
     if cfg.sigma_x is not None:
         sigma_x = float(cfg.sigma_x)
     else:
-        sigma_x = calibrate_sigma_x(mode, class_sizes=[max(s, l) for s in sizes_list], samples_per_class=T_k,
-                                    mixing_order=l, clip=c, target_epsilon=rest_budget, delta=acc_delta,
-                                    shared=shared)
-    per_class = tuple(MixingEvent(mode, max(s, 1), T_k, l, c, sigma_x) for s in sizes_list)
-    gaussian_draws = (K * T_k * dim * (sigma_x > 0) + K * T_k * K * (cfg.sigma_y > 0)
+        # dpcda: the smallest class sets sigma_x (epsilon falls as N_k rises); account() re-checks every class
+        smallest = (lambda sigma: [min(events(sigma), key=lambda e: e.class_size)]) if mech == "dpcda" else events
+        sigma_x = calibrate_noise(mode, smallest, target_epsilon=rest_budget, delta=acc_delta, shared=shared, scale=c)
+    sigma_y = ratio * sigma_x if mech == "dpmix" else cfg.sigma_y
+    per_group = tuple(events(sigma_x))
+    out_dim = projection[0] if projection else dim
+    gaussian_draws = (T_total * out_dim * (sigma_x > 0) + T_total * K * (sigma_y > 0)
                       + 2 * dim * (cfg.normalization == "dp") + K * (mode == "poisson"))
-    acc = account(ReleaseEvents(mode, tuple(shared), per_class, tuple(adaptive), gaussian_draws=gaussian_draws,
-                                binomial_draws=K * T_k * (mode == "poisson")), delta)
+    binomial_draws = T_total * (mode == "poisson")
+    acc = account(ReleaseEvents(mode, tuple(shared), per_group, tuple(adaptive), gaussian_draws=gaussian_draws,
+                                binomial_draws=binomial_draws), delta, relation=relation_key(mech, mode))
     if cfg.epsilon is not None and acc.epsilon > cfg.epsilon:
         raise AssertionError(f"calibration overshot: {acc.epsilon} > {cfg.epsilon}")  # never expected
     end_to_end = cfg.normalization != "exact" and math.isfinite(acc.epsilon)
     if sigma_x == 0:
         caveats.append("sigma_x = 0: no noise on the features; epsilon is infinite.")
+    if mech == "dpmix":
+        caveats[1] = ("DPMix: rows mix records of every class, so the labels are released as noisy one-hot means "
+                      "(sigma_y = label_noise_ratio x sigma_x) and their noise is part of the accounted event.")
+    elif mech != "dpcda":
+        caveats[1] = (f"{mech}: every record is released once, with its label and class sizes as they are (both "
+                      f"public under the replace-one-within-class relation).")
     return ReleasePlan(
-        mode=mode, num_classes=K, feature_dim=dim, mean=mean, std=std, clip=c, bounds=cfg.feature_bounds,
-        mixing_order=l, sigma_x=sigma_x, sigma_y=cfg.sigma_y, samples_per_class=T_k,
-        class_rows=tuple(int(x) for x in counts),
-        sampling_rates=tuple(e.exact_sampling_rate for e in per_class),
+        mechanism=mech, mode=mode, num_classes=K, feature_dim=dim, mean=mean, std=std, clip=c,
+        bounds=cfg.feature_bounds, mixing_order=l, sigma_x=sigma_x, sigma_y=sigma_y, samples_per_class=T_k,
+        samples_total=T_total, class_rows=tuple(int(x) for x in counts),
+        sampling_rates=tuple(getattr(e, "exact_sampling_rate", Fraction(1)) for e in per_group),
         public_class_sizes=tuple(sizes_list) if mode == "fixed" else None,
         dp_class_sizes=tuple(int(x) for x in dp_sizes) if dp_sizes is not None else None,
         normalization_method=cfg.normalization, normalization_noise_std=norm_std,
         histogram_noise_std=adaptive[0][0].noise_std if adaptive else None,
         normalization_share=cfg.normalization_budget_share if cfg.normalization == "dp" else None,
         accounting=acc, records_public=max(int(n_public), l), end_to_end_dp=end_to_end, target_epsilon=cfg.epsilon,
-        caveats=tuple(caveats),
-        lowpass=lowpass)
+        caveats=tuple(caveats), lowpass=lowpass, label_noise_ratio=ratio, projection=projection,
+        denoise=cfg.denoise, image_shape=resolve_image_shape(cfg, dim) if cfg.denoise else None)
 
 
 def _normalized64(features: np.ndarray, mean: np.ndarray, std: np.ndarray, clip: float,

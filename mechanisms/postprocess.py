@@ -72,3 +72,54 @@ class LowPass:
         x = rows.reshape(rows.shape[0], *self.shape)
         coef = self.ch @ x @ self.cw.T * self.mask
         return (self.ch.T @ coef @ self.cw).reshape(rows.shape[0], self.dim)
+
+
+def gaussian_blur_matrix(n: int, sigma: float) -> np.ndarray:
+    """(n, n) rows of a Gaussian kernel of std ``sigma`` (pixels), truncated at 3 sigma and at the image's edge, each
+    row summing to one."""
+    i = np.arange(n)
+    w = np.exp(-0.5 * ((i[None, :] - i[:, None]) / sigma) ** 2)
+    w[np.abs(i[None, :] - i[:, None]) > max(1, int(np.ceil(3 * sigma)))] = 0.0
+    return w / w.sum(axis=1, keepdims=True)
+
+
+class Blur:
+    """Seed 001's denoising: a Gaussian blur of every released image row, separable along H and W, per channel."""
+
+    def __init__(self, image_shape: Sequence[int], sigma: float, device):
+        shape = tuple(int(s) for s in image_shape)
+        self.shape = (1, *shape) if len(shape) == 2 else shape
+        self.dim = int(np.prod(self.shape))
+        _, h, w = self.shape
+        self.gh = torch.from_numpy(gaussian_blur_matrix(h, sigma).astype(np.float32)).to(device)
+        self.gw = torch.from_numpy(gaussian_blur_matrix(w, sigma).astype(np.float32)).to(device)
+
+    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
+        x = rows.reshape(rows.shape[0], *self.shape)
+        return (self.gh @ x @ self.gw.T).reshape(rows.shape[0], self.dim)
+
+
+def make_postprocess(*, lowpass=None, denoise=None, device="cpu"):
+    """A function float32 rows (numpy) -> float32 rows applying the release's post-processing, or None.
+
+    ``lowpass``: (image_shape, K); ``denoise``: (image_shape, sigma). Blur first, then the low-pass.
+    """
+    steps = []
+    if denoise is not None:
+        steps.append(Blur(denoise[0], denoise[1], device))
+    if lowpass is not None:
+        steps.append(LowPass(lowpass[0], lowpass[1], device))
+    if not steps:
+        return None
+    dev = torch.device(device) if not isinstance(device, torch.device) else device
+
+    def run(rows: np.ndarray) -> np.ndarray:
+        t = torch.from_numpy(np.ascontiguousarray(rows, np.float32)).to(dev)
+        for step in steps:
+            if step.dim != t.shape[1]:
+                raise ValueError(f"post-processing image shape {tuple(step.shape)} has {step.dim} features, rows "
+                                 f"have {t.shape[1]}")
+            t = step(t)
+        return t.cpu().numpy()
+
+    return run

@@ -43,69 +43,55 @@ def one_line_error(err: BaseException) -> str | None:
 
 
 def _setup_logging() -> None:
-    logging.basicConfig(level=logging.INFO,
+    logging.basicConfig(level=logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     for noisy in ("absl", "apache_beam", "urllib3", "google"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
     # Beam logs a DoFn's exception with its traceback before re-raising it; the CLI boundary below
     # reports it (one line for bad input, the full traceback otherwise), so the log copy is noise.
     logging.getLogger("apache_beam.runners.common").setLevel(logging.CRITICAL)
-    for ours in ("dpcda", "transforms", "evaluation", "privacy", "pipeline"):
+    logging.getLogger("apache_beam.runners.dataflow").setLevel(logging.INFO)  # job state, for the operator
+    for ours in ("dpcda", "transforms", "mechanisms", "storage", "evaluation", "privacy", "pipeline"):
         logging.getLogger(ours).setLevel(logging.INFO)
 
 
-RELEASE_FLAGS = {
-    # flag: (config field, type, help)
-    "--input": ("input", str, "glob of input shards (Parquet or TFRecord; local or gs://)"),
-    "--output": ("output", str, "release directory (local or gs://)"),
-    "--config": (None, str, "YAML/JSON file with the same fields; flags override it"),
-    "--input-format": ("input_format", str, "auto|parquet|tfrecord"),
-    "--features-column": ("features_column", str, "name of the features column"),
-    "--label-column": ("label_column", str, "name of the label column"),
-    "--mode": ("mode", str, "fixed|poisson"),
-    "--mixing-order": ("mixing_order", int, "l, records per synthetic row (default 4)"),
-    "--clip": ("clip", float, "c, L2 clip norm after the z-score (default 1.0)"),
-    "--epsilon": ("epsilon", float, "target epsilon; calibrates sigma_x"),
-    "--sigma-x": ("sigma_x", float, "explicit feature noise instead of --epsilon (0 = no noise, not private)"),
-    "--sigma-y": ("sigma_y", float, "label noise std (default 0)"),
-    "--delta": ("delta", float, "delta (default 1e-5)"),
-    "--samples": ("samples", int, "T, synthetic rows in total (default: number of input rows)"),
-    "--num-classes": ("num_classes", int, "K (required in poisson mode)"),
-    "--feature-bounds": ("feature_bounds", str, "lo,hi declared bounds of raw features (default 0,1)"),
-    "--out-of-bounds": ("out_of_bounds", str, "clip|refuse features outside the bounds (default clip)"),
-    "--normalization": ("normalization", str, "dp|public|exact (default dp)"),
-    "--normalization-file": ("normalization_file", str, "JSON {mean: [...], std: [...]} for --normalization public"),
-    "--normalization-budget-share": ("normalization_budget_share", float, "share of epsilon for the z-score (0.05)"),
-    "--histogram-budget-share": ("histogram_budget_share", float, "share of epsilon for class counts, poisson (0.01)"),
-    "--lowpass": ("lowpass", int, "post-processing: keep DCT frequencies u + v < K of each row (free: privacy unchanged)"),
-    "--image-shape": ("image_shape", str, "H,W or C,H,W of the features for --lowpass (default square)"),
-    "--chunk-rows": ("chunk_rows", int, "synthetic rows per noise chunk (4096)"),
-    "--max-class-bytes": ("max_class_bytes", str, "memory one class may take on a worker (e.g. 8G; default 40 % of "
-                                                   "the machine's memory)"),
-    "--output-shards": ("output_shards", int, "number of Parquet part files (0: runner decides)"),
-    "--device": ("device", str, "auto|cpu|cuda for mixing"),
-    "--seed": ("seed", int, "TEST ONLY: fixed noise key; the manifest says reproducible_seed: true"),
-    "--eval-input": ("eval_input", str, "glob of real test shards: train the evaluation CNN as a last stage"),
-    "--eval-runs": ("eval_runs", int, "evaluation seeds (default 1)"),
-    "--eval-epochs": ("eval_epochs", int, "evaluation epochs (default 10)"),
+# Release flags are the config model's fields (names with dashes, help from the field descriptions), so the CLI and
+# the config file cannot drift. A few fields get a louder flag name.
+FLAG_NAMES = {"allow_exact_normalization": "--i-understand-exact-normalization-is-not-dp"}
+CLI_ONLY_FLAGS = {
+    "--config": "YAML/JSON file with the same fields (names with underscores); flags override it",
+    "--allow-exception-sampling": ("let the runner sample the input element of a failing step (off by default: for "
+                                   "this job that element is raw private records)"),
 }
 
 
+def release_flags() -> dict[str, tuple[str, object]]:
+    """flag -> (config field, pydantic FieldInfo), for every field of ReleaseConfig."""
+    from schemas.config import ReleaseConfig
+
+    return {FLAG_NAMES.get(name, "--" + name.replace("_", "-")): (name, field)
+            for name, field in ReleaseConfig.model_fields.items()}
+
+
 def _release_parser(sub):
-    p = sub.add_parser("release", allow_abbrev=False, help="run the DP-CDA release job (Beam)")
-    for flag, (field, typ, text) in RELEASE_FLAGS.items():
-        p.add_argument(flag, dest=(field or flag[2:]).replace("-", "_"), type=typ, default=None, help=text)
-    p.add_argument("--overwrite", action="store_true", default=None, help="replace an existing release")
-    p.add_argument("--audit", action="store_true", default=None, help="add an empirical privacy audit section")
-    p.add_argument("--eval-input-public", action="store_true", default=None,
-                   help="the --eval-input test set is public (otherwise its figures are marked outside the guarantee)")
+    import typing
+
+    p = sub.add_parser("release", allow_abbrev=False, help="run a release job (Beam)")
+    p.add_argument("--config", default=None, help=CLI_ONLY_FLAGS["--config"])
+    for flag, (name, field) in release_flags().items():
+        text = (field.description or "").replace("%", "%%")  # argparse formats help with %
+        if field.annotation is bool:
+            p.add_argument(flag, dest=name, action="store_true", default=None, help=text)
+            continue
+        choices = typing.get_args(field.annotation) if typing.get_origin(field.annotation) is typing.Literal else ()
+        default = field.get_default() if not field.is_required() else None
+        shown = f" (default {default})" if default not in (None, "") else (" (required)" if field.is_required() else "")
+        shown = (f"; one of {', '.join(choices)}" if choices else "") + shown
+        # values reach the config model as text; it parses and checks them (so '8G', '0,1', '28,28' work) and a bad
+        # value ends in its one-line error
+        p.add_argument(flag, dest=name, default=None, help=text + shown.replace("%", "%%"))
     p.add_argument("--allow-exception-sampling", action="store_true", default=False,
-                   help="let the runner sample the input element of a failing step (off by default: for this job "
-                        "that element is raw private records)")
-    p.add_argument("--soft-labels", action="store_true", default=None,
-                   help="also write LABEL_soft, the K noisy label scores e_k + N(0, sigma_y^2 I) (needs --num-classes)")
-    p.add_argument("--i-understand-exact-normalization-is-not-dp", dest="allow_exact_normalization",
-                   action="store_true", default=None, help="allow --normalization exact (marks end_to_end_dp false)")
+                   help=CLI_ONLY_FLAGS["--allow-exception-sampling"])
     return p
 
 
@@ -118,7 +104,13 @@ def unknown_beam_args(beam_args: list[str]) -> list[str]:
     """The arguments no Beam pipeline option accepts (Beam would drop them silently)."""
     from apache_beam.options import pipeline_options as po
 
-    parser = po._BeamArgumentParser(allow_abbrev=False)  # what PipelineOptions.get_all_options parses with
+    from schemas.config import ConfigError
+
+    class _Parser(po._BeamArgumentParser):  # what PipelineOptions.get_all_options parses with
+        def error(self, message):  # a bad value of a known Beam option: one line, not argparse's usage dump
+            raise ConfigError(f"Beam option: {message}")
+
+    parser = _Parser(allow_abbrev=False)
     seen = {}
     stack = list(po.PipelineOptions.__subclasses__())
     while stack:
@@ -137,8 +129,7 @@ def unknown_beam_args(beam_args: list[str]) -> list[str]:
 def _suggest(flag: str) -> str:
     import difflib
 
-    names = [f for f in RELEASE_FLAGS] + ["--overwrite", "--audit", "--soft-labels", "--eval-input-public",
-                                          "--allow-exception-sampling"]
+    names = [*release_flags(), *CLI_ONLY_FLAGS]
     close = difflib.get_close_matches(flag.split("=", 1)[0], names, n=1)
     return f"; did you mean {close[0]}?" if close else ""
 
@@ -151,6 +142,10 @@ def cmd_release(args, beam_args) -> int:
     if unknown:
         raise ConfigError(f"unknown option {unknown[0]}{_suggest(unknown[0])} (release options are listed by "
                           f"'dpcda release --help'; anything else must be a Beam pipeline option)")
+    sampling = [a for a in beam_args if "enable_data_sampling" in a or "enable_always_on_exception_sampling" in a]
+    if sampling and not args.allow_exception_sampling:
+        raise ConfigError(f"{sampling[0]}: data sampling stores raw private records in the runner; pass "
+                          f"--allow-exception-sampling to allow it")
     overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config", "allow_exception_sampling")}
     cfg = load_config(args.config, overrides)
     if not any(a.startswith("--runner") for a in beam_args):
@@ -168,7 +163,8 @@ def cmd_release(args, beam_args) -> int:
         from evaluation.audit import audit_section
 
         stages.append(("audit", lambda workdir, manifest: audit_section(manifest)))
-    manifest = run_release(cfg, beam_args, tuple(stages), eval_input=cfg.eval_input)
+    manifest = run_release(cfg, beam_args, tuple(stages), eval_input=cfg.eval_input,
+                           protect=(args.config,) if args.config else ())
     p = manifest["privacy"]
     print(json.dumps({"output": cfg.output, "rows": manifest["output"]["rows"], "epsilon": p["epsilon"],
                       "delta": p["delta"], "sigma_x": manifest["mechanism"]["sigma_x"],
@@ -321,8 +317,9 @@ def main(argv=None) -> int:
             raise
         if _interrupted(err):
             term = signal.SIGTERM in _SIGNAL_SEEN or isinstance(err, Terminated)
-            print(f"dpcda: {'terminated (SIGTERM)' if term else 'interrupted'}; nothing was published",
-                  file=sys.stderr)
+            done = ("the release WAS published; what is left of the old one goes with the next run"
+                    if getattr(err, "published", False) else "nothing was published")
+            print(f"dpcda: {'terminated (SIGTERM)' if term else 'interrupted'}; {done}", file=sys.stderr)
             return EXIT_SIGTERM if term else EXIT_SIGINT
         msg = one_line_error(err)
         if msg is None:

@@ -7,9 +7,13 @@ import platform
 
 from pipeline import __version__
 from privacy import noise
-from schemas.manifest import (InputInfo, Manifest, Mechanism, Noise, Normalization, Output, PostProcessing, Privacy,
-                              Software)
+from schemas.manifest import (DpcdaMechanism, DpmixMechanism, InputInfo, LocalMechanism, Manifest, Noise,
+                              Normalization, Output, PostProcessing, Privacy, RandprojMechanism, Software)
 
+DPMIX_SAMPLING_WORDS = {
+    "fixed": "exactly l distinct records of the whole dataset, uniformly without replacement",
+    "poisson": "each record of the dataset independently with probability q = l / N_hat; sums divided by l",
+}
 SAMPLING_WORDS = {
     "fixed": "exactly l distinct records of the class, uniformly without replacement",
     "poisson": "each record of the class independently with probability q_k = l / N_k_hat; sum divided by l",
@@ -35,18 +39,52 @@ def finite(x: float | None) -> float | None:
 
 
 def postprocessing(plan) -> PostProcessing | None:
-    if plan.lowpass is None:
+    if plan.lowpass is None and plan.denoise is None:
         return None
     from mechanisms.postprocess import lowpass_kept
 
-    shape, k = plan.lowpass
-    return PostProcessing(lowpass=k, image_shape=list(shape), kept_coefficients=lowpass_kept(shape, k)[1])
+    shape = plan.lowpass[0] if plan.lowpass else plan.denoise_spec[0]
+    k = plan.lowpass[1] if plan.lowpass else None
+    return PostProcessing(lowpass=k, denoise=plan.denoise, image_shape=list(shape),
+                          kept_coefficients=lowpass_kept(shape, k)[1] if k else None)
 
 
-def paper_epsilon(plan) -> float:
-    """Seed 000's Theorem 1 for this release's sigmas, as written: informational, never the guarantee."""
+def mechanism_section(cfg, plan):
+    """The manifest's ``mechanism``: one model per mechanism (a discriminated union on ``name``)."""
+    worst = plan.accounting.worst_class_event
+    z = worst.noise_multiplier if worst else 0.0
+    common = dict(mode=plan.mode, clip=plan.clip, sigma_x=plan.sigma_x, noise_multiplier=z,
+                  num_classes=plan.num_classes, samples_total=plan.samples_total)
+    if plan.mechanism == "dpmix":
+        return DpmixMechanism(
+            name="dpmix", sampling=DPMIX_SAMPLING_WORDS[plan.mode], mixing_order=plan.mixing_order,
+            sigma_y=plan.sigma_y, label_noise_ratio=plan.label_noise_ratio,
+            dataset_size=int(sum(plan.public_class_sizes)) if plan.public_class_sizes else None,
+            dataset_size_dp=int(sum(plan.dp_class_sizes)) if plan.dp_class_sizes else None,
+            sampling_rate=float(plan.sampling_rates[0]), chunk_rows=cfg.chunk_rows,
+            postprocessing=postprocessing(plan), **common)
+    if plan.mechanism == "local":
+        return LocalMechanism(name="local", class_sizes=list(plan.public_class_sizes),
+                              postprocessing=postprocessing(plan), **common)
+    if plan.mechanism == "randproj":
+        p, seed, norm = plan.projection
+        return RandprojMechanism(name="randproj", projection_dim=p, projection_seed=seed, projection_norm=norm,
+                                 class_sizes=list(plan.public_class_sizes), **common)
+    return DpcdaMechanism(
+        sampling=SAMPLING_WORDS[plan.mode], mixing_order=plan.mixing_order, sigma_y=plan.sigma_y,
+        samples_per_class=plan.samples_per_class,
+        class_sizes=list(plan.public_class_sizes) if plan.public_class_sizes else None,
+        class_sizes_dp=list(plan.dp_class_sizes) if plan.dp_class_sizes else None,
+        sampling_rates=[float(q) for q in plan.sampling_rates], chunk_rows=cfg.chunk_rows,
+        postprocessing=postprocessing(plan), **common)
+
+
+def paper_epsilon(plan) -> float | None:
+    """Seed 000's Theorem 1 for this release's sigmas, as written: informational, never the guarantee (DP-CDA only)."""
     from evaluation.paper import theorem1_epsilon
 
+    if plan.mechanism != "dpcda":
+        return None
     return theorem1_epsilon(sigma_x=plan.sigma_x, sigma_y=plan.sigma_y, mixing_order=plan.mixing_order,
                             clip=plan.clip, num_records=plan.records_public, num_samples=plan.samples_total,
                             delta=plan.accounting.delta)
@@ -71,15 +109,7 @@ def build_manifest(cfg, input_info: InputInfo, plan, outputs, prefix: str = "") 
         created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         software=software(),
         input=input_info,
-        mechanism=Mechanism(
-            mode=plan.mode, sampling=SAMPLING_WORDS[plan.mode], mixing_order=plan.mixing_order,
-            clip=plan.clip, sigma_x=plan.sigma_x, sigma_y=plan.sigma_y,
-            noise_multiplier=worst.noise_multiplier if worst else 0.0, num_classes=plan.num_classes,
-            samples_total=plan.samples_total, samples_per_class=plan.samples_per_class,
-            class_sizes=list(plan.public_class_sizes) if plan.public_class_sizes else None,
-            class_sizes_dp=list(plan.dp_class_sizes) if plan.dp_class_sizes else None,
-            sampling_rates=[float(q) for q in plan.sampling_rates], chunk_rows=cfg.chunk_rows,
-            postprocessing=postprocessing(plan)),
+        mechanism=mechanism_section(cfg, plan),
         normalization=Normalization(
             method=plan.normalization_method, feature_bounds=plan.bounds, out_of_bounds=cfg.out_of_bounds,
             min_std=cfg.min_std, noise_std=plan.normalization_noise_std, epsilon_share=plan.normalization_share,
@@ -100,5 +130,5 @@ def build_manifest(cfg, input_info: InputInfo, plan, outputs, prefix: str = "") 
         output=Output(rows=sum(o.rows for o in outputs), files=list(outputs), prefix=prefix,
                       **({"format": f"parquet: {cfg.features_column} fixed_size_list<float32>[d], {cfg.label_column} "
                                     f"int64, {cfg.label_column}_soft fixed_size_list<float32>[{plan.num_classes}]"}
-                         if cfg.soft_labels else {})),
+                         if cfg.writes_soft_labels else {})),
     )

@@ -26,11 +26,11 @@ from privacy.noise import fresh_key, key_from_test_seed
 from schemas.config import ReleaseConfig
 from schemas.manifest import InputInfo, RunInfo
 from storage import publish
-from storage.paths import expand_glob, join, not_regular_files, open_file
+from storage.paths import expand_glob, is_remote, join, not_regular_files, open_file
 from transforms.calibrate import Calibrate
-from transforms.group import GroupByClass
-from transforms.mix import MixWithinClass
-from transforms.normalize import NormalizeAndClip
+from transforms.group import GroupByClass, GroupDataset
+from transforms.mix import MixDataset, MixWithinClass, PerturbRecords
+from transforms.normalize import NormalizeAndClip, NormalizeDataset
 from mechanisms.plan import PlanError, load_public_stats
 from transforms.read import ReadShards
 from storage.shards import InputError, detect_format, read_shard
@@ -82,17 +82,25 @@ def build_pipeline(p: beam.Pipeline, cfg: ReleaseConfig, files: list[str], fmt: 
         bounds=cfg.feature_bounds, out_of_bounds=cfg.out_of_bounds, num_classes=cfg.num_classes, width=dim)
     stats = blocks | "ComputeGlobalStats" >> ComputeGlobalStats(cfg.feature_bounds)
     plan = stats | "Calibrate" >> Calibrate(cfg, key)
-    synthetic = (blocks
-                 | "GroupByClass" >> GroupByClass(plan)
-                 | "NormalizeAndClip" >> NormalizeAndClip(plan)
-                 | "MixWithinClass" >> MixWithinClass(plan, key, device=cfg.device, chunk_rows=cfg.chunk_rows,
-                                                      features_column=cfg.features_column,
-                                                      label_column=cfg.label_column,
-                                                      soft_labels=cfg.soft_labels,
-                                                      expected_build=(__version__, build_commit())))
+    build = (__version__, build_commit())
+    common = dict(features_column=cfg.features_column, label_column=cfg.label_column, expected_build=build)
+    if cfg.mechanism == "dpcda":
+        synthetic = (blocks
+                     | "GroupByClass" >> GroupByClass(plan)
+                     | "NormalizeAndClip" >> NormalizeAndClip(plan)
+                     | "MixWithinClass" >> MixWithinClass(plan, key, device=cfg.device, chunk_rows=cfg.chunk_rows,
+                                                          soft_labels=cfg.soft_labels, **common))
+    elif cfg.mechanism == "dpmix":
+        synthetic = (blocks
+                     | "GroupDataset" >> GroupDataset()
+                     | "NormalizeDataset" >> NormalizeDataset(plan)
+                     | "MixDataset" >> MixDataset(plan, key, device=cfg.device, chunk_rows=cfg.chunk_rows, **common))
+    else:
+        synthetic = blocks | "PerturbRecords" >> PerturbRecords(plan, key, **common)
+    out_dim = cfg.projection_dim if cfg.mechanism == "randproj" else dim
     files_written = synthetic | "WriteSynthetic" >> WriteSynthetic(
-        target.workdir, dim, num_shards=cfg.output_shards, features_column=cfg.features_column,
-        label_column=cfg.label_column, soft_classes=cfg.num_classes if cfg.soft_labels else None)
+        target.workdir, out_dim, num_shards=cfg.output_shards, features_column=cfg.features_column,
+        label_column=cfg.label_column, soft_classes=cfg.num_classes if cfg.writes_soft_labels else None)
     return files_written | "WriteDraftManifest" >> WriteDraftManifest(
         target.workdir, plan, functools.partial(build_manifest, cfg, input_info, prefix=target.prefix),
         prefix=target.prefix)
@@ -143,7 +151,8 @@ def check_launcher_options(options: PipelineOptions) -> None:
         raise ReleaseError("DataflowRunner: --sdk_container_image already holds the code; --setup_file/"
                            "--requirements_file would make every worker reinstall it over the image at start-up")
     expected = f"{__version__}-{build_commit()}"
-    tag = image.rsplit(":", 1)[-1] if ":" in image.rsplit("/", 1)[-1] else ""
+    named = image.split("@", 1)[0]  # a digest pin (name:tag@sha256:...) keeps its tag
+    tag = named.rsplit(":", 1)[-1] if ":" in named.rsplit("/", 1)[-1] else ""
     if tag != expected:
         raise ReleaseError(f"--sdk_container_image {image}: tag '{tag}' does not match this launcher "
                            f"({expected}); build and push the image of this version (docs/operations.md)")
@@ -189,8 +198,13 @@ def run_pipeline(p: beam.Pipeline, options: PipelineOptions):
 
 
 def run_release(cfg: ReleaseConfig, beam_args: list[str], stages: tuple[Stage, ...] = (),
-                eval_input: Optional[str] = None) -> dict:
-    """Runs the whole release; returns the published manifest. Raises on any failure, leaving OUTPUT as it was."""
+                eval_input: Optional[str] = None, protect: tuple[str, ...] = ()) -> dict:
+    """Runs the whole release; returns the published manifest. Raises on any failure, leaving OUTPUT as it was.
+
+    ``protect``: more files the release must never write over (the config file); the input shards, the evaluation
+    set and the normalization file are protected anyway. An exception raised after the release became visible (an
+    interrupt during the old release's clean-up) carries ``published = True``.
+    """
     t0 = time.time()
     options = PipelineOptions(beam_args)
     check_launcher_options(options)
@@ -206,7 +220,12 @@ def run_release(cfg: ReleaseConfig, beam_args: list[str], stages: tuple[Stage, .
                              cfg.label_column, eval_input)
         if eval_dim != dim:
             raise InputError(f"{eval_input}: test rows have width {eval_dim}, the input has {dim}")
-    target = publish.prepare(cfg.output, overwrite=cfg.overwrite, inputs=files + eval_files)
+    if _is_dataflow(options):
+        local = [p for p in (cfg.input, cfg.output, eval_input, cfg.normalization_file) if p and not is_remote(p)]
+        if local:
+            raise ReleaseError(f"{local[0]}: DataflowRunner workers cannot reach local paths; use gs:// paths")
+    guarded = [*files, *eval_files, *(p for p in (cfg.normalization_file, *protect) if p)]
+    target = publish.prepare(cfg.output, overwrite=cfg.overwrite, inputs=guarded)
     info = InputInfo(pattern=cfg.input, format=fmt, files=len(files), features_column=cfg.features_column,
                      label_column=cfg.label_column, feature_dim=dim)
     log.info("stage=start files=%d format=%s dim=%d mode=%s l=%d run=%s", len(files), fmt, dim, cfg.mode,
@@ -223,8 +242,10 @@ def run_release(cfg: ReleaseConfig, beam_args: list[str], stages: tuple[Stage, .
         for name, stage in stages:
             manifest[name] = stage(target.workdir, manifest)
         publish.publish(target, manifest)
-    except BaseException:
+    except BaseException as err:
         publish.abandon(target)
+        if target.published:
+            err.published = True  # the CLI must not say "nothing was published"
         raise
     log.info("stage=done output=%s rows=%d epsilon=%s seconds=%.1f", target.output, manifest["output"]["rows"],
              manifest["privacy"]["epsilon"], time.time() - t0)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 import dp_accounting
 from dp_accounting import pld, rdp
@@ -45,7 +45,14 @@ RELATION_WORDS = {
     "fixed": ("replace one record's features with any other features within the same class "
               "(label unchanged); class sizes are public"),
     "poisson": "add or remove one record (features and label)",
+    "dpmix/fixed": ("replace one record (features and label) with any other record; the dataset size is "
+                    "public"),
 }
+
+
+def relation_key(mechanism: str, mode: Mode) -> str:
+    """The key of RELATION_WORDS for a mechanism's mode (DPMix's replace-one lets the label change)."""
+    return f"{mechanism}/{mode}" if f"{mechanism}/{mode}" in RELATION_WORDS else mode
 
 
 def make_accountant(mode: Mode, accountant: str | None = None) -> dp_accounting.PrivacyAccountant:
@@ -122,7 +129,8 @@ def _distinct(events: Sequence[MixingEvent]) -> list[MixingEvent]:
     return list(dict.fromkeys(events))
 
 
-def account(events: ReleaseEvents, delta: float, *, cross_check: bool = True) -> Accounting:
+def account(events: ReleaseEvents, delta: float, *, cross_check: bool = True,
+            relation: Optional[str] = None) -> Accounting:
     """Epsilon at ``delta`` of a release: adaptive stages + max over classes of shared o class mixing."""
     mode = events.mode
     name = ACCOUNTANT_BY_MODE[mode]
@@ -142,7 +150,7 @@ def account(events: ReleaseEvents, delta: float, *, cross_check: bool = True) ->
         eps += e
     components.update({e.name: epsilon_of(mode, [e], acc_delta) for e in events.shared})
     if worst is not None:
-        components["mixing"] = epsilon_of(mode, [worst], acc_delta)
+        components[getattr(worst, "component", "mixing")] = epsilon_of(mode, [worst], acc_delta)
     spent = 0.0
     if math.isfinite(eps):  # infinite epsilon: no guarantee for the sampler to weaken
         spent = sampler_delta(eps, gaussian_draws=events.gaussian_draws, binomial_draws=events.binomial_draws)
@@ -154,6 +162,6 @@ def account(events: ReleaseEvents, delta: float, *, cross_check: bool = True) ->
     if cross_check and mode == "poisson" and worst is not None:
         rest = epsilon_of(mode, [*events.shared, worst], acc_delta, accountant="rdp")
         checks["rdp"] = rest + sum(components[ev.name] for ev, _ in events.adaptive)
-    return Accounting(epsilon=eps, delta=delta, accountant=name, relation=RELATION_WORDS[mode],
+    return Accounting(epsilon=eps, delta=delta, accountant=name, relation=RELATION_WORDS[relation or mode],
                       components=components, worst_class_event=worst, cross_check=checks,
                       delta_breakdown=breakdown)

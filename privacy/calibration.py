@@ -76,6 +76,9 @@ def calibrate_gaussian(mode: Mode, *, name: str, sensitivity: float, target_epsi
     def eps_at(x: float) -> float:
         return relation_acc().compose(event(x)).get_epsilon(delta)
 
+    if eps_at(hi) > target_epsilon:
+        raise CalibrationError(f"{name}: epsilon share {target_epsilon:.3g} cannot be reached even with noise "
+                               f"multiplier {math.exp(hi):.3g}; raise epsilon or the share")
     if eps_at(lo) <= target_epsilon:
         z = math.exp(lo)
     else:
@@ -83,6 +86,21 @@ def calibrate_gaussian(mode: Mode, *, name: str, sensitivity: float, target_epsi
             relation_acc, event, target_epsilon, delta,
             bracket_interval=dp_accounting.ExplicitBracketInterval(lo, hi), tol=LOG_TOL))
     return GaussianStatsEvent(name, z * sensitivity, sensitivity)
+
+
+def calibrate_noise(mode: Mode, make_events, *, target_epsilon: float, delta: float, shared: Sequence[Event] = (),
+                    scale: float = 1.0) -> float:
+    """Smallest s * ``scale`` such that ``[*shared, *make_events(s * scale)]`` spends at most ``target_epsilon``.
+
+    Mechanism-agnostic: ``make_events(sigma)`` returns the mechanism's events at noise ``sigma``.
+    """
+    if target_epsilon is None or target_epsilon <= 0 or not math.isfinite(target_epsilon):
+        raise CalibrationError(f"epsilon must be a positive finite number, got {target_epsilon}")
+    if shared and epsilon_of(mode, shared, delta) >= target_epsilon:
+        raise CalibrationError(
+            f"the statistics releases alone spend epsilon {epsilon_of(mode, shared, delta):.4g} "
+            f">= target {target_epsilon}; lower their budget share")
+    return _search(mode, lambda s: [*shared, *make_events(s * scale)], target_epsilon, delta) * scale
 
 
 def calibrate_sigma_x(mode: Mode, *, class_sizes: Sequence[int], samples_per_class: int,

@@ -1,7 +1,8 @@
-"""Privacy events of a DP-CDA release, as frozen data.
+"""Privacy events of a release, as frozen data: one class per mechanism's synthesis step, plus statistics.
 
 Neighbouring relations (DESIGN.md, "Privacy model"):
-- ``fixed``: replace one record's features within its class; class sizes are public.
+- ``fixed``: replace one record. DP-CDA, local perturbation and random projection: its features, within its class
+  (class sizes public). DPMix: features and label, anywhere in the dataset (the dataset size public).
 - ``poisson``: add or remove one record, label included.
 
 Each event holds exactly what accounting needs and converts itself to a ``dp_accounting``
@@ -112,4 +113,81 @@ class NonPrivateEvent:
         return dp_accounting.NonPrivateDpEvent()
 
 
-Event = Union[MixingEvent, GaussianStatsEvent, NonPrivateEvent]
+def _rows_event(mode: Mode, one: dp_accounting.DpEvent, n: int, l: int, q: float, samples: int):
+    if isinstance(one, dp_accounting.NonPrivateDpEvent):
+        return one
+    if mode == "fixed":
+        row = dp_accounting.SampledWithoutReplacementDpEvent(n, l, one)
+    else:
+        row = dp_accounting.PoissonSampledDpEvent(q, one)
+    return dp_accounting.SelfComposedDpEvent(row, samples)
+
+
+@dataclasses.dataclass(frozen=True)
+class DpmixEvent:
+    """DPMix (seed 001): ``samples`` rows, each the mean of ``l`` records of the WHOLE dataset, features and one-hot
+    labels, plus N(0, sigma_x^2 I) on the features and N(0, sigma_y^2 I) on the label scores.
+
+    Labels cross classes here, so they cost privacy: the row (mean features, mean one-hot) moves by at most
+    (2c/l, sqrt(2)/l) under replace-one and (c/l, 1/l) under add/remove, and the two noises whiten it into one
+    Gaussian of noise multiplier ``l / sqrt(4c^2/sigma_x^2 + 2/sigma_y^2)`` (fixed) or
+    ``l / sqrt(c^2/sigma_x^2 + 1/sigma_y^2)`` (poisson). fixed: l of ``dataset_size`` without replacement.
+    """
+
+    mode: Mode
+    dataset_size: int
+    samples: int
+    mixing_order: int
+    clip: float
+    sigma_x: float
+    sigma_y: float
+
+    @property
+    def noise_multiplier(self) -> float:
+        if not (self.sigma_x > 0 and self.sigma_y > 0):
+            return 0.0
+        fx, fy = (4.0, 2.0) if self.mode == "fixed" else (1.0, 1.0)
+        return self.mixing_order / math.sqrt(fx * self.clip ** 2 / self.sigma_x ** 2 + fy / self.sigma_y ** 2)
+
+    @property
+    def exact_sampling_rate(self) -> Fraction:
+        n = max(int(self.dataset_size), 1)
+        return Fraction(min(int(self.mixing_order), n), n)
+
+    @property
+    def sampling_rate(self) -> float:
+        exact = self.exact_sampling_rate
+        q = float(exact)
+        return math.nextafter(q, 2.0) if Fraction(q) < exact else q
+
+    def to_dp_event(self) -> dp_accounting.DpEvent:
+        if self.samples == 0:
+            return dp_accounting.NoOpDpEvent()
+        return _rows_event(self.mode, _gaussian(self.noise_multiplier), max(self.dataset_size, 1),
+                           self.mixing_order, self.sampling_rate, self.samples)
+
+
+@dataclasses.dataclass(frozen=True)
+class PerturbEvent:
+    """Local perturbation and random projection: each record appears in exactly ONE released row,
+    ``gain * x + N(0, sigma_x^2 I)`` in effect (``gain`` = the projection's operator norm, 1 without one).
+
+    Replace-one within class (labels and class sizes public and released as they are): the row moves by at most
+    ``2 c gain``, so one Gaussian of noise multiplier ``sigma_x / (2 c gain)``; the other rows do not change
+    (parallel composition over records). Add/remove is not offered: a row per record publishes the count.
+    """
+
+    clip: float
+    sigma_x: float
+    gain: float = 1.0
+    component = "perturbation"
+
+    @property
+    def noise_multiplier(self) -> float:
+        return self.sigma_x / (2.0 * self.clip * self.gain)
+
+    def to_dp_event(self) -> dp_accounting.DpEvent:
+        return _gaussian(self.noise_multiplier)
+
+
+Event = Union[MixingEvent, DpmixEvent, PerturbEvent, GaussianStatsEvent, NonPrivateEvent]

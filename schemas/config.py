@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 MAX_CLASSES = 1 << 16
 MAX_MIXING_ORDER = 1 << 14  # keeps a row's summed records below privacy.events.MAX_ROW_RECORDS
 MAX_SAMPLES_PER_INPUT_ROW = 100  # T may be at most this many times the input rows (checked once they are counted)
+DEFAULT_LABEL_NOISE_RATIO = 1.0  # dpmix sigma_y / sigma_x; benchmarks/dpmix_ratio.py measures the choice
 
 
 class ConfigError(ValueError):
@@ -26,28 +27,43 @@ class ReleaseConfig(BaseModel):
 
     input: str = Field(description="glob of input shards, local or gs://")
     output: str = Field(description="release directory, local or gs://")
-    input_format: Literal["auto", "parquet", "tfrecord"] = "auto"
-    features_column: str = "features"
-    label_column: str = "label"
+    input_format: Literal["auto", "parquet", "tfrecord"] = Field("auto", description="format of the input shards")
+    features_column: str = Field("features", description="name of the features column")
+    label_column: str = Field("label", description="name of the label column")
 
-    mode: Literal["fixed", "poisson"] = "fixed"
+    mechanism: Literal["dpcda", "dpmix", "local", "randproj"] = Field("dpcda", description=(
+        "dpcda: class-centric mixing (seed 000); dpmix: mixing across the whole dataset, labels included (seed 001); "
+        "local: each record plus noise; randproj: each record randomly projected, plus noise"))
+    mode: Literal["fixed", "poisson"] = Field("fixed", description=(
+        "fixed: exactly l records per row, replace-one relation; poisson: each record with probability q, "
+        "add/remove relation (docs/privacy.md)"))
     mixing_order: int = Field(4, ge=1, le=MAX_MIXING_ORDER, description="l: records mixed into each synthetic row")
-    clip: float = Field(1.0, gt=0, description="c: L2 clip norm after the z-score")
+    clip: float = Field(1.0, gt=0, le=1e6, description="c: L2 clip norm after the z-score")
     epsilon: Optional[float] = Field(None, gt=0, description="target epsilon (calibrates sigma_x)")
-    sigma_x: Optional[float] = Field(None, ge=0, description="explicit feature noise std (instead of epsilon)")
-    sigma_y: float = Field(0.0, ge=0, description="label noise std (paper-faithful; default 0)")
-    delta: float = Field(1e-5, gt=0, lt=1)
+    sigma_x: Optional[float] = Field(None, ge=0, le=1e12, description=(
+        "explicit feature noise std (instead of epsilon; 0: no noise, not private)"))
+    sigma_y: float = Field(0.0, ge=0, le=1e12, description="label noise std (dpcda, paper-faithful)")
+    label_noise_ratio: float = Field(DEFAULT_LABEL_NOISE_RATIO, gt=0, description=(
+        "dpmix: sigma_y / sigma_x (the label noise is calibrated with the features')"))
+    projection_dim: int = Field(100, ge=1, description="randproj: p, the projected dimension")
+    projection_seed: int = Field(0, ge=0, lt=1 << 63, description="randproj: public seed of the projection matrix")
+    delta: float = Field(1e-5, gt=0, lt=1, description="delta of the (epsilon, delta) guarantee")
     samples: Optional[int] = Field(None, ge=1, description=(
         f"T: synthetic rows in total (default: input rows; at most {MAX_SAMPLES_PER_INPUT_ROW} x input rows)"))
-    num_classes: Optional[int] = Field(None, ge=1, le=MAX_CLASSES, description="K (required in poisson mode)")
+    num_classes: Optional[int] = Field(None, ge=1, le=MAX_CLASSES, description=(
+        "K (required in poisson mode, with dpmix and with soft labels; default: largest label + 1)"))
 
-    feature_bounds: tuple[float, float] = (0.0, 1.0)
-    out_of_bounds: Literal["clip", "refuse"] = "clip"
-    normalization: Literal["dp", "public", "exact"] = "dp"
-    normalization_file: Optional[str] = None
-    allow_exact_normalization: bool = False
-    normalization_budget_share: float = Field(0.05, gt=0, lt=1)
-    histogram_budget_share: float = Field(0.01, gt=0, lt=1)
+    feature_bounds: tuple[float, float] = Field((0.0, 1.0), description="lo,hi: declared bounds of the raw features")
+    out_of_bounds: Literal["clip", "refuse"] = Field("clip", description="features outside the bounds: clip or refuse")
+    normalization: Literal["dp", "public", "exact"] = Field("dp", description=(
+        "z-score statistics: dp (noisy, a share of the budget), public (--normalization-file) or exact (not DP)"))
+    normalization_file: Optional[str] = Field(None, description=(
+        "JSON {\"mean\": [...], \"std\": [...]} for normalization public"))
+    allow_exact_normalization: bool = Field(False, description=(
+        "allow normalization exact (the manifest then says end_to_end_dp: false)"))
+    normalization_budget_share: float = Field(0.05, gt=0, lt=1, description="share of epsilon for the z-score")
+    histogram_budget_share: float = Field(0.01, gt=0, lt=1, description=(
+        "share of epsilon (and of delta) for the class counts in poisson mode"))
     min_std: float = Field(0.01, gt=0, description="std floor, as a fraction of the feature range")
 
     soft_labels: bool = Field(False, description=(
@@ -56,22 +72,26 @@ class ReleaseConfig(BaseModel):
         "post-processing: project every released row onto its 2-D DCT frequencies u + v < K (per channel of "
         "image_shape); public and data-independent, so privacy is unchanged"))
     image_shape: Optional[tuple[int, ...]] = Field(None, description="H,W or C,H,W of the features for --lowpass "
-                                                   "(default: square, H = W = sqrt(d))")
+                                                   "or --denoise (default: square, H = W = sqrt(d))")
+    denoise: Optional[float] = Field(None, gt=0, description=(
+        "post-processing (seed 001): Gaussian blur of each released image row with this std in pixels; public and "
+        "data-independent, so privacy is unchanged"))
     chunk_rows: int = Field(4096, ge=1, le=1 << 20, description="synthetic rows per noise chunk")
     max_class_bytes: Optional[int] = Field(None, ge=1, description=(
-        "memory one class may take on the worker that mixes it (d * 8 + 8 bytes per record: one float64 copy and an "
-        "index); default: 40 % of that machine's memory. Accepts K, M, G suffixes"))
-    output_shards: int = Field(0, ge=0, description="Parquet part files (0: one per class)")
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+        "memory one class may take on the worker that mixes it (12 d + 8 bytes per record: our float64 copy, an index "
+        "and the runner's grouped float32 rows); default: 40 % of that machine's memory. Accepts K, M, G suffixes"))
+    output_shards: int = Field(0, ge=0, le=100_000, description="Parquet part files (0: the runner decides)")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where the mixing runs (auto: CUDA if present)")
     seed: Optional[int] = Field(None, ge=0, lt=1 << 63, description="TEST ONLY: fixed noise key; marks the manifest")
-    overwrite: bool = False
+    overwrite: bool = Field(False, description="replace an existing release of ours at the output")
 
-    eval_input: Optional[str] = None
+    eval_input: Optional[str] = Field(None, description=(
+        "glob of real test shards: train the evaluation model on the release and test it there, as a last stage"))
     eval_input_public: bool = Field(False, description="the evaluation's real test set is public: its figures may "
                                                         "be published with the release")
-    eval_runs: int = Field(1, ge=1)
-    eval_epochs: int = Field(10, ge=1)
-    audit: bool = False
+    eval_runs: int = Field(1, ge=1, description="evaluation training seeds")
+    eval_epochs: int = Field(10, ge=1, description="evaluation epochs")
+    audit: bool = Field(False, description="add an empirical privacy audit section (a canary game on the mechanism)")
 
     @field_validator("max_class_bytes", mode="before")
     @classmethod
@@ -81,12 +101,19 @@ class ReleaseConfig(BaseModel):
             text = v.strip().upper().removesuffix("B").removesuffix("I")
             try:
                 return int(float(text[:-1]) * units[text[-1]]) if text and text[-1] in units else int(text)
-            except (ValueError, KeyError):
+            except (ValueError, KeyError, OverflowError):
                 raise ValueError("expected bytes, e.g. 8000000000 or 8G") from None
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults_for_mechanism(cls, data):
+        if isinstance(data, dict) and data.get("mechanism") in ("local", "randproj") and data.get("mixing_order") is None:
+            data = {**data, "mixing_order": 1}
+        return data
+
     @field_validator("mixing_order", "samples", "num_classes", "chunk_rows", "max_class_bytes", "output_shards",
-                     "eval_runs", "eval_epochs", "seed", "lowpass", mode="before")
+                     "eval_runs", "eval_epochs", "seed", "lowpass", "projection_dim", "projection_seed", mode="before")
     @classmethod
     def _no_bools(cls, v):
         if isinstance(v, bool):
@@ -157,8 +184,22 @@ class ReleaseConfig(BaseModel):
                              "--i-understand-exact-normalization-is-not-dp to allow it")
         if self.soft_labels and self.num_classes is None:
             raise ValueError("num_classes: required with soft_labels (the width of the soft-label column)")
-        if self.image_shape is not None and self.lowpass is None:
-            raise ValueError("image_shape: only used with --lowpass; give both or neither")
+        if self.image_shape is not None and self.lowpass is None and self.denoise is None:
+            raise ValueError("image_shape: only used with --lowpass or --denoise; give it with one of them")
+        if self.mechanism in ("local", "randproj"):
+            if self.mode != "fixed":
+                raise ValueError(f"mode: {self.mechanism} releases one row per record, which publishes the count; "
+                                 f"only mode fixed (replace one record within its class) is offered")
+            if self.samples is not None:
+                raise ValueError(f"samples: {self.mechanism} releases exactly one row per record")
+            if self.mixing_order != 1:
+                raise ValueError(f"mixing_order: {self.mechanism} does not mix records (leave it out)")
+        if self.mechanism == "randproj" and (self.lowpass or self.denoise):
+            raise ValueError("lowpass/denoise: randproj rows are projections, not images")
+        if self.mechanism == "dpmix" and self.num_classes is None:
+            raise ValueError("num_classes: required with dpmix (the width of the released label scores)")
+        if self.mechanism != "dpcda" and self.sigma_y:
+            raise ValueError("sigma_y: dpcda only (dpmix sets it from --label-noise-ratio)")
         if self.normalization_budget_share + self.histogram_budget_share >= 0.5:
             raise ValueError("normalization_budget_share: the statistics may take under half the budget")
         return self
@@ -166,6 +207,11 @@ class ReleaseConfig(BaseModel):
     @property
     def reproducible(self) -> bool:
         return self.seed is not None
+
+    @property
+    def writes_soft_labels(self) -> bool:
+        """DPMix always releases its label scores; DP-CDA when asked."""
+        return self.soft_labels or self.mechanism == "dpmix"
 
 
 def _flatten_error(err: ValidationError) -> str:

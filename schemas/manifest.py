@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 SCHEMA_PATH = Path(__file__).with_name("manifest.schema.json")
 
@@ -38,14 +38,18 @@ class InputInfo(_Frozen):
 
 
 class PostProcessing(_Frozen):
-    lowpass: int = Field(description="K: each released row keeps its 2-D DCT frequencies u + v < K")
+    lowpass: Optional[int] = Field(None, description="K: each released row keeps its 2-D DCT frequencies u + v < K")
+    denoise: Optional[float] = Field(None, description="std (pixels) of the Gaussian blur of each released row")
     image_shape: list[int] = Field(description="(H, W) or (C, H, W) grid the DCT runs on, channels-first")
-    kept_coefficients: int
-    privacy: str = ("post-processing of the DP output by a public, data-independent linear projection: "
+    kept_coefficients: Optional[int] = None
+    privacy: str = ("post-processing of the DP output by public, data-independent linear maps: "
                     "the guarantee is unchanged")
 
 
-class Mechanism(_Frozen):
+class DpcdaMechanism(_Frozen):
+    """DP-CDA (seed 000): class-centric mixing."""
+
+    name: Literal["dpcda"] = "dpcda"
     mode: Literal["fixed", "poisson"]
     sampling: str
     mixing_order: int
@@ -61,6 +65,69 @@ class Mechanism(_Frozen):
     sampling_rates: list[float] = Field(description="l/N_k (fixed) or q_k = l/N_k_hat (poisson), per class")
     chunk_rows: int
     postprocessing: Optional[PostProcessing] = None
+
+
+class DpmixMechanism(_Frozen):
+    """DPMix (seed 001): mixing across the whole dataset, features and one-hot labels, noise on both."""
+
+    name: Literal["dpmix"]
+    mode: Literal["fixed", "poisson"]
+    sampling: str
+    mixing_order: int
+    clip: float
+    sigma_x: float
+    sigma_y: float
+    label_noise_ratio: float
+    noise_multiplier: float = Field(description="of the combined feature-and-label Gaussian (privacy.events)")
+    num_classes: int
+    samples_total: int
+    dataset_size: Optional[int] = Field(None, description="N; fixed mode only (public there)")
+    dataset_size_dp: Optional[int] = Field(None, description="DP estimate of N; poisson mode only")
+    sampling_rate: float
+    chunk_rows: int
+    postprocessing: Optional[PostProcessing] = None
+
+
+class LocalMechanism(_Frozen):
+    """Local perturbation: every record plus Gaussian noise, once, with its label."""
+
+    name: Literal["local"]
+    mode: Literal["fixed"]
+    clip: float
+    sigma_x: float
+    noise_multiplier: float
+    num_classes: int
+    samples_total: int
+    class_sizes: list[int]
+    postprocessing: Optional[PostProcessing] = None
+
+
+class RandprojMechanism(_Frozen):
+    """Random projection: every record projected by a public random matrix, plus noise, once, with its label."""
+
+    name: Literal["randproj"]
+    mode: Literal["fixed"]
+    clip: float
+    sigma_x: float
+    noise_multiplier: float
+    projection_dim: int
+    projection_seed: int = Field(description="public seed of R (mechanisms.randproj.projection_matrix)")
+    projection_norm: float = Field(description="||R||_2: the sensitivity is 2 c ||R||_2")
+    num_classes: int
+    samples_total: int
+    class_sizes: list[int]
+
+
+def _mechanism_name(value) -> str:
+    """The union's tag; manifests written before the mechanism family have none and are DP-CDA."""
+    if isinstance(value, dict):
+        return value.get("name", "dpcda")
+    return getattr(value, "name", "dpcda")
+
+
+Mechanism = Annotated[Union[Annotated[DpcdaMechanism, Tag("dpcda")], Annotated[DpmixMechanism, Tag("dpmix")],
+                            Annotated[LocalMechanism, Tag("local")], Annotated[RandprojMechanism, Tag("randproj")]],
+                      Discriminator(_mechanism_name)]
 
 
 class Normalization(_Frozen):
@@ -126,7 +193,7 @@ class RunInfo(_Frozen):
 
 
 class Manifest(_Frozen):
-    manifest_version: int = 1
+    manifest_version: int = 2
     created_at: str
     software: Software
     input: InputInfo

@@ -36,6 +36,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import shutil
 import uuid
 from typing import Optional
@@ -47,6 +48,8 @@ MANIFEST = "manifest.json"
 DRAFT = "manifest.draft.json"  # what the pipeline writes; only ``publish`` writes MANIFEST
 RUNS = "runs"
 STALE_RUN_HOURS = 72
+RUN_MARKER = ".dpcda-run"  # written into every local run directory: only such directories are ever swept
+_RUN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{8}")
 
 
 class PublishError(RuntimeError):
@@ -65,6 +68,7 @@ class Target:
     lock_fd: Optional[int] = None
     generation: int = 0  # GCS: generation of OUTPUT/manifest.json when the run started (0: none)
     old_manifest: Optional[dict] = None
+    published: bool = False  # set the moment the release became visible: from then on nothing may undo it
 
 
 def _run_id() -> str:
@@ -81,11 +85,13 @@ def _run_age_hours(run_id: str) -> Optional[float]:
 
 
 def check_output_path(output: str) -> str:
-    """OUTPUT without a trailing slash; refuses '', '/', '.', '..' and bucket roots."""
+    """OUTPUT without a trailing slash, a local parent resolved; refuses '', '/', '.', '..' and bucket roots."""
     out = str(output).rstrip("/")
     name = out.rsplit("/", 1)[-1]
     if not out or name in ("", ".", "..") or (is_remote(out) and out.count("/") < 3):
         raise PublishError(f"output: {output!r} is not a release directory; name one, e.g. releases/fm-eps10")
+    if not is_remote(out):  # one spelling of OUTPUT, so one lock and one set of run directories
+        out = os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(out))), os.path.basename(out))
     return out
 
 
@@ -132,16 +138,27 @@ def publish(target: Target, manifest: dict) -> None:
 
 
 def abandon(target: Optional[Target]) -> None:
-    """Removes the run's directory and releases the lock; OUTPUT is left as it was."""
+    """Removes the run's directory and releases the lock; OUTPUT is left as it was. After the switch (``published``)
+    the run's files ARE the release and are kept; what is left of the old one goes with the next run."""
     if target is None:
         return
     try:
+        if target.published:
+            return
         if is_remote(target.output):
             _delete_gcs_prefix(target.workdir)
         elif os.path.isdir(target.workdir):
             shutil.rmtree(target.workdir, ignore_errors=True)
     finally:
         _unlock(target)
+
+
+def _after_switch(what: str, fn, *args) -> None:
+    """Clean-up after the release became visible: best effort, never reported as a failed release."""
+    try:
+        fn(*args)
+    except Exception as err:  # noqa: BLE001 - the release is published; leftovers go with the next run
+        log.warning("stage=publish %s failed (%s); the next run to this output removes what is left", what, err)
 
 
 # ---------------------------------------------------------------- local
@@ -193,6 +210,8 @@ def _prepare_local(out: str, overwrite: bool) -> Target:
         target.old_manifest = _existing_local(out, overwrite)
         target.workdir = f"{out}.tmp-{target.run_id}"
         os.mkdir(target.workdir)
+        with open(os.path.join(target.workdir, RUN_MARKER), "w") as fh:
+            fh.write(target.run_id + "\n")
     except BaseException:
         _unlock(target)
         raise
@@ -213,15 +232,32 @@ def _existing_local(out: str, overwrite: bool) -> Optional[dict]:
         return validate_manifest(fh.read(), out)
 
 
-def _remove_stale_local(out: str) -> None:
-    """Run directories of dead runs (we hold the lock, so no live run owns one)."""
-    parent, name = os.path.split(os.path.abspath(out))
+def _our_run_dirs(out: str, mark: str) -> list[str]:
+    """Sibling directories ``OUTPUT<mark><run id>`` that carry our run marker (never anything else)."""
+    parent, name = os.path.split(out)
+    found = []
     for entry in os.listdir(parent):
-        for mark in (".tmp-", ".old-"):
-            if entry.startswith(name + mark) and os.path.isdir(os.path.join(parent, entry)) and not os.path.islink(
-                    os.path.join(parent, entry)):
-                log.info("stage=publish removing stale %s", entry)
-                shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+        path = os.path.join(parent, entry)
+        if (entry.startswith(name + mark) and _RUN_ID.fullmatch(entry[len(name + mark):])
+                and os.path.isdir(path) and not os.path.islink(path)
+                and os.path.isfile(os.path.join(path, RUN_MARKER))):
+            found.append(path)
+    return sorted(found)
+
+
+def _remove_stale_local(out: str) -> None:
+    """Run directories of dead runs (we hold the lock, so no live run owns one). A run that had renamed the old
+    release aside (no renameat2) and died before moving the new one in left OUTPUT absent: the old release comes
+    back first."""
+    olds = _our_run_dirs(out, ".old-")
+    if olds and not os.path.lexists(out) and os.path.isfile(os.path.join(olds[-1], MANIFEST)):
+        log.warning("stage=publish restoring %s: a run died while replacing it", out)
+        os.rename(olds[-1], out)
+        os.remove(os.path.join(out, RUN_MARKER))
+        olds = olds[:-1]
+    for path in olds + _our_run_dirs(out, ".tmp-"):
+        log.info("stage=publish removing stale %s", os.path.basename(path))
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _check_parts(manifest: dict, read_size) -> None:
@@ -242,9 +278,8 @@ def _publish_local(target: Target, manifest: dict, text: str) -> None:
         return os.path.getsize(p) if os.path.isfile(p) else None
 
     _check_parts(manifest, size)
-    draft = os.path.join(work, DRAFT)
-    if os.path.exists(draft):
-        os.remove(draft)
+    if os.path.exists(os.path.join(work, DRAFT)):
+        os.remove(os.path.join(work, DRAFT))
     tmp = os.path.join(work, f".{MANIFEST}.tmp")
     with open(tmp, "w") as fh:
         fh.write(text)
@@ -258,18 +293,26 @@ def _publish_local(target: Target, manifest: dict, text: str) -> None:
             if os.path.lexists(out):
                 raise PublishError(f"{out}: appeared while the job ran; nothing was published")
             os.rename(work, out)
+        target.published = True
     elif _renameat2(work, out, RENAME_EXCHANGE):
-        shutil.rmtree(work)  # the old release, now at the run directory's name
+        target.published = True
+        _after_switch("removing the old release", shutil.rmtree, work)  # the old release, at the run's name now
     else:
         old = f"{out}.old-{target.run_id}"
+        with open(os.path.join(out, RUN_MARKER), "w") as fh:  # so that the aside copy can be recognised
+            fh.write(target.run_id + "\n")
         os.rename(out, old)
         try:
             os.rename(work, out)
         except BaseException:
             os.rename(old, out)
+            os.remove(os.path.join(out, RUN_MARKER))
             raise
-        shutil.rmtree(old)
-    _fsync_dir(os.path.dirname(os.path.abspath(out)))
+        target.published = True
+        _after_switch("removing the old release", shutil.rmtree, old)
+    # the run marker came along (a run that dies before the switch must leave a marked directory to sweep)
+    _after_switch("removing the run marker", os.remove, os.path.join(out, RUN_MARKER))
+    _after_switch("syncing the output folder", _fsync_dir, os.path.dirname(out))
     _unlock(target)
 
 
@@ -325,11 +368,12 @@ def _prepare_gcs(out: str, overwrite: bool) -> Target:
             raise PublishError(f"{out}: a release already exists there; pass --overwrite to replace it")
         target.old_manifest = validate_manifest(blob.download_as_bytes(), out)
     else:
-        foreign = [b.name for b in bucket.list_blobs(prefix=f"{prefix}/", max_results=50)
-                   if not b.name.startswith(f"{prefix}/{RUNS}/")]
+        listing = bucket.list_blobs(prefix=f"{prefix}/", delimiter="/")  # the prefix's own objects and folders
+        foreign = [b.name for b in listing]
+        foreign += [p for p in listing.prefixes if p != f"{prefix}/{RUNS}/"]
         if foreign:
             raise PublishError(f"{out}: holds objects but no release {MANIFEST} (e.g. gs://{bucket_name}/"
-                               f"{foreign[0]}); refusing to write there")
+                               f"{sorted(foreign)[0]}); refusing to write there")
     _remove_stale_gcs(bucket, prefix, target.old_manifest)
     return target
 
@@ -354,10 +398,15 @@ def _remove_stale_gcs(bucket, prefix: str, current: Optional[dict]) -> None:
 
 
 def _delete_gcs_prefix(path: str) -> None:
+    from google.api_core import exceptions as gexc
+
     bucket_name, prefix = split_gs(path)
     bucket = gcs_client().bucket(bucket_name)
     for b in bucket.list_blobs(prefix=prefix.rstrip("/") + "/"):
-        b.delete()
+        try:
+            b.delete()
+        except gexc.NotFound:  # another run removed it first
+            pass
 
 
 def _publish_gcs(target: Target, manifest: dict, text: str) -> None:
@@ -380,13 +429,18 @@ def _publish_gcs(target: Target, manifest: dict, text: str) -> None:
     except gexc.PreconditionFailed:
         raise PublishError(f"{target.output}: another release was published there while this job ran; nothing "
                            f"was published") from None
+    target.published = True
     old = target.old_manifest
     if old is not None:
         old_run = _referenced_run(old)
         if old_run is not None and old_run != target.run_id:
-            _delete_gcs_prefix(f"{target.output}/{RUNS}/{old_run}")
+            _after_switch("removing the old release", _delete_gcs_prefix, f"{target.output}/{RUNS}/{old_run}")
         elif old_run is None:  # a release laid out at OUTPUT itself: remove what it listed
-            for f in old["output"]["files"]:
-                b = bucket.get_blob(f"{prefix}/{f['path']}")
-                if b is not None:
-                    b.delete()
+            _after_switch("removing the old release", _delete_listed, bucket, prefix, old)
+
+
+def _delete_listed(bucket, prefix: str, manifest: dict) -> None:
+    for f in manifest["output"]["files"]:
+        b = bucket.get_blob(f"{prefix}/{f['path']}")
+        if b is not None:
+            b.delete()

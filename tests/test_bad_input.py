@@ -133,7 +133,7 @@ def _narrower_shard(d: Path):
                                                                  f"width {DIM - 1}, but the input's width is {DIM}"]
 
 
-CLASS_BYTES = N_PER_CLASS * (8 * DIM + 8)  # one float64 copy and an int64 index per record
+CLASS_BYTES = N_PER_CLASS * (12 * DIM + 8)  # float64 copy, int64 index, the runner's float32 rows
 
 
 def _class_too_large(d: Path):
@@ -418,7 +418,7 @@ def test_mix_dofn_retry_after_partial_output_is_identical(tmp_path, monkeypatch,
     rng = np.random.default_rng(0)
     x = rng.normal(size=(12, DIM)).astype(np.float32)
     plan = types.SimpleNamespace(feature_dim=DIM, num_classes=K, mode=mode, mixing_order=3, sigma_x=0.5,
-                                 samples_per_class=10, sampling_rates=(0.25,) * K, sigma_y=0.0, lowpass=None)
+                                 samples_per_class=10, sampling_rates=(0.25,) * K, sigma_y=0.0, lowpass=None, denoise_spec=None)
     key = key_from_test_seed(5)
     element = (1, x)
     fn = _MixFn("cpu", 4, "features", "label")

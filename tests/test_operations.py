@@ -176,15 +176,87 @@ def test_publish_replaces_a_release_whole_and_a_reader_never_sees_a_gap(tmp_path
         assert None not in seen and len(seen) > 20
 
 
-def test_stale_run_directories_of_dead_runs_are_removed_by_the_next_run(tmp_path, capsys):
-    glob_ = write_dataset(tmp_path / "in", X, Y)
+def test_stale_run_directories_of_dead_runs_are_removed_and_look_alikes_are_not(tmp_path, capsys):
+    """Only OUT.tmp-<run id> / OUT.old-<run id> carrying our run marker are swept (review: a backup named
+    out.old-2025-backup and an input folder out.old-inputs were deleted)."""
     out = tmp_path / "out"
-    for stale in ("out.tmp-20250101T000000Z-deadbeef", "out.old-1234"):
-        (tmp_path / stale / "synthetic").mkdir(parents=True)
-        (tmp_path / stale / "synthetic" / "part.parquet").write_bytes(b"x" * 1000)
+    inputs = tmp_path / "out.old-inputs"
+    glob_ = write_dataset(inputs, X, Y)
+    backup = tmp_path / "out.old-2025-backup"
+    backup.mkdir()
+    (backup / "keep.txt").write_text("keep")
+    unmarked = tmp_path / "out.tmp-20250101T000000Z-0badc0de"  # our name, but no marker: not ours
+    unmarked.mkdir()
+    stale = tmp_path / "out.tmp-20250101T000000Z-deadbeef"
+    (stale / "synthetic").mkdir(parents=True)
+    (stale / publish.RUN_MARKER).write_text("x")
     code, err = cli(capsys, "release", "--input", glob_, "--output", out, *BASE, *BEAM_ARGS)
     assert code == 0, err[-2000:]
-    assert leftovers(out) == [] and (out / "manifest.json").exists()
+    assert not stale.exists() and unmarked.exists() and (backup / "keep.txt").exists()
+    assert len(list(inputs.glob("*.parquet"))) == 2 and (out / "manifest.json").exists()
+
+
+def test_a_run_that_died_mid_swap_is_repaired_by_the_next(tmp_path, monkeypatch):
+    """Without renameat2 the old release is renamed aside first; if the run dies there, OUTPUT is absent. The next
+    run puts the old release back before anything else."""
+    monkeypatch.setattr(publish, "_renameat2", lambda *a: False)
+    out = tmp_path / "out"
+    first = publish.prepare(str(out), overwrite=False, inputs=[])
+    publish.publish(first, _fake_run_dir(first))
+    before = snapshot(out)
+    second = publish.prepare(str(out), overwrite=True, inputs=[])
+    _fake_run_dir(second)
+    original = os.rename
+
+    def die_after_aside(src, dst):
+        original(src, dst)
+        if ".old-" in str(dst):
+            raise SystemExit("killed")  # the process dies between the two renames
+
+    monkeypatch.setattr(os, "rename", die_after_aside)
+    with pytest.raises(SystemExit):
+        publish.publish(second, {**valid_manifest(), "output": {**valid_manifest()["output"], "files": [
+            {"path": "synthetic/part-00000-of-00001.parquet", "rows": 4, "sha256": "0", "bytes": 4}]}})
+    monkeypatch.setattr(os, "rename", original)
+    os.close(second.lock_fd)  # the dead process's lock
+    assert not out.exists()
+    third = publish.prepare(str(out), overwrite=True, inputs=[])
+    assert snapshot(out) == before  # the old release is back
+    publish.abandon(third)
+    assert leftovers(out) == []
+
+
+def test_config_and_statistics_files_inside_the_output_are_protected(tmp_path, capsys):
+    glob_ = write_dataset(tmp_path / "in", X, Y)
+    out = tmp_path / "out"
+    assert cli(capsys, "release", "--input", glob_, "--output", out, *BASE, *BEAM_ARGS)[0] == 0
+    (out / "job.yaml").write_text("mixing_order: 2\n")
+    code, err = cli(capsys, "release", "--input", glob_, "--output", out, "--config", out / "job.yaml",
+                    "--overwrite", *BASE, *BEAM_ARGS)
+    assert code == EXIT_BAD_INPUT
+    one_line(err, "lies inside the output")
+    assert (out / "job.yaml").exists()
+
+
+def test_an_interrupt_after_the_switch_says_the_release_was_published(tmp_path, monkeypatch, capsys):
+    """Review: an interrupt while the old release was being removed reported 'nothing was published'."""
+    glob_ = write_dataset(tmp_path / "in", X, Y)
+    out = tmp_path / "out"
+    assert cli(capsys, "release", "--input", glob_, "--output", out, *BASE, *BEAM_ARGS)[0] == 0
+    old = json.loads((out / "manifest.json").read_text())["created_at"]
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(publish, "_fsync_dir", interrupted)  # the last clean-up step after the switch
+    code, err = cli(capsys, "release", "--input", glob_, "--output", out, "--overwrite", "--seed", "2",
+                    "--sigma-x", "0.5", *BEAM_ARGS)
+    monkeypatch.undo()
+    assert code == EXIT_SIGINT
+    one_line(err, "the release WAS published")
+    assert (out / "manifest.json").exists()
+    assert json.loads((out / "manifest.json").read_text())["input"]  # a complete release of ours
+    del old
 
 
 # ---------------------------------------------------------------- 3, 5, 6: refused before work
@@ -193,13 +265,18 @@ def test_stale_run_directories_of_dead_runs_are_removed_by_the_next_run(tmp_path
     (["--mixing-ordr", "16"], "unknown option --mixing-ordr; did you mean --mixing-order?"),
     (["--detla", "1e-9"], "unknown option --detla; did you mean --delta?"),
     (["--samples", str(101 * 30)], "more than 100 times the input's rows"),
-    (["--sigma-y", "inf"], "sigma_y: must be a finite number"),
+    (["--sigma-y", "inf"], "sigma_y"),
     (["--seed", str(2 ** 128)], "seed"),
     (["--num-classes", str(2 ** 62)], "num_classes"),
     (["--mixing-order", str(10 ** 9)], "mixing_order"),
     (["--runner=BogusRunner"], "--runner=BogusRunner: Unexpected pipeline runner"),
     (["--feature-bounds=0,1e160"], "too wide"),
     (["--no_wait_until_finish"], "--no_wait_until_finish"),
+    (["--experiments=enable_data_sampling"], "pass --allow-exception-sampling"),
+    (["--num_workers=abc"], "Beam option: argument --num_workers: invalid int value"),
+    (["--max-class-bytes", "1e400G"], "expected bytes"),
+    (["--output-shards", str(10 ** 20)], "output_shards"),
+    (["--mode", "poisson", "--num-classes", "3", "--epsilon", "0.001", "--sigma-x", "0"], "sigma_x"),
 ])
 def test_bad_options_end_in_one_line_and_nothing_published(tmp_path, capsys, args, needle):
     glob_ = write_dataset(tmp_path / "in", X, Y)
@@ -211,10 +288,18 @@ def test_bad_options_end_in_one_line_and_nothing_published(tmp_path, capsys, arg
     assert not out.exists() and leftovers(out) == []
 
 
+def test_poisson_with_an_unreachable_histogram_share_ends_in_one_line(tmp_path, capsys):
+    glob_ = write_dataset(tmp_path / "in", X, Y)
+    code, err = cli(capsys, "release", "--input", glob_, "--output", tmp_path / "out", "--mode", "poisson",
+                    "--num-classes", "3", "--epsilon", "0.01", "--seed", "1", *BEAM_ARGS)
+    assert code == EXIT_BAD_INPUT, err[-2000:]
+    one_line(err, "cannot be reached")
+
+
 def test_sigma_x_inf_and_bad_outputs_are_refused(tmp_path, capsys):
     glob_ = write_dataset(tmp_path / "in", X, Y)
     (tmp_path / "afile").write_text("x")
-    for output, extra, needle in [(tmp_path / "out", ["--sigma-x", "inf"], "sigma_x: must be a finite number"),
+    for output, extra, needle in [(tmp_path / "out", ["--sigma-x", "inf"], "sigma_x"),
                                   ("", BASE, "not a release directory"), ("/", BASE, "not a release directory"),
                                   (tmp_path / "afile" / "rel", BASE, "is not a directory")]:
         code, err = cli(capsys, "release", "--input", glob_, "--output", output, *extra, *BEAM_ARGS)
@@ -312,7 +397,7 @@ def test_non_finite_statistics_or_rows_are_never_published():
 
     class Plan:  # rows that are not finite (here: no noise on infinite records) are refused, not written
         num_classes, mode, mixing_order, samples_per_class, sampling_rates = 1, "fixed", 1, 3, [1]
-        sigma_x, sigma_y, lowpass = 0.0, 0.0, None
+        sigma_x, sigma_y, lowpass, denoise_spec = 0.0, 0.0, None, None
 
     fn = _MixFn("cpu", 16, "features", "label")
     fn.setup()
@@ -421,6 +506,32 @@ def test_gcs_two_publishers_cannot_both_win(gcs):
 
 
 @pytest.mark.gcs
+def test_gcs_an_interrupt_after_the_switch_keeps_the_new_release(gcs, monkeypatch):
+    """Review: an interrupt while the old run was being deleted made abandon() delete the NEW run's parts."""
+    out = f"{gcs}/rel"
+    bucket = publish.gcs_client().bucket("lake")
+
+    def release(rows):
+        t = publish.prepare(out, overwrite=True, inputs=[])
+        bucket.blob(f"rel/{t.prefix}synthetic/p.parquet").upload_from_string(b"rows")
+        m = valid_manifest()
+        m["output"] = {"rows": rows, "prefix": t.prefix, "files": [
+            {"path": f"{t.prefix}synthetic/p.parquet", "rows": rows, "sha256": "0", "bytes": 4}]}
+        return t, m
+
+    first, m1 = release(1)
+    publish.publish(first, m1)
+    second, m2 = release(2)
+    monkeypatch.setattr(publish, "_delete_gcs_prefix", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        publish.publish(second, m2)
+    assert second.published
+    publish.abandon(second)  # what run_release does on the way out
+    assert json.loads(bucket.get_blob("rel/manifest.json").download_as_bytes())["output"]["rows"] == 2
+    assert bucket.get_blob(f"rel/{second.prefix}synthetic/p.parquet") is not None
+
+
+@pytest.mark.gcs
 def test_gcs_refuses_foreign_objects_and_removes_stale_runs(gcs):
     bucket = publish.gcs_client().bucket("lake")
     bucket.blob("data/table.csv").upload_from_string(b"a,b")
@@ -486,10 +597,24 @@ def test_launcher_refuses_a_failed_job_and_options_it_cannot_honour():
         run_pipeline(_FakePipeline(_FakeResult(state="FAILED")), PipelineOptions(DATAFLOW))
     good = f"--sdk_container_image=europe-docker.pkg.dev/p/dpcda/worker:{__version__}-{build_commit()}"
     check_launcher_options(PipelineOptions([*DATAFLOW, good]))
+    check_launcher_options(PipelineOptions([*DATAFLOW, good + "@sha256:" + "0" * 64]))  # a digest pin keeps its tag
     for extra, needle in [([], "pass --sdk_container_image"), ([good, "--setup_file=./setup.py"], "reinstall"),
                           (["--sdk_container_image=x/worker:0.0.1"], "does not match this launcher")]:
         with pytest.raises(ReleaseError, match=needle):
             check_launcher_options(PipelineOptions([*DATAFLOW, *extra]))
+
+
+def test_dataflow_with_local_paths_is_refused_before_work(tmp_path):
+    from pipeline import __version__, build_commit
+    from pipeline.release import ReleaseError, run_release
+    from schemas.config import load_config
+
+    glob_ = write_dataset(tmp_path / "in", X, Y)
+    cfg = load_config(None, {"input": glob_, "output": str(tmp_path / "out"), "sigma_x": 0.5})
+    image = f"--sdk_container_image=x/worker:{__version__}-{build_commit()}"
+    with pytest.raises(ReleaseError, match="cannot reach local paths"):
+        run_release(cfg, [*DATAFLOW, image])
+    assert not (tmp_path / "out").exists()
 
 
 def test_worker_refuses_code_of_another_build():

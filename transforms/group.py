@@ -1,4 +1,5 @@
 """GroupByClass: Block -> (k, iterable of raw float32 row blocks) for every class k in range(K), empty classes included.
+GroupDataset: Block -> (0, iterable of (rows, labels)): the whole dataset, for DPMix.
 
 Grouping raw rows (before the z-score) lets the read stage feed the shuffle directly, so the full input crosses a
 stage boundary once; normalisation then runs fused with the mixing, writing each block straight into the class's one
@@ -18,20 +19,29 @@ def _split_by_label(block: Block):
         yield int(k), block.features[block.labels == k]
 
 
-def _blocks(element):
-    k, groups = element
-    return k, groups["rows"]
+def _with_labels(block: Block):
+    return 0, (block.features, block.labels)
 
 
 class GroupByClass(beam.PTransform):
-    """Block -> (k, iterable of float32 (n, d) blocks) for k in range(plan.num_classes)."""
+    """Block -> (k, iterable of float32 (n, d) blocks, with one None) for k in range(plan.num_classes).
+
+    A plain GroupByKey (not CoGroupByKey, which copies every group into a list): on Dataflow a large group is then
+    read lazily, page by page, while NormalizeAndClip fills the class's array.
+    """
 
     def __init__(self, plan_pcoll):
         super().__init__()
         self.plan = plan_pcoll
 
     def expand(self, blocks):
+        rows = blocks | "SplitByLabel" >> beam.FlatMap(_split_by_label)
         classes = self.plan | "AllClasses" >> beam.FlatMap(lambda p: [(k, None) for k in range(p.num_classes)])
-        return ({"rows": blocks | "SplitByLabel" >> beam.FlatMap(_split_by_label), "class": classes}
-                | "CoGroupByClass" >> beam.CoGroupByKey()
-                | "Blocks" >> beam.Map(_blocks))
+        return (rows, classes) | "WithEmptyClasses" >> beam.Flatten() | "GroupByClass" >> beam.GroupByKey()
+
+
+class GroupDataset(beam.PTransform):
+    """Block -> (0, iterable of (float32 (n, d), int64 (n,))): the whole dataset on one worker (DPMix)."""
+
+    def expand(self, blocks):
+        return blocks | "KeyAll" >> beam.Map(_with_labels) | "GroupAll" >> beam.GroupByKey()
