@@ -38,8 +38,9 @@ import numpy as np
 import torch
 from scipy import stats
 
-from privacy.accounting import RELATION_WORDS, ReleaseEvents, account
-from privacy.calibration import CalibrationError, calibrate_sigma_x
+from mechanisms.plan import synthesis_events
+from privacy.accounting import RELATION_WORDS, ReleaseEvents, account, accountant_delta, relation_key
+from privacy.calibration import CalibrationError, calibrate_noise, calibrate_sigma_x
 from privacy.events import MODES, MixingEvent
 from privacy.noise import NoiseStream, key_from_test_seed
 from mechanisms.dpcda import mix_chunk  # Beam-free core of the mixing stage
@@ -192,11 +193,51 @@ def noiseless_privacy(x: np.ndarray, *, mode: str, mixing_order: int, clip: floa
             "note": NOISELESS_NOTE}
 
 
+def _dpmix_scores(x: np.ndarray, labels: np.ndarray, u: np.ndarray, *, mode: str, mixing_order: int,
+                  sigma_x: float, sigma_y: float, rate, trials: int, key: bytes, tag: str, clip: float) -> np.ndarray:
+    """Log-likelihood ratios of DPMix rows (one per trial, all rows of one real ``mix_dataset`` call): the feature
+    projection on the canary direction and the label-score difference (class 0 minus class 1), whitened together."""
+    from mechanisms.dpmix import mix_dataset
+
+    parts = [(f.astype(np.float64) @ u, sc[:, 0].astype(np.float64) - sc[:, 1])
+             for _, f, sc in mix_dataset(x.astype(np.float64), labels, key=key, num_classes=3, mode=mode,
+                                         mixing_order=mixing_order, sigma_x=sigma_x, sigma_y=sigma_y,
+                                         samples=trials, chunk_rows=1 << 15, sampling_rate=rate)]
+    proj, diff = np.concatenate([p for p, _ in parts]), np.concatenate([d for _, d in parts])
+    if sigma_x <= 0 or sigma_y <= 0:
+        return proj + diff
+    a, b = clip / mixing_order, 1.0 / mixing_order  # the canary's share of a row: features, label difference
+    q = float(rate)
+    log_keep = math.log1p(-q) if q < 1 else -math.inf
+
+    def log_mix(sign):
+        w = sign * (proj * a / sigma_x ** 2 + diff * b / (2 * sigma_y ** 2))
+        return np.logaddexp(log_keep, math.log(q) + w - (a ** 2 / sigma_x ** 2 + b ** 2 / (2 * sigma_y ** 2)) / 2)
+
+    return log_mix(1) - (log_mix(-1) if mode == "fixed" else 0.0)
+
+
+def _perturb_scores(x_row: np.ndarray, direction: np.ndarray, *, sigma_x: float, trials: int, key: bytes, tag: str,
+                    projection: Optional[np.ndarray]) -> np.ndarray:
+    """The canary's released row, once per trial (``mechanisms.local.perturb_block``), projected on ``direction``
+    (monotone in the likelihood ratio: the two hypotheses shift it by +-c||R||)."""
+    from mechanisms.local import perturb_block
+
+    rows = np.repeat(x_row[None, :].astype(np.float64), trials, axis=0)
+    return perturb_block(rows, key=key, block=("audit", tag), sigma_x=sigma_x, projection=projection) @ direction
+
+
 def run_audit(*, mode: str, mixing_order: int, epsilon: Optional[float] = None, sigma_x: Optional[float] = None,
               delta: float = 1e-5, class_size: int = 20, samples_per_class: int = 1, dim: int = DEFAULT_DIM,
               clip: float = 1.0, trials: int = 2000, seed: int = 0, device: str = "auto",
-              claimed_epsilon: Optional[float] = None) -> dict:
+              claimed_epsilon: Optional[float] = None, mechanism: str = "dpcda", label_noise_ratio: float = 1.0,
+              projection_dim: int = 4) -> dict:
     """Audit one small configuration; ``trials`` mechanism runs on each of D and D'.
+
+    Every mechanism plays the game its relation allows, on its own synthesis code: dpcda as described above;
+    dpmix with a canary that also switches label (class 0 on D, class 1 on D', the background in class 2), one row
+    per trial; local and randproj with the canary's own row (+c u vs -c u; for randproj u is the direction R
+    stretches most).
 
     Give ``epsilon`` (sigma_x is calibrated as the product does, for one class of ``class_size``)
     or ``sigma_x``. ``claimed_epsilon`` is what the bound is checked against; it defaults to the
@@ -215,27 +256,58 @@ def run_audit(*, mode: str, mixing_order: int, epsilon: Optional[float] = None, 
         raise CalibrationError("samples_per_class >= 1, trials >= 4, dim >= 2 and clip > 0 are required")
     if (epsilon is None) == (sigma_x is None):
         raise CalibrationError("give exactly one of epsilon or sigma_x")
+    if mechanism in ("local", "randproj") and mode != "fixed":
+        raise CalibrationError(f"mode: {mechanism} offers mode fixed only")
+    projection, gain = None, 1.0
+    if mechanism == "randproj":
+        from mechanisms.randproj import projection_matrix
+
+        projection = projection_matrix(dim, projection_dim, seed)
+        gain = float(np.linalg.norm(projection, 2))
+    samples = samples_per_class if mechanism in ("dpcda", "dpmix") else 1
+
+    def events(sigma):
+        return synthesis_events(mechanism, mode, group_sizes=[class_size], samples=samples,
+                                mixing_order=mixing_order, clip=clip, sigma_x=sigma,
+                                label_noise_ratio=label_noise_ratio, gain=gain)
+
     if sigma_x is None:
-        sigma_x = calibrate_sigma_x(mode, class_sizes=[class_size], samples_per_class=samples_per_class,
-                                    mixing_order=mixing_order, clip=clip, target_epsilon=epsilon, delta=delta)
+        sigma_x = calibrate_noise(mode, events, target_epsilon=epsilon, delta=accountant_delta(delta), scale=clip)
     if sigma_x < 0:
         raise CalibrationError(f"sigma_x must be >= 0, got {sigma_x}")
-    event = MixingEvent(mode, class_size, samples_per_class, mixing_order, clip, float(sigma_x))
+    event = events(float(sigma_x))[0]
     accounted = account(ReleaseEvents(mode, (), (event,)), delta, cross_check=False).epsilon
     claimed = accounted if claimed_epsilon is None else float(claimed_epsilon)
 
     dev = pick_device(device)
     key = key_from_test_seed(seed)
-    rate = event.exact_sampling_rate
+    rate = getattr(event, "exact_sampling_rate", 1)
     d, d_prime, u = canary_datasets(mode, class_size, dim, clip, seed)
     half = trials // 2
-    common = dict(mode=mode, mixing_order=mixing_order, sigma_x=float(sigma_x), rate=rate,
-                  samples=samples_per_class, key=key, device=dev)
     scores = {}
-    for name, x in (("D", d), ("D'", d_prime)):
-        proj = _projections(x, u, trials=trials, tag=name, **common)
-        scores[name] = log_likelihood_ratio(proj, mode=mode, shift=clip / mixing_order, rate=float(rate),
-                                            sigma=float(sigma_x))
+    if mechanism == "dpcda":
+        common = dict(mode=mode, mixing_order=mixing_order, sigma_x=float(sigma_x), rate=rate,
+                      samples=samples_per_class, key=key, device=dev)
+        for name, x in (("D", d), ("D'", d_prime)):
+            proj = _projections(x, u, trials=trials, tag=name, **common)
+            scores[name] = log_likelihood_ratio(proj, mode=mode, shift=clip / mixing_order, rate=float(rate),
+                                                sigma=float(sigma_x))
+    elif mechanism == "dpmix":
+        labels = {"D": np.r_[0, np.full(class_size - 1, 2)], "D'": np.r_[1, np.full(class_size - 1, 2)]}
+        if mode == "poisson":  # D' removes the canary (features and label)
+            labels["D'"] = labels["D'"][1:]
+        for name, x in (("D", d), ("D'", d_prime)):
+            scores[name] = _dpmix_scores(x, labels[name], u, mode=mode, mixing_order=mixing_order,
+                                         sigma_x=float(sigma_x), sigma_y=label_noise_ratio * float(sigma_x),
+                                         rate=rate, trials=trials, key=key, tag=name, clip=clip)
+    else:
+        direction, canary = u.astype(np.float64), clip * u.astype(np.float64)
+        if projection is not None:  # the input direction R stretches most, and where it goes
+            left, _, right = np.linalg.svd(projection, full_matrices=False)
+            canary, direction = clip * left[:, 0], right[0]
+        for name, sign in (("D", 1.0), ("D'", -1.0)):
+            scores[name] = _perturb_scores(sign * canary, direction, sigma_x=float(sigma_x), trials=trials,
+                                           key=key, tag=name, projection=projection)
     alpha = (1.0 - CONFIDENCE) / 2  # two one-sided intervals, union bound
     threshold, direction = choose_threshold(scores["D"][:half], scores["D'"][:half], delta, alpha)
     eval_d, eval_dp = scores["D"][half:], scores["D'"][half:]
@@ -247,10 +319,10 @@ def run_audit(*, mode: str, mixing_order: int, epsilon: Optional[float] = None, 
     point = float(epsilon_lower_bound(fp_count[0] / n_dp, fn_count[0] / n_d, delta))
     noiseless = noiseless_privacy(d, mode=mode, mixing_order=mixing_order, clip=clip)
     return {
-        "mode": mode, "mixing_order": mixing_order, "class_size": class_size,
+        "mechanism": mechanism, "mode": mode, "mixing_order": mixing_order, "class_size": class_size,
         "samples_per_class": samples_per_class, "dim": dim, "clip": clip, "delta": delta,
         "sigma_x": float(sigma_x), "noise_multiplier": event.noise_multiplier, "sampling_rate": float(rate),
-        "neighbouring_relation": RELATION_WORDS[mode],
+        "neighbouring_relation": RELATION_WORDS[relation_key(mechanism, mode)],
         "game": ("D' replaces the canary +c*u by -c*u" if mode == "fixed" else "D' removes the canary +c*u"),
         "target_epsilon": epsilon, "accounted_epsilon": accounted, "claimed_epsilon": claimed,
         "empirical_epsilon_lower_bound": bound, "confidence": CONFIDENCE,
@@ -313,7 +385,7 @@ def run_audit_cli(args) -> int:
     """``dpcda audit``: prints the result; exit status 1 when the bound exceeds the accounted epsilon."""
     result = run_audit(mode=args.mode, mixing_order=args.mixing_order, epsilon=args.epsilon, delta=args.delta,
                        class_size=args.class_size, samples_per_class=args.samples_per_class, trials=args.trials,
-                       seed=args.seed)
+                       seed=args.seed, mechanism=args.mechanism, label_noise_ratio=args.label_noise_ratio)
     print(json.dumps(json_safe(result), indent=2) if args.json else format_table(result))
     return 1 if result["violation"] else 0
 

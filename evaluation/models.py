@@ -75,10 +75,11 @@ def image_shape(dim: int, input_shape: Optional[Sequence[int]] = None) -> Option
     return None
 
 
-def make_model(input_shape, num_classes: int) -> nn.Module:
+def make_model(input_shape, num_classes: int, kind: Optional[str] = None) -> nn.Module:
     """Table 1 CNN when ``input_shape`` is an image (C, H, W) / (H, W), or a square width d >= 64; else the MLP.
 
-    ``input_shape`` may be an int (the row width d) or a shape tuple.
+    ``input_shape`` may be an int (the row width d) or a shape tuple. ``kind`` "mlp" or "cnn" overrides the guess
+    (random projections have square widths but are not images).
     """
     if num_classes < 2:
         raise ValueError(f"num_classes must be >= 2, got {num_classes}")
@@ -89,7 +90,11 @@ def make_model(input_shape, num_classes: int) -> nn.Module:
         dim = math.prod(given)
         if len(given) == 1:
             given = None
+    if kind not in (None, "mlp", "cnn"):
+        raise ValueError(f"model kind must be mlp or cnn, got {kind!r}")
     shape = image_shape(dim, given)
-    if shape is None:
+    if kind == "mlp" or (shape is None and kind is None):
         return TabularMLP(dim, num_classes)
+    if shape is None:
+        raise ValueError(f"rows of width {dim} are not an image; the CNN cannot take them")
     return TableOneCNN(shape, num_classes)

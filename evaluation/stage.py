@@ -50,18 +50,42 @@ def load_synthetic(release_dir: str, manifest: Optional[dict] = None):
     return read_all(files, "parquet")
 
 
-def load_test(test_glob: str, norm: dict, dim: int):
-    """Real test rows, normalised as the release normalised its training rows."""
+def load_soft_labels(release_dir: str, manifest: Optional[dict]) -> Optional[np.ndarray]:
+    """The released label scores (``LABEL_soft``), in the order ``load_synthetic`` reads the rows, or None."""
+    import pyarrow.parquet as pq
+
+    listed = (manifest or {}).get("output", {}).get("files")
+    label = (manifest or {}).get("input", {}).get("label_column", "label")
+    if not listed:
+        return None
+    parts = []
+    for f in listed:
+        with open_file(_join(release_dir, f["path"])) as fh:
+            table = pq.read_table(fh)
+        if f"{label}_soft" not in table.column_names:
+            return None
+        col = table.column(f"{label}_soft").combine_chunks()
+        parts.append(col.flatten().to_numpy(zero_copy_only=False).reshape(len(col), -1))
+    return np.concatenate(parts).astype(np.float32)
+
+
+def load_test(test_glob: str, norm: dict, dim: int, projection: Optional[np.ndarray] = None):
+    """Real test rows, normalised as the release normalised its training rows (and projected by the release's
+    public R for random projection)."""
     files = expand_glob(test_glob)
     if not files:
         raise InputError(f"{test_glob}: no test files match")
     block = read_all(files)
-    if block.features.shape[1] != dim:
-        raise EvaluationError(f"{test_glob}: test rows have width {block.features.shape[1]}, the release has {dim}")
+    width = block.features.shape[1]
+    if (projection is None and width != dim) or (projection is not None and width != projection.shape[0]):
+        raise EvaluationError(f"{test_glob}: test rows have width {width}, the release has "
+                              f"{dim if projection is None else projection.shape[0]}")
     mean, std = (np.asarray(norm[k], np.float32) for k in ("mean", "std"))
-    if mean.shape != (dim,) or std.shape != (dim,):
-        raise EvaluationError(f"{NORMALIZATION}: mean/std must list {dim} numbers")
+    if mean.shape != (width,) or std.shape != (width,):
+        raise EvaluationError(f"{NORMALIZATION}: mean/std must list {width} numbers")
     x = normalize(block.features, mean, std, float(norm["clip"]), tuple(norm["feature_bounds"]))
+    if projection is not None:
+        x = (x.astype(np.float64) @ projection).astype(np.float32)
     return x, block.labels
 
 
@@ -94,7 +118,15 @@ def run_evaluation(release_dir: str, test_glob: str, out_dir: str, *, runs: int,
     syn = load_synthetic(release_dir, manifest)
     dim = syn.features.shape[1]
     norm = _read_json(_find_normalization(release_dir, manifest))
-    test_x, test_y = load_test(test_glob, norm, dim)
+    mech = (manifest or {}).get("mechanism", {})
+    projection = None
+    if mech.get("name") == "randproj":  # the public R, rebuilt from the manifest
+        from mechanisms.randproj import projection_matrix
+
+        projection = projection_matrix(int(manifest["input"]["feature_dim"]), int(mech["projection_dim"]),
+                                       int(mech["projection_seed"]))
+    test_x, test_y = load_test(test_glob, norm, dim, projection)
+    soft = load_soft_labels(release_dir, manifest) if mech.get("name") == "dpmix" else None
     declared = (manifest or {}).get("mechanism", {}).get("num_classes")
     num_classes = int(declared or max(int(syn.labels.max()), int(test_y.max())) + 1)
     if int(test_y.max()) >= num_classes or int(test_y.min()) < 0:
@@ -102,7 +134,8 @@ def run_evaluation(release_dir: str, test_glob: str, out_dir: str, *, runs: int,
     log.info("stage=evaluate synthetic=%d test=%d dim=%d classes=%d runs=%d epochs=%d", len(syn.labels),
              len(test_y), dim, num_classes, runs, epochs)
     result = train_and_score(syn.features, syn.labels, test_x, test_y, num_classes=num_classes, runs=runs,
-                             epochs=epochs, device=device, seed=seed, progress=progress)
+                             epochs=epochs, device=device, seed=seed, progress=progress, soft_labels=soft,
+                             model="mlp" if projection is not None else None)
     extra = {"synthetic_rows": int(len(syn.labels)), "test_glob": test_glob, **_release_info(manifest)}
     remote = is_remote(out_dir)
     local_dir = tempfile.mkdtemp(prefix="dpcda-eval-") if remote else out_dir

@@ -159,13 +159,24 @@ def _lr_factor(step: int, total: int, recipe: Recipe) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
 
 
+def soft_targets(scores: np.ndarray) -> np.ndarray:
+    """Released noisy label scores -> class distributions: negative scores clipped to 0, rows normalised (a row with
+    no positive score becomes uniform). Post-processing of the release."""
+    t = np.clip(np.asarray(scores, np.float64), 0.0, None)
+    total = t.sum(axis=1, keepdims=True)
+    return np.where(total > 0, t / np.where(total > 0, total, 1.0), 1.0 / t.shape[1]).astype(np.float32)
+
+
 def train_one(train_x: torch.Tensor, train_y: torch.Tensor, val_x: torch.Tensor, val_y: torch.Tensor, *,
               num_classes: int, input_shape, epochs: int, seed: int, recipe: Recipe, device: torch.device,
-              progress=None, test_x: Optional[torch.Tensor] = None, test_y: Optional[torch.Tensor] = None):
-    """One training run; returns (model to score, curves dict). ``test_*`` only feed an informational curve."""
+              progress=None, test_x: Optional[torch.Tensor] = None, test_y: Optional[torch.Tensor] = None,
+              train_soft: Optional[torch.Tensor] = None, model_kind: Optional[str] = None):
+    """One training run; returns (model to score, curves dict). ``test_*`` only feed an informational curve.
+
+    ``train_soft`` (rows, K): class distributions to fit with soft-target cross-entropy instead of ``train_y``."""
     torch.manual_seed(seed)
     gen = torch.Generator(device=device).manual_seed(seed)
-    net = make_model(input_shape, num_classes)
+    net = make_model(input_shape, num_classes, kind=model_kind)
     model = (nn.Sequential(RowScale(), net) if recipe.row_scale else net).to(device)
     if isinstance(net, TableOneCNN):
         model = model.to(memory_format=torch.channels_last)
@@ -192,7 +203,11 @@ def train_one(train_x: torch.Tensor, train_y: torch.Tensor, val_x: torch.Tensor,
             if len(idx) < 2 and n >= 2:  # BatchNorm needs two rows; a lone last row is dropped
                 continue
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-                loss = loss_fn(model(train_x[idx]).float(), train_y[idx])
+                logits = model(train_x[idx]).float()
+            if train_soft is not None:
+                loss = -(train_soft[idx] * torch.log_softmax(logits, dim=1)).sum(dim=1).mean()
+            else:
+                loss = loss_fn(logits, train_y[idx])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if recipe.grad_clip:
@@ -238,10 +253,13 @@ def _as_tensors(x, y, device):
 def train_and_score(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray, *,
                     num_classes: int, input_shape: Optional[Sequence[int]] = None, runs: int = 1, epochs: int = 10,
                     device: str = "auto", seed: int = 0, progress: bool = True, recipe: Optional[Recipe] = None,
-                    track_test: bool = False) -> dict:
+                    track_test: bool = False, soft_labels: Optional[np.ndarray] = None,
+                    model: Optional[str] = None) -> dict:
     """Trains ``runs`` models (seeds ``seed .. seed+runs-1``) on synthetic rows and scores them on real rows.
 
-    Model choice (the epoch kept) uses only a held-out slice of the synthetic rows. ``track_test`` adds a
+    Model choice (the epoch kept) uses only a held-out slice of the synthetic rows. ``soft_labels`` (rows, K): the
+    release's label scores, fitted as class distributions (``soft_targets``); the hard labels are their argmax and
+    serve the synthetic hold-out. ``model``: None (CNN for images, else the MLP), "cnn" or "mlp". ``track_test`` adds a
     per-epoch real-test accuracy curve for diagnosis only; it never influences the model reported.
     Returns accuracy per run, mean, std (population, ddof=0), per-class accuracy and confusion matrix (mean
     over runs, rows = true class; each run's own counts sit in ``curves``), per-run curves, device, wall time.
@@ -265,6 +283,9 @@ def train_and_score(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray
     t0 = time.time()
     tr_idx, val_idx = stratified_split(train_y, recipe.val_fraction, seed)
     x_tr, y_tr = _as_tensors(train_x[tr_idx], train_y[tr_idx], dev)
+    soft_tr = None
+    if soft_labels is not None:
+        soft_tr = torch.as_tensor(soft_targets(np.asarray(soft_labels)[tr_idx])).to(dev)
     x_val, y_val = _as_tensors(train_x[val_idx], train_y[val_idx], dev)
     x_te, y_te = _as_tensors(test_x, test_y, dev)
     bar = None
@@ -275,10 +296,11 @@ def train_and_score(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray
     accs, curves, confusions = [], [], []
     try:
         for r in range(runs):
-            model, c = train_one(x_tr, y_tr, x_val, y_val, num_classes=num_classes, input_shape=shape,
-                                 epochs=epochs, seed=seed + r, recipe=recipe, device=dev, progress=bar,
-                                 test_x=x_te if track_test else None, test_y=y_te if track_test else None)
-            pred = predict(model, x_te, recipe.eval_batch, use_bf16(recipe, dev))
+            trained, c = train_one(x_tr, y_tr, x_val, y_val, num_classes=num_classes, input_shape=shape,
+                                   epochs=epochs, seed=seed + r, recipe=recipe, device=dev, progress=bar,
+                                   test_x=x_te if track_test else None, test_y=y_te if track_test else None,
+                                   train_soft=soft_tr, model_kind=model)
+            pred = predict(trained, x_te, recipe.eval_batch, use_bf16(recipe, dev))
             pairs = (y_te * num_classes + pred).cpu().numpy()
             confusions.append(np.bincount(pairs, minlength=num_classes ** 2).reshape(num_classes, num_classes))
             accs.append(float((pred == y_te).float().mean()) if len(y_te) else float("nan"))
@@ -302,7 +324,8 @@ def train_and_score(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray
         "runs": runs,
         "epochs": epochs,
         "seeds": [seed + r for r in range(runs)],
-        "model": type(make_model(shape, num_classes)).__name__,
+        "model": type(make_model(shape, num_classes, kind=model)).__name__,
+        "soft_labels": soft_labels is not None,
         "input_shape": list(resolved) if resolved else [dim],
         "recipe": dataclasses.asdict(recipe),
         "device": str(dev) if dev.type != "cuda" else f"cuda ({torch.cuda.get_device_name(dev)})",

@@ -183,6 +183,20 @@ def resolve_lowpass(cfg: ReleaseConfig, dim: int) -> Optional[tuple[tuple[int, .
     return shape, int(cfg.lowpass)
 
 
+def synthesis_events(mechanism: str, mode: str, *, group_sizes, samples: int, mixing_order: int, clip: float,
+                     sigma_x: float, label_noise_ratio: Optional[float] = None, gain: float = 1.0) -> list:
+    """The events a mechanism's synthesis spends at feature noise ``sigma_x``: one per group (dpcda: per class, with
+    ``samples`` rows each; dpmix: one, the dataset, ``samples`` rows; local/randproj: one Gaussian per record, in
+    parallel). Groups compose in parallel. Used by the plan and by ``dpcda account``."""
+    l, c = mixing_order, clip
+    if mechanism == "dpcda":
+        return [MixingEvent(mode, max(int(s), l), samples, l, c, sigma_x) for s in group_sizes]
+    if mechanism == "dpmix":
+        n = int(group_sizes[0])
+        return [DpmixEvent(mode, max(n, l), samples, l, c, sigma_x, label_noise_ratio * sigma_x)]
+    return [PerturbEvent(c, sigma_x, gain)]
+
+
 def build_plan(first: FirstPass, cfg: ReleaseConfig, key: bytes) -> ReleasePlan:
     rows = first.rows
     if rows == 0 or first.dim is None:
@@ -290,12 +304,9 @@ def build_plan(first: FirstPass, cfg: ReleaseConfig, key: bytes) -> ReleasePlan:
     ratio = cfg.label_noise_ratio if mech == "dpmix" else None
 
     def events(sigma: float) -> list:
-        """The synthesis's events at feature noise ``sigma`` (one per group; groups compose in parallel)."""
-        if mech == "dpcda":
-            return [MixingEvent(mode, max(s, l), T_k, l, c, sigma) for s in sizes_list]
-        if mech == "dpmix":
-            return [DpmixEvent(mode, max(N, l), T, l, c, sigma, ratio * sigma)]
-        return [PerturbEvent(c, sigma, gain)]
+        return synthesis_events(mech, mode, group_sizes=sizes_list if mech == "dpcda" else [N],
+                                samples=T_k if mech == "dpcda" else T, mixing_order=l, clip=c, sigma_x=sigma,
+                                label_noise_ratio=ratio, gain=gain)
 
     if mech == "dpcda":
         T_k = T // K

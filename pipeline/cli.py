@@ -182,29 +182,48 @@ def cmd_prepare(args, _beam_args) -> int:
 
 
 def cmd_account(args, _beam_args) -> int:
-    from privacy.accounting import RELATION_WORDS, ReleaseEvents, account
-    from privacy.calibration import calibrate_sigma_x
-    from privacy.events import MixingEvent
+    from mechanisms.plan import synthesis_events
+    from privacy.accounting import RELATION_WORDS, ReleaseEvents, account, accountant_delta, relation_key
+    from privacy.calibration import CalibrationError, calibrate_noise
 
     if (args.epsilon is None) == (args.sigma_x is None):
-        raise SystemExit("dpcda account: give exactly one of --epsilon or --sigma-x")
-    if args.mode == "fixed" and args.class_size < args.mixing_order:
-        from privacy.calibration import CalibrationError
+        raise CalibrationError("give exactly one of --epsilon or --sigma-x")
+    mech, mode = args.mechanism, args.mode
+    if mech in ("local", "randproj") and mode != "fixed":
+        raise CalibrationError(f"mode: {mech} offers mode fixed only")
+    if mode == "fixed" and mech in ("dpcda", "dpmix") and args.class_size < args.mixing_order:
         raise CalibrationError(f"class_size {args.class_size} < mixing_order {args.mixing_order}: fixed mode "
-                               f"needs at least l records per class")
+                               f"needs at least l records per {'class' if mech == 'dpcda' else 'dataset'}")
+    gain = 1.0
+    if mech == "randproj":
+        import numpy as np
+
+        from mechanisms.randproj import projection_matrix
+
+        if args.feature_dim is None:
+            raise CalibrationError("randproj: give --feature-dim d (the projection's norm depends on it)")
+        gain = float(np.linalg.norm(projection_matrix(args.feature_dim, args.projection_dim, args.projection_seed), 2))
+
+    def events(sigma):
+        return synthesis_events(mech, mode, group_sizes=[args.class_size], samples=args.samples_per_class,
+                                mixing_order=args.mixing_order, clip=args.clip, sigma_x=sigma,
+                                label_noise_ratio=args.label_noise_ratio, gain=gain)
+
     sigma = args.sigma_x
     if sigma is None:
-        sigma = calibrate_sigma_x(args.mode, class_sizes=[args.class_size], samples_per_class=args.samples_per_class,
-                                  mixing_order=args.mixing_order, clip=args.clip, target_epsilon=args.epsilon,
-                                  delta=args.delta)
-    ev = MixingEvent(args.mode, args.class_size, args.samples_per_class, args.mixing_order, args.clip, sigma)
-    acc = account(ReleaseEvents(args.mode, (), (ev,)), args.delta)
-    out = {"mode": args.mode, "sigma_x": sigma, "sigma_x_over_c": sigma / args.clip, "epsilon": acc.epsilon,
-           "delta": args.delta, "target_epsilon": args.epsilon, "accountant": acc.accountant,
-           "noise_multiplier": ev.noise_multiplier, "sampling_rate": ev.sampling_rate,
-           "neighbouring_relation": RELATION_WORDS[args.mode], "components": acc.components,
-           "cross_check": acc.cross_check,
-           "note": "mixing only; a release also spends the statistics' share (see the manifest)"}
+        sigma = calibrate_noise(mode, events, target_epsilon=args.epsilon, delta=accountant_delta(args.delta),
+                                scale=args.clip)
+    evs = tuple(events(sigma))
+    acc = account(ReleaseEvents(mode, (), evs), args.delta, relation=relation_key(mech, mode))
+    ev = evs[0]
+    out = {"mechanism": mech, "mode": mode, "sigma_x": sigma, "sigma_x_over_c": sigma / args.clip,
+           **({"sigma_y": getattr(ev, "sigma_y")} if mech == "dpmix" else {}),
+           **({"projection_norm": gain} if mech == "randproj" else {}),
+           "epsilon": acc.epsilon, "delta": args.delta, "target_epsilon": args.epsilon, "accountant": acc.accountant,
+           "noise_multiplier": ev.noise_multiplier, "sampling_rate": getattr(ev, "sampling_rate", 1.0),
+           "neighbouring_relation": RELATION_WORDS[relation_key(mech, mode)], "components": acc.components,
+           "cross_check": acc.cross_check, "delta_breakdown": acc.delta_breakdown,
+           "note": "synthesis only; a release also spends the statistics' share (see the manifest)"}
     if args.json:
         print(json.dumps(out, indent=2))
     else:
@@ -243,15 +262,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     _release_parser(sub)
 
-    acc = sub.add_parser("account", allow_abbrev=False, help="calibrate or account one class's mixing without data")
-    acc.add_argument("--mode", choices=["fixed", "poisson"], default="fixed")
-    acc.add_argument("--class-size", type=int, required=True, help="N_k")
-    acc.add_argument("--samples-per-class", type=int, required=True, help="T_k")
-    acc.add_argument("--mixing-order", type=int, default=4)
-    acc.add_argument("--clip", type=float, default=1.0)
+    from schemas.config import ReleaseConfig
+
+    defaults = {name: field.get_default() for name, field in ReleaseConfig.model_fields.items()
+                if not field.is_required()}  # account and audit share the release's defaults
+    acc = sub.add_parser("account", allow_abbrev=False, help="calibrate or account one group's synthesis without data")
+    acc.add_argument("--mechanism", choices=["dpcda", "dpmix", "local", "randproj"], default=defaults["mechanism"])
+    acc.add_argument("--mode", choices=["fixed", "poisson"], default=defaults["mode"])
+    acc.add_argument("--class-size", type=int, required=True,
+                     help="N_k for dpcda; the dataset size N for dpmix; any size for local/randproj")
+    acc.add_argument("--samples-per-class", type=int, required=True,
+                     help="T_k for dpcda; T, the rows in total, for dpmix (ignored by local/randproj)")
+    acc.add_argument("--mixing-order", type=int, default=defaults["mixing_order"])
+    acc.add_argument("--clip", type=float, default=defaults["clip"])
+    acc.add_argument("--label-noise-ratio", type=float, default=defaults["label_noise_ratio"],
+                     help="dpmix: sigma_y / sigma_x")
+    acc.add_argument("--feature-dim", type=int, default=None, help="randproj: d")
+    acc.add_argument("--projection-dim", type=int, default=defaults["projection_dim"])
+    acc.add_argument("--projection-seed", type=int, default=defaults["projection_seed"])
     acc.add_argument("--epsilon", type=float)
     acc.add_argument("--sigma-x", type=float)
-    acc.add_argument("--delta", type=float, default=1e-5)
+    acc.add_argument("--delta", type=float, default=defaults["delta"])
     acc.add_argument("--json", action="store_true")
 
     ev = sub.add_parser("evaluate", allow_abbrev=False, help="train the evaluation CNN on a release, test on real data")
@@ -263,10 +294,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, default=0, help="first training seed (runs use seed .. seed+R-1)")
 
     au = sub.add_parser("audit", allow_abbrev=False, help="empirical lower bound on epsilon for a configuration")
-    au.add_argument("--mode", choices=["fixed", "poisson"], default="fixed")
-    au.add_argument("--mixing-order", type=int, default=4)
+    au.add_argument("--mechanism", choices=["dpcda", "dpmix", "local", "randproj"], default=defaults["mechanism"])
+    au.add_argument("--mode", choices=["fixed", "poisson"], default=defaults["mode"])
+    au.add_argument("--mixing-order", type=int, default=defaults["mixing_order"])
+    au.add_argument("--label-noise-ratio", type=float, default=defaults["label_noise_ratio"])
     au.add_argument("--epsilon", type=float, required=True)
-    au.add_argument("--delta", type=float, default=1e-5)
+    au.add_argument("--delta", type=float, default=defaults["delta"])
     au.add_argument("--class-size", type=int, default=20)
     au.add_argument("--samples-per-class", type=int, default=1)
     au.add_argument("--trials", type=int, default=2000)

@@ -219,3 +219,40 @@ def test_moments_vector_sensitivity_holds_for_worst_case_records(mode):
                 assert np.linalg.norm(vec(np.vstack([u, a])) - vec(np.vstack([u, b]))) <= bound
     # tight: adding an all-ones record moves the vector by exactly sqrt(2d)
     assert np.linalg.norm(vec(np.vstack([u, np.ones(d)])) - vec(u)) == pytest.approx(np.sqrt(2 * d))
+
+
+def test_dpmix_event_combines_features_and_labels_as_dp_accounting_would():
+    """z = l / sqrt(4c^2/sigma_x^2 + 2/sigma_y^2) under replace-one; an independent dp_accounting run agrees."""
+    from privacy.events import DpmixEvent
+
+    ev = DpmixEvent("fixed", 60000, 60000, 16, 1.0, 0.07, 0.05)
+    z = 16 / math.sqrt(4 / 0.07 ** 2 + 2 / 0.05 ** 2)
+    assert ev.noise_multiplier == pytest.approx(z)
+    acc = rdp.RdpAccountant(orders=RDP_ORDERS, neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    acc.compose(dp_accounting.SelfComposedDpEvent(
+        dp_accounting.SampledWithoutReplacementDpEvent(60000, 16, dp_accounting.GaussianDpEvent(z)), 60000))
+    ours = account(ReleaseEvents("fixed", (), (ev,)), DELTA)
+    assert ours.epsilon == pytest.approx(acc.get_epsilon(DELTA * (1 - SAMPLER_DELTA_SHARE)), rel=1e-12)
+    p = DpmixEvent("poisson", 60000, 60000, 16, 1.0, 0.07, 0.05)
+    assert p.noise_multiplier == pytest.approx(16 / math.sqrt(1 / 0.07 ** 2 + 1 / 0.05 ** 2))
+
+
+def test_account_cli_for_dpmix_prints_both_sigmas_and_is_tight():
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+    from privacy.events import DpmixEvent
+
+    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "account", "--mechanism", "dpmix", "--class-size",
+                          "60000", "--samples-per-class", "60000", "--mixing-order", "16", "--clip", "1",
+                          "--epsilon", "10", "--delta", "1e-5", "--json"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    assert r["sigma_y"] == pytest.approx(r["sigma_x"])  # the default label noise ratio is 1
+    ev = DpmixEvent("fixed", 60000, 60000, 16, 1.0, r["sigma_x"], r["sigma_y"])
+    acc = rdp.RdpAccountant(orders=RDP_ORDERS, neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    acc.compose(ev.to_dp_event())
+    independent = acc.get_epsilon(DELTA)
+    assert 0.95 * 10 <= independent <= 10  # <= E and not more than 5 % loose
