@@ -79,10 +79,36 @@ def time_variant(channels_last: bool, bf16: bool, batch: int, steps: int) -> flo
     return steps * batch / (time.perf_counter() - t)
 
 
+RECIPES = {
+    # the recipe as it was (float32, contiguous memory, 4096-row inference batches) and as it is now
+    "before: float32, contiguous, eval batch 4096": dict(precision="float32", channels_last=False, eval_batch=4096),
+    "now: bf16 autocast, channels-last, eval batch 512": dict(precision="bf16", channels_last=True, eval_batch=512),
+}
+
+
+def time_recipe(rows: int, epochs: int, **recipe) -> float:
+    """rows/s of the whole ``evaluation.train.train_and_score`` on random 28x28 rows: the data path, EMA, gradient
+    clipping, the synthetic hold-out every epoch and the final test pass included."""
+    import numpy as np
+
+    from evaluation.train import Recipe, train_and_score
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(rows, 784)).astype(np.float32), rng.integers(0, 10, rows)
+    xt, yt = rng.normal(size=(10000, 784)).astype(np.float32), rng.integers(0, 10, 10000)
+    t = time.perf_counter()
+    res = train_and_score(x, y, xt, yt, num_classes=10, epochs=epochs, device="cpu", progress=False,
+                          recipe=Recipe(**recipe))
+    return res["train_rows"] * epochs / (time.perf_counter() - t)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--steps", type=int, default=150, help="timed training steps per variant")
+    ap.add_argument("--epoch-rows", type=int, default=60000, help="rows of the whole-recipe timing (0: skip it)")
+    ap.add_argument("--epochs", type=int, default=2, help="epochs of each whole-recipe timing")
+    ap.add_argument("--repeats", type=int, default=2, help="alternating whole-recipe runs of each recipe")
     args = ap.parse_args(argv)
     fl = flops_per_row()
     peak32, peak16 = matmul_peak(torch.float32), matmul_peak(torch.bfloat16)
@@ -99,7 +125,21 @@ def main(argv=None) -> None:
         rel = f"{rows / base:.2f}x" if base else "-"
         print(f"| {name} | {batch} | {rows:,.0f} | {gflops:.0f} | {100 * gflops / peak32:.0f} % | "
               f"{100 * gflops / (peak16 if bf16 else peak32):.0f} % | {rel} |", flush=True)
-
+    if args.epoch_rows:
+        print(f"\nThe whole recipe (evaluation.train.train_and_score: {args.epochs} epochs of "
+              f"{int(args.epoch_rows * 0.9):,} training rows, EMA, hold-out and test passes included), "
+              f"{args.repeats} alternating runs each:\n")
+        print("| recipe | rows/s (each run) | mean | vs before |")
+        print("|---|---|---:|---:|")
+        got = {name: [] for name in RECIPES}
+        for _ in range(args.repeats):
+            for name, recipe in RECIPES.items():
+                got[name].append(time_recipe(args.epoch_rows, args.epochs, **recipe))
+        first = None
+        for name, values in got.items():
+            mean = sum(values) / len(values)
+            first = first or mean
+            print(f"| {name} | {', '.join(f'{v:,.0f}' for v in values)} | {mean:,.0f} | {mean / first:.2f}x |")
 
 if __name__ == "__main__":
     main()

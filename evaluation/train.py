@@ -55,8 +55,9 @@ class Recipe:
     val_fraction: float = 0.1
     select_best: bool = True  # best synthetic-val epoch; False: last epoch
     row_scale: bool = True
-    eval_batch: int = 4096
+    eval_batch: int = 512
     precision: str = "auto"  # auto | float32 | bf16 (autocast for the forward pass; see the module docstring)
+    channels_last: bool = True  # memory format of the CNN
 
     def __post_init__(self):
         if self.batch_size < 1:
@@ -178,11 +179,11 @@ def train_one(train_x: torch.Tensor, train_y: torch.Tensor, val_x: torch.Tensor,
     gen = torch.Generator(device=device).manual_seed(seed)
     net = make_model(input_shape, num_classes, kind=model_kind)
     model = (nn.Sequential(RowScale(), net) if recipe.row_scale else net).to(device)
-    if isinstance(net, TableOneCNN):
+    if isinstance(net, TableOneCNN) and recipe.channels_last:
         model = model.to(memory_format=torch.channels_last)
     autocast = use_bf16(recipe, device)
     opt = torch.optim.Adam(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay,
-                           fused=device.type == "cuda" or None)
+                           fused=device.type == "cuda" or None, foreach=None if device.type == "cuda" else True)
     n = len(train_y)
     batch_size = effective_batch_size(n, recipe.batch_size)
     steps_per_epoch = max(1, math.ceil(n / batch_size))

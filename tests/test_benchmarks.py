@@ -37,13 +37,23 @@ def test_tiny_sweep_writes_table_csv_and_plot(tmp_path, capsys):
     assert [r["calibration"] for r in rows] == ["fixed", "fixed+lp8"]
     # post-processing leaves the calibration alone: the same sigma_x with and without the low-pass
     assert rows[0]["sigma_x"] == rows[1]["sigma_x"] and float(rows[0]["sigma_x"]) > 0
-    assert all(0.0 <= float(r["accuracy_mean"]) <= 1.0 for r in rows)
+    assert all(0.0 <= float(r["mean"]) <= 1.0 for r in rows)
+    assert set(rows[0]) >= {"calibration", "epsilon", "l", "mean", "std", "runs", "paper_mean", "paper_std"}
     assert (tmp_path / "t.png").stat().st_size > 0
     assert "fixed+lp8" in (tmp_path / "t.md").read_text()
     assert all(0.0 <= float(r["synthetic_val_accuracy"]) <= 1.0 for r in rows)
 
 
 @pytest.mark.skipif(not os.path.exists(FASHION), reason="Debian's dataset-fashion-mnist is not installed")
+def test_best_cell_of_each_column_gets_its_extra_releases(tmp_path):
+    main(["--limit", "300", "--eps", "10", "--calibrations", "fixed", "--runs", "1", "--best-runs", "2",
+          "--ls", "2", "4", "--epochs", "1", "--device", "cpu", "--out", str(tmp_path), "--name", "b"])
+    rows = {r["l"]: r for r in csv.DictReader(open(tmp_path / "b.csv"))}
+    best = max(rows.values(), key=lambda r: float(r["mean"]))
+    assert best["runs"] == "2" and len(best["accuracies"].split()) == 2
+    assert [r["runs"] for r in rows.values() if r is not best] == ["1"]
+
+
 def test_resume_keeps_finished_cells_and_runs_the_rest(tmp_path):
     base = ["--limit", "300", "--eps", "10", "--calibrations", "fixed", "--runs", "1", "--device", "cpu",
             "--out", str(tmp_path), "--name", "r"]
@@ -55,10 +65,10 @@ def test_resume_keeps_finished_cells_and_runs_the_rest(tmp_path):
     assert second[0] == first[0]  # reused as written, not rerun
     main(base + ["--ls", "8", "--epochs", "1", "--resume"])  # cells not asked for are kept, not dropped
     assert [r["l"] for r in csv.DictReader(open(tmp_path / "r.csv"))] == ["2", "4", "8"]
-    with pytest.raises(SystemExit, match="has runs, epochs, rows = \\(1, 1, 300\\), not \\(1, 2, 300\\)"):
+    with pytest.raises(SystemExit, match="has epochs, rows = \\(1, 300\\), not \\(2, 300\\)"):
         main(base + ["--ls", "2", "--epochs", "2", "--resume"])  # another protocol: refused, nothing lost
     assert len(list(csv.DictReader(open(tmp_path / "r.csv")))) == 3
-    (tmp_path / "r.csv").write_text("calibration,eps,l\nfixed,10,2\n")  # an older format
+    (tmp_path / "r.csv").write_text("calibration,epsilon,l\nfixed,10,2\n")  # an older format
     with pytest.raises(SystemExit, match="lacks sigma_x"):
         main(base + ["--ls", "2", "--epochs", "1", "--resume"])
 
