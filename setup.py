@@ -1,4 +1,5 @@
 """Packaging for the DP-CDA release job (also used by Dataflow's --setup_file staging)."""
+
 from setuptools import setup
 
 setup(

@@ -7,6 +7,7 @@ when present. Prints a markdown table (and JSON lines with --json).
     .venv/bin/python -m benchmarks.audit_table                 # CPU: 50 000 trials per dataset, ~2-4 min
     .venv/bin/python -m benchmarks.audit_table --trials 1000000 --device cuda
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,17 @@ from evaluation.audit import json_safe, run_audit, run_paper_rate_audit  # noqa:
 from mechanisms.device import pick_device  # noqa: E402
 
 # (target epsilon, l, N_k, T_k): tiny classes so the canary joins most rows and the bound means something
-HONEST = [(1, 2, 2, 1), (2, 2, 2, 1), (4, 2, 2, 1), (8, 2, 2, 1), (4, 4, 4, 1), (10, 4, 4, 1),
-          (4, 4, 8, 1), (8, 4, 8, 1), (4, 2, 2, 10)]
+HONEST = [
+    (1, 2, 2, 1),
+    (2, 2, 2, 1),
+    (4, 2, 2, 1),
+    (8, 2, 2, 1),
+    (4, 4, 4, 1),
+    (10, 4, 4, 1),
+    (4, 4, 8, 1),
+    (8, 4, 8, 1),
+    (4, 2, 2, 10),
+]
 DEFAULT_TRIALS = {"cpu": 50_000, "cuda": 1_000_000}
 
 
@@ -39,14 +49,39 @@ def _fmt(x) -> str:
 def rows(trials: int, device: str, seed: int):
     for mode in ("fixed", "poisson"):
         for eps, l, n, t in HONEST:
-            r = run_audit(mode=mode, mixing_order=l, epsilon=eps, class_size=n, samples_per_class=t,
-                          trials=trials, seed=seed, device=device)
+            r = run_audit(
+                mode=mode,
+                mixing_order=l,
+                epsilon=eps,
+                class_size=n,
+                samples_per_class=t,
+                trials=trials,
+                seed=seed,
+                device=device,
+            )
             yield "honest", r
-        r = run_paper_rate_audit(mode=mode, mixing_order=2, epsilon=2.0, num_classes=10, class_size=2,
-                                 samples_per_class=10, trials=trials, seed=seed, device=device)
+        r = run_paper_rate_audit(
+            mode=mode,
+            mixing_order=2,
+            epsilon=2.0,
+            num_classes=10,
+            class_size=2,
+            samples_per_class=10,
+            trials=trials,
+            seed=seed,
+            device=device,
+        )
         yield "BROKEN: p = l/N, K=10", r
-        r = run_audit(mode=mode, mixing_order=2, sigma_x=0.0, class_size=2, claimed_epsilon=4.0, trials=trials,
-                      seed=seed, device=device)
+        r = run_audit(
+            mode=mode,
+            mixing_order=2,
+            sigma_x=0.0,
+            class_size=2,
+            claimed_epsilon=4.0,
+            trials=trials,
+            seed=seed,
+            device=device,
+        )
         yield "BROKEN: noise off", r
 
 
@@ -60,10 +95,28 @@ def main(argv=None) -> int:
     logging.getLogger("absl").setLevel(logging.ERROR)
     dev = pick_device(args.device)
     trials = args.trials or DEFAULT_TRIALS.get(dev.type, DEFAULT_TRIALS["cpu"])
-    print(f"device={dev.type} trials per dataset={trials} (half choose the threshold, half measure FP/FN); "
-          f"lower bounds at 95% confidence; noiseless = seed 003 Theorem 1, informational, NOT a guarantee\n")
-    head = ["case", "mode", "target eps", "l", "N_k", "T_k", "sigma_x", "accounted eps", "claimed eps",
-            "empirical LB (95%)", "point est.", "FP", "FN", "noiseless eps (info)", "verdict", "s"]
+    print(
+        f"device={dev.type} trials per dataset={trials} (half choose the threshold, half measure FP/FN); "
+        f"lower bounds at 95% confidence; noiseless = seed 003 Theorem 1, informational, NOT a guarantee\n"
+    )
+    head = [
+        "case",
+        "mode",
+        "target eps",
+        "l",
+        "N_k",
+        "T_k",
+        "sigma_x",
+        "accounted eps",
+        "claimed eps",
+        "empirical LB (95%)",
+        "point est.",
+        "FP",
+        "FN",
+        "noiseless eps (info)",
+        "verdict",
+        "s",
+    ]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     t0 = time.time()
@@ -78,10 +131,24 @@ def main(argv=None) -> int:
             ok = r["violation"]
             verdict = "caught (LB > claimed)" if ok else "NOT CAUGHT"
         failures += not ok
-        cells = [case, r["mode"], r["target_epsilon"], r["mixing_order"], r["class_size"], r["samples_per_class"],
-                 r["sigma_x"], r["accounted_epsilon"], r["claimed_epsilon"], lb,
-                 r["empirical_epsilon_point_estimate"], r["fp"], r["fn"], r["noiseless_privacy_epsilon"], verdict,
-                 round(r["wall_seconds"], 1)]
+        cells = [
+            case,
+            r["mode"],
+            r["target_epsilon"],
+            r["mixing_order"],
+            r["class_size"],
+            r["samples_per_class"],
+            r["sigma_x"],
+            r["accounted_epsilon"],
+            r["claimed_epsilon"],
+            lb,
+            r["empirical_epsilon_point_estimate"],
+            r["fp"],
+            r["fn"],
+            r["noiseless_privacy_epsilon"],
+            verdict,
+            round(r["wall_seconds"], 1),
+        ]
         print("| " + " | ".join(_fmt(c) for c in cells) + " |", flush=True)
         if args.json:
             print(json.dumps(json_safe({"case": case, **r})), file=sys.stderr)

@@ -7,6 +7,7 @@ Gathered bytes = T_k * l * d * 8 (each selected record read once per synthetic r
 device-to-device copy measured on the same card (bytes read + written). Indices and noise come from the CPU
 (``privacy.noise``), as in a release; the table also says how much of the time that takes. Beam-free.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,9 +15,9 @@ import time
 
 import torch
 
-from privacy.noise import NoiseStream, key_from_test_seed
 from mechanisms.device import pick_device
 from mechanisms.dpcda import mix_chunk
+from privacy.noise import NoiseStream, key_from_test_seed
 
 
 def copy_bandwidth(device, nbytes=2 << 30) -> float:
@@ -53,25 +54,43 @@ def main(argv=None) -> None:
     bw = copy_bandwidth(device, nbytes=min(2 << 30, x.numel() * 4))
     gathered = args.t * args.l * args.d * 8
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    print(f"device {name}; N_k={args.n} T_k={args.t} l={args.l} d={args.d}; gathered {gathered / 1e9:.1f} GB; "
-          f"copy bandwidth {bw:.0f} GB/s")
+    print(
+        f"device {name}; N_k={args.n} T_k={args.t} l={args.l} d={args.d}; gathered {gathered / 1e9:.1f} GB; "
+        f"copy bandwidth {bw:.0f} GB/s"
+    )
     print("| chunk_rows | seconds | gathered GB/s | fraction of copy bandwidth | rows/s |")
     print("|---:|---:|---:|---:|---:|")
     for chunk in args.chunk_rows:
-        mix_chunk(x, mode="fixed", mixing_order=args.l, sigma_x=0.1, rows=min(chunk, 1024),  # warm-up
-                  index_stream=NoiseStream(key, "warmup-index"), noise_stream=NoiseStream(key, "warmup-noise"))
+        mix_chunk(
+            x,
+            mode="fixed",
+            mixing_order=args.l,
+            sigma_x=0.1,
+            rows=min(chunk, 1024),  # warm-up
+            index_stream=NoiseStream(key, "warmup-index"),
+            noise_stream=NoiseStream(key, "warmup-noise"),
+        )
         sync(device)
         t = time.perf_counter()
         done, c = 0, 0
         while done < args.t:
             rows = min(chunk, args.t - done)
-            mix_chunk(x, mode="fixed", mixing_order=args.l, sigma_x=0.1, rows=rows,
-                      index_stream=NoiseStream(key, "mix-index", 0, c), noise_stream=NoiseStream(key, "mix-noise", 0, c))
+            mix_chunk(
+                x,
+                mode="fixed",
+                mixing_order=args.l,
+                sigma_x=0.1,
+                rows=rows,
+                index_stream=NoiseStream(key, "mix-index", 0, c),
+                noise_stream=NoiseStream(key, "mix-noise", 0, c),
+            )
             done, c = done + rows, c + 1
         sync(device)
         secs = time.perf_counter() - t
-        print(f"| {chunk} | {secs:.3f} | {gathered / secs / 1e9:.1f} | {gathered / secs / 1e9 / bw:.2f} | "
-              f"{args.t / secs:,.0f} |")
+        print(
+            f"| {chunk} | {secs:.3f} | {gathered / secs / 1e9:.1f} | {gathered / secs / 1e9 / bw:.2f} | "
+            f"{args.t / secs:,.0f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -7,10 +7,12 @@
 alternating, so a change's cost is measured in one run on one machine state.
 
 Both run the same steps on the same shards: read Parquet, first-pass statistics, DP calibration,
-z-score + clip, per-class mixing, Parquet out. The bare one calls the same Beam-free cores in a plain loop
-(pyarrow + numpy + torch, no Beam), so the gap is what Beam costs. Each variant runs in its own process;
-wall time and peak RSS (ru_maxrss of that process) are reported. Target: Beam within 2x of bare.
+z-score + clip, per-class mixing, Parquet out. The bare one is ``mechanisms.inprocess.release_in_process``, the
+same Beam-free cores in a plain loop (pyarrow + numpy + torch, no Beam), so the gap is what Beam costs. Each variant
+runs in its own process; wall time and peak RSS (ru_maxrss of that process) are reported. Target: Beam within 2x of
+bare.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,26 +30,13 @@ import numpy as np, pyarrow.parquet as pq
 from schemas.config import load_config
 from privacy.noise import key_from_test_seed
 from storage.shards import read_parquet, block_table
-from mechanisms.combiners import FirstPassCombiner
-from mechanisms.plan import build_plan, normalize
-from mechanisms.dpcda import mix_class
+from mechanisms.inprocess import release_in_process
 cfg = load_config(None, json.loads(sys.argv[1]))
-key = key_from_test_seed(cfg.seed)
 blocks = [b for p in sorted(glob.glob(cfg.input)) for b in read_parquet(p, "features", "label", 16384)]
-comb = FirstPassCombiner(cfg.feature_bounds)
-acc = comb.create()
-for b in blocks:
-    acc = comb.add(acc, np.clip(b.features, *cfg.feature_bounds), b.labels)
-plan = build_plan(acc, cfg, key)
-x = np.concatenate([normalize(b.features, plan.mean, plan.std, plan.clip, plan.bounds) for b in blocks])
-y = np.concatenate([b.labels for b in blocks])
+x, y = np.concatenate([b.features for b in blocks]), np.concatenate([b.labels for b in blocks])
+feats, labels, plan, _ = release_in_process(x, y, cfg, key_from_test_seed(cfg.seed))
 os.makedirs(os.path.join(cfg.output, "synthetic"), exist_ok=True)
-for k in range(plan.num_classes):
-    tables = [block_table(f, l) for _, f, l in mix_class(x[y == k], key=key, class_index=k, num_classes=plan.num_classes,
-              mode=plan.mode, mixing_order=plan.mixing_order, sigma_x=plan.sigma_x, samples=plan.samples_per_class,
-              chunk_rows=cfg.chunk_rows, sampling_rate=plan.sampling_rates[k])]
-    import pyarrow as pa
-    pq.write_table(pa.concat_tables(tables), os.path.join(cfg.output, "synthetic", f"part-{k:05d}.parquet"))
+pq.write_table(block_table(feats, labels), os.path.join(cfg.output, "synthetic", "part-00000.parquet"))
 """
 
 
@@ -63,8 +52,22 @@ def _run(cmd: list[str]) -> tuple[float, float]:
 
 
 def _release_cmd(train: str, out: str, epsilon: float) -> list[str]:
-    return [sys.executable, "-m", "pipeline.cli", "release", "--input", train, "--output", out, "--epsilon",
-            str(epsilon), "--seed", "0", "--runner=DirectRunner", "--direct_running_mode=in_memory"]
+    return [
+        sys.executable,
+        "-m",
+        "pipeline.cli",
+        "release",
+        "--input",
+        train,
+        "--output",
+        out,
+        "--epsilon",
+        str(epsilon),
+        "--seed",
+        "0",
+        "--runner=DirectRunner",
+        "--direct_running_mode=in_memory",
+    ]
 
 
 def compare(rev: str, train: str, epsilon: float, repeats: int) -> None:
@@ -72,8 +75,7 @@ def compare(rev: str, train: str, epsilon: float, repeats: int) -> None:
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     tmp = tempfile.mkdtemp(prefix="bench-release-")
     ref_tree = os.path.join(tmp, "ref")
-    subprocess.run(["git", "-C", here, "worktree", "add", "--detach", ref_tree, rev], check=True,
-                   capture_output=True)
+    subprocess.run(["git", "-C", here, "worktree", "add", "--detach", ref_tree, rev], check=True, capture_output=True)
     train = os.path.abspath(train)
     times: dict[str, list[float]] = {rev: [], "this tree": []}
     try:
@@ -93,8 +95,10 @@ def compare(rev: str, train: str, epsilon: float, repeats: int) -> None:
         subprocess.run(["git", "-C", here, "worktree", "remove", "--force", ref_tree], capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)
     ref = sum(times[rev]) / len(times[rev])
-    print(f"\nFull Fashion-MNIST release, Beam DirectRunner in_memory (60,000 rows, d = 784, l = 4, eps = "
-          f"{epsilon:g}), {os.cpu_count()} cores, {repeats} alternating runs each\n")
+    print(
+        f"\nFull Fashion-MNIST release, Beam DirectRunner in_memory (60,000 rows, d = 784, l = 4, eps = "
+        f"{epsilon:g}), {os.cpu_count()} cores, {repeats} alternating runs each\n"
+    )
     print("| tree | wall s (each run) | mean | / reference |")
     print("|---|---|---:|---:|")
     for name, ts in times.items():
@@ -118,11 +122,28 @@ def main(argv=None) -> None:
     variants = {
         "beam DirectRunner in_memory": lambda out: _release_cmd(train, out, args.epsilon),
         "beam DirectRunner multi_processing x2": lambda out: [
-            sys.executable, "-m", "pipeline.cli", "release", "--input", train, "--output", out, "--epsilon",
-            str(args.epsilon), "--seed", "0", "--runner=DirectRunner", "--direct_running_mode=multi_processing",
-            "--direct_num_workers=2"],
-        "bare numpy/pyarrow (same cores, no Beam)": lambda out: [sys.executable, "-c", BARE,
-                                                                 json.dumps({**fields, "output": out})],
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "release",
+            "--input",
+            train,
+            "--output",
+            out,
+            "--epsilon",
+            str(args.epsilon),
+            "--seed",
+            "0",
+            "--runner=DirectRunner",
+            "--direct_running_mode=multi_processing",
+            "--direct_num_workers=2",
+        ],
+        "bare numpy/pyarrow (same cores, no Beam)": lambda out: [
+            sys.executable,
+            "-c",
+            BARE,
+            json.dumps({**fields, "output": out}),
+        ],
     }
     rows = []
     try:
@@ -136,7 +157,9 @@ def main(argv=None) -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     bare = min(w for n, w, _ in rows if n.startswith("bare"))
-    print(f"\nFull Fashion-MNIST release (60,000 rows, d = 784, l = 4, eps = {args.epsilon:g}), {os.cpu_count()} cores\n")
+    print(
+        f"\nFull Fashion-MNIST release (60,000 rows, d = 784, l = 4, eps = {args.epsilon:g}), {os.cpu_count()} cores\n"
+    )
     print("| variant | wall s | peak RSS MiB | wall / bare |")
     print("|---|---:|---:|---:|")
     for name, wall, rss in rows:

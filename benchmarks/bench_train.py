@@ -9,6 +9,7 @@ FLOPs per training row are counted by torch's FlopCounterMode on one forward and
 in each precision. Variants change only how the same computation runs (memory format, precision, batch shape); the
 recipe of ``evaluation.train`` decides which one a release uses.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,7 +39,7 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 20) -> float:
     t = time.perf_counter()
     for _ in range(reps):
         a @ b
-    return 2 * n ** 3 * reps / (time.perf_counter() - t) / 1e9
+    return 2 * n**3 * reps / (time.perf_counter() - t) / 1e9
 
 
 def flops_per_row(batch: int = 64) -> float:
@@ -97,8 +98,9 @@ def time_recipe(rows: int, epochs: int, **recipe) -> float:
     x, y = rng.normal(size=(rows, 784)).astype(np.float32), rng.integers(0, 10, rows)
     xt, yt = rng.normal(size=(10000, 784)).astype(np.float32), rng.integers(0, 10, 10000)
     t = time.perf_counter()
-    res = train_and_score(x, y, xt, yt, num_classes=10, epochs=epochs, device="cpu", progress=False,
-                          recipe=Recipe(**recipe))
+    res = train_and_score(
+        x, y, xt, yt, num_classes=10, epochs=epochs, device="cpu", progress=False, recipe=Recipe(**recipe)
+    )
     return res["train_rows"] * epochs / (time.perf_counter() - t)
 
 
@@ -112,8 +114,10 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     fl = flops_per_row()
     peak32, peak16 = matmul_peak(torch.float32), matmul_peak(torch.bfloat16)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {fl / 1e6:.1f} MFLOP per training row "
-          f"(forward + backward); matmul peak {peak32:.0f} GFLOP/s float32, {peak16:.0f} GFLOP/s bf16\n")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; {fl / 1e6:.1f} MFLOP per training row "
+        f"(forward + backward); matmul peak {peak32:.0f} GFLOP/s float32, {peak16:.0f} GFLOP/s bf16\n"
+    )
     print("| variant | batch | rows/s | GFLOP/s | % of float32 peak | % of this precision's peak | vs base |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     base = None
@@ -123,12 +127,17 @@ def main(argv=None) -> None:
         base = base or (rows if name == "base" else None)
         gflops = rows * fl / 1e9
         rel = f"{rows / base:.2f}x" if base else "-"
-        print(f"| {name} | {batch} | {rows:,.0f} | {gflops:.0f} | {100 * gflops / peak32:.0f} % | "
-              f"{100 * gflops / (peak16 if bf16 else peak32):.0f} % | {rel} |", flush=True)
+        print(
+            f"| {name} | {batch} | {rows:,.0f} | {gflops:.0f} | {100 * gflops / peak32:.0f} % | "
+            f"{100 * gflops / (peak16 if bf16 else peak32):.0f} % | {rel} |",
+            flush=True,
+        )
     if args.epoch_rows:
-        print(f"\nThe whole recipe (evaluation.train.train_and_score: {args.epochs} epochs of "
-              f"{int(args.epoch_rows * 0.9):,} training rows, EMA, hold-out and test passes included), "
-              f"{args.repeats} alternating runs each:\n")
+        print(
+            f"\nThe whole recipe (evaluation.train.train_and_score: {args.epochs} epochs of "
+            f"{int(args.epoch_rows * 0.9):,} training rows, EMA, hold-out and test passes included), "
+            f"{args.repeats} alternating runs each:\n"
+        )
         print("| recipe | rows/s (each run) | mean | vs before |")
         print("|---|---|---:|---:|")
         got = {name: [] for name in RECIPES}
@@ -140,6 +149,7 @@ def main(argv=None) -> None:
             mean = sum(values) / len(values)
             first = first or mean
             print(f"| {name} | {', '.join(f'{v:,.0f}' for v in values)} | {mean:,.0f} | {mean / first:.2f}x |")
+
 
 if __name__ == "__main__":
     main()

@@ -28,28 +28,29 @@ sphere and c cancels from the signal-to-noise ratio. delta = 1e-5.
 
 Writes benchmarks/results/table2_fashion_mnist.{md,csv} and table2_fashion_mnist.png.
 """
+
 from __future__ import annotations
 
 import argparse
-import sys
 import csv
 import math
 import os
 import re
+import sys
 import time
 import zlib
 
 import numpy as np
 
-from evaluation.train import train_and_score
-from pipeline.prepare import FASHION_MNIST_DIR, load_fashion_mnist
-from privacy.noise import key_from_test_seed
 from evaluation.paper import theorem1_calibrate_sigma_x
-from schemas.config import ReleaseConfig
+from evaluation.train import train_and_score
 from mechanisms.combiners import FirstPassCombiner
 from mechanisms.device import pick_device
-from mechanisms.dpcda import mix_class
-from mechanisms.plan import build_plan, normalize
+from mechanisms.inprocess import release_in_process
+from mechanisms.plan import normalize
+from pipeline.prepare import FASHION_MNIST_DIR, load_fashion_mnist
+from privacy.noise import key_from_test_seed
+from schemas.config import ReleaseConfig
 
 REFERENCE = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "reference", "dpcda_table2.csv")
 OUT = os.path.join(os.path.dirname(__file__), "results")
@@ -63,8 +64,10 @@ def paper_reference(path=REFERENCE) -> dict:
         for row in csv.DictReader(line for line in fh if not line.startswith("#")):
             if row["dataset"] == "FashionMNIST":
                 for eps in ("inf", "20", "10"):
-                    ref[(int(row["l"]), eps)] = (float(row[f"eps{'_inf' if eps == 'inf' else eps}_mean"]),
-                                                 float(row[f"eps{'_inf' if eps == 'inf' else eps}_std"]))
+                    ref[(int(row["l"]), eps)] = (
+                        float(row[f"eps{'_inf' if eps == 'inf' else eps}_mean"]),
+                        float(row[f"eps{'_inf' if eps == 'inf' else eps}_std"]),
+                    )
     return ref
 
 
@@ -77,10 +80,15 @@ def parse_calibration(name: str) -> tuple[str, int | None, float]:
     The third value is sigma_y / sigma_x for the paper calibration (inf: label term dropped, sigma_y = 0)."""
     m = _CALIBRATION.fullmatch(name)
     ratio = float(m["ratio"]) if m and m["ratio"] else None
-    if (not m or (ratio is not None and (m["base"] != "paper" or not 0 < ratio < math.inf))
-            or (m["lp"] is not None and int(m["lp"]) < 1)):
-        raise SystemExit(f"--calibrations: unknown {name!r} (paper, paper_syR with R > 0, fixed, poisson, each "
-                         f"optionally +lpK with K >= 1, e.g. fixed+lp16, paper_sy1)")
+    if (
+        not m
+        or (ratio is not None and (m["base"] != "paper" or not 0 < ratio < math.inf))
+        or (m["lp"] is not None and int(m["lp"]) < 1)
+    ):
+        raise SystemExit(
+            f"--calibrations: unknown {name!r} (paper, paper_syR with R > 0, fixed, poisson, each "
+            f"optionally +lpK with K >= 1, e.g. fixed+lp16, paper_sy1)"
+        )
     return m["base"], int(m["lp"]) if m["lp"] else None, math.inf if ratio is None else ratio
 
 
@@ -90,56 +98,82 @@ def synthesize(x, y, first, *, calibration, eps, l, seed, device, samples=None):
     ``samples``: T, the number of synthetic rows (default: the number of input rows)."""
     n = len(y)
     calibration, lowpass, sy_ratio = parse_calibration(calibration)
-    base = dict(input="in-process", output="in-process", mixing_order=l, clip=1.0, delta=1e-5, seed=seed,
-                num_classes=10, lowpass=lowpass, samples=samples)
+    base = dict(
+        input="in-process",
+        output="in-process",
+        mixing_order=l,
+        clip=1.0,
+        delta=1e-5,
+        seed=seed,
+        num_classes=10,
+        lowpass=lowpass,
+        samples=samples,
+    )
     if eps == "inf":
         cfg = ReleaseConfig(**base, sigma_x=0.0, normalization="exact", allow_exact_normalization=True)
     elif calibration == "paper":
-        sigma = theorem1_calibrate_sigma_x(target_epsilon=float(eps), sigma_y_over_sigma_x=sy_ratio, mixing_order=l,
-                                           clip=1.0, num_records=n, num_samples=samples or n, delta=1e-5)
-        cfg = ReleaseConfig(**base, sigma_x=sigma, sigma_y=0.0 if math.isinf(sy_ratio) else sy_ratio * sigma,
-                            normalization="exact", allow_exact_normalization=True)
+        sigma = theorem1_calibrate_sigma_x(
+            target_epsilon=float(eps),
+            sigma_y_over_sigma_x=sy_ratio,
+            mixing_order=l,
+            clip=1.0,
+            num_records=n,
+            num_samples=samples or n,
+            delta=1e-5,
+        )
+        cfg = ReleaseConfig(
+            **base,
+            sigma_x=sigma,
+            sigma_y=0.0 if math.isinf(sy_ratio) else sy_ratio * sigma,
+            normalization="exact",
+            allow_exact_normalization=True,
+        )
     else:
         cfg = ReleaseConfig(**base, epsilon=float(eps), mode=calibration)
-    key = key_from_test_seed(seed)
-    plan = build_plan(first, cfg, key)
-    z = normalize(x, plan.mean, plan.std, plan.clip, plan.bounds)
-    feats, labels = [], []
-    for k in range(plan.num_classes):
-        for _, f, lab in mix_class(z[y == k], key=key, class_index=k, num_classes=plan.num_classes, mode=plan.mode,
-                                   mixing_order=l, sigma_x=plan.sigma_x, samples=plan.samples_per_class,
-                                   chunk_rows=cfg.chunk_rows, sampling_rate=plan.sampling_rates[k], device=device,
-                                   sigma_y=plan.sigma_y, lowpass=plan.lowpass):
-            feats.append(f)
-            labels.append(lab)
-    return np.concatenate(feats), np.concatenate(labels), plan
+    feats, labels, plan, _ = release_in_process(x, y, cfg, key_from_test_seed(seed), first=first, device=device)
+    return feats, labels, plan
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="CPU-sized sweep for CI-like budgets")
-    ap.add_argument("--runs", type=int, default=None,
-                    help="seeds per cell (default 5, as the issue asks; quick 1); the GPU sweep is sized for --runs 3")
+    ap.add_argument(
+        "--runs",
+        type=int,
+        default=None,
+        help="seeds per cell (default 5, as the issue asks; quick 1); the GPU sweep is sized for --runs 3",
+    )
     ap.add_argument("--epochs", type=int, default=None, help="(default 10; quick 3)")
     ap.add_argument("--ls", type=int, nargs="+", default=None)
     ap.add_argument("--eps", nargs="+", default=["inf", "20", "10"])
-    ap.add_argument("--calibrations", nargs="+", default=["paper_sy1", "fixed", "poisson"],
-                    help="paper, paper_syR, fixed, poisson, each optionally +lpK (default: paper_sy1 fixed poisson)")
+    ap.add_argument(
+        "--calibrations",
+        nargs="+",
+        default=["paper_sy1", "fixed", "poisson"],
+        help="paper, paper_syR, fixed, poisson, each optionally +lpK (default: paper_sy1 fixed poisson)",
+    )
     ap.add_argument("--limit", type=int, default=None, help="first N training rows")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--source", default=FASHION_MNIST_DIR, help="folder of the Fashion-MNIST IDX files")
     ap.add_argument("--out", default=OUT)
     ap.add_argument("--name", default=None, help="output file stem (default table2_fashion_mnist[_quick])")
-    ap.add_argument("--resume", action="store_true", help="keep the cells already in the output CSV (same epochs and "
-                    "rows) and run only the missing ones")
-    ap.add_argument("--best-runs", type=int, default=None, help="releases for each column's best cell (extra runs "
-                    "after the sweep; default: as many as --runs)")
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the cells already in the output CSV (same epochs and rows) and run only the missing ones",
+    )
+    ap.add_argument(
+        "--best-runs",
+        type=int,
+        default=None,
+        help="releases for each column's best cell (extra runs after the sweep; default: as many as --runs)",
+    )
     args = ap.parse_args(argv)
     for name in args.calibrations:
         parse_calibration(name)
     runs = args.runs or (1 if args.quick else 5)
     epochs = args.epochs or (3 if args.quick else 10)
-    ls = args.ls or ([1, 4, 16] if args.quick else [2 ** i for i in range(10)])
+    ls = args.ls or ([1, 4, 16] if args.quick else [2**i for i in range(10)])
     limit = args.limit or (3000 if args.quick else None)
     device = pick_device(args.device)
     x, y = load_fashion_mnist("train", args.source)
@@ -159,14 +193,18 @@ def main(argv=None) -> None:
         label = "none (eps=inf)" if cal == "-" else cal
         if (label, eps, l) in done:
             rows.append(done[(label, eps, l)])
-            print(f"[{i + 1}/{len(cells)}] {label:>14} eps={eps:>3} l={l:>3} already in the table (--resume)",
-                  flush=True)
+            print(
+                f"[{i + 1}/{len(cells)}] {label:>14} eps={eps:>3} l={l:>3} already in the table (--resume)", flush=True
+            )
             continue
         rows.append(run_cell(cal, label, eps, l, range(runs), x, y, first, tx, ty, epochs, device, ref))
         row = rows[-1]
-        print(f"[{i + 1}/{len(cells)}] {label:>14} eps={eps:>3} l={l:>3} sigma_x={row['sigma_x']:.4f} "
-              f"acc={row['mean']:.4f}+-{row['std']:.4f} (paper {row['paper_mean']:.4f}) "
-              f"synthetic-val={row['synthetic_val_accuracy']:.3f} {row['seconds']:.1f}s", flush=True)
+        print(
+            f"[{i + 1}/{len(cells)}] {label:>14} eps={eps:>3} l={l:>3} sigma_x={row['sigma_x']:.4f} "
+            f"acc={row['mean']:.4f}+-{row['std']:.4f} (paper {row['paper_mean']:.4f}) "
+            f"synthetic-val={row['synthetic_val_accuracy']:.3f} {row['seconds']:.1f}s",
+            flush=True,
+        )
         # after every cell, so a run cut short keeps its cells: rerun with --resume
         write_outputs(rows, args.out, time.time() - t_all, device, quick=args.quick, name=args.name, quiet=True)
     best_runs = args.best_runs or runs
@@ -174,12 +212,28 @@ def main(argv=None) -> None:
         if row["runs"] >= best_runs:
             continue
         cal_name = "-" if row["calibration"] == "none (eps=inf)" else row["calibration"]
-        extra = run_cell(cal_name, row["calibration"], eps, row["l"], range(row["runs"], best_runs), x, y, first, tx,
-                         ty, epochs, device, ref)
+        extra = run_cell(
+            cal_name,
+            row["calibration"],
+            eps,
+            row["l"],
+            range(row["runs"], best_runs),
+            x,
+            y,
+            first,
+            tx,
+            ty,
+            epochs,
+            device,
+            ref,
+        )
         merged = merge_runs(row, extra)
         rows[rows.index(row)] = merged
-        print(f"best of {row['calibration']} eps={eps}: l={row['l']} now {merged['runs']} releases, "
-              f"{merged['mean']:.4f}+-{merged['std']:.4f}", flush=True)
+        print(
+            f"best of {row['calibration']} eps={eps}: l={row['l']} now {merged['runs']} releases, "
+            f"{merged['mean']:.4f}+-{merged['std']:.4f}",
+            flush=True,
+        )
         write_outputs(rows, args.out, time.time() - t_all, device, quick=args.quick, name=args.name, quiet=True)
     write_outputs(rows, args.out, time.time() - t_all, device, quick=args.quick, name=args.name)
 
@@ -190,23 +244,51 @@ def run_cell(cal, label, eps, l, run_ids, x, y, first, tx, ty, epochs, device, r
     accs, vals, sigmas, dev_name = [], [], [], str(device)
     base = cell_seed(eps, l)  # the same for every calibration: plain and +lpK cells are paired on one key
     for r in run_ids:
-        feats, labels, plan = synthesize(x, y, first, calibration=cal if cal != "-" else "fixed", eps=eps, l=l,
-                                         seed=base + 1000 * r, device=device)
+        feats, labels, plan = synthesize(
+            x, y, first, calibration=cal if cal != "-" else "fixed", eps=eps, l=l, seed=base + 1000 * r, device=device
+        )
         test = normalize(tx, plan.mean, plan.std, plan.clip, plan.bounds)
-        res = train_and_score(feats, labels, test, ty, num_classes=10, input_shape=(1, 28, 28), runs=1,
-                              epochs=epochs, device=str(device), seed=base + r, progress=False)
+        res = train_and_score(
+            feats,
+            labels,
+            test,
+            ty,
+            num_classes=10,
+            input_shape=(1, 28, 28),
+            runs=1,
+            epochs=epochs,
+            device=str(device),
+            seed=base + r,
+            progress=False,
+        )
         accs.append(res["accuracy_mean"])
         curve = res["curves"][0]
         vals.append(curve["val_accuracy"][curve["selected_epoch"]])
         sigmas.append(plan.sigma_x)  # poisson: depends on the run's DP class sizes
         dev_name = res.get("device", dev_name)
-        print(f"    {label} eps={eps} l={l} release {r + 1}: acc={accs[-1]:.4f} "
-              f"synthetic-val={vals[-1]:.3f} ({time.time() - t:.0f}s so far)", flush=True)
+        print(
+            f"    {label} eps={eps} l={l} release {r + 1}: acc={accs[-1]:.4f} "
+            f"synthetic-val={vals[-1]:.3f} ({time.time() - t:.0f}s so far)",
+            flush=True,
+        )
     pm, ps = ref.get((l, eps), (float("nan"), float("nan")))
-    return {"calibration": label, "epsilon": eps, "l": l, "sigma_x": float(np.mean(sigmas)),
-            "mean": float(np.mean(accs)), "std": float(np.std(accs)), "synthetic_val_accuracy": float(np.mean(vals)),
-            "paper_mean": pm, "paper_std": ps, "runs": len(accs), "epochs": epochs, "train_rows": len(y),
-            "seconds": time.time() - t, "device": dev_name, "accuracies": " ".join(f"{a:.4f}" for a in accs)}
+    return {
+        "calibration": label,
+        "epsilon": eps,
+        "l": l,
+        "sigma_x": float(np.mean(sigmas)),
+        "mean": float(np.mean(accs)),
+        "std": float(np.std(accs)),
+        "synthetic_val_accuracy": float(np.mean(vals)),
+        "paper_mean": pm,
+        "paper_std": ps,
+        "runs": len(accs),
+        "epochs": epochs,
+        "train_rows": len(y),
+        "seconds": time.time() - t,
+        "device": dev_name,
+        "accuracies": " ".join(f"{a:.4f}" for a in accs),
+    }
 
 
 def best_cells(rows) -> dict:
@@ -221,19 +303,40 @@ def best_cells(rows) -> dict:
 def merge_runs(row: dict, extra: dict) -> dict:
     accs = [float(a) for a in f"{row['accuracies']} {extra['accuracies']}".split()]
     n_old, n_new = row["runs"], extra["runs"]
-    return {**row, "mean": float(np.mean(accs)), "std": float(np.std(accs)), "runs": len(accs),
-            "accuracies": " ".join(f"{a:.4f}" for a in accs), "seconds": row["seconds"] + extra["seconds"],
-            "sigma_x": (row["sigma_x"] * n_old + extra["sigma_x"] * n_new) / (n_old + n_new),
-            "synthetic_val_accuracy": (row["synthetic_val_accuracy"] * n_old + extra["synthetic_val_accuracy"] * n_new)
-            / (n_old + n_new)}
+    return {
+        **row,
+        "mean": float(np.mean(accs)),
+        "std": float(np.std(accs)),
+        "runs": len(accs),
+        "accuracies": " ".join(f"{a:.4f}" for a in accs),
+        "seconds": row["seconds"] + extra["seconds"],
+        "sigma_x": (row["sigma_x"] * n_old + extra["sigma_x"] * n_new) / (n_old + n_new),
+        "synthetic_val_accuracy": (row["synthetic_val_accuracy"] * n_old + extra["synthetic_val_accuracy"] * n_new)
+        / (n_old + n_new),
+    }
 
 
 def output_stem(out, quick=False, name=None) -> str:
     return os.path.join(out, name or ("table2_fashion_mnist" + ("_quick" if quick else "")))
 
 
-FIELDS = ("calibration", "epsilon", "l", "sigma_x", "mean", "std", "synthetic_val_accuracy", "paper_mean", "paper_std",
-          "runs", "epochs", "train_rows", "seconds", "device", "accuracies")
+FIELDS = (
+    "calibration",
+    "epsilon",
+    "l",
+    "sigma_x",
+    "mean",
+    "std",
+    "synthetic_val_accuracy",
+    "paper_mean",
+    "paper_std",
+    "runs",
+    "epochs",
+    "train_rows",
+    "seconds",
+    "device",
+    "accuracies",
+)
 
 
 def cell_seed(eps: str, l: int) -> int:
@@ -253,8 +356,10 @@ def load_done(args, runs, epochs, train_rows) -> dict:
             protocol = None if missing else (int(row["epochs"]), int(row["train_rows"]))
             if protocol != (epochs, train_rows) or (not missing and int(row["runs"]) < runs):
                 why = f"lacks {', '.join(missing)}" if missing else f"has epochs, rows = {protocol}"
-                raise SystemExit(f"--resume: {path} {why}, not {(epochs, train_rows)} with >= {runs} runs; give "
-                                 f"another --name for a new table, or leave out --resume to replace it")
+                raise SystemExit(
+                    f"--resume: {path} {why}, not {(epochs, train_rows)} with >= {runs} runs; give "
+                    f"another --name for a new table, or leave out --resume to replace it"
+                )
             for key in ("sigma_x", "mean", "std", "synthetic_val_accuracy", "paper_mean", "paper_std", "seconds"):
                 row[key] = float(row[key])
             for key in ("l", "runs", "epochs", "train_rows"):
@@ -274,33 +379,47 @@ def write_outputs(rows, out, wall, device, quick=False, name=None, quiet=False) 
     os.replace(tmp, stem + ".csv")
     devices = sorted({str(r["device"]) for r in rows})
     runs = sorted({r["runs"] for r in rows})
-    lines = [f"Fashion-MNIST, seed 000 Table 2 beside ours. Device {', '.join(devices)}; compute time "
-             f"{sum(r['seconds'] for r in rows) / 60:.1f} min (sum over cells; this invocation {wall / 60:.1f} min); "
-             f"{'/'.join(map(str, runs))} releases x {rows[0]['epochs']} epochs per cell (more for the best cell of "
-             f"a column), {rows[0]['train_rows']} training rows. "
-             f"Each seed is a fresh synthetic release (noise key) and a fresh training seed. "
-             f"Generated by `python -m benchmarks.reproduce_table2 {' '.join(sys.argv[1:])}`.", "",
-             "`synthetic val` is the accuracy on the held-out synthetic rows used to pick the epoch: near 0.10 the "
-             "model learned nothing from the synthetic data, and its real-test accuracy is then an accident of the seed "
-             "(it can fall below chance).", "",
-             "| calibration | eps | l | sigma_x/c | ours mean +- std (releases) | synthetic val | paper mean +- std |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"Fashion-MNIST, seed 000 Table 2 beside ours. Device {', '.join(devices)}; compute time "
+        f"{sum(r['seconds'] for r in rows) / 60:.1f} min (sum over cells; this invocation {wall / 60:.1f} min); "
+        f"{'/'.join(map(str, runs))} releases x {rows[0]['epochs']} epochs per cell (more for the best cell of "
+        f"a column), {rows[0]['train_rows']} training rows. "
+        f"Each seed is a fresh synthetic release (noise key) and a fresh training seed. "
+        f"Generated by `python -m benchmarks.reproduce_table2 {' '.join(sys.argv[1:])}`.",
+        "",
+        "`synthetic val` is the accuracy on the held-out synthetic rows used to pick the epoch: near 0.10 the "
+        "model learned nothing from the synthetic data, and its real-test accuracy is then an accident of the seed "
+        "(it can fall below chance).",
+        "",
+        "| calibration | eps | l | sigma_x/c | ours mean +- std (releases) | synthetic val | paper mean +- std |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     best = best_cells(rows)
     for r in rows:
         mark = " **best**" if best[(r["calibration"], r["epsilon"])] is r else ""
-        lines.append(f"| {r['calibration']} | {r['epsilon']} | {r['l']} | {r['sigma_x']:.4f} | "
-                     f"{r['mean']:.4f} +- {r['std']:.4f} ({r['runs']}){mark} | {r['synthetic_val_accuracy']:.3f} | "
-                     f"{r['paper_mean']:.4f} +- {r['paper_std']:.4f} |")
+        lines.append(
+            f"| {r['calibration']} | {r['epsilon']} | {r['l']} | {r['sigma_x']:.4f} | "
+            f"{r['mean']:.4f} +- {r['std']:.4f} ({r['runs']}){mark} | {r['synthetic_val_accuracy']:.3f} | "
+            f"{r['paper_mean']:.4f} +- {r['paper_std']:.4f} |"
+        )
     with open(stem + ".md", "w") as fh:
         fh.write("\n".join(lines) + "\n")
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for key in sorted({(r["calibration"], r["epsilon"]) for r in rows}):
         pts = [r for r in rows if (r["calibration"], r["epsilon"]) == key]
-        ax.errorbar([r["l"] for r in pts], [r["mean"] for r in pts], [r["std"] for r in pts],
-                    marker="o", capsize=3, label=f"{key[0]}, eps={key[1]}")
+        ax.errorbar(
+            [r["l"] for r in pts],
+            [r["mean"] for r in pts],
+            [r["std"] for r in pts],
+            marker="o",
+            capsize=3,
+            label=f"{key[0]}, eps={key[1]}",
+        )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("mixing order l")
     ax.set_ylabel("test accuracy (real Fashion-MNIST)")

@@ -7,6 +7,7 @@ synthetic hold-out (``val``) and, with ``--track``, on the real test split (``te
 the model). Same cores as ``benchmarks.reproduce_table2`` (DP normalisation, the Calibrate stage, per-class mixing,
 the evaluation CNN), through its ``synthesize``; ``--T`` sets the number of synthetic rows (``ReleaseConfig.samples``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,9 +18,9 @@ import torch
 
 from benchmarks.reproduce_table2 import synthesize
 from evaluation.train import train_and_score
-from pipeline.prepare import FASHION_MNIST_DIR, load_fashion_mnist
 from mechanisms.combiners import FirstPassCombiner
 from mechanisms.plan import normalize
+from pipeline.prepare import FASHION_MNIST_DIR, load_fashion_mnist
 
 
 def main(argv=None) -> None:
@@ -38,24 +39,55 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     x, y = load_fashion_mnist("train", a.source)
     if a.limit:
-        x, y = x[:a.limit], y[:a.limit]
+        x, y = x[: a.limit], y[: a.limit]
     tx, ty = load_fashion_mnist("test", a.source)
     comb = FirstPassCombiner((0.0, 1.0))
     first = comb.add(comb.create(), x, y)
     t = time.time()
     calibration = a.mode + (f"+lp{a.lowpass}" if a.lowpass else "")
-    feats, labels, plan = synthesize(x, y, first, calibration=calibration, eps=repr(a.eps), l=a.l, seed=a.seed,
-                                     device=torch.device(a.device), samples=a.T)
+    feats, labels, plan = synthesize(
+        x,
+        y,
+        first,
+        calibration=calibration,
+        eps=repr(a.eps),
+        l=a.l,
+        seed=a.seed,
+        device=torch.device(a.device),
+        samples=a.T,
+    )
     test = normalize(tx, plan.mean, plan.std, plan.clip, plan.bounds)
     t1 = time.time()
-    res = train_and_score(feats, labels, test, ty, num_classes=10,
-                          input_shape=(1, 28, 28), runs=1, epochs=a.epochs, device=a.device, seed=a.seed * 1000,
-                          progress=False, track_test=a.track)
+    res = train_and_score(
+        feats,
+        labels,
+        test,
+        ty,
+        num_classes=10,
+        input_shape=(1, 28, 28),
+        runs=1,
+        epochs=a.epochs,
+        device=a.device,
+        seed=a.seed * 1000,
+        progress=False,
+        track_test=a.track,
+    )
     curve = res["curves"][0]
-    print(json.dumps({**vars(a), "sigma_x": plan.sigma_x, "accuracy": res["accuracy_mean"],
-                      "synth_s": round(t1 - t, 1), "train_s": round(time.time() - t1, 1),
-                      "selected_epoch": curve["selected_epoch"], "val": curve["val_accuracy"],
-                      "test": curve.get("test_accuracy")}), flush=True)
+    print(
+        json.dumps(
+            {
+                **vars(a),
+                "sigma_x": plan.sigma_x,
+                "accuracy": res["accuracy_mean"],
+                "synth_s": round(t1 - t, 1),
+                "train_s": round(time.time() - t1, 1),
+                "selected_epoch": curve["selected_epoch"],
+                "val": curve["val_accuracy"],
+                "test": curve.get("test_accuracy"),
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

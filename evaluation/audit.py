@@ -27,6 +27,7 @@ can only ever expose accounting that is too optimistic; it never certifies priva
 Theorem 1 ("noiseless privacy", Grining & Klonowski 2017) is reported beside it as an informational
 figure only: it treats the data's own variance as the noise, which is not a guarantee.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,31 +39,43 @@ import numpy as np
 import torch
 from scipy import stats
 
+from mechanisms.device import pick_device
+from mechanisms.dpcda import mix_chunk  # Beam-free core of the mixing stage
 from mechanisms.plan import synthesis_events
 from privacy.accounting import RELATION_WORDS, ReleaseEvents, account, accountant_delta, relation_key
-from privacy.calibration import CalibrationError, calibrate_noise, calibrate_sigma_x
-from privacy.events import MODES, MixingEvent
+from privacy.calibration import calibrate_noise, calibrate_sigma_x
+from privacy.errors import DpcdaError
+from privacy.events import MODES
 from privacy.noise import NoiseStream, key_from_test_seed
-from mechanisms.dpcda import mix_chunk  # Beam-free core of the mixing stage
-from mechanisms.device import pick_device
 
 CONFIDENCE = 0.95
+
+
+class AuditError(DpcdaError, ValueError):
+    """An audit configuration that cannot be played (bad sizes, options that do not go together)."""
+
+
 DEFAULT_DIM = 8
 # Rows per mix_chunk call: bounds memory (rows * dim floats) while keeping thousands of trials per call.
 BATCH_ROWS = {"cpu": 1 << 17, "cuda": 1 << 21}
 MAX_CANDIDATES = 20000  # thresholds tried on the selection half
-NOISELESS_NOTE = ("seed 003 Theorem 1 (noiseless privacy, after Grining & Klonowski 2017): one synthetic "
-                  "row as a sum of n = l records, the audit data's own per-coordinate variance standing in "
-                  "for noise, sigma_x ignored. Informational only, NOT a guarantee: its delta is vacuous "
-                  "for small n, and an adversary who knows the other records defeats it")
-AUDIT_NOTE = ("empirical audit of the mixing mechanism with this release's mode, l, c and sigma_x on a "
-              "small synthetic class with a canary record, not on the released data; accounted_epsilon is "
-              "that small class's epsilon (above the release's, whose classes are larger). The bound is a "
-              "95%-confidence lower bound on it, which can expose optimistic accounting but never "
-              "certifies privacy")
+NOISELESS_NOTE = (
+    "seed 003 Theorem 1 (noiseless privacy, after Grining & Klonowski 2017): one synthetic "
+    "row as a sum of n = l records, the audit data's own per-coordinate variance standing in "
+    "for noise, sigma_x ignored. Informational only, NOT a guarantee: its delta is vacuous "
+    "for small n, and an adversary who knows the other records defeats it"
+)
+AUDIT_NOTE = (
+    "empirical audit of the mixing mechanism with this release's mode, l, c and sigma_x on a "
+    "small synthetic class with a canary record, not on the released data; accounted_epsilon is "
+    "that small class's epsilon (above the release's, whose classes are larger). The bound is a "
+    "95%-confidence lower bound on it, which can expose optimistic accounting but never "
+    "certifies privacy"
+)
 
 
 # ---------------------------------------------------------------- statistics
+
 
 def clopper_pearson_upper(k, n: int, alpha: float):
     """One-sided upper confidence bound at level 1 - alpha for a binomial rate with k successes in n."""
@@ -76,8 +89,9 @@ def max_detectable_epsilon(n_d: int, n_dprime: int, delta: float, alpha: float) 
 
     A bound of 0 from a game that could not have shown more than this is no evidence of privacy beyond it.
     """
-    return float(epsilon_lower_bound(clopper_pearson_upper(0, n_dprime, alpha), clopper_pearson_upper(0, n_d, alpha),
-                                     delta))
+    return float(
+        epsilon_lower_bound(clopper_pearson_upper(0, n_dprime, alpha), clopper_pearson_upper(0, n_d, alpha), delta)
+    )
 
 
 def epsilon_lower_bound(fp, fn, delta: float):
@@ -113,8 +127,9 @@ def choose_threshold(s_d: np.ndarray, s_dprime: np.ndarray, delta: float, alpha:
     best = (-1.0, 0.0, 1)
     for direction in (1, -1):
         fp, fn = _error_counts(s_d, s_dprime, candidates, direction)
-        bound = epsilon_lower_bound(clopper_pearson_upper(fp, len(s_dprime), alpha),
-                                    clopper_pearson_upper(fn, len(s_d), alpha), delta)
+        bound = epsilon_lower_bound(
+            clopper_pearson_upper(fp, len(s_dprime), alpha), clopper_pearson_upper(fn, len(s_d), alpha), delta
+        )
         i = int(np.argmax(bound))
         if bound[i] > best[0]:
             best = (float(bound[i]), float(candidates[i]), direction)
@@ -132,15 +147,16 @@ def log_likelihood_ratio(proj: np.ndarray, *, mode: str, shift: float, rate: flo
         return proj.max(axis=1)
     log_keep = math.log1p(-rate) if rate < 1 else -math.inf
     log_rate = math.log(rate)
-    up = (proj * shift - shift ** 2 / 2) / sigma ** 2
+    up = (proj * shift - shift**2 / 2) / sigma**2
     num = np.logaddexp(log_keep, log_rate + up)
     if mode == "fixed":
-        down = (-proj * shift - shift ** 2 / 2) / sigma ** 2
+        down = (-proj * shift - shift**2 / 2) / sigma**2
         num = num - np.logaddexp(log_keep, log_rate + down)
     return num.sum(axis=1)
 
 
 # ---------------------------------------------------------------- the game
+
 
 def canary_datasets(mode: str, class_size: int, dim: int, clip: float, seed: int):
     """(D, D', u): background clipped to ``clip`` and orthogonal to u = e_0, canary ``clip * u``."""
@@ -161,17 +177,36 @@ def canary_datasets(mode: str, class_size: int, dim: int, clip: float, seed: int
     return d, d_prime, u
 
 
-def _projections(x: np.ndarray, u: np.ndarray, *, mode: str, mixing_order: int, sigma_x: float, rate: float,
-                 samples: int, trials: int, key: bytes, tag: str, device: torch.device) -> np.ndarray:
+def _projections(
+    x: np.ndarray,
+    u: np.ndarray,
+    *,
+    mode: str,
+    mixing_order: int,
+    sigma_x: float,
+    rate: float,
+    samples: int,
+    trials: int,
+    key: bytes,
+    tag: str,
+    device: torch.device,
+) -> np.ndarray:
     """(trials, samples) projections on u of the rows of ``trials`` independent mechanism runs on x."""
     xt = torch.from_numpy(np.asarray(x, np.float64)).to(device)
     per_batch = max(1, BATCH_ROWS.get(device.type, BATCH_ROWS["cpu"]) // samples)
     parts = []
     for b, start in enumerate(range(0, trials, per_batch)):
         n = min(per_batch, trials - start)
-        rows = mix_chunk(xt, mode=mode, mixing_order=mixing_order, sigma_x=sigma_x, rows=n * samples,
-                         index_stream=NoiseStream(key, "audit-index", tag, b),
-                         noise_stream=NoiseStream(key, "audit-noise", tag, b), sampling_rate=rate)
+        rows = mix_chunk(
+            xt,
+            mode=mode,
+            mixing_order=mixing_order,
+            sigma_x=sigma_x,
+            rows=n * samples,
+            index_stream=NoiseStream(key, "audit-index", tag, b),
+            noise_stream=NoiseStream(key, "audit-noise", tag, b),
+            sampling_rate=rate,
+        )
         parts.append((rows @ np.asarray(u, np.float64)).reshape(n, samples))
     return np.concatenate(parts)
 
@@ -185,24 +220,58 @@ def noiseless_privacy(x: np.ndarray, *, mode: str, mixing_order: int, clip: floa
     if var <= 0:
         eps = math.inf
     else:
-        eps = math.sqrt(sensitivity ** 2 * math.log(n) / (n * var))
+        eps = math.sqrt(sensitivity**2 * math.log(n) / (n * var))
     with np.errstate(over="ignore"):
-        delta = (1.12 * n * third / (n * var) ** 1.5 * (1 + math.exp(min(eps, 700.0)))
-                 + 4 / (5 * math.sqrt(n))) if var > 0 else math.inf
-    return {"epsilon": eps, "delta": delta, "n": n, "data_variance": var, "sensitivity": sensitivity,
-            "note": NOISELESS_NOTE}
+        delta = (
+            (1.12 * n * third / (n * var) ** 1.5 * (1 + math.exp(min(eps, 700.0))) + 4 / (5 * math.sqrt(n)))
+            if var > 0
+            else math.inf
+        )
+    return {
+        "epsilon": eps,
+        "delta": delta,
+        "n": n,
+        "data_variance": var,
+        "sensitivity": sensitivity,
+        "note": NOISELESS_NOTE,
+    }
 
 
-def _dpmix_scores(x: np.ndarray, labels: np.ndarray, u: np.ndarray, *, mode: str, mixing_order: int,
-                  sigma_x: float, sigma_y: float, rate, trials: int, key: bytes, tag: str, clip: float) -> np.ndarray:
+def _dpmix_scores(
+    x: np.ndarray,
+    labels: np.ndarray,
+    u: np.ndarray,
+    *,
+    mode: str,
+    mixing_order: int,
+    sigma_x: float,
+    sigma_y: float,
+    rate,
+    trials: int,
+    key: bytes,
+    tag: str,
+    clip: float,
+) -> np.ndarray:
     """Log-likelihood ratios of DPMix rows (one per trial, all rows of one real ``mix_dataset`` call): the feature
     projection on the canary direction and the label-score difference (class 0 minus class 1), whitened together."""
     from mechanisms.dpmix import mix_dataset
 
-    parts = [(f.astype(np.float64) @ u, sc[:, 0].astype(np.float64) - sc[:, 1])
-             for _, f, sc in mix_dataset(x.astype(np.float64), labels, key=key, num_classes=3, mode=mode,
-                                         mixing_order=mixing_order, sigma_x=sigma_x, sigma_y=sigma_y,
-                                         samples=trials, chunk_rows=1 << 15, sampling_rate=rate)]
+    parts = [
+        (f.astype(np.float64) @ u, sc[:, 0].astype(np.float64) - sc[:, 1])
+        for _, f, sc in mix_dataset(
+            x.astype(np.float64),
+            labels,
+            key=key,
+            num_classes=3,
+            mode=mode,
+            mixing_order=mixing_order,
+            sigma_x=sigma_x,
+            sigma_y=sigma_y,
+            samples=trials,
+            chunk_rows=1 << 15,
+            sampling_rate=rate,
+        )
+    ]
     proj, diff = np.concatenate([p for p, _ in parts]), np.concatenate([d for _, d in parts])
     if sigma_x <= 0 or sigma_y <= 0:
         return proj + diff
@@ -211,14 +280,22 @@ def _dpmix_scores(x: np.ndarray, labels: np.ndarray, u: np.ndarray, *, mode: str
     log_keep = math.log1p(-q) if q < 1 else -math.inf
 
     def log_mix(sign):
-        w = sign * (proj * a / sigma_x ** 2 + diff * b / (2 * sigma_y ** 2))
-        return np.logaddexp(log_keep, math.log(q) + w - (a ** 2 / sigma_x ** 2 + b ** 2 / (2 * sigma_y ** 2)) / 2)
+        w = sign * (proj * a / sigma_x**2 + diff * b / (2 * sigma_y**2))
+        return np.logaddexp(log_keep, math.log(q) + w - (a**2 / sigma_x**2 + b**2 / (2 * sigma_y**2)) / 2)
 
     return log_mix(1) - (log_mix(-1) if mode == "fixed" else 0.0)
 
 
-def _perturb_scores(x_row: np.ndarray, direction: np.ndarray, *, sigma_x: float, trials: int, key: bytes, tag: str,
-                    projection: Optional[np.ndarray]) -> np.ndarray:
+def _perturb_scores(
+    x_row: np.ndarray,
+    direction: np.ndarray,
+    *,
+    sigma_x: float,
+    trials: int,
+    key: bytes,
+    tag: str,
+    projection: Optional[np.ndarray],
+) -> np.ndarray:
     """The canary's released row, once per trial (``mechanisms.local.perturb_block``), projected on ``direction``
     (monotone in the likelihood ratio: the two hypotheses shift it by +-c||R||)."""
     from mechanisms.local import perturb_block
@@ -227,11 +304,25 @@ def _perturb_scores(x_row: np.ndarray, direction: np.ndarray, *, sigma_x: float,
     return perturb_block(rows, key=key, block=("audit", tag), sigma_x=sigma_x, projection=projection) @ direction
 
 
-def run_audit(*, mode: str, mixing_order: int, epsilon: Optional[float] = None, sigma_x: Optional[float] = None,
-              delta: float = 1e-5, class_size: int = 20, samples_per_class: int = 1, dim: int = DEFAULT_DIM,
-              clip: float = 1.0, trials: int = 2000, seed: int = 0, device: str = "auto",
-              claimed_epsilon: Optional[float] = None, mechanism: str = "dpcda", label_noise_ratio: float = 1.0,
-              projection_dim: int = 4) -> dict:
+def run_audit(
+    *,
+    mode: str,
+    mixing_order: int,
+    epsilon: Optional[float] = None,
+    sigma_x: Optional[float] = None,
+    delta: float = 1e-5,
+    class_size: int = 20,
+    samples_per_class: int = 1,
+    dim: int = DEFAULT_DIM,
+    clip: float = 1.0,
+    trials: int = 2000,
+    seed: int = 0,
+    device: str = "auto",
+    claimed_epsilon: Optional[float] = None,
+    mechanism: str = "dpcda",
+    label_noise_ratio: float = 1.0,
+    projection_dim: int = 4,
+) -> dict:
     """Audit one small configuration; ``trials`` mechanism runs on each of D and D'.
 
     Every mechanism plays the game its relation allows, on its own synthesis code: dpcda as described above;
@@ -246,18 +337,20 @@ def run_audit(*, mode: str, mixing_order: int, epsilon: Optional[float] = None, 
     """
     t0 = time.time()
     if mode not in MODES:
-        raise CalibrationError(f"mode: expected one of {MODES}, got {mode!r}")
+        raise AuditError(f"mode: expected one of {MODES}, got {mode!r}")
     if mixing_order < 1:
-        raise CalibrationError(f"mixing_order must be >= 1, got {mixing_order}")
+        raise AuditError(f"mixing_order must be >= 1, got {mixing_order}")
     if class_size < max(2, mixing_order if mode == "fixed" else 2):
-        raise CalibrationError(f"class_size {class_size} too small: the audit needs at least 2 records and, "
-                               f"in fixed mode, at least l = {mixing_order}")
+        raise AuditError(
+            f"class_size {class_size} too small: the audit needs at least 2 records and, "
+            f"in fixed mode, at least l = {mixing_order}"
+        )
     if samples_per_class < 1 or trials < 4 or dim < 2 or clip <= 0:
-        raise CalibrationError("samples_per_class >= 1, trials >= 4, dim >= 2 and clip > 0 are required")
+        raise AuditError("samples_per_class >= 1, trials >= 4, dim >= 2 and clip > 0 are required")
     if (epsilon is None) == (sigma_x is None):
-        raise CalibrationError("give exactly one of epsilon or sigma_x")
+        raise AuditError("give exactly one of epsilon or sigma_x")
     if mechanism in ("local", "randproj") and mode != "fixed":
-        raise CalibrationError(f"mode: {mechanism} offers mode fixed only")
+        raise AuditError(f"mode: {mechanism} offers mode fixed only")
     projection, gain = None, 1.0
     if mechanism == "randproj":
         from mechanisms.randproj import projection_matrix
@@ -267,14 +360,22 @@ def run_audit(*, mode: str, mixing_order: int, epsilon: Optional[float] = None, 
     samples = samples_per_class if mechanism in ("dpcda", "dpmix") else 1
 
     def events(sigma):
-        return synthesis_events(mechanism, mode, group_sizes=[class_size], samples=samples,
-                                mixing_order=mixing_order, clip=clip, sigma_x=sigma,
-                                label_noise_ratio=label_noise_ratio, gain=gain)
+        return synthesis_events(
+            mechanism,
+            mode,
+            group_sizes=[class_size],
+            samples=samples,
+            mixing_order=mixing_order,
+            clip=clip,
+            sigma_x=sigma,
+            label_noise_ratio=label_noise_ratio,
+            gain=gain,
+        )
 
     if sigma_x is None:
         sigma_x = calibrate_noise(mode, events, target_epsilon=epsilon, delta=accountant_delta(delta), scale=clip)
     if sigma_x < 0:
-        raise CalibrationError(f"sigma_x must be >= 0, got {sigma_x}")
+        raise AuditError(f"sigma_x must be >= 0, got {sigma_x}")
     event = events(float(sigma_x))[0]
     accounted = account(ReleaseEvents(mode, (), (event,)), delta, cross_check=False).epsilon
     claimed = accounted if claimed_epsilon is None else float(claimed_epsilon)
@@ -286,28 +387,54 @@ def run_audit(*, mode: str, mixing_order: int, epsilon: Optional[float] = None, 
     half = trials // 2
     scores = {}
     if mechanism == "dpcda":
-        common = dict(mode=mode, mixing_order=mixing_order, sigma_x=float(sigma_x), rate=rate,
-                      samples=samples_per_class, key=key, device=dev)
+        common = dict(
+            mode=mode,
+            mixing_order=mixing_order,
+            sigma_x=float(sigma_x),
+            rate=rate,
+            samples=samples_per_class,
+            key=key,
+            device=dev,
+        )
         for name, x in (("D", d), ("D'", d_prime)):
             proj = _projections(x, u, trials=trials, tag=name, **common)
-            scores[name] = log_likelihood_ratio(proj, mode=mode, shift=clip / mixing_order, rate=float(rate),
-                                                sigma=float(sigma_x))
+            scores[name] = log_likelihood_ratio(
+                proj, mode=mode, shift=clip / mixing_order, rate=float(rate), sigma=float(sigma_x)
+            )
     elif mechanism == "dpmix":
         labels = {"D": np.r_[0, np.full(class_size - 1, 2)], "D'": np.r_[1, np.full(class_size - 1, 2)]}
         if mode == "poisson":  # D' removes the canary (features and label)
             labels["D'"] = labels["D'"][1:]
         for name, x in (("D", d), ("D'", d_prime)):
-            scores[name] = _dpmix_scores(x, labels[name], u, mode=mode, mixing_order=mixing_order,
-                                         sigma_x=float(sigma_x), sigma_y=label_noise_ratio * float(sigma_x),
-                                         rate=rate, trials=trials, key=key, tag=name, clip=clip)
+            scores[name] = _dpmix_scores(
+                x,
+                labels[name],
+                u,
+                mode=mode,
+                mixing_order=mixing_order,
+                sigma_x=float(sigma_x),
+                sigma_y=label_noise_ratio * float(sigma_x),
+                rate=rate,
+                trials=trials,
+                key=key,
+                tag=name,
+                clip=clip,
+            )
     else:
         direction, canary = u.astype(np.float64), clip * u.astype(np.float64)
         if projection is not None:  # the input direction R stretches most, and where it goes
             left, _, right = np.linalg.svd(projection, full_matrices=False)
             canary, direction = clip * left[:, 0], right[0]
         for name, sign in (("D", 1.0), ("D'", -1.0)):
-            scores[name] = _perturb_scores(sign * canary, direction, sigma_x=float(sigma_x), trials=trials,
-                                           key=key, tag=name, projection=projection)
+            scores[name] = _perturb_scores(
+                sign * canary,
+                direction,
+                sigma_x=float(sigma_x),
+                trials=trials,
+                key=key,
+                tag=name,
+                projection=projection,
+            )
     alpha = (1.0 - CONFIDENCE) / 2  # two one-sided intervals, union bound
     threshold, direction = choose_threshold(scores["D"][:half], scores["D'"][:half], delta, alpha)
     eval_d, eval_dp = scores["D"][half:], scores["D'"][half:]
@@ -319,56 +446,105 @@ def run_audit(*, mode: str, mixing_order: int, epsilon: Optional[float] = None, 
     point = float(epsilon_lower_bound(fp_count[0] / n_dp, fn_count[0] / n_d, delta))
     noiseless = noiseless_privacy(d, mode=mode, mixing_order=mixing_order, clip=clip)
     return {
-        "mechanism": mechanism, "mode": mode, "mixing_order": mixing_order, "class_size": class_size,
-        "samples_per_class": samples_per_class, "dim": dim, "clip": clip, "delta": delta,
-        "sigma_x": float(sigma_x), "noise_multiplier": event.noise_multiplier, "sampling_rate": float(rate),
+        "mechanism": mechanism,
+        "mode": mode,
+        "mixing_order": mixing_order,
+        "class_size": class_size,
+        "samples_per_class": samples_per_class,
+        "dim": dim,
+        "clip": clip,
+        "delta": delta,
+        "sigma_x": float(sigma_x),
+        "noise_multiplier": event.noise_multiplier,
+        "sampling_rate": float(rate),
         "neighbouring_relation": RELATION_WORDS[relation_key(mechanism, mode)],
         "game": ("D' replaces the canary +c*u by -c*u" if mode == "fixed" else "D' removes the canary +c*u"),
-        "target_epsilon": epsilon, "accounted_epsilon": accounted, "claimed_epsilon": claimed,
-        "empirical_epsilon_lower_bound": bound, "confidence": CONFIDENCE,
+        "target_epsilon": epsilon,
+        "accounted_epsilon": accounted,
+        "claimed_epsilon": claimed,
+        "empirical_epsilon_lower_bound": bound,
+        "confidence": CONFIDENCE,
         "max_detectable_epsilon": max_detectable_epsilon(n_d, n_dp, delta, alpha),
         "empirical_epsilon_point_estimate": point,
         "violation": bool(bound > claimed),
-        "fp": float(fp_count[0] / n_dp), "fn": float(fn_count[0] / n_d), "fp_upper": fp_upper,
-        "fn_upper": fn_upper, "threshold": threshold, "guess_d_when": "above" if direction > 0 else "below",
+        "fp": float(fp_count[0] / n_dp),
+        "fn": float(fn_count[0] / n_d),
+        "fp_upper": fp_upper,
+        "fn_upper": fn_upper,
+        "threshold": threshold,
+        "guess_d_when": "above" if direction > 0 else "below",
         "statistic": "log-likelihood ratio" if sigma_x > 0 else "largest projection on the canary",
-        "trials": trials, "selection_trials": half, "evaluation_trials": n_d,
-        "noiseless_privacy_epsilon": noiseless["epsilon"], "noiseless_privacy": noiseless,
-        "device": dev.type, "wall_seconds": time.time() - t0,
+        "trials": trials,
+        "selection_trials": half,
+        "evaluation_trials": n_d,
+        "noiseless_privacy_epsilon": noiseless["epsilon"],
+        "noiseless_privacy": noiseless,
+        "device": dev.type,
+        "wall_seconds": time.time() - t0,
     }
 
 
-def run_paper_rate_audit(*, mode: str, mixing_order: int, epsilon: float, num_classes: int = 10,
-                         class_size: Optional[int] = None, **kwargs) -> dict:
+def run_paper_rate_audit(
+    *, mode: str, mixing_order: int, epsilon: float, num_classes: int = 10, class_size: Optional[int] = None, **kwargs
+) -> dict:
     """A deliberately broken claim: epsilon accounted with the paper's rate p = l/N, N = K * N_k.
 
     sigma_x is calibrated for one 'class' of N records (as if rows sampled the whole dataset), then
     the real per-class mechanism (rate l/N_k) is audited against that claim.
     """
     class_size = mixing_order if class_size is None else class_size
-    sigma = calibrate_sigma_x(mode, class_sizes=[num_classes * class_size], samples_per_class=kwargs.get(
-        "samples_per_class", 1), mixing_order=mixing_order, clip=kwargs.get("clip", 1.0), target_epsilon=epsilon,
-        delta=kwargs.get("delta", 1e-5))
-    out = run_audit(mode=mode, mixing_order=mixing_order, sigma_x=sigma, class_size=class_size,
-                    claimed_epsilon=epsilon, **kwargs)
-    out["broken_claim"] = (f"epsilon {epsilon} accounted with p = l/N, N = {num_classes} x {class_size} records, "
-                           f"while rows sample one class of {class_size}")
+    sigma = calibrate_sigma_x(
+        mode,
+        class_sizes=[num_classes * class_size],
+        samples_per_class=kwargs.get("samples_per_class", 1),
+        mixing_order=mixing_order,
+        clip=kwargs.get("clip", 1.0),
+        target_epsilon=epsilon,
+        delta=kwargs.get("delta", 1e-5),
+    )
+    out = run_audit(
+        mode=mode, mixing_order=mixing_order, sigma_x=sigma, class_size=class_size, claimed_epsilon=epsilon, **kwargs
+    )
+    out["broken_claim"] = (
+        f"epsilon {epsilon} accounted with p = l/N, N = {num_classes} x {class_size} records, "
+        f"while rows sample one class of {class_size}"
+    )
     return out
 
 
 # ---------------------------------------------------------------- CLI and manifest
 
+
 def format_table(result: dict) -> str:
-    keys = ["mode", "mixing_order", "class_size", "samples_per_class", "sigma_x", "sampling_rate",
-            "accounted_epsilon", "claimed_epsilon", "empirical_epsilon_lower_bound", "max_detectable_epsilon",
-            "violation", "fp", "fn",
-            "fp_upper", "fn_upper", "trials", "noiseless_privacy_epsilon", "device", "wall_seconds"]
+    keys = [
+        "mode",
+        "mixing_order",
+        "class_size",
+        "samples_per_class",
+        "sigma_x",
+        "sampling_rate",
+        "accounted_epsilon",
+        "claimed_epsilon",
+        "empirical_epsilon_lower_bound",
+        "max_detectable_epsilon",
+        "violation",
+        "fp",
+        "fn",
+        "fp_upper",
+        "fn_upper",
+        "trials",
+        "noiseless_privacy_epsilon",
+        "device",
+        "wall_seconds",
+    ]
     lines = []
     for k in keys:
         v = result[k]
         lines.append(f"{k:>30}: {v:.4g}" if isinstance(v, float) else f"{k:>30}: {v}")
-    lines.append(f"{'':>30}  lower bound at {CONFIDENCE:.0%} confidence on synthetic canary data; "
-                 f"noiseless_privacy_epsilon is informational, NOT a guarantee")
+    lines.append(
+        f"{'':>30}  lower bound at {CONFIDENCE:.0%} confidence on synthetic canary data; "
+        f"noiseless_privacy_epsilon is informational, NOT a guarantee"
+    )
     return "\n".join(lines)
 
 
@@ -383,15 +559,25 @@ def json_safe(value):
 
 def run_audit_cli(args) -> int:
     """``dpcda audit``: prints the result; exit status 1 when the bound exceeds the accounted epsilon."""
-    result = run_audit(mode=args.mode, mixing_order=args.mixing_order, epsilon=args.epsilon, delta=args.delta,
-                       class_size=args.class_size, samples_per_class=args.samples_per_class, trials=args.trials,
-                       seed=args.seed, mechanism=args.mechanism, label_noise_ratio=args.label_noise_ratio)
+    result = run_audit(
+        mode=args.mode,
+        mixing_order=args.mixing_order,
+        epsilon=args.epsilon,
+        delta=args.delta,
+        class_size=args.class_size,
+        samples_per_class=args.samples_per_class,
+        trials=args.trials,
+        seed=args.seed,
+        mechanism=args.mechanism,
+        label_noise_ratio=args.label_noise_ratio,
+    )
     print(json.dumps(json_safe(result), indent=2) if args.json else format_table(result))
     return 1 if result["violation"] else 0
 
 
-def audit_section(manifest: dict, *, class_size: Optional[int] = None, trials: Optional[int] = None,
-                  seed: int = 0) -> dict:
+def audit_section(
+    manifest: dict, *, class_size: Optional[int] = None, trials: Optional[int] = None, seed: int = 0
+) -> dict:
     """The ``audit`` section for a release's manifest (its mode, l, c, sigma_x).
 
     Defaults: a class of ``max(2, l)`` records, so the canary joins every row and the audit is as
@@ -401,10 +587,17 @@ def audit_section(manifest: dict, *, class_size: Optional[int] = None, trials: O
     mech = manifest["mechanism"]
     l = int(mech["mixing_order"])
     dev = pick_device("auto")
-    result = run_audit(mode=mech["mode"], mixing_order=l, sigma_x=float(mech["sigma_x"]),
-                       delta=float(manifest["privacy"]["delta"]), clip=float(mech["clip"]),
-                       class_size=class_size or max(2, l), samples_per_class=1,
-                       trials=trials or (200000 if dev.type == "cuda" else 20000), seed=seed, device=dev.type)
+    result = run_audit(
+        mode=mech["mode"],
+        mixing_order=l,
+        sigma_x=float(mech["sigma_x"]),
+        delta=float(manifest["privacy"]["delta"]),
+        clip=float(mech["clip"]),
+        class_size=class_size or max(2, l),
+        samples_per_class=1,
+        trials=trials or (200000 if dev.type == "cuda" else 20000),
+        seed=seed,
+        device=dev.type,
+    )
     result["note"] = AUDIT_NOTE
     return json_safe(result)
-

@@ -2,6 +2,7 @@
 
 Torch only (no Beam), so a GPU image without Beam can import it.
 """
+
 from __future__ import annotations
 
 import math
@@ -9,7 +10,6 @@ from typing import Optional, Sequence
 
 import torch
 from torch import nn
-
 
 MIN_IMAGE_SIDE = 8  # a square width d = s*s is read as an s x s image from s = 8 (d = 64) up
 
@@ -28,14 +28,24 @@ class TableOneCNN(nn.Module):
             raise ValueError(f"input_shape {tuple(input_shape)}: images need H, W >= 4 for two 2x2 pools")
         self.input_shape = (c, h, w)
         self.features = nn.Sequential(
-            nn.Conv2d(c, 32, kernel_size=5, stride=1, padding=2), nn.ReLU(), nn.BatchNorm2d(32), nn.MaxPool2d(2, 2),
-            nn.Conv2d(32, 64, kernel_size=3, stride=1, padding=1), nn.ReLU(), nn.BatchNorm2d(64), nn.MaxPool2d(2, 2),
+            nn.Conv2d(c, 32, kernel_size=5, stride=1, padding=2),
+            nn.ReLU(),
+            nn.BatchNorm2d(32),
+            nn.MaxPool2d(2, 2),
+            nn.Conv2d(32, 64, kernel_size=3, stride=1, padding=1),
+            nn.ReLU(),
+            nn.BatchNorm2d(64),
+            nn.MaxPool2d(2, 2),
         )
         self.flat_dim = 64 * (h // 2 // 2) * (w // 2 // 2)
         self.classifier = nn.Sequential(
             nn.Flatten(),
-            nn.Linear(self.flat_dim, 100), nn.ReLU(), nn.Dropout(dropout),
-            nn.Linear(100, 100), nn.ReLU(), nn.Dropout(dropout),
+            nn.Linear(self.flat_dim, 100),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(100, 100),
+            nn.ReLU(),
+            nn.Dropout(dropout),
             nn.Linear(100, num_classes),
         )
 
@@ -50,8 +60,13 @@ class TabularMLP(nn.Module):
     def __init__(self, dim: int, num_classes: int, hidden: int = 256, dropout: float = 0.5):
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(dim, hidden), nn.ReLU(), nn.BatchNorm1d(hidden), nn.Dropout(dropout),
-            nn.Linear(hidden, 100), nn.ReLU(), nn.Dropout(dropout),
+            nn.Linear(dim, hidden),
+            nn.ReLU(),
+            nn.BatchNorm1d(hidden),
+            nn.Dropout(dropout),
+            nn.Linear(hidden, 100),
+            nn.ReLU(),
+            nn.Dropout(dropout),
             nn.Linear(100, num_classes),
         )
 

@@ -2,6 +2,7 @@
 
 Matplotlib with the Agg backend (no display); local paths only.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,9 +52,17 @@ def _as_image(row: np.ndarray, shape: Optional[Sequence[int]]) -> np.ndarray:
     return np.pad(row, (0, width * math.ceil(d / width) - d), constant_values=np.nan).reshape(-1, width)
 
 
-def write_samples(path: str, features: np.ndarray, labels: np.ndarray, *, num_classes: int, per_class: int = 8,
-                  input_shape: Optional[Sequence[int]] = None, seed: int = 0,
-                  class_names: Optional[Sequence[str]] = None) -> str:
+def write_samples(
+    path: str,
+    features: np.ndarray,
+    labels: np.ndarray,
+    *,
+    num_classes: int,
+    per_class: int = 8,
+    input_shape: Optional[Sequence[int]] = None,
+    seed: int = 0,
+    class_names: Optional[Sequence[str]] = None,
+) -> str:
     """Grid of synthetic rows (seed 000 Fig. 1): one row per class, its mean over all its synthetic rows
     first (noise averages out there; post-processing of released rows only), then ``per_class`` samples."""
     plt = _pyplot()
@@ -79,8 +88,9 @@ def write_samples(path: str, features: np.ndarray, labels: np.ndarray, *, num_cl
             if k == 0:
                 ax.set_title("class mean" if j == 0 else f"sample {j}", fontsize=7)
             if j == 0:
-                ax.set_ylabel(class_names[k] if class_names else str(k), rotation=0, ha="right", va="center",
-                              fontsize=8)
+                ax.set_ylabel(
+                    class_names[k] if class_names else str(k), rotation=0, ha="right", va="center", fontsize=8
+                )
     fig.suptitle("synthetic rows per class", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
@@ -96,7 +106,7 @@ def write_curves(path: str, curves: list[dict]) -> str:
         epochs = np.arange(1, len(c["train_loss"]) + 1)
         label = f"seed {c.get('seed', '?')}"
         ax_loss.plot(epochs, c["train_loss"], marker="o", label=label)
-        line, = ax_acc.plot(epochs, c["val_accuracy"], marker="o", label=label)
+        (line,) = ax_acc.plot(epochs, c["val_accuracy"], marker="o", label=label)
         sel = c.get("selected_epoch")
         if sel is not None and 0 <= sel < len(c["val_accuracy"]):
             ax_acc.plot([sel + 1], [c["val_accuracy"][sel]], marker="*", markersize=12, color=line.get_color())
@@ -112,16 +122,25 @@ def write_curves(path: str, curves: list[dict]) -> str:
     return path
 
 
-def write_all(out_dir: str, result: dict, train_x: np.ndarray, train_y: np.ndarray, *,
-              input_shape: Optional[Sequence[int]] = None, extra: Optional[dict] = None) -> dict:
+def write_all(
+    out_dir: str,
+    result: dict,
+    train_x: np.ndarray,
+    train_y: np.ndarray,
+    *,
+    input_shape: Optional[Sequence[int]] = None,
+    extra: Optional[dict] = None,
+) -> dict:
     """Writes report.json, samples.png and curves.png into ``out_dir``; returns their paths."""
     os.makedirs(out_dir, exist_ok=True)
     shape = input_shape if input_shape is not None and len(input_shape) == 3 else None
     paths = {
-        "samples": write_samples(os.path.join(out_dir, SAMPLES), train_x, train_y,
-                                 num_classes=result["num_classes"], input_shape=shape),
+        "samples": write_samples(
+            os.path.join(out_dir, SAMPLES), train_x, train_y, num_classes=result["num_classes"], input_shape=shape
+        ),
         "curves": write_curves(os.path.join(out_dir, CURVES), result["curves"]),
     }
-    paths["report"] = write_report(out_dir, result, {**(extra or {}), "files": {k: os.path.basename(v)
-                                                                                for k, v in paths.items()}})
+    paths["report"] = write_report(
+        out_dir, result, {**(extra or {}), "files": {k: os.path.basename(v) for k, v in paths.items()}}
+    )
     return paths

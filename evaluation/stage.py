@@ -4,6 +4,7 @@ The real test rows get exactly the transform the release applied to its training
 DP z-score then L2 clip, ``mechanisms.plan.normalize``); the synthetic rows are used as written. No real test
 data takes part in any training choice (see ``evaluation.train``). Beam is not needed for local paths.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,6 +19,7 @@ import numpy as np
 from evaluation import report as report_mod
 from evaluation.train import train_and_score
 from mechanisms.plan import normalize
+from privacy.errors import DpcdaError
 from storage.paths import exists as _exists
 from storage.paths import expand_glob, is_remote, open_file
 from storage.paths import join as _join
@@ -29,7 +31,7 @@ SYNTHETIC_DIR = "synthetic"
 NORMALIZATION = "normalization.json"
 
 
-class EvaluationError(ValueError):
+class EvaluationError(DpcdaError, ValueError):
     """The release or the test data cannot be evaluated (missing files, mismatched widths or labels)."""
 
 
@@ -78,8 +80,10 @@ def load_test(test_glob: str, norm: dict, dim: int, projection: Optional[np.ndar
     block = read_all(files)
     width = block.features.shape[1]
     if (projection is None and width != dim) or (projection is not None and width != projection.shape[0]):
-        raise EvaluationError(f"{test_glob}: test rows have width {width}, the release has "
-                              f"{dim if projection is None else projection.shape[0]}")
+        raise EvaluationError(
+            f"{test_glob}: test rows have width {width}, the release has "
+            f"{dim if projection is None else projection.shape[0]}"
+        )
     mean, std = (np.asarray(norm[k], np.float32) for k in ("mean", "std"))
     if mean.shape != (width,) or std.shape != (width,):
         raise EvaluationError(f"{NORMALIZATION}: mean/std must list {width} numbers")
@@ -97,23 +101,41 @@ def _find_normalization(release_dir: str, manifest: Optional[dict] = None) -> st
         path = _join(d, NORMALIZATION)
         if d and _exists(path):
             return path
-    raise EvaluationError(f"{release_dir}: {NORMALIZATION} is missing; the test rows cannot be normalised as "
-                          f"the release's training rows were")
+    raise EvaluationError(
+        f"{release_dir}: {NORMALIZATION} is missing; the test rows cannot be normalised as "
+        f"the release's training rows were"
+    )
 
 
 def _release_info(manifest: Optional[dict]) -> dict:
     if not manifest:
         return {}
     mech, priv = manifest.get("mechanism", {}), manifest.get("privacy", {})
-    return {"release": {"mode": mech.get("mode"), "mixing_order": mech.get("mixing_order"),
-                        "sigma_x": mech.get("sigma_x"), "clip": mech.get("clip"),
-                        "epsilon": priv.get("epsilon"), "delta": priv.get("delta"),
-                        "samples_total": mech.get("samples_total")}}
+    return {
+        "release": {
+            "mode": mech.get("mode"),
+            "mixing_order": mech.get("mixing_order"),
+            "sigma_x": mech.get("sigma_x"),
+            "clip": mech.get("clip"),
+            "epsilon": priv.get("epsilon"),
+            "delta": priv.get("delta"),
+            "samples_total": mech.get("samples_total"),
+        }
+    }
 
 
-def run_evaluation(release_dir: str, test_glob: str, out_dir: str, *, runs: int, epochs: int,
-                   manifest: Optional[dict] = None, device: str = "auto", seed: int = 0,
-                   progress: bool = True) -> dict:
+def run_evaluation(
+    release_dir: str,
+    test_glob: str,
+    out_dir: str,
+    *,
+    runs: int,
+    epochs: int,
+    manifest: Optional[dict] = None,
+    device: str = "auto",
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
     """Loads, trains ``runs`` x ``epochs``, writes report.json, samples.png, curves.png into ``out_dir``."""
     syn = load_synthetic(release_dir, manifest)
     dim = syn.features.shape[1]
@@ -123,25 +145,45 @@ def run_evaluation(release_dir: str, test_glob: str, out_dir: str, *, runs: int,
     if mech.get("name") == "randproj":  # the public R, rebuilt from the manifest
         from mechanisms.randproj import projection_matrix
 
-        projection = projection_matrix(int(manifest["input"]["feature_dim"]), int(mech["projection_dim"]),
-                                       int(mech["projection_seed"]))
+        projection = projection_matrix(
+            int(manifest["input"]["feature_dim"]), int(mech["projection_dim"]), int(mech["projection_seed"])
+        )
     test_x, test_y = load_test(test_glob, norm, dim, projection)
     soft = load_soft_labels(release_dir, manifest) if mech.get("name") == "dpmix" else None
     declared = (manifest or {}).get("mechanism", {}).get("num_classes")
     num_classes = int(declared or max(int(syn.labels.max()), int(test_y.max())) + 1)
     if int(test_y.max()) >= num_classes or int(test_y.min()) < 0:
         raise EvaluationError(f"{test_glob}: a test label falls outside the release's {num_classes} classes")
-    log.info("stage=evaluate synthetic=%d test=%d dim=%d classes=%d runs=%d epochs=%d", len(syn.labels),
-             len(test_y), dim, num_classes, runs, epochs)
-    result = train_and_score(syn.features, syn.labels, test_x, test_y, num_classes=num_classes, runs=runs,
-                             epochs=epochs, device=device, seed=seed, progress=progress, soft_labels=soft,
-                             model="mlp" if projection is not None else None)
+    log.info(
+        "stage=evaluate synthetic=%d test=%d dim=%d classes=%d runs=%d epochs=%d",
+        len(syn.labels),
+        len(test_y),
+        dim,
+        num_classes,
+        runs,
+        epochs,
+    )
+    result = train_and_score(
+        syn.features,
+        syn.labels,
+        test_x,
+        test_y,
+        num_classes=num_classes,
+        runs=runs,
+        epochs=epochs,
+        device=device,
+        seed=seed,
+        progress=progress,
+        soft_labels=soft,
+        model="mlp" if projection is not None else None,
+    )
     extra = {"synthetic_rows": int(len(syn.labels)), "test_glob": test_glob, **_release_info(manifest)}
     remote = is_remote(out_dir)
     local_dir = tempfile.mkdtemp(prefix="dpcda-eval-") if remote else out_dir
     try:
-        paths = report_mod.write_all(local_dir, result, syn.features, syn.labels,
-                                     input_shape=result["input_shape"], extra=extra)
+        paths = report_mod.write_all(
+            local_dir, result, syn.features, syn.labels, input_shape=result["input_shape"], extra=extra
+        )
         if remote:
             for p in paths.values():
                 with open(p, "rb") as src, open_file(_join(out_dir, os.path.basename(p)), "wb") as dst:
@@ -149,41 +191,74 @@ def run_evaluation(release_dir: str, test_glob: str, out_dir: str, *, runs: int,
     finally:
         if remote:
             shutil.rmtree(local_dir, ignore_errors=True)
-    log.info("stage=evaluate accuracy=%.4f+-%.4f device=%s seconds=%.1f", result["accuracy_mean"],
-             result["accuracy_std"], result["device"], result["wall_seconds"])
+    log.info(
+        "stage=evaluate accuracy=%.4f+-%.4f device=%s seconds=%.1f",
+        result["accuracy_mean"],
+        result["accuracy_std"],
+        result["device"],
+        result["wall_seconds"],
+    )
     return {**result, **extra, "path": _join(out_dir, report_mod.REPORT)}
 
 
-TEST_DATA_NOTE = ("accuracy on real test rows: a statistic of the test set, which the privacy guarantee does not "
-                  "cover (it covers the release's input records); publish it only if the test set is public")
+TEST_DATA_NOTE = (
+    "accuracy on real test rows: a statistic of the test set, which the privacy guarantee does not "
+    "cover (it covers the release's input records); publish it only if the test set is public"
+)
 
 
-def evaluate_release(workdir: str, manifest: dict, test_glob: str, *, runs: int = 1, epochs: int = 10,
-                     test_public: bool = False) -> dict:
+def evaluate_release(
+    workdir: str, manifest: dict, test_glob: str, *, runs: int = 1, epochs: int = 10, test_public: bool = False
+) -> dict:
     """Release stage: evaluates the run directory ``workdir`` (not yet published); returns the ``utility`` section.
 
     Unless ``test_public``, the section says that its figures are outside the guarantee and leaves out the exact
     test row count. Its report path is relative to OUTPUT, like the manifest's files.
     """
-    draft_files = {**manifest, "output": {**manifest["output"], "files": [
-        {**f, "path": f["path"][len(manifest["output"].get("prefix", "")):]} for f in manifest["output"]["files"]]}}
-    rep = run_evaluation(workdir, test_glob, _join(workdir, EVAL_DIR), runs=runs, epochs=epochs,
-                         manifest={**draft_files, "normalization": {}})
+    draft_files = {
+        **manifest,
+        "output": {
+            **manifest["output"],
+            "files": [
+                {**f, "path": f["path"][len(manifest["output"].get("prefix", "")) :]}
+                for f in manifest["output"]["files"]
+            ],
+        },
+    }
+    rep = run_evaluation(
+        workdir,
+        test_glob,
+        _join(workdir, EVAL_DIR),
+        runs=runs,
+        epochs=epochs,
+        manifest={**draft_files, "normalization": {}},
+    )
     return {
-        "accuracy_mean": rep["accuracy_mean"], "accuracy_std": rep["accuracy_std"], "runs": rep["runs"],
-        "epochs": rep["epochs"], "device": rep["device"],
+        "accuracy_mean": rep["accuracy_mean"],
+        "accuracy_std": rep["accuracy_std"],
+        "runs": rep["runs"],
+        "epochs": rep["epochs"],
+        "device": rep["device"],
         "report": f"{manifest['output'].get('prefix', '')}{EVAL_DIR}/{report_mod.REPORT}",
         "test_set_public": test_public,
         **({"test_rows": rep["test_rows"]} if test_public else {"outside_guarantee": TEST_DATA_NOTE}),
     }
 
 
-def evaluate_standalone(synthetic_dir: str, test_glob: str, *, runs: int = 3, epochs: int = 10,
-                        out: Optional[str] = None, seed: int = 0) -> dict:
+def evaluate_standalone(
+    synthetic_dir: str, test_glob: str, *, runs: int = 3, epochs: int = 10, out: Optional[str] = None, seed: int = 0
+) -> dict:
     """``dpcda evaluate``: evaluates a release folder; returns the report dict with 'path' (report.json)."""
     from storage.publish import MANIFEST
 
     manifest_path = _join(synthetic_dir, MANIFEST)
     manifest = _read_json(manifest_path) if _exists(manifest_path) else None
-    return run_evaluation(synthetic_dir, test_glob, out or _join(synthetic_dir, EVAL_DIR), runs=runs, epochs=epochs,
-                          manifest=manifest, seed=seed)
+    return run_evaluation(
+        synthetic_dir,
+        test_glob,
+        out or _join(synthetic_dir, EVAL_DIR),
+        runs=runs,
+        epochs=epochs,
+        manifest=manifest,
+        seed=seed,
+    )

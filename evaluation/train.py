@@ -23,6 +23,7 @@ several releases is measured by ``benchmarks/precision_check`` (results in bench
 
 Data stay resident on the device as tensors; batches are index slices of one permutation per epoch.
 """
+
 from __future__ import annotations
 
 import copy
@@ -120,7 +121,7 @@ def predict(model: nn.Module, x: torch.Tensor, batch: int, autocast: bool) -> to
     out = []
     for i in range(0, len(x), batch):
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
-            out.append(model(x[i:i + batch]).float().argmax(dim=1))
+            out.append(model(x[i : i + batch]).float().argmax(dim=1))
     return torch.cat(out) if out else torch.empty(0, dtype=torch.long, device=x.device)
 
 
@@ -168,10 +169,24 @@ def soft_targets(scores: np.ndarray) -> np.ndarray:
     return np.where(total > 0, t / np.where(total > 0, total, 1.0), 1.0 / t.shape[1]).astype(np.float32)
 
 
-def train_one(train_x: torch.Tensor, train_y: torch.Tensor, val_x: torch.Tensor, val_y: torch.Tensor, *,
-              num_classes: int, input_shape, epochs: int, seed: int, recipe: Recipe, device: torch.device,
-              progress=None, test_x: Optional[torch.Tensor] = None, test_y: Optional[torch.Tensor] = None,
-              train_soft: Optional[torch.Tensor] = None, model_kind: Optional[str] = None):
+def train_one(
+    train_x: torch.Tensor,
+    train_y: torch.Tensor,
+    val_x: torch.Tensor,
+    val_y: torch.Tensor,
+    *,
+    num_classes: int,
+    input_shape,
+    epochs: int,
+    seed: int,
+    recipe: Recipe,
+    device: torch.device,
+    progress=None,
+    test_x: Optional[torch.Tensor] = None,
+    test_y: Optional[torch.Tensor] = None,
+    train_soft: Optional[torch.Tensor] = None,
+    model_kind: Optional[str] = None,
+):
     """One training run; returns (model to score, curves dict). ``test_*`` only feed an informational curve.
 
     ``train_soft`` (rows, K): class distributions to fit with soft-target cross-entropy instead of ``train_y``."""
@@ -182,8 +197,13 @@ def train_one(train_x: torch.Tensor, train_y: torch.Tensor, val_x: torch.Tensor,
     if isinstance(net, TableOneCNN) and recipe.channels_last:
         model = model.to(memory_format=torch.channels_last)
     autocast = use_bf16(recipe, device)
-    opt = torch.optim.Adam(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay,
-                           fused=device.type == "cuda" or None, foreach=None if device.type == "cuda" else True)
+    opt = torch.optim.Adam(
+        model.parameters(),
+        lr=recipe.lr,
+        weight_decay=recipe.weight_decay,
+        fused=device.type == "cuda" or None,
+        foreach=None if device.type == "cuda" else True,
+    )
     n = len(train_y)
     batch_size = effective_batch_size(n, recipe.batch_size)
     steps_per_epoch = max(1, math.ceil(n / batch_size))
@@ -200,7 +220,7 @@ def train_one(train_x: torch.Tensor, train_y: torch.Tensor, val_x: torch.Tensor,
         perm = torch.randperm(n, device=device, generator=gen)
         total_loss = torch.zeros((), device=device)
         for i in range(steps_per_epoch):
-            idx = perm[i * batch_size:(i + 1) * batch_size]
+            idx = perm[i * batch_size : (i + 1) * batch_size]
             if len(idx) < 2 and n >= 2:  # BatchNorm needs two rows; a lone last row is dropped
                 continue
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
@@ -230,7 +250,8 @@ def train_one(train_x: torch.Tensor, train_y: torch.Tensor, val_x: torch.Tensor,
         curves["val_accuracy"].append(val_acc)
         if test_x is not None:
             curves["test_accuracy"].append(
-                float((predict(scored, test_x, recipe.eval_batch, autocast) == test_y).float().mean()))
+                float((predict(scored, test_x, recipe.eval_batch, autocast) == test_y).float().mean())
+            )
         if recipe.select_best and len(val_y) and val_acc > best_acc:
             best_acc, best_epoch = val_acc, epoch
             best_state = {k: v.detach().clone() for k, v in scored.state_dict().items()}
@@ -247,15 +268,30 @@ def train_one(train_x: torch.Tensor, train_y: torch.Tensor, val_x: torch.Tensor,
 
 
 def _as_tensors(x, y, device):
-    return (torch.as_tensor(np.ascontiguousarray(x, dtype=np.float32)).to(device),
-            torch.as_tensor(np.asarray(y, dtype=np.int64)).to(device))
+    return (
+        torch.as_tensor(np.ascontiguousarray(x, dtype=np.float32)).to(device),
+        torch.as_tensor(np.asarray(y, dtype=np.int64)).to(device),
+    )
 
 
-def train_and_score(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray, *,
-                    num_classes: int, input_shape: Optional[Sequence[int]] = None, runs: int = 1, epochs: int = 10,
-                    device: str = "auto", seed: int = 0, progress: bool = True, recipe: Optional[Recipe] = None,
-                    track_test: bool = False, soft_labels: Optional[np.ndarray] = None,
-                    model: Optional[str] = None) -> dict:
+def train_and_score(
+    train_x: np.ndarray,
+    train_y: np.ndarray,
+    test_x: np.ndarray,
+    test_y: np.ndarray,
+    *,
+    num_classes: int,
+    input_shape: Optional[Sequence[int]] = None,
+    runs: int = 1,
+    epochs: int = 10,
+    device: str = "auto",
+    seed: int = 0,
+    progress: bool = True,
+    recipe: Optional[Recipe] = None,
+    track_test: bool = False,
+    soft_labels: Optional[np.ndarray] = None,
+    model: Optional[str] = None,
+) -> dict:
     """Trains ``runs`` models (seeds ``seed .. seed+runs-1``) on synthetic rows and scores them on real rows.
 
     Model choice (the epoch kept) uses only a held-out slice of the synthetic rows. ``soft_labels`` (rows, K): the
@@ -292,18 +328,38 @@ def train_and_score(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=runs * epochs * len(tr_idx), unit="row", unit_scale=True, file=sys.stderr,
-                   desc=f"evaluate {runs}x{epochs} epochs on {dev.type}", leave=False)
+
+        bar = tqdm(
+            total=runs * epochs * len(tr_idx),
+            unit="row",
+            unit_scale=True,
+            file=sys.stderr,
+            desc=f"evaluate {runs}x{epochs} epochs on {dev.type}",
+            leave=False,
+        )
     accs, curves, confusions = [], [], []
     try:
         for r in range(runs):
-            trained, c = train_one(x_tr, y_tr, x_val, y_val, num_classes=num_classes, input_shape=shape,
-                                   epochs=epochs, seed=seed + r, recipe=recipe, device=dev, progress=bar,
-                                   test_x=x_te if track_test else None, test_y=y_te if track_test else None,
-                                   train_soft=soft_tr, model_kind=model)
+            trained, c = train_one(
+                x_tr,
+                y_tr,
+                x_val,
+                y_val,
+                num_classes=num_classes,
+                input_shape=shape,
+                epochs=epochs,
+                seed=seed + r,
+                recipe=recipe,
+                device=dev,
+                progress=bar,
+                test_x=x_te if track_test else None,
+                test_y=y_te if track_test else None,
+                train_soft=soft_tr,
+                model_kind=model,
+            )
             pred = predict(trained, x_te, recipe.eval_batch, use_bf16(recipe, dev))
             pairs = (y_te * num_classes + pred).cpu().numpy()
-            confusions.append(np.bincount(pairs, minlength=num_classes ** 2).reshape(num_classes, num_classes))
+            confusions.append(np.bincount(pairs, minlength=num_classes**2).reshape(num_classes, num_classes))
             accs.append(float((pred == y_te).float().mean()) if len(y_te) else float("nan"))
             curves.append({"seed": seed + r, "accuracy": accs[-1], **c, "confusion_matrix": confusions[-1].tolist()})
     finally:

@@ -6,6 +6,7 @@ so merging is exact and associative: any split of the input into bundles gives b
 sensitivity the DP statistics assume holds for the computed sums, not only for exact arithmetic.
 ``transforms.stats`` wraps this in a ``beam.CombineFn``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -60,8 +61,8 @@ class FirstPassCombiner:
         for a in accs:
             k = max(len(out.class_counts), len(a.class_counts))
             counts = np.zeros(k, np.int64)
-            counts[:len(out.class_counts)] += out.class_counts
-            counts[:len(a.class_counts)] += a.class_counts
+            counts[: len(out.class_counts)] += out.class_counts
+            counts[: len(a.class_counts)] += a.class_counts
             if a.sum_qu is None:
                 qu, qv = out.sum_qu, out.sum_qv
             elif out.sum_qu is None:

@@ -1,4 +1,5 @@
 """Where torch work runs: one device policy for mixing and training."""
+
 from __future__ import annotations
 
 import logging

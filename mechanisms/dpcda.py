@@ -18,6 +18,7 @@ c/l (poisson) in L2, the sensitivities the accountant assumes.
 
 Optional low-pass post-processing (``lowpass``, ``mechanisms.postprocess``) acts on the finished noisy rows only.
 """
+
 from __future__ import annotations
 
 import logging
@@ -47,8 +48,9 @@ def canonical_order(features: np.ndarray, labels: Optional[np.ndarray] = None) -
     return np.lexsort((np.asarray(labels), rank))
 
 
-def sample_rows(n: int, *, mode: str, mixing_order: int, rows: int, stream: NoiseStream,
-                sampling_rate: Fraction = Fraction(0)) -> tuple[np.ndarray, np.ndarray]:
+def sample_rows(
+    n: int, *, mode: str, mixing_order: int, rows: int, stream: NoiseStream, sampling_rate: Fraction = Fraction(0)
+) -> tuple[np.ndarray, np.ndarray]:
     """(flat indices, offsets): row i holds indices flat[offsets[i]:offsets[i+1]] into range(n)."""
     if mode == "fixed":
         idx = stream.distinct(n, mixing_order, rows)
@@ -64,17 +66,27 @@ def sample_rows(n: int, *, mode: str, mixing_order: int, rows: int, stream: Nois
     return idx[keep], offsets
 
 
-def mix_chunk(x: torch.Tensor, *, mode: str, mixing_order: int, sigma_x: float, rows: int,
-              index_stream: NoiseStream, noise_stream: NoiseStream,
-              sampling_rate: Fraction = Fraction(0), order: Optional[torch.Tensor] = None) -> np.ndarray:
+def mix_chunk(
+    x: torch.Tensor,
+    *,
+    mode: str,
+    mixing_order: int,
+    sigma_x: float,
+    rows: int,
+    index_stream: NoiseStream,
+    noise_stream: NoiseStream,
+    sampling_rate: Fraction = Fraction(0),
+    order: Optional[torch.Tensor] = None,
+) -> np.ndarray:
     """``rows`` synthetic float64 feature rows from the float64 class matrix ``x`` (on its device).
 
     ``order`` (optional) maps sampled positions to rows of ``x`` (the canonical order of the class).
     """
     if mode == "fixed" and mixing_order > MAX_ROW_RECORDS:
         raise ValueError(f"mixing_order {mixing_order} is above {MAX_ROW_RECORDS}")
-    flat, offsets = sample_rows(x.shape[0], mode=mode, mixing_order=mixing_order, rows=rows, stream=index_stream,
-                                sampling_rate=sampling_rate)
+    flat, offsets = sample_rows(
+        x.shape[0], mode=mode, mixing_order=mixing_order, rows=rows, stream=index_stream, sampling_rate=sampling_rate
+    )
     if flat.size:
         idx = torch.from_numpy(flat).to(x.device)
         if order is not None:
@@ -86,28 +98,43 @@ def mix_chunk(x: torch.Tensor, *, mode: str, mixing_order: int, sigma_x: float, 
     return noise_stream.gaussian(means, sigma_x)
 
 
-def label_scores(class_index: int, num_classes: int, sigma_y: float, rows: int,
-                 stream: Optional[NoiseStream]) -> np.ndarray:
+def label_scores(
+    class_index: int, num_classes: int, sigma_y: float, rows: int, stream: Optional[NoiseStream]
+) -> np.ndarray:
     """(rows, K) float64 scores e_k + N(0, sigma_y^2 I_K) on sigma_y's grid: the one-hot mean of a same-class mix."""
     scores = np.zeros((rows, num_classes), np.float64)
     scores[:, class_index] = 1.0
     return stream.gaussian(scores, sigma_y) if sigma_y > 0 else scores
 
 
-def noisy_labels(class_index: int, num_classes: int, sigma_y: float, rows: int,
-                 stream: Optional[NoiseStream]) -> np.ndarray:
+def noisy_labels(
+    class_index: int, num_classes: int, sigma_y: float, rows: int, stream: Optional[NoiseStream]
+) -> np.ndarray:
     """argmax(e_k + N(0, sigma_y^2 I_K)); exactly k when sigma_y is 0 (the one-hot mean is e_k)."""
     if sigma_y > 0:
         return label_scores(class_index, num_classes, sigma_y, rows, stream).argmax(axis=1)
     return np.full(rows, class_index, dtype=np.int64)
 
 
-def mix_class(features: np.ndarray, *, key: bytes, class_index: int, num_classes: int, mode: str,
-              mixing_order: int, sigma_x: float, samples: int, chunk_rows: int,
-              sampling_rate: Fraction | float = Fraction(0), sigma_y: float = 0.0,
-              device: str | torch.device = "cpu", chunks=None, lowpass: Optional[tuple[Sequence[int], int]] = None,
-              soft_labels: bool = False, denoise: Optional[tuple[Sequence[int], float]] = None,
-              ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+def mix_class(
+    features: np.ndarray,
+    *,
+    key: bytes,
+    class_index: int,
+    num_classes: int,
+    mode: str,
+    mixing_order: int,
+    sigma_x: float,
+    samples: int,
+    chunk_rows: int,
+    sampling_rate: Fraction | float = Fraction(0),
+    sigma_y: float = 0.0,
+    device: str | torch.device = "cpu",
+    chunks=None,
+    lowpass: Optional[tuple[Sequence[int], int]] = None,
+    soft_labels: bool = False,
+    denoise: Optional[tuple[Sequence[int], float]] = None,
+) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """Yield (chunk, float32 features, labels) for class ``class_index``; ``chunks`` limits which chunks.
 
     ``lowpass=(image_shape, K)`` projects every finished row onto its low DCT frequencies, ``denoise=(image_shape,
@@ -122,12 +149,19 @@ def mix_class(features: np.ndarray, *, key: bytes, class_index: int, num_classes
     rate = Fraction(sampling_rate)
     post = make_postprocess(lowpass=lowpass, denoise=denoise, device=dev)
     n_chunks = -(-samples // chunk_rows)
-    for chunk in (range(n_chunks) if chunks is None else chunks):
+    for chunk in range(n_chunks) if chunks is None else chunks:
         rows = min(chunk_rows, samples - chunk * chunk_rows)
-        out = mix_chunk(x, mode=mode, mixing_order=mixing_order, sigma_x=sigma_x, rows=rows,
-                        index_stream=NoiseStream(key, "mix-index", class_index, chunk),
-                        noise_stream=NoiseStream(key, "mix-noise", class_index, chunk), sampling_rate=rate,
-                        order=order_t)
+        out = mix_chunk(
+            x,
+            mode=mode,
+            mixing_order=mixing_order,
+            sigma_x=sigma_x,
+            rows=rows,
+            index_stream=NoiseStream(key, "mix-index", class_index, chunk),
+            noise_stream=NoiseStream(key, "mix-noise", class_index, chunk),
+            sampling_rate=rate,
+            order=order_t,
+        )
         feats = out.astype(np.float32)
         if post is not None:
             feats = post(feats)

@@ -8,6 +8,7 @@ probability q = l / N_hat, the sums divided by l. Sensitivity and accounting: ``
 records are clipped and summed exactly as in ``mechanisms.dpcda``, whose docstring states the float bound). Seed 001's
 denoising (a Gaussian blur) is post-processing (``mechanisms.postprocess``).
 """
+
 from __future__ import annotations
 
 from fractions import Fraction
@@ -21,11 +22,24 @@ from mechanisms.postprocess import make_postprocess
 from privacy.noise import NoiseStream
 
 
-def mix_dataset(features: np.ndarray, labels: np.ndarray, *, key: bytes, num_classes: int, mode: str,
-                mixing_order: int, sigma_x: float, sigma_y: float, samples: int, chunk_rows: int,
-                sampling_rate: Fraction | float = Fraction(0), device: str | torch.device = "cpu", chunks=None,
-                lowpass: Optional[tuple[Sequence[int], int]] = None,
-                denoise: Optional[tuple[Sequence[int], float]] = None) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+def mix_dataset(
+    features: np.ndarray,
+    labels: np.ndarray,
+    *,
+    key: bytes,
+    num_classes: int,
+    mode: str,
+    mixing_order: int,
+    sigma_x: float,
+    sigma_y: float,
+    samples: int,
+    chunk_rows: int,
+    sampling_rate: Fraction | float = Fraction(0),
+    device: str | torch.device = "cpu",
+    chunks=None,
+    lowpass: Optional[tuple[Sequence[int], int]] = None,
+    denoise: Optional[tuple[Sequence[int], float]] = None,
+) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """Yield (chunk, float32 features (rows, d), float32 label scores (rows, K)) for the whole dataset."""
     dev = torch.device(device) if not isinstance(device, torch.device) else device
     labels = np.asarray(labels, np.int64)
@@ -38,10 +52,16 @@ def mix_dataset(features: np.ndarray, labels: np.ndarray, *, key: bytes, num_cla
     rate = Fraction(sampling_rate)
     post = make_postprocess(lowpass=lowpass, denoise=denoise, device=dev)
     n_chunks = -(-samples // chunk_rows)
-    for chunk in (range(n_chunks) if chunks is None else chunks):
+    for chunk in range(n_chunks) if chunks is None else chunks:
         rows = min(chunk_rows, samples - chunk * chunk_rows)
-        flat, offsets = sample_rows(x.shape[0], mode=mode, mixing_order=mixing_order, rows=rows,
-                                    stream=NoiseStream(key, "dpmix-index", chunk), sampling_rate=rate)
+        flat, offsets = sample_rows(
+            x.shape[0],
+            mode=mode,
+            mixing_order=mixing_order,
+            rows=rows,
+            stream=NoiseStream(key, "dpmix-index", chunk),
+            sampling_rate=rate,
+        )
         if flat.size:
             idx = order_t[torch.from_numpy(flat).to(dev)]
             sums = torch.nn.functional.embedding_bag(idx, x, torch.from_numpy(offsets).to(dev), mode="sum")

@@ -6,6 +6,7 @@ row, so the release is one Gaussian mechanism per record (``privacy.events.Pertu
 class. The noise of a block of records comes from the stream ("perturb", its shard, its first row): a retried block
 redraws the same rows.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -15,8 +16,15 @@ import numpy as np
 from privacy.noise import NoiseStream
 
 
-def perturb_block(x: np.ndarray, *, key: bytes, block: tuple, sigma_x: float, projection: Optional[np.ndarray] = None,
-                  post: Optional[Callable[[np.ndarray], np.ndarray]] = None) -> np.ndarray:
+def perturb_block(
+    x: np.ndarray,
+    *,
+    key: bytes,
+    block: tuple,
+    sigma_x: float,
+    projection: Optional[np.ndarray] = None,
+    post: Optional[Callable[[np.ndarray], np.ndarray]] = None,
+) -> np.ndarray:
     """float32 rows: ``x`` (float64, clipped), projected by ``projection`` (d, p) when given, plus noise."""
     y = np.asarray(x, np.float64)
     if projection is not None:

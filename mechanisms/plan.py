@@ -6,6 +6,7 @@ which events its synthesis spends (``privacy.events``: MixingEvent for DP-CDA, D
 perturbation and random projection); relations are in ``privacy.accounting``. The plan holds exact private counts
 for the synthesis only; only ``public_*`` fields and the accounting reach the manifest.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,14 +18,14 @@ from typing import Optional
 
 import numpy as np
 
+from mechanisms.combiners import FirstPass
 from privacy import dp_stats
-from privacy.accounting import (Accounting, ReleaseEvents, account, accountant_delta, adaptive_epsilon,
-                                relation_key)
+from privacy.accounting import Accounting, ReleaseEvents, account, accountant_delta, adaptive_epsilon, relation_key
 from privacy.calibration import calibrate_gaussian, calibrate_noise
+from privacy.errors import DpcdaError
 from privacy.events import CLIP_MARGIN, DpmixEvent, MixingEvent, PerturbEvent
 from privacy.noise import NoiseStream
 from schemas.config import MAX_SAMPLES_PER_INPUT_ROW, ReleaseConfig
-from mechanisms.combiners import FirstPass
 from storage.paths import open_file
 from storage.shards import InputError
 
@@ -33,7 +34,7 @@ from storage.shards import InputError
 REFERENCE_EPSILON = 10.0
 
 
-class PlanError(ValueError):
+class PlanError(DpcdaError, ValueError):
     """The data and config cannot make a release (e.g. a class smaller than l in fixed mode)."""
 
 
@@ -53,7 +54,9 @@ class ReleasePlan:
     samples_per_class: int  # dpcda: T_k; dpmix, local, randproj: 0 (rows are not made per class)
     samples_total: int
     class_rows: tuple[int, ...]  # exact N_k: private in poisson mode, for the synthesis only
-    sampling_rates: tuple[Fraction, ...]  # exact q per group (dpcda: per class; dpmix: one), rounded up for the accountant
+    sampling_rates: tuple[
+        Fraction, ...
+    ]  # exact q per group (dpcda: per class; dpmix: one), rounded up for the accountant
     public_class_sizes: Optional[tuple[int, ...]]  # fixed mode
     dp_class_sizes: Optional[tuple[int, ...]]  # poisson mode
     normalization_method: str
@@ -141,9 +144,11 @@ def check_class_memory(sizes, dim: int, budget: int, *, where: str, exact: bool)
         need = class_bytes(n, dim)
         if need > budget:
             size = f"{int(n)} records" if exact else "its DP size"
-            raise PlanError(f"{where}: class {k} needs about {need / 2**30:.2f} GiB ({size} at d={dim}), more than "
-                            f"max_class_bytes={budget / 2**30:.2f} GiB, the limit of the in-memory mixer (one class "
-                            f"on one worker); raise --max-class-bytes on workers with more memory, or split the class")
+            raise PlanError(
+                f"{where}: class {k} needs about {need / 2**30:.2f} GiB ({size} at d={dim}), more than "
+                f"max_class_bytes={budget / 2**30:.2f} GiB, the limit of the in-memory mixer (one class "
+                f"on one worker); raise --max-class-bytes on workers with more memory, or split the class"
+            )
 
 
 def check_statistics(mean: np.ndarray, std: np.ndarray, bounds: tuple[float, float], clip: float) -> None:
@@ -153,8 +158,10 @@ def check_statistics(mean: np.ndarray, std: np.ndarray, bounds: tuple[float, flo
         raise PlanError("normalization: the statistics are not finite positive numbers; nothing was released")
     reach = (hi - lo + np.abs(np.asarray(mean, np.float64) - (lo + hi) / 2)) / np.asarray(std, np.float64)
     if not np.all(reach < MAX_Z_REACH):
-        raise PlanError(f"normalization: a std is below 1e-12 of feature_bounds [{lo:g}, {hi:g}] (z-scores near "
-                        f"1e12 would leave nothing but their signs after the clip); nothing was released")
+        raise PlanError(
+            f"normalization: a std is below 1e-12 of feature_bounds [{lo:g}, {hi:g}] (z-scores near "
+            f"1e12 would leave nothing but their signs after the clip); nothing was released"
+        )
 
 
 def resolve_image_shape(cfg: ReleaseConfig, dim: int) -> tuple[int, ...]:
@@ -162,8 +169,9 @@ def resolve_image_shape(cfg: ReleaseConfig, dim: int) -> tuple[int, ...]:
     if cfg.image_shape is not None:
         shape = tuple(cfg.image_shape)
         if math.prod(shape) != dim:
-            raise PlanError(f"image_shape: {','.join(map(str, shape))} has {math.prod(shape)} features, the "
-                            f"input has d={dim}")
+            raise PlanError(
+                f"image_shape: {','.join(map(str, shape))} has {math.prod(shape)} features, the input has d={dim}"
+            )
         return shape
     side = math.isqrt(dim)
     if side * side != dim:
@@ -178,13 +186,25 @@ def resolve_lowpass(cfg: ReleaseConfig, dim: int) -> Optional[tuple[tuple[int, .
     shape = resolve_image_shape(cfg, dim)
     h, w = shape[-2:]
     if cfg.lowpass >= h + w - 1:
-        raise PlanError(f"lowpass: K={cfg.lowpass} keeps every DCT coefficient of a {h}x{w} image (u + v <= "
-                        f"{h + w - 2}); use K < {h + w - 1} or leave --lowpass out")
+        raise PlanError(
+            f"lowpass: K={cfg.lowpass} keeps every DCT coefficient of a {h}x{w} image (u + v <= "
+            f"{h + w - 2}); use K < {h + w - 1} or leave --lowpass out"
+        )
     return shape, int(cfg.lowpass)
 
 
-def synthesis_events(mechanism: str, mode: str, *, group_sizes, samples: int, mixing_order: int, clip: float,
-                     sigma_x: float, label_noise_ratio: Optional[float] = None, gain: float = 1.0) -> list:
+def synthesis_events(
+    mechanism: str,
+    mode: str,
+    *,
+    group_sizes,
+    samples: int,
+    mixing_order: int,
+    clip: float,
+    sigma_x: float,
+    label_noise_ratio: Optional[float] = None,
+    gain: float = 1.0,
+) -> list:
     """The events a mechanism's synthesis spends at feature noise ``sigma_x``: one per group (dpcda: per class, with
     ``samples`` rows each; dpmix: one, the dataset, ``samples`` rows; local/randproj: one Gaussian per record, in
     parallel). Groups compose in parallel. Used by the plan and by ``dpcda account``."""
@@ -197,7 +217,11 @@ def synthesis_events(mechanism: str, mode: str, *, group_sizes, samples: int, mi
     return [PerturbEvent(c, sigma_x, gain)]
 
 
-def build_plan(first: FirstPass, cfg: ReleaseConfig, key: bytes) -> ReleasePlan:
+def build_plan(
+    first: FirstPass, cfg: ReleaseConfig, key: bytes, public_stats: Optional[tuple[np.ndarray, np.ndarray]] = None
+) -> ReleasePlan:
+    """The plan of one release. ``public_stats``: (mean, std) read by the launcher from --normalization-file (public
+    by the user's declaration); the plan itself reads no file."""
     rows = first.rows
     if rows == 0 or first.dim is None:
         raise InputError(f"{cfg.input}: zero rows")
@@ -218,8 +242,10 @@ def build_plan(first: FirstPass, cfg: ReleaseConfig, key: bytes) -> ReleasePlan:
     shared: list = []
     adaptive: list = []
     if cfg.epsilon is None:
-        caveats.append(f"sigma_x was given explicitly: the statistics spent their shares of a reference budget "
-                       f"epsilon={REFERENCE_EPSILON:g}; the epsilon below is what the whole release spends.")
+        caveats.append(
+            f"sigma_x was given explicitly: the statistics spent their shares of a reference budget "
+            f"epsilon={REFERENCE_EPSILON:g}; the epsilon below is what the whole release spends."
+        )
 
     # Class sizes: public in fixed mode, a DP histogram in poisson mode.
     where = f"{cfg.input}: column '{cfg.label_column}'"
@@ -230,35 +256,53 @@ def build_plan(first: FirstPass, cfg: ReleaseConfig, key: bytes) -> ReleasePlan:
             raise PlanError(f"{cfg.input}: {rows} records, fewer than mixing_order l={l}")
         if small:
             k = small[0]
-            hint = ("" if cfg.num_classes else f"; without --num-classes, K = largest label + 1 = {K}, so a stray "
-                    f"label can create empty classes")
-            raise PlanError(f"{where}: class {k} has {counts[k]} records, fewer than mixing_order l={l}; fixed mode "
-                            f"draws l distinct records per row (lower l, or use --mode poisson){hint}")
+            hint = (
+                ""
+                if cfg.num_classes
+                else f"; without --num-classes, K = largest label + 1 = {K}, so a stray label can create empty classes"
+            )
+            raise PlanError(
+                f"{where}: class {k} has {counts[k]} records, fewer than mixing_order l={l}; fixed mode "
+                f"draws l distinct records per row (lower l, or use --mode poisson){hint}"
+            )
         groups = [rows] if cfg.mechanism == "dpmix" else counts
         if cfg.mechanism in ("dpcda", "dpmix"):
             check_class_memory(groups, dim, budget_bytes, where=where, exact=True)
         sizes, n_public = counts, float(rows)
         dp_sizes = None
-        caveats.append("fixed mode: the dataset size is public and stated here; the guarantee covers replacing one "
-                       "record (its features and label)." if cfg.mechanism == "dpmix" else
-                       "fixed mode: class sizes N_k are public and stated here; the guarantee covers "
-                       "replacing one record's features within its class.")
+        caveats.append(
+            "fixed mode: the dataset size is public and stated here; the guarantee covers replacing one "
+            "record (its features and label)."
+            if cfg.mechanism == "dpmix"
+            else "fixed mode: class sizes N_k are public and stated here; the guarantee covers "
+            "replacing one record's features within its class."
+        )
     else:
         # The histogram's output chooses q_k, T_k and sigma_x: it is accounted alone, at its own share of epsilon and
         # delta, and the rest is calibrated to what remains (adaptive composition; privacy.accounting).
         hist_delta = cfg.histogram_budget_share * delta
-        hist = calibrate_gaussian(mode, name="class_histogram", sensitivity=dp_stats.HISTOGRAM_SENSITIVITY,
-                                  target_epsilon=cfg.histogram_budget_share * budget, delta=hist_delta)
+        hist = calibrate_gaussian(
+            mode,
+            name="class_histogram",
+            sensitivity=dp_stats.HISTOGRAM_SENSITIVITY,
+            target_epsilon=cfg.histogram_budget_share * budget,
+            delta=hist_delta,
+        )
         adaptive.append((hist, hist_delta))
         dp_sizes = dp_stats.class_histogram(counts, noise_std=hist.noise_std, stream=NoiseStream(key, "histogram"))
         # decided on the DP counts (plus 6 noise sds), never on the exact ones: whether the job stops is public
-        grouped = [dp_sizes.sum() + 6 * hist.noise_std * math.sqrt(K)] if cfg.mechanism == "dpmix" else \
-            dp_sizes + 6 * hist.noise_std
+        grouped = (
+            [dp_sizes.sum() + 6 * hist.noise_std * math.sqrt(K)]
+            if cfg.mechanism == "dpmix"
+            else dp_sizes + 6 * hist.noise_std
+        )
         check_class_memory(grouped, dim, budget_bytes, where=where, exact=False)
         sizes, n_public = dp_sizes, float(max(dp_sizes.sum(), 1))
-        caveats.append("poisson mode: q_k, T_k and sigma_x are chosen from the DP class histogram; the histogram is "
-                       "accounted alone at its own (epsilon, delta) share and the rest is calibrated to what remains, "
-                       "so the guarantee is the sum (adaptive composition).")
+        caveats.append(
+            "poisson mode: q_k, T_k and sigma_x are chosen from the DP class histogram; the histogram is "
+            "accounted alone at its own (epsilon, delta) share and the rest is calibrated to what remains, "
+            "so the guarantee is the sum (adaptive composition)."
+        )
     acc_delta = accountant_delta(delta, [d for _, d in adaptive])
     rest_budget = None
     if cfg.epsilon is not None:
@@ -268,21 +312,37 @@ def build_plan(first: FirstPass, cfg: ReleaseConfig, key: bytes) -> ReleasePlan:
     min_std = cfg.min_std * (cfg.feature_bounds[1] - cfg.feature_bounds[0])
     norm_std = None
     if cfg.normalization == "dp":
-        stats_ev = calibrate_gaussian(mode, name="normalization", sensitivity=dp_stats.moments_sensitivity(dim, mode),
-                                      target_epsilon=cfg.normalization_budget_share * budget, delta=acc_delta)
+        stats_ev = calibrate_gaussian(
+            mode,
+            name="normalization",
+            sensitivity=dp_stats.moments_sensitivity(dim, mode),
+            target_epsilon=cfg.normalization_budget_share * budget,
+            delta=acc_delta,
+        )
         shared.append(stats_ev)
         norm_std = stats_ev.noise_std
-        mean, std = dp_stats.feature_stats(n=n_public, sum_qu=first.sum_qu, sum_qv=first.sum_qv,
-                                           bounds=cfg.feature_bounds, min_std=min_std, noise_std=norm_std,
-                                           stream=NoiseStream(key, "stats"))
+        mean, std = dp_stats.feature_stats(
+            n=n_public,
+            sum_qu=first.sum_qu,
+            sum_qv=first.sum_qv,
+            bounds=cfg.feature_bounds,
+            min_std=min_std,
+            noise_std=norm_std,
+            stream=NoiseStream(key, "stats"),
+        )
     elif cfg.normalization == "public":
-        mean, std = load_public_stats(cfg.normalization_file, dim)
+        if public_stats is None:
+            raise PlanError("normalization public: the statistics file was not loaded")  # the launcher loads it
+        mean, std = (np.asarray(a, np.float64) for a in public_stats)
         caveats.append("Normalisation statistics were supplied by the user and are assumed public.")
     else:
-        mean, std = dp_stats.feature_stats(n=rows, sum_qu=first.sum_qu, sum_qv=first.sum_qv,
-                                           bounds=cfg.feature_bounds, min_std=min_std)
-        caveats.append("NOT END-TO-END DP: the z-score uses exact private means and stds "
-                       "(--normalization exact); epsilon below covers the mixing only.")
+        mean, std = dp_stats.feature_stats(
+            n=rows, sum_qu=first.sum_qu, sum_qv=first.sum_qv, bounds=cfg.feature_bounds, min_std=min_std
+        )
+        caveats.append(
+            "NOT END-TO-END DP: the z-score uses exact private means and stds "
+            "(--normalization exact); epsilon below covers the mixing only."
+        )
 
     check_statistics(mean, std, cfg.feature_bounds, c)
     mech = cfg.mechanism
@@ -290,8 +350,9 @@ def build_plan(first: FirstPass, cfg: ReleaseConfig, key: bytes) -> ReleasePlan:
     T = cfg.samples or N
     cap = MAX_SAMPLES_PER_INPUT_ROW * max(int(n_public), 1)
     if T > cap:  # fixed: n_public is the exact row count (public there); poisson: the DP total
-        raise PlanError(f"samples: T={T} is more than {MAX_SAMPLES_PER_INPUT_ROW} times the input's rows; lower "
-                        f"--samples")
+        raise PlanError(
+            f"samples: T={T} is more than {MAX_SAMPLES_PER_INPUT_ROW} times the input's rows; lower --samples"
+        )
     sizes_list = [int(s) for s in sizes]
     projection = None
     gain = 1.0
@@ -304,9 +365,17 @@ def build_plan(first: FirstPass, cfg: ReleaseConfig, key: bytes) -> ReleasePlan:
     ratio = cfg.label_noise_ratio if mech == "dpmix" else None
 
     def events(sigma: float) -> list:
-        return synthesis_events(mech, mode, group_sizes=sizes_list if mech == "dpcda" else [N],
-                                samples=T_k if mech == "dpcda" else T, mixing_order=l, clip=c, sigma_x=sigma,
-                                label_noise_ratio=ratio, gain=gain)
+        return synthesis_events(
+            mech,
+            mode,
+            group_sizes=sizes_list if mech == "dpcda" else [N],
+            samples=T_k if mech == "dpcda" else T,
+            mixing_order=l,
+            clip=c,
+            sigma_x=sigma,
+            label_noise_ratio=ratio,
+            gain=gain,
+        )
 
     if mech == "dpcda":
         T_k = T // K
@@ -324,40 +393,81 @@ def build_plan(first: FirstPass, cfg: ReleaseConfig, key: bytes) -> ReleasePlan:
     sigma_y = ratio * sigma_x if mech == "dpmix" else cfg.sigma_y
     per_group = tuple(events(sigma_x))
     out_dim = projection[0] if projection else dim
-    gaussian_draws = (T_total * out_dim * (sigma_x > 0) + T_total * K * (sigma_y > 0)
-                      + 2 * dim * (cfg.normalization == "dp") + K * (mode == "poisson"))
+    gaussian_draws = (
+        T_total * out_dim * (sigma_x > 0)
+        + T_total * K * (sigma_y > 0)
+        + 2 * dim * (cfg.normalization == "dp")
+        + K * (mode == "poisson")
+    )
     binomial_draws = T_total * (mode == "poisson")
-    acc = account(ReleaseEvents(mode, tuple(shared), per_group, tuple(adaptive), gaussian_draws=gaussian_draws,
-                                binomial_draws=binomial_draws), delta, relation=relation_key(mech, mode))
+    acc = account(
+        ReleaseEvents(
+            mode,
+            tuple(shared),
+            per_group,
+            tuple(adaptive),
+            gaussian_draws=gaussian_draws,
+            binomial_draws=binomial_draws,
+        ),
+        delta,
+        relation=relation_key(mech, mode),
+    )
     if cfg.epsilon is not None and acc.epsilon > cfg.epsilon:
         raise AssertionError(f"calibration overshot: {acc.epsilon} > {cfg.epsilon}")  # never expected
     end_to_end = cfg.normalization != "exact" and math.isfinite(acc.epsilon)
     if sigma_x == 0:
         caveats.append("sigma_x = 0: no noise on the features; epsilon is infinite.")
     if mech == "dpmix":
-        caveats[1] = ("DPMix: rows mix records of every class, so the labels are released as noisy one-hot means "
-                      "(sigma_y = label_noise_ratio x sigma_x) and their noise is part of the accounted event.")
+        caveats[1] = (
+            "DPMix: rows mix records of every class, so the labels are released as noisy one-hot means "
+            "(sigma_y = label_noise_ratio x sigma_x) and their noise is part of the accounted event."
+        )
     elif mech != "dpcda":
-        caveats[1] = (f"{mech}: every record is released once, with its label and class sizes as they are (both "
-                      f"public under the replace-one-within-class relation).")
+        caveats[1] = (
+            f"{mech}: every record is released once, with its label and class sizes as they are (both "
+            f"public under the replace-one-within-class relation)."
+        )
     return ReleasePlan(
-        mechanism=mech, mode=mode, num_classes=K, feature_dim=dim, mean=mean, std=std, clip=c,
-        bounds=cfg.feature_bounds, mixing_order=l, sigma_x=sigma_x, sigma_y=sigma_y, samples_per_class=T_k,
-        samples_total=T_total, class_rows=tuple(int(x) for x in counts),
+        mechanism=mech,
+        mode=mode,
+        num_classes=K,
+        feature_dim=dim,
+        mean=mean,
+        std=std,
+        clip=c,
+        bounds=cfg.feature_bounds,
+        mixing_order=l,
+        sigma_x=sigma_x,
+        sigma_y=sigma_y,
+        samples_per_class=T_k,
+        samples_total=T_total,
+        class_rows=tuple(int(x) for x in counts),
         sampling_rates=tuple(getattr(e, "exact_sampling_rate", Fraction(1)) for e in per_group),
         public_class_sizes=tuple(sizes_list) if mode == "fixed" else None,
         dp_class_sizes=tuple(int(x) for x in dp_sizes) if dp_sizes is not None else None,
-        normalization_method=cfg.normalization, normalization_noise_std=norm_std,
+        normalization_method=cfg.normalization,
+        normalization_noise_std=norm_std,
         histogram_noise_std=adaptive[0][0].noise_std if adaptive else None,
         normalization_share=cfg.normalization_budget_share if cfg.normalization == "dp" else None,
-        accounting=acc, records_public=max(int(n_public), l), end_to_end_dp=end_to_end, target_epsilon=cfg.epsilon,
-        caveats=tuple(caveats), lowpass=lowpass, label_noise_ratio=ratio, projection=projection,
-        denoise=cfg.denoise, image_shape=resolve_image_shape(cfg, dim) if cfg.denoise else None)
+        accounting=acc,
+        records_public=max(int(n_public), l),
+        end_to_end_dp=end_to_end,
+        target_epsilon=cfg.epsilon,
+        caveats=tuple(caveats),
+        lowpass=lowpass,
+        label_noise_ratio=ratio,
+        projection=projection,
+        denoise=cfg.denoise,
+        image_shape=resolve_image_shape(cfg, dim) if cfg.denoise else None,
+    )
 
 
-def _normalized64(features: np.ndarray, mean: np.ndarray, std: np.ndarray, clip: float,
-                  bounds: tuple[float, float]) -> np.ndarray:
-    z = (np.clip(np.asarray(features, np.float64), *bounds) - np.asarray(mean, np.float64)) / np.asarray(std, np.float64)
+def _normalized64(
+    features: np.ndarray, mean: np.ndarray, std: np.ndarray, clip: float, bounds: tuple[float, float]
+) -> np.ndarray:
+    z = (np.clip(np.asarray(features, np.float64), *bounds) - np.asarray(mean, np.float64)) / np.asarray(
+        std, np.float64
+    )
     norms = np.linalg.norm(z, axis=1, keepdims=True)
     z *= np.minimum(1.0, clip * (1.0 - CLIP_MARGIN) / np.maximum(norms, np.finfo(np.float64).tiny))
     return z
@@ -368,8 +478,9 @@ def _check_clipped(rows: np.ndarray, clip: float) -> None:
         raise AssertionError("clip: a row's norm exceeds the clip margin after rounding")  # never expected
 
 
-def normalize(features: np.ndarray, mean: np.ndarray, std: np.ndarray, clip: float,
-              bounds: tuple[float, float]) -> np.ndarray:
+def normalize(
+    features: np.ndarray, mean: np.ndarray, std: np.ndarray, clip: float, bounds: tuple[float, float]
+) -> np.ndarray:
     """float32 rows z-scored with the plan's statistics, each clipped to L2 norm ``clip (1 - CLIP_MARGIN)``
     (Algorithm 1, 2-6); what the evaluation applies to real test rows.
 
@@ -381,10 +492,17 @@ def normalize(features: np.ndarray, mean: np.ndarray, std: np.ndarray, clip: flo
     return out
 
 
-def normalize_into(out: np.ndarray, features: np.ndarray, mean: np.ndarray, std: np.ndarray, clip: float,
-                   bounds: tuple[float, float], rows_per_step: int = 4096) -> None:
+def normalize_into(
+    out: np.ndarray,
+    features: np.ndarray,
+    mean: np.ndarray,
+    std: np.ndarray,
+    clip: float,
+    bounds: tuple[float, float],
+    rows_per_step: int = 4096,
+) -> None:
     """``normalize`` in float64, written into ``out`` (the class's preallocated rows) a few thousand rows at a time."""
     for start in range(0, len(features), rows_per_step):
-        part = _normalized64(features[start:start + rows_per_step], mean, std, clip, bounds)
+        part = _normalized64(features[start : start + rows_per_step], mean, std, clip, bounds)
         _check_clipped(part, clip)
-        out[start:start + len(part)] = part
+        out[start : start + len(part)] = part

@@ -7,6 +7,7 @@ images (frequencies u + v < K on the feature image's (H, W) grid, per channel). 
 data is seen. It keeps most of an image's energy and removes the noise outside the kept subspace (on Fashion-MNIST,
 K = 16 keeps 136 of 784 coefficients).
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -49,7 +50,7 @@ def lowpass_basis(image_shape: Sequence[int], k: int) -> np.ndarray:
     plane = np.stack([np.outer(ch_h[u], ch_w[v]).ravel() for u, v in freqs])  # (kept per channel, H*W)
     basis = np.zeros((ch * len(freqs), ch * h * w))
     for c in range(ch):
-        basis[c * len(freqs):(c + 1) * len(freqs), c * h * w:(c + 1) * h * w] = plane
+        basis[c * len(freqs) : (c + 1) * len(freqs), c * h * w : (c + 1) * h * w] = plane
     return basis.astype(np.float32)
 
 
@@ -117,8 +118,9 @@ def make_postprocess(*, lowpass=None, denoise=None, device="cpu"):
         t = torch.from_numpy(np.ascontiguousarray(rows, np.float32)).to(dev)
         for step in steps:
             if step.dim != t.shape[1]:
-                raise ValueError(f"post-processing image shape {tuple(step.shape)} has {step.dim} features, rows "
-                                 f"have {t.shape[1]}")
+                raise ValueError(
+                    f"post-processing image shape {tuple(step.shape)} has {step.dim} features, rows have {t.shape[1]}"
+                )
             t = step(t)
         return t.cpu().numpy()
 

@@ -6,6 +6,7 @@ does, for the real test rows). A record's row moves by at most 2 c ||R||_2 (its 
 is the sensitivity ``privacy.events.PerturbEvent`` uses. The released rows live in R^p: they are projections, not
 images, so the evaluation trains its MLP on them, as seed 001 did.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -3,6 +3,7 @@
 Bad input or config ends with one line on stderr that names the file, column, row or field, and a
 non-zero exit status (2). Unknown flags of ``release`` are Beam pipeline options.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,8 +16,18 @@ import sys
 
 EXIT_BAD_INPUT = 2
 EXIT_SIGINT, EXIT_SIGTERM = 130, 143
-_KNOWN = ("InputError", "PlanError", "CalibrationError", "ConfigError", "ReleaseError", "PrepareError",
-          "PublishError", "EvaluationError", "AccountingError")
+_KNOWN = (
+    "InputError",
+    "PlanError",
+    "CalibrationError",
+    "ConfigError",
+    "ReleaseError",
+    "PrepareError",
+    "PublishError",
+    "EvaluationError",
+    "AccountingError",
+    "AuditError",
+)  # DpcdaError subclasses, by name
 _PATTERN = re.compile(r"(?:^|\W)(%s): (.+)" % "|".join(_KNOWN))
 
 
@@ -24,14 +35,16 @@ _BEAM_SUFFIX = re.compile(r" \[while running '.*$")
 
 
 def one_line_error(err: BaseException) -> str | None:
-    """The user-facing message of a known error, also when Beam wrapped it in its own.
+    """The user-facing line of a user error (a ``DpcdaError``), also when Beam wrapped it in its own.
 
-    Beam re-raises a DoFn's exception with `` [while running 'Step']`` appended (and, across
-    processes, inside a traceback text); both are stripped so the line is the error's own.
+    Beam re-raises a DoFn's exception with `` [while running 'Step']`` appended; across worker processes only its
+    text survives (inside a traceback), so the class names of our errors are also looked for in the text.
     """
+    from privacy.errors import DpcdaError
+
     seen = err
     while seen is not None:
-        if type(seen).__name__ in _KNOWN:
+        if isinstance(seen, DpcdaError) or type(seen).__name__ in _KNOWN:
             lines = str(seen).splitlines() or [type(seen).__name__]
             return _BEAM_SUFFIX.sub("", lines[0]).strip()
         seen = seen.__cause__ or seen.__context__
@@ -43,8 +56,9 @@ def one_line_error(err: BaseException) -> str | None:
 
 
 def _setup_logging() -> None:
-    logging.basicConfig(level=logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
     for noisy in ("absl", "apache_beam", "urllib3", "google"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
     # Beam logs a DoFn's exception with its traceback before re-raising it; the CLI boundary below
@@ -60,8 +74,10 @@ def _setup_logging() -> None:
 FLAG_NAMES = {"allow_exact_normalization": "--i-understand-exact-normalization-is-not-dp"}
 CLI_ONLY_FLAGS = {
     "--config": "YAML/JSON file with the same fields (names with underscores); flags override it",
-    "--allow-exception-sampling": ("let the runner sample the input element of a failing step (off by default: for "
-                                   "this job that element is raw private records)"),
+    "--allow-exception-sampling": (
+        "let the runner sample the input element of a failing step (off by default: for "
+        "this job that element is raw private records)"
+    ),
 }
 
 
@@ -69,8 +85,10 @@ def release_flags() -> dict[str, tuple[str, object]]:
     """flag -> (config field, pydantic FieldInfo), for every field of ReleaseConfig."""
     from schemas.config import ReleaseConfig
 
-    return {FLAG_NAMES.get(name, "--" + name.replace("_", "-")): (name, field)
-            for name, field in ReleaseConfig.model_fields.items()}
+    return {
+        FLAG_NAMES.get(name, "--" + name.replace("_", "-")): (name, field)
+        for name, field in ReleaseConfig.model_fields.items()
+    }
 
 
 def _release_parser(sub):
@@ -90,8 +108,12 @@ def _release_parser(sub):
         # values reach the config model as text; it parses and checks them (so '8G', '0,1', '28,28' work) and a bad
         # value ends in its one-line error
         p.add_argument(flag, dest=name, default=None, help=text + shown.replace("%", "%%"))
-    p.add_argument("--allow-exception-sampling", action="store_true", default=False,
-                   help=CLI_ONLY_FLAGS["--allow-exception-sampling"])
+    p.add_argument(
+        "--allow-exception-sampling",
+        action="store_true",
+        default=False,
+        help=CLI_ONLY_FLAGS["--allow-exception-sampling"],
+    )
     return p
 
 
@@ -140,12 +162,16 @@ def cmd_release(args, beam_args) -> int:
 
     unknown = unknown_beam_args(beam_args)
     if unknown:
-        raise ConfigError(f"unknown option {unknown[0]}{_suggest(unknown[0])} (release options are listed by "
-                          f"'dpcda release --help'; anything else must be a Beam pipeline option)")
+        raise ConfigError(
+            f"unknown option {unknown[0]}{_suggest(unknown[0])} (release options are listed by "
+            f"'dpcda release --help'; anything else must be a Beam pipeline option)"
+        )
     sampling = [a for a in beam_args if "enable_data_sampling" in a or "enable_always_on_exception_sampling" in a]
     if sampling and not args.allow_exception_sampling:
-        raise ConfigError(f"{sampling[0]}: data sampling stores raw private records in the runner; pass "
-                          f"--allow-exception-sampling to allow it")
+        raise ConfigError(
+            f"{sampling[0]}: data sampling stores raw private records in the runner; pass "
+            f"--allow-exception-sampling to allow it"
+        )
     overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config", "allow_exception_sampling")}
     cfg = load_config(args.config, overrides)
     if not any(a.startswith("--runner") for a in beam_args):
@@ -156,27 +182,50 @@ def cmd_release(args, beam_args) -> int:
     if cfg.eval_input:
         from evaluation.stage import evaluate_release
 
-        stages.append(("utility", lambda workdir, manifest: evaluate_release(
-            workdir, manifest, cfg.eval_input, runs=cfg.eval_runs, epochs=cfg.eval_epochs,
-            test_public=cfg.eval_input_public)))
+        stages.append(
+            (
+                "utility",
+                lambda workdir, manifest: evaluate_release(
+                    workdir,
+                    manifest,
+                    cfg.eval_input,
+                    runs=cfg.eval_runs,
+                    epochs=cfg.eval_epochs,
+                    test_public=cfg.eval_input_public,
+                ),
+            )
+        )
     if cfg.audit:
         from evaluation.audit import audit_section
 
         stages.append(("audit", lambda workdir, manifest: audit_section(manifest)))
-    manifest = run_release(cfg, beam_args, tuple(stages), eval_input=cfg.eval_input,
-                           protect=(args.config,) if args.config else ())
+    manifest = run_release(
+        cfg, beam_args, tuple(stages), eval_input=cfg.eval_input, protect=(args.config,) if args.config else ()
+    )
     p = manifest["privacy"]
-    print(json.dumps({"output": cfg.output, "rows": manifest["output"]["rows"], "epsilon": p["epsilon"],
-                      "delta": p["delta"], "sigma_x": manifest["mechanism"]["sigma_x"],
-                      "end_to_end_dp": p["end_to_end_dp"], **({"accuracy": manifest["utility"]["accuracy_mean"]}
-                                                              if manifest.get("utility") else {})}))
+    print(
+        json.dumps(
+            {
+                "output": cfg.output,
+                "rows": manifest["output"]["rows"],
+                "epsilon": p["epsilon"],
+                "delta": p["delta"],
+                "sigma_x": manifest["mechanism"]["sigma_x"],
+                "end_to_end_dp": p["end_to_end_dp"],
+                **({"accuracy": manifest["utility"]["accuracy_mean"]} if manifest.get("utility") else {}),
+            }
+        )
+    )
     return 0
 
 
 def cmd_prepare(args, _beam_args) -> int:
-    from pipeline.prepare import prepare_fashion_mnist
+    from pipeline.prepare import prepare_digits, prepare_fashion_mnist
 
-    counts = prepare_fashion_mnist(args.out, args.format, args.shards, args.source, args.limit)
+    if args.dataset == "digits":
+        counts = prepare_digits(args.out, args.format, args.shards, args.limit)
+    else:
+        counts = prepare_fashion_mnist(args.out, args.format, args.shards, args.source, args.limit)
     print(json.dumps({"out": args.out, **counts}))
     return 0
 
@@ -192,8 +241,10 @@ def cmd_account(args, _beam_args) -> int:
     if mech in ("local", "randproj") and mode != "fixed":
         raise CalibrationError(f"mode: {mech} offers mode fixed only")
     if mode == "fixed" and mech in ("dpcda", "dpmix") and args.class_size < args.mixing_order:
-        raise CalibrationError(f"class_size {args.class_size} < mixing_order {args.mixing_order}: fixed mode "
-                               f"needs at least l records per {'class' if mech == 'dpcda' else 'dataset'}")
+        raise CalibrationError(
+            f"class_size {args.class_size} < mixing_order {args.mixing_order}: fixed mode "
+            f"needs at least l records per {'class' if mech == 'dpcda' else 'dataset'}"
+        )
     gain = 1.0
     if mech == "randproj":
         import numpy as np
@@ -205,25 +256,45 @@ def cmd_account(args, _beam_args) -> int:
         gain = float(np.linalg.norm(projection_matrix(args.feature_dim, args.projection_dim, args.projection_seed), 2))
 
     def events(sigma):
-        return synthesis_events(mech, mode, group_sizes=[args.class_size], samples=args.samples_per_class,
-                                mixing_order=args.mixing_order, clip=args.clip, sigma_x=sigma,
-                                label_noise_ratio=args.label_noise_ratio, gain=gain)
+        return synthesis_events(
+            mech,
+            mode,
+            group_sizes=[args.class_size],
+            samples=args.samples_per_class,
+            mixing_order=args.mixing_order,
+            clip=args.clip,
+            sigma_x=sigma,
+            label_noise_ratio=args.label_noise_ratio,
+            gain=gain,
+        )
 
     sigma = args.sigma_x
     if sigma is None:
-        sigma = calibrate_noise(mode, events, target_epsilon=args.epsilon, delta=accountant_delta(args.delta),
-                                scale=args.clip)
+        sigma = calibrate_noise(
+            mode, events, target_epsilon=args.epsilon, delta=accountant_delta(args.delta), scale=args.clip
+        )
     evs = tuple(events(sigma))
     acc = account(ReleaseEvents(mode, (), evs), args.delta, relation=relation_key(mech, mode))
     ev = evs[0]
-    out = {"mechanism": mech, "mode": mode, "sigma_x": sigma, "sigma_x_over_c": sigma / args.clip,
-           **({"sigma_y": getattr(ev, "sigma_y")} if mech == "dpmix" else {}),
-           **({"projection_norm": gain} if mech == "randproj" else {}),
-           "epsilon": acc.epsilon, "delta": args.delta, "target_epsilon": args.epsilon, "accountant": acc.accountant,
-           "noise_multiplier": ev.noise_multiplier, "sampling_rate": getattr(ev, "sampling_rate", 1.0),
-           "neighbouring_relation": RELATION_WORDS[relation_key(mech, mode)], "components": acc.components,
-           "cross_check": acc.cross_check, "delta_breakdown": acc.delta_breakdown,
-           "note": "synthesis only; a release also spends the statistics' share (see the manifest)"}
+    out = {
+        "mechanism": mech,
+        "mode": mode,
+        "sigma_x": sigma,
+        "sigma_x_over_c": sigma / args.clip,
+        **({"sigma_y": getattr(ev, "sigma_y")} if mech == "dpmix" else {}),
+        **({"projection_norm": gain} if mech == "randproj" else {}),
+        "epsilon": acc.epsilon,
+        "delta": args.delta,
+        "target_epsilon": args.epsilon,
+        "accountant": acc.accountant,
+        "noise_multiplier": ev.noise_multiplier,
+        "sampling_rate": getattr(ev, "sampling_rate", 1.0),
+        "neighbouring_relation": RELATION_WORDS[relation_key(mech, mode)],
+        "components": acc.components,
+        "cross_check": acc.cross_check,
+        "delta_breakdown": acc.delta_breakdown,
+        "note": "synthesis only; a release also spends the statistics' share (see the manifest)",
+    }
     if args.json:
         print(json.dumps(out, indent=2))
     else:
@@ -235,10 +306,18 @@ def cmd_account(args, _beam_args) -> int:
 def cmd_evaluate(args, _beam_args) -> int:
     from evaluation.stage import evaluate_standalone
 
-    report = evaluate_standalone(args.synthetic, args.test, runs=args.runs, epochs=args.epochs, out=args.out,
-                                 seed=args.seed)
-    print(json.dumps({"accuracy_mean": report["accuracy_mean"], "accuracy_std": report["accuracy_std"],
-                      "report": report.get("path")}))
+    report = evaluate_standalone(
+        args.synthetic, args.test, runs=args.runs, epochs=args.epochs, out=args.out, seed=args.seed
+    )
+    print(
+        json.dumps(
+            {
+                "accuracy_mean": report["accuracy_mean"],
+                "accuracy_std": report["accuracy_std"],
+                "report": report.get("path"),
+            }
+        )
+    )
     return 0
 
 
@@ -253,7 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     prep = sub.add_parser("prepare", allow_abbrev=False, help="turn a public dataset into input shards")
-    prep.add_argument("dataset", choices=["fashion-mnist"])
+    prep.add_argument("dataset", choices=["fashion-mnist", "digits"])
     prep.add_argument("--out", required=True)
     prep.add_argument("--format", choices=["parquet", "tfrecord"], default="parquet")
     prep.add_argument("--shards", type=int, default=4)
@@ -264,19 +343,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     from schemas.config import ReleaseConfig
 
-    defaults = {name: field.get_default() for name, field in ReleaseConfig.model_fields.items()
-                if not field.is_required()}  # account and audit share the release's defaults
+    defaults = {
+        name: field.get_default() for name, field in ReleaseConfig.model_fields.items() if not field.is_required()
+    }  # account and audit share the release's defaults
     acc = sub.add_parser("account", allow_abbrev=False, help="calibrate or account one group's synthesis without data")
     acc.add_argument("--mechanism", choices=["dpcda", "dpmix", "local", "randproj"], default=defaults["mechanism"])
     acc.add_argument("--mode", choices=["fixed", "poisson"], default=defaults["mode"])
-    acc.add_argument("--class-size", type=int, required=True,
-                     help="N_k for dpcda; the dataset size N for dpmix; any size for local/randproj")
-    acc.add_argument("--samples-per-class", type=int, required=True,
-                     help="T_k for dpcda; T, the rows in total, for dpmix (ignored by local/randproj)")
+    acc.add_argument(
+        "--class-size",
+        type=int,
+        required=True,
+        help="N_k for dpcda; the dataset size N for dpmix; any size for local/randproj",
+    )
+    acc.add_argument(
+        "--samples-per-class",
+        type=int,
+        required=True,
+        help="T_k for dpcda; T, the rows in total, for dpmix (ignored by local/randproj)",
+    )
     acc.add_argument("--mixing-order", type=int, default=defaults["mixing_order"])
     acc.add_argument("--clip", type=float, default=defaults["clip"])
-    acc.add_argument("--label-noise-ratio", type=float, default=defaults["label_noise_ratio"],
-                     help="dpmix: sigma_y / sigma_x")
+    acc.add_argument(
+        "--label-noise-ratio", type=float, default=defaults["label_noise_ratio"], help="dpmix: sigma_y / sigma_x"
+    )
     acc.add_argument("--feature-dim", type=int, default=None, help="randproj: d")
     acc.add_argument("--projection-dim", type=int, default=defaults["projection_dim"])
     acc.add_argument("--projection-seed", type=int, default=defaults["projection_seed"])
@@ -308,8 +397,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMANDS = {"prepare": cmd_prepare, "release": cmd_release, "account": cmd_account,
-            "evaluate": cmd_evaluate, "audit": cmd_audit}
+COMMANDS = {
+    "prepare": cmd_prepare,
+    "release": cmd_release,
+    "account": cmd_account,
+    "evaluate": cmd_evaluate,
+    "audit": cmd_audit,
+}
 
 
 class Terminated(KeyboardInterrupt):
@@ -350,8 +444,11 @@ def main(argv=None) -> int:
             raise
         if _interrupted(err):
             term = signal.SIGTERM in _SIGNAL_SEEN or isinstance(err, Terminated)
-            done = ("the release WAS published; what is left of the old one goes with the next run"
-                    if getattr(err, "published", False) else "nothing was published")
+            done = (
+                "the release WAS published; what is left of the old one goes with the next run"
+                if getattr(err, "published", False)
+                else "nothing was published"
+            )
             print(f"dpcda: {'terminated (SIGTERM)' if term else 'interrupted'}; {done}", file=sys.stderr)
             return EXIT_SIGTERM if term else EXIT_SIGINT
         msg = one_line_error(err)

@@ -1,4 +1,5 @@
 """Builds the Manifest from a ReleasePlan: the one place that decides what is released."""
+
 from __future__ import annotations
 
 import datetime
@@ -7,8 +8,20 @@ import platform
 
 from pipeline import __version__
 from privacy import noise
-from schemas.manifest import (DpcdaMechanism, DpmixMechanism, InputInfo, LocalMechanism, Manifest, Noise,
-                              Normalization, Output, PostProcessing, Privacy, RandprojMechanism, Software)
+from schemas.manifest import (
+    DpcdaMechanism,
+    DpmixMechanism,
+    InputInfo,
+    LocalMechanism,
+    Manifest,
+    Noise,
+    Normalization,
+    Output,
+    PostProcessing,
+    Privacy,
+    RandprojMechanism,
+    Software,
+)
 
 DPMIX_SAMPLING_WORDS = {
     "fixed": "exactly l distinct records of the whole dataset, uniformly without replacement",
@@ -21,16 +34,22 @@ SAMPLING_WORDS = {
 
 
 def software() -> Software:
+    from importlib.metadata import version
+
     import dp_accounting  # noqa: F401
     import torch
-    from importlib.metadata import version
 
     try:
         beam = version("apache-beam")
     except Exception:  # the GPU image has no Beam
         beam = None
-    return Software(version=__version__, python=platform.python_version(), apache_beam=beam,
-                    torch=torch.__version__, dp_accounting=version("dp-accounting"))
+    return Software(
+        version=__version__,
+        python=platform.python_version(),
+        apache_beam=beam,
+        torch=torch.__version__,
+        dp_accounting=version("dp-accounting"),
+    )
 
 
 def finite(x: float | None) -> float | None:
@@ -45,38 +64,66 @@ def postprocessing(plan) -> PostProcessing | None:
 
     shape = plan.lowpass[0] if plan.lowpass else plan.denoise_spec[0]
     k = plan.lowpass[1] if plan.lowpass else None
-    return PostProcessing(lowpass=k, denoise=plan.denoise, image_shape=list(shape),
-                          kept_coefficients=lowpass_kept(shape, k)[1] if k else None)
+    return PostProcessing(
+        lowpass=k,
+        denoise=plan.denoise,
+        image_shape=list(shape),
+        kept_coefficients=lowpass_kept(shape, k)[1] if k else None,
+    )
 
 
 def mechanism_section(cfg, plan):
     """The manifest's ``mechanism``: one model per mechanism (a discriminated union on ``name``)."""
     worst = plan.accounting.worst_class_event
     z = worst.noise_multiplier if worst else 0.0
-    common = dict(mode=plan.mode, clip=plan.clip, sigma_x=plan.sigma_x, noise_multiplier=z,
-                  num_classes=plan.num_classes, samples_total=plan.samples_total)
+    common = dict(
+        mode=plan.mode,
+        clip=plan.clip,
+        sigma_x=plan.sigma_x,
+        noise_multiplier=z,
+        num_classes=plan.num_classes,
+        samples_total=plan.samples_total,
+    )
     if plan.mechanism == "dpmix":
         return DpmixMechanism(
-            name="dpmix", sampling=DPMIX_SAMPLING_WORDS[plan.mode], mixing_order=plan.mixing_order,
-            sigma_y=plan.sigma_y, label_noise_ratio=plan.label_noise_ratio,
+            name="dpmix",
+            sampling=DPMIX_SAMPLING_WORDS[plan.mode],
+            mixing_order=plan.mixing_order,
+            sigma_y=plan.sigma_y,
+            label_noise_ratio=plan.label_noise_ratio,
             dataset_size=int(sum(plan.public_class_sizes)) if plan.public_class_sizes else None,
             dataset_size_dp=int(sum(plan.dp_class_sizes)) if plan.dp_class_sizes else None,
-            sampling_rate=float(plan.sampling_rates[0]), chunk_rows=cfg.chunk_rows,
-            postprocessing=postprocessing(plan), **common)
+            sampling_rate=float(plan.sampling_rates[0]),
+            chunk_rows=cfg.chunk_rows,
+            postprocessing=postprocessing(plan),
+            **common,
+        )
     if plan.mechanism == "local":
-        return LocalMechanism(name="local", class_sizes=list(plan.public_class_sizes),
-                              postprocessing=postprocessing(plan), **common)
+        return LocalMechanism(
+            name="local", class_sizes=list(plan.public_class_sizes), postprocessing=postprocessing(plan), **common
+        )
     if plan.mechanism == "randproj":
         p, seed, norm = plan.projection
-        return RandprojMechanism(name="randproj", projection_dim=p, projection_seed=seed, projection_norm=norm,
-                                 class_sizes=list(plan.public_class_sizes), **common)
+        return RandprojMechanism(
+            name="randproj",
+            projection_dim=p,
+            projection_seed=seed,
+            projection_norm=norm,
+            class_sizes=list(plan.public_class_sizes),
+            **common,
+        )
     return DpcdaMechanism(
-        sampling=SAMPLING_WORDS[plan.mode], mixing_order=plan.mixing_order, sigma_y=plan.sigma_y,
+        sampling=SAMPLING_WORDS[plan.mode],
+        mixing_order=plan.mixing_order,
+        sigma_y=plan.sigma_y,
         samples_per_class=plan.samples_per_class,
         class_sizes=list(plan.public_class_sizes) if plan.public_class_sizes else None,
         class_sizes_dp=list(plan.dp_class_sizes) if plan.dp_class_sizes else None,
-        sampling_rates=[float(q) for q in plan.sampling_rates], chunk_rows=cfg.chunk_rows,
-        postprocessing=postprocessing(plan), **common)
+        sampling_rates=[float(q) for q in plan.sampling_rates],
+        chunk_rows=cfg.chunk_rows,
+        postprocessing=postprocessing(plan),
+        **common,
+    )
 
 
 def paper_epsilon(plan) -> float | None:
@@ -85,16 +132,27 @@ def paper_epsilon(plan) -> float | None:
 
     if plan.mechanism != "dpcda":
         return None
-    return theorem1_epsilon(sigma_x=plan.sigma_x, sigma_y=plan.sigma_y, mixing_order=plan.mixing_order,
-                            clip=plan.clip, num_records=plan.records_public, num_samples=plan.samples_total,
-                            delta=plan.accounting.delta)
+    return theorem1_epsilon(
+        sigma_x=plan.sigma_x,
+        sigma_y=plan.sigma_y,
+        mixing_order=plan.mixing_order,
+        clip=plan.clip,
+        num_records=plan.records_public,
+        num_samples=plan.samples_total,
+        delta=plan.accounting.delta,
+    )
 
 
 def noise_section(plan) -> Noise:
-    sigmas = {"features": plan.sigma_x, "labels": plan.sigma_y, "normalization": plan.normalization_noise_std,
-              "class_histogram": plan.histogram_noise_std}
-    return Noise(generator=noise.GENERATOR, sampler=noise.SAMPLER,
-                 grids={k: noise.grid_for(s) for k, s in sigmas.items() if s})
+    sigmas = {
+        "features": plan.sigma_x,
+        "labels": plan.sigma_y,
+        "normalization": plan.normalization_noise_std,
+        "class_histogram": plan.histogram_noise_std,
+    }
+    return Noise(
+        generator=noise.GENERATOR, sampler=noise.SAMPLER, grids={k: noise.grid_for(s) for k, s in sigmas.items() if s}
+    )
 
 
 def build_manifest(cfg, input_info: InputInfo, plan, outputs, prefix: str = "") -> Manifest:
@@ -104,31 +162,69 @@ def build_manifest(cfg, input_info: InputInfo, plan, outputs, prefix: str = "") 
     manifest is relative to OUTPUT.
     """
     acc = plan.accounting
-    worst = acc.worst_class_event
     return Manifest(
         created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         software=software(),
         input=input_info,
         mechanism=mechanism_section(cfg, plan),
         normalization=Normalization(
-            method=plan.normalization_method, feature_bounds=plan.bounds, out_of_bounds=cfg.out_of_bounds,
-            min_std=cfg.min_std, noise_std=plan.normalization_noise_std, epsilon_share=plan.normalization_share,
-            statistics_file=f"{prefix}normalization.json"),
+            method=plan.normalization_method,
+            feature_bounds=plan.bounds,
+            out_of_bounds=cfg.out_of_bounds,
+            min_std=cfg.min_std,
+            noise_std=plan.normalization_noise_std,
+            epsilon_share=plan.normalization_share,
+            statistics_file=f"{prefix}normalization.json",
+        ),
         privacy=Privacy(
-            epsilon=finite(plan.guarantee_epsilon), delta=acc.delta, target_epsilon=cfg.epsilon,
+            epsilon=finite(plan.guarantee_epsilon),
+            delta=acc.delta,
+            target_epsilon=cfg.epsilon,
             epsilon_this_histogram=finite(acc.epsilon) if plan.mode == "poisson" else None,
             accountant=acc.accountant,
             neighbouring_relation=acc.relation,
             composition="parallel over classes (a record meets only its own class's rows); sequential "
-                        "with the statistics releases",
+            "with the statistics releases",
             components={k: finite(v) for k, v in acc.components.items()},
             cross_check={k: finite(v) for k, v in acc.cross_check.items()},
-            delta_breakdown=dict(acc.delta_breakdown), noise=noise_section(plan), end_to_end_dp=plan.end_to_end_dp,
-            reproducible_seed=cfg.reproducible, paper_theorem1_epsilon=finite(paper_epsilon(plan)),
-            caveats=list(plan.caveats) + (["TEST SEED: the noise key is derived from a fixed seed; this "
-                                           "release is reproducible and NOT private."] if cfg.reproducible else [])),
-        output=Output(rows=sum(o.rows for o in outputs), files=list(outputs), prefix=prefix,
-                      **({"format": f"parquet: {cfg.features_column} fixed_size_list<float32>[d], {cfg.label_column} "
-                                    f"int64, {cfg.label_column}_soft fixed_size_list<float32>[{plan.num_classes}]"}
-                         if cfg.writes_soft_labels else {})),
+            delta_breakdown=dict(acc.delta_breakdown),
+            noise=noise_section(plan),
+            end_to_end_dp=plan.end_to_end_dp,
+            reproducible_seed=cfg.reproducible,
+            paper_theorem1_epsilon=finite(paper_epsilon(plan)),
+            caveats=list(plan.caveats)
+            + (
+                ["TEST SEED: the noise key is derived from a fixed seed; this release is reproducible and NOT private."]
+                if cfg.reproducible
+                else []
+            ),
+        ),
+        output=Output(
+            rows=sum(o.rows for o in outputs),
+            files=list(outputs),
+            prefix=prefix,
+            **(
+                {
+                    "format": f"parquet: {cfg.features_column} fixed_size_list<float32>[d], {cfg.label_column} "
+                    f"int64, {cfg.label_column}_soft fixed_size_list<float32>[{plan.num_classes}]"
+                }
+                if cfg.writes_soft_labels
+                else {}
+            ),
+        ),
     )
+
+
+def export_schema(path=None) -> None:
+    """Writes the manifest's JSON Schema (``schemas/manifest.schema.json``) from the pydantic model."""
+    import json
+
+    from schemas.manifest import SCHEMA_PATH
+
+    target = path or SCHEMA_PATH
+    target.write_text(json.dumps(Manifest.model_json_schema(), indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    export_schema()
+    print("wrote schemas/manifest.schema.json")

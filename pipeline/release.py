@@ -9,6 +9,7 @@ evaluation and audit stages add their sections; ``storage.publish.publish`` writ
 release visible. Any failure or interrupt removes the run directory (and cancels a remote job): OUTPUT is left as
 it was.
 """
+
 from __future__ import annotations
 
 import functools
@@ -20,20 +21,21 @@ from typing import Callable, Optional
 import apache_beam as beam
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
 
+from mechanisms.plan import PlanError, load_public_stats
 from pipeline import __version__, build_commit
 from pipeline.manifest import build_manifest
+from privacy.errors import DpcdaError
 from privacy.noise import fresh_key, key_from_test_seed
 from schemas.config import ReleaseConfig
 from schemas.manifest import InputInfo, RunInfo
 from storage import publish
 from storage.paths import expand_glob, is_remote, join, not_regular_files, open_file
+from storage.shards import InputError, detect_format, read_shard
 from transforms.calibrate import Calibrate
 from transforms.group import GroupByClass, GroupDataset
 from transforms.mix import MixDataset, MixWithinClass, PerturbRecords
 from transforms.normalize import NormalizeAndClip, NormalizeDataset
-from mechanisms.plan import PlanError, load_public_stats
 from transforms.read import ReadShards
-from storage.shards import InputError, detect_format, read_shard
 from transforms.stats import ComputeGlobalStats
 from transforms.write import WriteDraftManifest, WriteSynthetic
 
@@ -42,7 +44,7 @@ log = logging.getLogger("dpcda.release")
 Stage = tuple[str, Callable[[str, dict], dict]]
 
 
-class ReleaseError(RuntimeError):
+class ReleaseError(DpcdaError, RuntimeError):
     """A release that cannot go ahead (a failed pipeline, a launcher option that cannot work...)."""
 
 
@@ -67,43 +69,73 @@ def _input_files(pattern: str, what: str) -> list[str]:
         raise InputError(f"{pattern}: no {what} files match")
     odd = not_regular_files(files)
     if odd:
-        raise InputError(f"{odd[0]}: not a regular file (a directory, FIFO, socket or device); match only the shard "
-                         f"files")
+        raise InputError(
+            f"{odd[0]}: not a regular file (a directory, FIFO, socket or device); match only the shard files"
+        )
     return files
 
 
-def build_pipeline(p: beam.Pipeline, cfg: ReleaseConfig, files: list[str], fmt: str, dim: int,
-                   target: publish.Target, input_info: InputInfo):
+def build_pipeline(
+    p: beam.Pipeline,
+    cfg: ReleaseConfig,
+    files: list[str],
+    fmt: str,
+    dim: int,
+    target: publish.Target,
+    input_info: InputInfo,
+    public_stats=None,
+):
     # The key is drawn on a worker and reaches the others as a side input: the runner keeps it for the job's
     # lifetime (docs/operations.md says where, and how to protect it).
     key = p | "NoiseKey" >> beam.Create([cfg.seed]) | "DrawKey" >> beam.Map(_noise_key)
     blocks = p | "ReadShards" >> ReadShards(
-        files, fmt=fmt, features_column=cfg.features_column, label_column=cfg.label_column,
-        bounds=cfg.feature_bounds, out_of_bounds=cfg.out_of_bounds, num_classes=cfg.num_classes, width=dim)
+        files,
+        fmt=fmt,
+        features_column=cfg.features_column,
+        label_column=cfg.label_column,
+        bounds=cfg.feature_bounds,
+        out_of_bounds=cfg.out_of_bounds,
+        num_classes=cfg.num_classes,
+        width=dim,
+    )
     stats = blocks | "ComputeGlobalStats" >> ComputeGlobalStats(cfg.feature_bounds)
-    plan = stats | "Calibrate" >> Calibrate(cfg, key)
+    plan = stats | "Calibrate" >> Calibrate(cfg, key, public_stats)
     build = (__version__, build_commit())
     common = dict(features_column=cfg.features_column, label_column=cfg.label_column, expected_build=build)
     if cfg.mechanism == "dpcda":
-        synthetic = (blocks
-                     | "GroupByClass" >> GroupByClass(plan)
-                     | "NormalizeAndClip" >> NormalizeAndClip(plan)
-                     | "MixWithinClass" >> MixWithinClass(plan, key, device=cfg.device, chunk_rows=cfg.chunk_rows,
-                                                          soft_labels=cfg.soft_labels, **common))
+        synthetic = (
+            blocks
+            | "GroupByClass" >> GroupByClass(plan)
+            | "NormalizeAndClip" >> NormalizeAndClip(plan)
+            | "MixWithinClass"
+            >> MixWithinClass(
+                plan, key, device=cfg.device, chunk_rows=cfg.chunk_rows, soft_labels=cfg.soft_labels, **common
+            )
+        )
     elif cfg.mechanism == "dpmix":
-        synthetic = (blocks
-                     | "GroupDataset" >> GroupDataset()
-                     | "NormalizeDataset" >> NormalizeDataset(plan)
-                     | "MixDataset" >> MixDataset(plan, key, device=cfg.device, chunk_rows=cfg.chunk_rows, **common))
+        synthetic = (
+            blocks
+            | "GroupDataset" >> GroupDataset()
+            | "NormalizeDataset" >> NormalizeDataset(plan)
+            | "MixDataset" >> MixDataset(plan, key, device=cfg.device, chunk_rows=cfg.chunk_rows, **common)
+        )
     else:
         synthetic = blocks | "PerturbRecords" >> PerturbRecords(plan, key, **common)
     out_dim = cfg.projection_dim if cfg.mechanism == "randproj" else dim
     files_written = synthetic | "WriteSynthetic" >> WriteSynthetic(
-        target.workdir, out_dim, num_shards=cfg.output_shards, features_column=cfg.features_column,
-        label_column=cfg.label_column, soft_classes=cfg.num_classes if cfg.writes_soft_labels else None)
+        target.workdir,
+        out_dim,
+        num_shards=cfg.output_shards,
+        features_column=cfg.features_column,
+        label_column=cfg.label_column,
+        soft_classes=cfg.num_classes if cfg.writes_soft_labels else None,
+    )
     return files_written | "WriteDraftManifest" >> WriteDraftManifest(
-        target.workdir, plan, functools.partial(build_manifest, cfg, input_info, prefix=target.prefix),
-        prefix=target.prefix)
+        target.workdir,
+        plan,
+        functools.partial(build_manifest, cfg, input_info, prefix=target.prefix),
+        prefix=target.prefix,
+    )
 
 
 COUNTERS = ("rows_read", "rows_rejected", "values_clipped_to_bounds", "rows_synthesized", "rows_written")
@@ -140,22 +172,28 @@ def check_launcher_options(options: PipelineOptions) -> None:
         except (ValueError, ImportError) as err:
             raise ReleaseError(f"--runner={runner}: {str(err).splitlines()[0][:200]}") from None
     if flags.get("no_wait_until_finish"):
-        raise ReleaseError("--no_wait_until_finish: the launcher must wait for the job to publish the release "
-                           "(and to cancel it on an interrupt); drop the flag")
+        raise ReleaseError(
+            "--no_wait_until_finish: the launcher must wait for the job to publish the release "
+            "(and to cancel it on an interrupt); drop the flag"
+        )
     if not _is_dataflow(options):
         return
     image = flags.get("sdk_container_image")
     if not image:
         raise ReleaseError("DataflowRunner: pass --sdk_container_image (the worker image built from the Dockerfile)")
     if flags.get("setup_file") or flags.get("requirements_file"):
-        raise ReleaseError("DataflowRunner: --sdk_container_image already holds the code; --setup_file/"
-                           "--requirements_file would make every worker reinstall it over the image at start-up")
+        raise ReleaseError(
+            "DataflowRunner: --sdk_container_image already holds the code; --setup_file/"
+            "--requirements_file would make every worker reinstall it over the image at start-up"
+        )
     expected = f"{__version__}-{build_commit()}"
     named = image.split("@", 1)[0]  # a digest pin (name:tag@sha256:...) keeps its tag
     tag = named.rsplit(":", 1)[-1] if ":" in named.rsplit("/", 1)[-1] else ""
     if tag != expected:
-        raise ReleaseError(f"--sdk_container_image {image}: tag '{tag}' does not match this launcher "
-                           f"({expected}); build and push the image of this version (docs/operations.md)")
+        raise ReleaseError(
+            f"--sdk_container_image {image}: tag '{tag}' does not match this launcher "
+            f"({expected}); build and push the image of this version (docs/operations.md)"
+        )
 
 
 def _run_info(result, options: PipelineOptions) -> RunInfo:
@@ -168,9 +206,23 @@ def _run_info(result, options: PipelineOptions) -> RunInfo:
             job_id = None
         gcp = options.view_as(GoogleCloudOptions)
         if job_id:
-            console = (f"https://console.cloud.google.com/dataflow/jobs/{gcp.region}/{job_id}"
-                       f"?project={gcp.project}")
+            console = f"https://console.cloud.google.com/dataflow/jobs/{gcp.region}/{job_id}?project={gcp.project}"
     return RunInfo(runner=runner, job_id=job_id, console_url=console)
+
+
+def _local_runner(options: PipelineOptions):
+    """The runner object for ``options``, or None to let Beam build it from ``--runner``.
+
+    A release is a batch pipeline, which Beam's DirectRunner runs on its FnApiRunner. Before that, DirectRunner tries
+    the Prism runner (a binary it downloads), and every attempt leaves an empty ``beam-temp*`` directory in the
+    system temp dir; a scheduled job must not leak one per run, so DirectRunner goes straight to the FnApiRunner,
+    which honours ``--direct_running_mode`` and ``--direct_num_workers`` itself."""
+    runner = options.view_as(StandardOptions).runner
+    if runner not in (None, "DirectRunner", "SwitchingDirectRunner"):
+        return None
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+    return FnApiRunner()
 
 
 def run_pipeline(p: beam.Pipeline, options: PipelineOptions):
@@ -197,8 +249,13 @@ def run_pipeline(p: beam.Pipeline, options: PipelineOptions):
     return info, result
 
 
-def run_release(cfg: ReleaseConfig, beam_args: list[str], stages: tuple[Stage, ...] = (),
-                eval_input: Optional[str] = None, protect: tuple[str, ...] = ()) -> dict:
+def run_release(
+    cfg: ReleaseConfig,
+    beam_args: list[str],
+    stages: tuple[Stage, ...] = (),
+    eval_input: Optional[str] = None,
+    protect: tuple[str, ...] = (),
+) -> dict:
     """Runs the whole release; returns the published manifest. Raises on any failure, leaving OUTPUT as it was.
 
     ``protect``: more files the release must never write over (the config file); the input shards, the evaluation
@@ -211,13 +268,15 @@ def run_release(cfg: ReleaseConfig, beam_args: list[str], stages: tuple[Stage, .
     files = _input_files(cfg.input, "input")
     fmt = detect_format(files[0], cfg.input_format)
     dim = _peek_dim(files, fmt, cfg.features_column, cfg.label_column, cfg.input)
-    if cfg.normalization == "public":
-        load_public_stats(cfg.normalization_file, dim)  # a missing or malformed file is refused now, not later
+    public_stats = None
+    if cfg.normalization == "public":  # read once, here: a missing or malformed file is refused before any work
+        public_stats = load_public_stats(cfg.normalization_file, dim)
     eval_files = []
     if eval_input:
         eval_files = _input_files(eval_input, "evaluation")
-        eval_dim = _peek_dim(eval_files, detect_format(eval_files[0], "auto"), cfg.features_column,
-                             cfg.label_column, eval_input)
+        eval_dim = _peek_dim(
+            eval_files, detect_format(eval_files[0], "auto"), cfg.features_column, cfg.label_column, eval_input
+        )
         if eval_dim != dim:
             raise InputError(f"{eval_input}: test rows have width {eval_dim}, the input has {dim}")
     if _is_dataflow(options):
@@ -226,13 +285,26 @@ def run_release(cfg: ReleaseConfig, beam_args: list[str], stages: tuple[Stage, .
             raise ReleaseError(f"{local[0]}: DataflowRunner workers cannot reach local paths; use gs:// paths")
     guarded = [*files, *eval_files, *(p for p in (cfg.normalization_file, *protect) if p)]
     target = publish.prepare(cfg.output, overwrite=cfg.overwrite, inputs=guarded)
-    info = InputInfo(pattern=cfg.input, format=fmt, files=len(files), features_column=cfg.features_column,
-                     label_column=cfg.label_column, feature_dim=dim)
-    log.info("stage=start files=%d format=%s dim=%d mode=%s l=%d run=%s", len(files), fmt, dim, cfg.mode,
-             cfg.mixing_order, target.workdir)
+    info = InputInfo(
+        pattern=cfg.input,
+        format=fmt,
+        files=len(files),
+        features_column=cfg.features_column,
+        label_column=cfg.label_column,
+        feature_dim=dim,
+    )
+    log.info(
+        "stage=start files=%d format=%s dim=%d mode=%s l=%d run=%s",
+        len(files),
+        fmt,
+        dim,
+        cfg.mode,
+        cfg.mixing_order,
+        target.workdir,
+    )
     try:
-        p = beam.Pipeline(options=options)
-        build_pipeline(p, cfg, files, fmt, dim, target, info)
+        p = beam.Pipeline(runner=_local_runner(options), options=options)
+        build_pipeline(p, cfg, files, fmt, dim, target, info, public_stats)
         run, result = run_pipeline(p, options)
         with open_file(join(target.workdir, publish.DRAFT)) as fh:
             manifest = json.loads(fh.read())
@@ -247,8 +319,13 @@ def run_release(cfg: ReleaseConfig, beam_args: list[str], stages: tuple[Stage, .
         if target.published:
             err.published = True  # the CLI must not say "nothing was published"
         raise
-    log.info("stage=done output=%s rows=%d epsilon=%s seconds=%.1f", target.output, manifest["output"]["rows"],
-             manifest["privacy"]["epsilon"], time.time() - t0)
+    log.info(
+        "stage=done output=%s rows=%d epsilon=%s seconds=%.1f",
+        target.output,
+        manifest["output"]["rows"],
+        manifest["privacy"]["epsilon"],
+        time.time() - t0,
+    )
     return manifest
 
 

@@ -15,6 +15,7 @@ Delta. A fixed share of the target delta (``SAMPLER_DELTA_SHARE``) is set aside 
 finite precision (``privacy.noise.sampler_delta``, a bound that is checked to fit); the accountant works with the
 rest. ``Accounting.delta_breakdown`` says where each part went; its sum is at most the target.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,6 +25,7 @@ from typing import Optional, Sequence
 import dp_accounting
 from dp_accounting import pld, rdp
 
+from privacy.errors import DpcdaError
 from privacy.events import Event, MixingEvent, Mode
 from privacy.noise import sampler_delta
 
@@ -42,11 +44,12 @@ RELATION_BY_MODE = {
     "poisson": dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
 }
 RELATION_WORDS = {
-    "fixed": ("replace one record's features with any other features within the same class "
-              "(label unchanged); class sizes are public"),
+    "fixed": (
+        "replace one record's features with any other features within the same class "
+        "(label unchanged); class sizes are public"
+    ),
     "poisson": "add or remove one record (features and label)",
-    "dpmix/fixed": ("replace one record (features and label) with any other record; the dataset size is "
-                    "public"),
+    "dpmix/fixed": ("replace one record (features and label) with any other record; the dataset size is public"),
 }
 
 
@@ -65,8 +68,7 @@ def make_accountant(mode: Mode, accountant: str | None = None) -> dp_accounting.
     if name == "pld":
         if mode == "fixed":
             raise ValueError("PLD does not support sampling without replacement; use rdp")
-        return pld.PLDAccountant(neighboring_relation=relation,
-                                 value_discretization_interval=PLD_DISCRETIZATION)
+        return pld.PLDAccountant(neighboring_relation=relation, value_discretization_interval=PLD_DISCRETIZATION)
     raise ValueError(f"accountant: unknown {name!r}; expected 'rdp' or 'pld'")
 
 
@@ -80,7 +82,7 @@ def epsilon_of(mode: Mode, events: Sequence[Event], delta: float, accountant: st
     return float(acc.get_epsilon(delta))
 
 
-class AccountingError(ValueError):
+class AccountingError(DpcdaError, ValueError):
     """The events cannot fit the delta budget (e.g. the sampler's bound at a very large epsilon)."""
 
 
@@ -129,8 +131,9 @@ def _distinct(events: Sequence[MixingEvent]) -> list[MixingEvent]:
     return list(dict.fromkeys(events))
 
 
-def account(events: ReleaseEvents, delta: float, *, cross_check: bool = True,
-            relation: Optional[str] = None) -> Accounting:
+def account(
+    events: ReleaseEvents, delta: float, *, cross_check: bool = True, relation: Optional[str] = None
+) -> Accounting:
     """Epsilon at ``delta`` of a release: adaptive stages + max over classes of shared o class mixing."""
     mode = events.mode
     name = ACCOUNTANT_BY_MODE[mode]
@@ -155,13 +158,22 @@ def account(events: ReleaseEvents, delta: float, *, cross_check: bool = True,
     if math.isfinite(eps):  # infinite epsilon: no guarantee for the sampler to weaken
         spent = sampler_delta(eps, gaussian_draws=events.gaussian_draws, binomial_draws=events.binomial_draws)
     if spent > delta * SAMPLER_DELTA_SHARE:
-        raise AccountingError(f"epsilon={eps:.4g}: the noise sampler's delta bound {spent:.3g} exceeds its share "
-                              f"{delta * SAMPLER_DELTA_SHARE:.3g} of delta; lower epsilon or raise delta")
+        raise AccountingError(
+            f"epsilon={eps:.4g}: the noise sampler's delta bound {spent:.3g} exceeds its share "
+            f"{delta * SAMPLER_DELTA_SHARE:.3g} of delta; lower epsilon or raise delta"
+        )
     breakdown["sampler"] = spent
     checks = {}
     if cross_check and mode == "poisson" and worst is not None:
         rest = epsilon_of(mode, [*events.shared, worst], acc_delta, accountant="rdp")
         checks["rdp"] = rest + sum(components[ev.name] for ev, _ in events.adaptive)
-    return Accounting(epsilon=eps, delta=delta, accountant=name, relation=RELATION_WORDS[relation or mode],
-                      components=components, worst_class_event=worst, cross_check=checks,
-                      delta_breakdown=breakdown)
+    return Accounting(
+        epsilon=eps,
+        delta=delta,
+        accountant=name,
+        relation=RELATION_WORDS[relation or mode],
+        components=components,
+        worst_class_event=worst,
+        cross_check=checks,
+        delta_breakdown=breakdown,
+    )

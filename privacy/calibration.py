@@ -3,6 +3,7 @@
 Relations as in ``privacy.accounting``: replace-one within class for ``fixed``, add/remove-one for
 ``poisson``. Every search returns a noise level whose epsilon is at most the target, never over.
 """
+
 from __future__ import annotations
 
 import math
@@ -11,6 +12,7 @@ from typing import Sequence
 import dp_accounting
 
 from privacy.accounting import ACCOUNTANT_BY_MODE, epsilon_of, make_accountant
+from privacy.errors import DpcdaError
 from privacy.events import Event, GaussianStatsEvent, MixingEvent, Mode
 
 # Searches run over log(noise) so the tolerance is relative: 1e-3 -> sigma within 0.1 % of optimal.
@@ -18,7 +20,7 @@ LOG_TOL = 1e-3
 LOG_BRACKET = (math.log(1e-5), math.log(1e5))
 
 
-class CalibrationError(ValueError):
+class CalibrationError(DpcdaError, ValueError):
     """The target cannot be met (e.g. the shared events alone exceed it)."""
 
 
@@ -34,14 +36,21 @@ def _search(mode: Mode, make_event, target_epsilon: float, delta: float) -> floa
     if ceiling > target_epsilon:
         raise CalibrationError(
             f"epsilon={target_epsilon} cannot be reached even with noise {math.exp(hi):.3g} "
-            f"(epsilon {ceiling:.4g}); raise epsilon or lower the other components' share")
+            f"(epsilon {ceiling:.4g}); raise epsilon or lower the other components' share"
+        )
 
     def run(accountant: str, lo: float, hi: float, tol: float) -> float:
         def dp_event(x: float) -> dp_accounting.DpEvent:
             return dp_accounting.ComposedDpEvent([e.to_dp_event() for e in make_event(math.exp(x))])
+
         return dp_accounting.calibrate_dp_mechanism(
-            lambda: make_accountant(mode, accountant), dp_event, target_epsilon, delta,
-            bracket_interval=dp_accounting.ExplicitBracketInterval(lo, hi), tol=tol)
+            lambda: make_accountant(mode, accountant),
+            dp_event,
+            target_epsilon,
+            delta,
+            bracket_interval=dp_accounting.ExplicitBracketInterval(lo, hi),
+            tol=tol,
+        )
 
     upper = run("rdp-coarse", lo, hi, 1e-2)
     # The mode's accountant is tighter than coarse RDP, usually by less than 1.5x in sigma; where it is tighter
@@ -57,8 +66,9 @@ def _search(mode: Mode, make_event, target_epsilon: float, delta: float) -> floa
     return math.exp(upper)  # feasible (checked above): conservative by at most 1.5x
 
 
-def calibrate_gaussian(mode: Mode, *, name: str, sensitivity: float, target_epsilon: float,
-                       delta: float) -> GaussianStatsEvent:
+def calibrate_gaussian(
+    mode: Mode, *, name: str, sensitivity: float, target_epsilon: float, delta: float
+) -> GaussianStatsEvent:
     """A Gaussian stats release spending ``target_epsilon`` alone.
 
     Searched with the PLD accountant, exact for a lone Gaussian: RDP over a finite list of orders has an epsilon
@@ -66,8 +76,10 @@ def calibrate_gaussian(mode: Mode, *, name: str, sensitivity: float, target_epsi
     one the mode's relation implies, so the Gaussian's privacy loss is that of a shift by one noise multiplier in
     either mode; dp_accounting's PLD ``REPLACE_ONE`` would double the shift again, so the add/remove PLD is used.
     """
+
     def relation_acc():
         return make_accountant("poisson", "pld")
+
     lo, hi = math.log(0.05), math.log(1e6)
 
     def event(x: float) -> dp_accounting.DpEvent:
@@ -77,19 +89,29 @@ def calibrate_gaussian(mode: Mode, *, name: str, sensitivity: float, target_epsi
         return relation_acc().compose(event(x)).get_epsilon(delta)
 
     if eps_at(hi) > target_epsilon:
-        raise CalibrationError(f"{name}: epsilon share {target_epsilon:.3g} cannot be reached even with noise "
-                               f"multiplier {math.exp(hi):.3g}; raise epsilon or the share")
+        raise CalibrationError(
+            f"{name}: epsilon share {target_epsilon:.3g} cannot be reached even with noise "
+            f"multiplier {math.exp(hi):.3g}; raise epsilon or the share"
+        )
     if eps_at(lo) <= target_epsilon:
         z = math.exp(lo)
     else:
-        z = math.exp(dp_accounting.calibrate_dp_mechanism(
-            relation_acc, event, target_epsilon, delta,
-            bracket_interval=dp_accounting.ExplicitBracketInterval(lo, hi), tol=LOG_TOL))
+        z = math.exp(
+            dp_accounting.calibrate_dp_mechanism(
+                relation_acc,
+                event,
+                target_epsilon,
+                delta,
+                bracket_interval=dp_accounting.ExplicitBracketInterval(lo, hi),
+                tol=LOG_TOL,
+            )
+        )
     return GaussianStatsEvent(name, z * sensitivity, sensitivity)
 
 
-def calibrate_noise(mode: Mode, make_events, *, target_epsilon: float, delta: float, shared: Sequence[Event] = (),
-                    scale: float = 1.0) -> float:
+def calibrate_noise(
+    mode: Mode, make_events, *, target_epsilon: float, delta: float, shared: Sequence[Event] = (), scale: float = 1.0
+) -> float:
     """Smallest s * ``scale`` such that ``[*shared, *make_events(s * scale)]`` spends at most ``target_epsilon``.
 
     Mechanism-agnostic: ``make_events(sigma)`` returns the mechanism's events at noise ``sigma``.
@@ -99,13 +121,22 @@ def calibrate_noise(mode: Mode, make_events, *, target_epsilon: float, delta: fl
     if shared and epsilon_of(mode, shared, delta) >= target_epsilon:
         raise CalibrationError(
             f"the statistics releases alone spend epsilon {epsilon_of(mode, shared, delta):.4g} "
-            f">= target {target_epsilon}; lower their budget share")
+            f">= target {target_epsilon}; lower their budget share"
+        )
     return _search(mode, lambda s: [*shared, *make_events(s * scale)], target_epsilon, delta) * scale
 
 
-def calibrate_sigma_x(mode: Mode, *, class_sizes: Sequence[int], samples_per_class: int,
-                      mixing_order: int, clip: float, target_epsilon: float, delta: float,
-                      shared: Sequence[Event] = ()) -> float:
+def calibrate_sigma_x(
+    mode: Mode,
+    *,
+    class_sizes: Sequence[int],
+    samples_per_class: int,
+    mixing_order: int,
+    clip: float,
+    target_epsilon: float,
+    delta: float,
+    shared: Sequence[Event] = (),
+) -> float:
     """Smallest sigma_x such that every class's (shared ∘ mixing) epsilon is <= the target.
 
     Parallel composition over classes: the most demanding class sets sigma_x. With T_k equal across classes that
@@ -116,7 +147,8 @@ def calibrate_sigma_x(mode: Mode, *, class_sizes: Sequence[int], samples_per_cla
     if shared and epsilon_of(mode, shared, delta) >= target_epsilon:
         raise CalibrationError(
             f"the statistics releases alone spend epsilon {epsilon_of(mode, shared, delta):.4g} "
-            f">= target {target_epsilon}; lower their budget share")
+            f">= target {target_epsilon}; lower their budget share"
+        )
     size = min(int(n) for n in class_sizes)
 
     def make(s_over_c: float):

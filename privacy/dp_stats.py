@@ -11,6 +11,7 @@ per-record L2 norm is at most sqrt(2d) in the bits, not only in exact arithmetic
 sqrt(2d), replace-one 2 sqrt(2d). Noise comes from ``privacy.noise`` (rounded to its grid); the released
 statistics are then rounded to a public grid (post-processing), which keeps reruns bit-identical.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,8 +20,8 @@ import numpy as np
 
 from privacy.noise import NoiseStream
 
-GRID = 2.0 ** -20
-SUM_QUANTUM = 2.0 ** -16  # per-record contributions are multiples of this; sums stay exact below 2^37 records
+GRID = 2.0**-20
+SUM_QUANTUM = 2.0**-16  # per-record contributions are multiples of this; sums stay exact below 2^37 records
 
 
 def moments_sensitivity(dim: int, mode: str) -> float:
@@ -52,9 +53,16 @@ def moments_vector(sum_qu: np.ndarray, sum_qv: np.ndarray) -> np.ndarray:
     return np.concatenate([np.asarray(sum_qu, np.int64), np.asarray(sum_qv, np.int64)]).astype(np.float64) * SUM_QUANTUM
 
 
-def feature_stats(*, n: float, sum_qu: np.ndarray, sum_qv: np.ndarray, bounds: tuple[float, float],
-                  min_std: float, noise_std: float = 0.0, stream: NoiseStream | None = None,
-                  ) -> tuple[np.ndarray, np.ndarray]:
+def feature_stats(
+    *,
+    n: float,
+    sum_qu: np.ndarray,
+    sum_qv: np.ndarray,
+    bounds: tuple[float, float],
+    min_std: float,
+    noise_std: float = 0.0,
+    stream: NoiseStream | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """(mean, std) of the raw features from the quantized sums, with Gaussian noise when noise_std > 0.
 
     ``n``, the divisor after the noise, must be public (fixed mode) or DP (poisson mode). ``min_std`` floors the
@@ -71,7 +79,7 @@ def feature_stats(*, n: float, sum_qu: np.ndarray, sum_qv: np.ndarray, bounds: t
     n = max(float(n), 1.0)
     mean_u = np.clip(su / n, -1.0, 1.0)
     ex2 = np.clip((sv / n + 1.0) / 2.0, 0.0, 1.0)
-    var_u = np.maximum(ex2 - mean_u ** 2, 0.0)
+    var_u = np.maximum(ex2 - mean_u**2, 0.0)
     mean = mid + half * mean_u
     std = np.maximum(half * np.sqrt(var_u), min_std)
     return _on_grid(mean, hi - lo), _on_grid(std, hi - lo)

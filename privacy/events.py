@@ -8,12 +8,13 @@ Neighbouring relations (DESIGN.md, "Privacy model"):
 Each event holds exactly what accounting needs and converts itself to a ``dp_accounting``
 ``DpEvent``. Nothing here computes an epsilon; ``accounting.account`` does.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
 from fractions import Fraction
-from typing import Literal, Union
+from typing import Literal
 
 import dp_accounting
 
@@ -22,7 +23,7 @@ MODES: tuple[str, ...] = ("fixed", "poisson")
 # Records reach the mixer clipped to c (1 - CLIP_MARGIN): the margin absorbs float32 rounding of the records and
 # the float64 summation of at most MAX_ROW_RECORDS of them (m^2 2^-52 <= 2^-22 < 2^-21), so the computed means
 # have the sensitivities below in the bits (mechanisms.dpcda states the bound).
-CLIP_MARGIN = 2.0 ** -20
+CLIP_MARGIN = 2.0**-20
 MAX_ROW_RECORDS = 1 << 15
 
 
@@ -76,8 +77,7 @@ class MixingEvent:
         if isinstance(gauss, dp_accounting.NonPrivateDpEvent):
             return gauss
         if self.mode == "fixed":
-            one = dp_accounting.SampledWithoutReplacementDpEvent(
-                self.class_size, self.mixing_order, gauss)
+            one = dp_accounting.SampledWithoutReplacementDpEvent(self.class_size, self.mixing_order, gauss)
         else:
             one = dp_accounting.PoissonSampledDpEvent(self.sampling_rate, gauss)
         return dp_accounting.SelfComposedDpEvent(one, self.samples)
@@ -147,7 +147,7 @@ class DpmixEvent:
         if not (self.sigma_x > 0 and self.sigma_y > 0):
             return 0.0
         fx, fy = (4.0, 2.0) if self.mode == "fixed" else (1.0, 1.0)
-        return self.mixing_order / math.sqrt(fx * self.clip ** 2 / self.sigma_x ** 2 + fy / self.sigma_y ** 2)
+        return self.mixing_order / math.sqrt(fx * self.clip**2 / self.sigma_x**2 + fy / self.sigma_y**2)
 
     @property
     def exact_sampling_rate(self) -> Fraction:
@@ -163,8 +163,14 @@ class DpmixEvent:
     def to_dp_event(self) -> dp_accounting.DpEvent:
         if self.samples == 0:
             return dp_accounting.NoOpDpEvent()
-        return _rows_event(self.mode, _gaussian(self.noise_multiplier), max(self.dataset_size, 1),
-                           self.mixing_order, self.sampling_rate, self.samples)
+        return _rows_event(
+            self.mode,
+            _gaussian(self.noise_multiplier),
+            max(self.dataset_size, 1),
+            self.mixing_order,
+            self.sampling_rate,
+            self.samples,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,4 +196,4 @@ class PerturbEvent:
         return _gaussian(self.noise_multiplier)
 
 
-Event = Union[MixingEvent, DpmixEvent, PerturbEvent, GaussianStatsEvent, NonPrivateEvent]
+Event = MixingEvent | DpmixEvent | PerturbEvent | GaussianStatsEvent | NonPrivateEvent

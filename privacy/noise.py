@@ -38,6 +38,7 @@ P[impl(D) in S] <= P[ideal(D) in S] + tau <= e^eps P[ideal(D') in S] + delta + t
 <= e^eps P[impl(D') in S] + delta + (1 + e^eps) tau, with tau = sum of tau_i. The release's delta budget is split
 so that the accountant's delta plus this term is at most the target; the manifest states both.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -52,19 +53,23 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 KEY_BYTES = 32
 GRID_BITS = 12  # g = 2^(floor(log2 sigma) - GRID_BITS)
-TV_PER_GAUSSIAN = 2.0 ** -174
-TV_PER_BINOMIAL = 2.0 ** -171
+TV_PER_GAUSSIAN = 2.0**-174
+TV_PER_BINOMIAL = 2.0**-171
 UNIFORM_WORDS = 3  # 192-bit uniforms
 MAX_BINOMIAL_TABLE = 1 << 20
 # Assumed bound on AS 241's float64 error, |z_float - z| <= Z_ERROR * (1 + |z|); observed: below 2^-50.
-Z_ERROR = 2.0 ** -40
-GENERATOR = ("ChaCha20 keystream (RFC 8439, OpenSSL via the cryptography package), one stream per (purpose, class, "
-             "chunk) under the subkey BLAKE2b-256(run key, path); 256-bit run key from the secrets module, never "
-             "written")
-SAMPLER = ("exact inversion of 192-bit uniforms: Gaussian noise rounded to the grid g = 2^(floor(log2 sigma) - "
-           f"{GRID_BITS}) (AS 241 in float64, cells near a boundary decided in 170-digit decimal arithmetic; total "
-           "variation from the exact rounded Gaussian < 2^-174 per draw); indices by rejection (exact); poisson row "
-           "sizes by inversion of a 192-bit Binomial table (< 2^-171 per draw)")
+Z_ERROR = 2.0**-40
+GENERATOR = (
+    "ChaCha20 keystream (RFC 8439, OpenSSL via the cryptography package), one stream per (purpose, class, "
+    "chunk) under the subkey BLAKE2b-256(run key, path); 256-bit run key from the secrets module, never "
+    "written"
+)
+SAMPLER = (
+    "exact inversion of 192-bit uniforms: Gaussian noise rounded to the grid g = 2^(floor(log2 sigma) - "
+    f"{GRID_BITS}) (AS 241 in float64, cells near a boundary decided in 170-digit decimal arithmetic; total "
+    "variation from the exact rounded Gaussian < 2^-174 per draw); indices by rejection (exact); poisson row "
+    "sizes by inversion of a 192-bit Binomial table (< 2^-171 per draw)"
+)
 _BLOCK = 8192  # elements per vectorised block (keeps temporaries in cache)
 _DENSE_KEYS = 1 << 22  # random keys per batch in the dense distinct-index sampler
 _ZEROS = bytes(1 << 20)  # plaintext for the keystream, 1 MiB at a time
@@ -106,6 +111,7 @@ def sampler_delta(epsilon: float, *, gaussian_draws: int, binomial_draws: int = 
 
 
 # ---------------------------------------------------------------- the stream
+
 
 class NoiseStream:
     """ChaCha20 keystream for one (purpose, class, chunk) path; every draw reads the next bytes."""
@@ -174,7 +180,7 @@ class NoiseStream:
         while todo.size:
             keys = self.words(todo.size * n).reshape(todo.size, n)
             if l < n:
-                part = np.argpartition(keys, l, axis=1)[:, :l + 1]
+                part = np.argpartition(keys, l, axis=1)[:, : l + 1]
                 pk = np.take_along_axis(keys, part, axis=1)
                 order = np.argsort(pk, axis=1, kind="stable")
                 part, pk = np.take_along_axis(part, order, axis=1), np.take_along_axis(pk, order, axis=1)
@@ -210,7 +216,7 @@ class NoiseStream:
         """(3, n) uint64: n 192-bit uniform integers, row 0 the most significant words (each row read in turn)."""
         out = np.empty(UNIFORM_WORDS * n + _SLACK_WORDS, np.uint64)
         self._fill(out, UNIFORM_WORDS * n)
-        return out[:UNIFORM_WORDS * n].reshape(UNIFORM_WORDS, n)
+        return out[: UNIFORM_WORDS * n].reshape(UNIFORM_WORDS, n)
 
     def gaussian(self, center, sigma: float) -> np.ndarray:
         """float64 ``g * round((center + sigma * Z) / g)``, Z exact standard normal per element, g = grid_for(sigma).
@@ -239,18 +245,66 @@ def _has_repeat(idx: np.ndarray) -> np.ndarray:
 
 # ---------------------------------------------------------------- Gaussian by inversion
 
-_A = (3.3871328727963666080, 1.3314166789178437745e2, 1.9715909503065514427e3, 1.3731693765509461125e4,
-      4.5921953931549871457e4, 6.7265770927008700853e4, 3.3430575583588128105e4, 2.5090809287301226727e3)
-_B = (1.0, 4.2313330701600911252e1, 6.8718700749205790830e2, 5.3941960214247511077e3, 2.1213794301586595867e4,
-      3.9307895800092710610e4, 2.8729085735721942674e4, 5.2264952788528545610e3)
-_C = (1.42343711074968357734, 4.63033784615654529590, 5.76949722146069140550, 3.64784832476320460504,
-      1.27045825245236838258, 2.41780725177450611770e-1, 2.27238449892691845833e-2, 7.74545014278341407640e-4)
-_D = (1.0, 2.05319162663775882187, 1.67638483018380384940, 6.89767334985100004550e-1, 1.48103976427480074590e-1,
-      1.51986665636164571966e-2, 5.47593808499534494600e-4, 1.05075007164441684324e-9)
-_E = (6.65790464350110377720, 5.46378491116411436990, 1.78482653991729133580, 2.96560571828504891230e-1,
-      2.65321895265761230930e-2, 1.24266094738807843860e-3, 2.71155556874348757815e-5, 2.01033439929228813265e-7)
-_F = (1.0, 5.99832206555887937690e-1, 1.36929880922735805310e-1, 1.48753612908506148525e-2,
-      7.86869131145613259100e-4, 1.84631831751005468180e-5, 1.42151175831644588870e-7, 2.04426310338993978564e-15)
+_A = (
+    3.3871328727963666080,
+    1.3314166789178437745e2,
+    1.9715909503065514427e3,
+    1.3731693765509461125e4,
+    4.5921953931549871457e4,
+    6.7265770927008700853e4,
+    3.3430575583588128105e4,
+    2.5090809287301226727e3,
+)
+_B = (
+    1.0,
+    4.2313330701600911252e1,
+    6.8718700749205790830e2,
+    5.3941960214247511077e3,
+    2.1213794301586595867e4,
+    3.9307895800092710610e4,
+    2.8729085735721942674e4,
+    5.2264952788528545610e3,
+)
+_C = (
+    1.42343711074968357734,
+    4.63033784615654529590,
+    5.76949722146069140550,
+    3.64784832476320460504,
+    1.27045825245236838258,
+    2.41780725177450611770e-1,
+    2.27238449892691845833e-2,
+    7.74545014278341407640e-4,
+)
+_D = (
+    1.0,
+    2.05319162663775882187,
+    1.67638483018380384940,
+    6.89767334985100004550e-1,
+    1.48103976427480074590e-1,
+    1.51986665636164571966e-2,
+    5.47593808499534494600e-4,
+    1.05075007164441684324e-9,
+)
+_E = (
+    6.65790464350110377720,
+    5.46378491116411436990,
+    1.78482653991729133580,
+    2.96560571828504891230e-1,
+    2.65321895265761230930e-2,
+    1.24266094738807843860e-3,
+    2.71155556874348757815e-5,
+    2.01033439929228813265e-7,
+)
+_F = (
+    1.0,
+    5.99832206555887937690e-1,
+    1.36929880922735805310e-1,
+    1.48753612908506148525e-2,
+    7.86869131145613259100e-4,
+    1.84631831751005468180e-5,
+    1.42151175831644588870e-7,
+    2.04426310338993978564e-15,
+)
 
 
 def _poly(coef, x):
@@ -300,12 +354,12 @@ def _rounded_gaussian(center: np.ndarray, sigma: float, g: float, u: np.ndarray)
     # p = (U' + 1/2) / 2^192 from its top 116 bits; exact to a relative 2^-51 when w0 >= 2^11 (int64 -> float64
     # conversions are fast; the unsigned ones are not). Where w0 < 2^11 (probability 2^-52) p is recomputed.
     p = w0.view(np.int64).astype(np.float64)
-    p *= 2.0 ** -64
-    p += w1.astype(np.float64) * 2.0 ** -117
+    p *= 2.0**-64
+    p += w1.astype(np.float64) * 2.0**-117
     small = np.flatnonzero(w0 < np.uint64(1 << 11))
     for i in small:
         exact = (int(w0[i]) << 128) | (int(u[1, i] ^ mask[i]) << 64) | int(u[2, i] ^ mask[i])
-        p[i] = float(Fraction(2 * exact + 1, 2 ** 193))
+        p[i] = float(Fraction(2 * exact + 1, 2**193))
     t = upper_quantile(p)
     scaled = np.where(flip.astype(bool), t, -t)
     scaled *= sigma / g
@@ -314,7 +368,7 @@ def _rounded_gaussian(center: np.ndarray, sigma: float, g: float, u: np.ndarray)
     # Float error of scaled, in grid units: AS 241 and p's rounding (Z_ERROR (1 + |z|)) and three roundings.
     tmax = float(t.max()) if t.size else 0.0
     cmax = float(np.abs(center).max()) if center.size else 0.0
-    err = (sigma * Z_ERROR * (1.0 + tmax) + 2.0 ** -50 * (cmax + sigma * tmax)) / g
+    err = (sigma * Z_ERROR * (1.0 + tmax) + 2.0**-50 * (cmax + sigma * tmax)) / g
     if not (np.isfinite(scaled).all() and math.isfinite(err)):
         raise ArithmeticError(f"noise sampler: values overflow (sigma={sigma:g}, values up to {cmax:g})")
     if err > 0.125:
@@ -378,7 +432,7 @@ def _u_below_cdf(u_int: int, w: Fraction) -> bool:
     phi = normal_cdf_decimal(w)
     with localcontext() as ctx:
         ctx.prec = _DIGITS + 70
-        u = Decimal(2 * u_int + 1) / Decimal(2 ** 193)
+        u = Decimal(2 * u_int + 1) / Decimal(2**193)
         gap = phi - u
     if abs(gap) < Decimal(10) ** -(_DIGITS - 10):
         raise ArithmeticError("noise sampler: u within 1e-100 of a cell boundary; cannot decide")  # probability ~0
@@ -430,5 +484,6 @@ def _binomial_thresholds(n: int, num: int, den: int) -> np.ndarray:
             pmf = pmf * (n - j) / (j + 1) * ratio
             j += 1
     mask = (1 << 64) - 1
-    return np.array([[(v >> 128) & mask, (v >> 64) & mask, v & mask] for v in thresholds],
-                    dtype=np.uint64).reshape(-1, UNIFORM_WORDS)
+    return np.array([[(v >> 128) & mask, (v >> 64) & mask, v & mask] for v in thresholds], dtype=np.uint64).reshape(
+        -1, UNIFORM_WORDS
+    )

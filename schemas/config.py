@@ -3,6 +3,7 @@
 Loaded from a YAML/JSON ``--config`` file and overridden by command-line flags. Runner flags stay in
 Beam's ``PipelineOptions`` and never appear here.
 """
+
 from __future__ import annotations
 
 import math
@@ -12,13 +13,15 @@ from typing import Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from privacy.errors import DpcdaError
+
 MAX_CLASSES = 1 << 16
 MAX_MIXING_ORDER = 1 << 14  # keeps a row's summed records below privacy.events.MAX_ROW_RECORDS
 MAX_SAMPLES_PER_INPUT_ROW = 100  # T may be at most this many times the input rows (checked once they are counted)
 DEFAULT_LABEL_NOISE_RATIO = 1.0  # dpmix sigma_y / sigma_x; benchmarks/dpmix_ratio.py measures the choice
 
 
-class ConfigError(ValueError):
+class ConfigError(DpcdaError, ValueError):
     """A configuration problem, with a message that names the field."""
 
 
@@ -31,66 +34,121 @@ class ReleaseConfig(BaseModel):
     features_column: str = Field("features", description="name of the features column")
     label_column: str = Field("label", description="name of the label column")
 
-    mechanism: Literal["dpcda", "dpmix", "local", "randproj"] = Field("dpcda", description=(
-        "dpcda: class-centric mixing (seed 000); dpmix: mixing across the whole dataset, labels included (seed 001); "
-        "local: each record plus noise; randproj: each record randomly projected, plus noise"))
-    mode: Literal["fixed", "poisson"] = Field("fixed", description=(
-        "fixed: exactly l records per row, replace-one relation; poisson: each record with probability q, "
-        "add/remove relation (docs/privacy.md)"))
+    mechanism: Literal["dpcda", "dpmix", "local", "randproj"] = Field(
+        "dpcda",
+        description=(
+            "dpcda: class-centric mixing (seed 000); dpmix: mixing across the whole dataset, labels included "
+            "(seed 001); local: each record plus noise; randproj: each record randomly projected, plus noise"
+        ),
+    )
+    mode: Literal["fixed", "poisson"] = Field(
+        "fixed",
+        description=(
+            "fixed: exactly l records per row, replace-one relation; poisson: each record with probability q, "
+            "add/remove relation (docs/privacy.md)"
+        ),
+    )
     mixing_order: int = Field(4, ge=1, le=MAX_MIXING_ORDER, description="l: records mixed into each synthetic row")
     clip: float = Field(1.0, gt=0, le=1e6, description="c: L2 clip norm after the z-score")
     epsilon: Optional[float] = Field(None, gt=0, description="target epsilon (calibrates sigma_x)")
-    sigma_x: Optional[float] = Field(None, ge=0, le=1e12, description=(
-        "explicit feature noise std (instead of epsilon; 0: no noise, not private)"))
+    sigma_x: Optional[float] = Field(
+        None, ge=0, le=1e12, description=("explicit feature noise std (instead of epsilon; 0: no noise, not private)")
+    )
     sigma_y: float = Field(0.0, ge=0, le=1e12, description="label noise std (dpcda, paper-faithful)")
-    label_noise_ratio: float = Field(DEFAULT_LABEL_NOISE_RATIO, gt=0, description=(
-        "dpmix: sigma_y / sigma_x (the label noise is calibrated with the features')"))
+    label_noise_ratio: float = Field(
+        DEFAULT_LABEL_NOISE_RATIO,
+        gt=0,
+        description=("dpmix: sigma_y / sigma_x (the label noise is calibrated with the features')"),
+    )
     projection_dim: int = Field(100, ge=1, description="randproj: p, the projected dimension")
     projection_seed: int = Field(0, ge=0, lt=1 << 63, description="randproj: public seed of the projection matrix")
     delta: float = Field(1e-5, gt=0, lt=1, description="delta of the (epsilon, delta) guarantee")
-    samples: Optional[int] = Field(None, ge=1, description=(
-        f"T: synthetic rows in total (default: input rows; at most {MAX_SAMPLES_PER_INPUT_ROW} x input rows)"))
-    num_classes: Optional[int] = Field(None, ge=1, le=MAX_CLASSES, description=(
-        "K (required in poisson mode, with dpmix and with soft labels; default: largest label + 1)"))
+    samples: Optional[int] = Field(
+        None,
+        ge=1,
+        description=(
+            f"T: synthetic rows in total (default: input rows; at most {MAX_SAMPLES_PER_INPUT_ROW} x input rows)"
+        ),
+    )
+    num_classes: Optional[int] = Field(
+        None,
+        ge=1,
+        le=MAX_CLASSES,
+        description=("K (required in poisson mode, with dpmix and with soft labels; default: largest label + 1)"),
+    )
 
     feature_bounds: tuple[float, float] = Field((0.0, 1.0), description="lo,hi: declared bounds of the raw features")
     out_of_bounds: Literal["clip", "refuse"] = Field("clip", description="features outside the bounds: clip or refuse")
-    normalization: Literal["dp", "public", "exact"] = Field("dp", description=(
-        "z-score statistics: dp (noisy, a share of the budget), public (--normalization-file) or exact (not DP)"))
-    normalization_file: Optional[str] = Field(None, description=(
-        "JSON {\"mean\": [...], \"std\": [...]} for normalization public"))
-    allow_exact_normalization: bool = Field(False, description=(
-        "allow normalization exact (the manifest then says end_to_end_dp: false)"))
+    normalization: Literal["dp", "public", "exact"] = Field(
+        "dp",
+        description=(
+            "z-score statistics: dp (noisy, a share of the budget), public (--normalization-file) or exact (not DP)"
+        ),
+    )
+    normalization_file: Optional[str] = Field(
+        None, description=('JSON {"mean": [...], "std": [...]} for normalization public')
+    )
+    allow_exact_normalization: bool = Field(
+        False, description=("allow normalization exact (the manifest then says end_to_end_dp: false)")
+    )
     normalization_budget_share: float = Field(0.05, gt=0, lt=1, description="share of epsilon for the z-score")
-    histogram_budget_share: float = Field(0.01, gt=0, lt=1, description=(
-        "share of epsilon (and of delta) for the class counts in poisson mode"))
+    histogram_budget_share: float = Field(
+        0.01, gt=0, lt=1, description=("share of epsilon (and of delta) for the class counts in poisson mode")
+    )
     min_std: float = Field(0.01, gt=0, description="std floor, as a fraction of the feature range")
 
-    soft_labels: bool = Field(False, description=(
-        "also write LABEL_soft: the K label scores e_k + N(0, sigma_y^2 I) whose argmax is LABEL (needs num_classes)"))
-    lowpass: Optional[int] = Field(None, ge=1, description=(
-        "post-processing: project every released row onto its 2-D DCT frequencies u + v < K (per channel of "
-        "image_shape); public and data-independent, so privacy is unchanged"))
-    image_shape: Optional[tuple[int, ...]] = Field(None, description="H,W or C,H,W of the features for --lowpass "
-                                                   "or --denoise (default: square, H = W = sqrt(d))")
-    denoise: Optional[float] = Field(None, gt=0, description=(
-        "post-processing (seed 001): Gaussian blur of each released image row with this std in pixels; public and "
-        "data-independent, so privacy is unchanged"))
+    soft_labels: bool = Field(
+        False,
+        description=(
+            "also write LABEL_soft: the K label scores e_k + N(0, sigma_y^2 I) whose argmax is LABEL "
+            "(needs num_classes)"
+        ),
+    )
+    lowpass: Optional[int] = Field(
+        None,
+        ge=1,
+        description=(
+            "post-processing: project every released row onto its 2-D DCT frequencies u + v < K (per channel of "
+            "image_shape); public and data-independent, so privacy is unchanged"
+        ),
+    )
+    image_shape: Optional[tuple[int, ...]] = Field(
+        None, description="H,W or C,H,W of the features for --lowpass or --denoise (default: square, H = W = sqrt(d))"
+    )
+    denoise: Optional[float] = Field(
+        None,
+        gt=0,
+        description=(
+            "post-processing (seed 001): Gaussian blur of each released image row with this std in pixels; public and "
+            "data-independent, so privacy is unchanged"
+        ),
+    )
     chunk_rows: int = Field(4096, ge=1, le=1 << 20, description="synthetic rows per noise chunk")
-    max_class_bytes: Optional[int] = Field(None, ge=1, description=(
-        "memory one class may take on the worker that mixes it (12 d + 8 bytes per record: our float64 copy, an index "
-        "and the runner's grouped float32 rows); default: 40 % of that machine's memory. Accepts K, M, G suffixes"))
+    max_class_bytes: Optional[int] = Field(
+        None,
+        ge=1,
+        description=(
+            "memory one class may take on the worker that mixes it (12 d + 8 bytes per record: our float64 copy, an "
+            "index and the runner's grouped float32 rows); default: 40 % of that machine's memory. Accepts K, M, G "
+            "suffixes"
+        ),
+    )
     output_shards: int = Field(0, ge=0, le=100_000, description="Parquet part files (0: the runner decides)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where the mixing runs (auto: CUDA if present)")
     seed: Optional[int] = Field(None, ge=0, lt=1 << 63, description="TEST ONLY: fixed noise key; marks the manifest")
     overwrite: bool = Field(False, description="replace an existing release of ours at the output")
 
-    eval_input: Optional[str] = Field(None, description=(
-        "glob of real test shards: train the evaluation model on the release and test it there, as a last stage"))
-    eval_input_public: bool = Field(False, description="the evaluation's real test set is public: its figures may "
-                                                        "be published with the release")
+    eval_input: Optional[str] = Field(
+        None,
+        description=(
+            "glob of real test shards: train the evaluation model on the release and test it there, as a last stage"
+        ),
+    )
+    eval_input_public: bool = Field(
+        False, description="the evaluation's real test set is public: its figures may be published with the release"
+    )
     eval_runs: int = Field(1, ge=1, description="evaluation training seeds")
-    eval_epochs: int = Field(10, ge=1, description="evaluation epochs")
+    eval_epochs: int = Field(5, ge=1, description="evaluation epochs (5: as good as 10 in our measurements)")
     audit: bool = Field(False, description="add an empirical privacy audit section (a canary game on the mechanism)")
 
     @field_validator("max_class_bytes", mode="before")
@@ -108,12 +166,29 @@ class ReleaseConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _defaults_for_mechanism(cls, data):
-        if isinstance(data, dict) and data.get("mechanism") in ("local", "randproj") and data.get("mixing_order") is None:
+        if (
+            isinstance(data, dict)
+            and data.get("mechanism") in ("local", "randproj")
+            and data.get("mixing_order") is None
+        ):
             data = {**data, "mixing_order": 1}
         return data
 
-    @field_validator("mixing_order", "samples", "num_classes", "chunk_rows", "max_class_bytes", "output_shards",
-                     "eval_runs", "eval_epochs", "seed", "lowpass", "projection_dim", "projection_seed", mode="before")
+    @field_validator(
+        "mixing_order",
+        "samples",
+        "num_classes",
+        "chunk_rows",
+        "max_class_bytes",
+        "output_shards",
+        "eval_runs",
+        "eval_epochs",
+        "seed",
+        "lowpass",
+        "projection_dim",
+        "projection_seed",
+        mode="before",
+    )
     @classmethod
     def _no_bools(cls, v):
         if isinstance(v, bool):
@@ -154,8 +229,12 @@ class ReleaseConfig(BaseModel):
                 v = tuple(int(p) for p in v.split(","))
             except ValueError:
                 raise ValueError("expected 'H,W' or 'C,H,W' (positive integers)") from None
-        if v is not None and (not isinstance(v, (list, tuple)) or len(v) not in (2, 3)
-                              or not all(isinstance(p, int) and not isinstance(p, bool) for p in v) or min(v) < 1):
+        if v is not None and (
+            not isinstance(v, (list, tuple))
+            or len(v) not in (2, 3)
+            or not all(isinstance(p, int) and not isinstance(p, bool) for p in v)
+            or min(v) < 1
+        ):
             raise ValueError("expected 'H,W' or 'C,H,W' (positive integers)")
         return v
 
@@ -165,31 +244,39 @@ class ReleaseConfig(BaseModel):
         if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
             raise ValueError(f"feature_bounds: need finite lo < hi, got {lo},{hi}")
         if not (math.isfinite(hi - lo) and hi - lo <= 1e30 and max(abs(lo), abs(hi)) <= 1e30):
-            raise ValueError(f"feature_bounds: {lo:g},{hi:g} is too wide (|bounds| and hi - lo must be at most 1e30; "
-                             f"the z-score would overflow)")
+            raise ValueError(
+                f"feature_bounds: {lo:g},{hi:g} is too wide (|bounds| and hi - lo must be at most 1e30; "
+                f"the z-score would overflow)"
+            )
         if self.epsilon is None and self.sigma_x is None:
             raise ValueError("epsilon: give a target epsilon (or an explicit sigma_x)")
         if self.epsilon is not None and self.sigma_x is not None:
             raise ValueError("epsilon and sigma_x: give one, not both")
         if self.mode == "poisson" and self.sigma_x:
-            raise ValueError("sigma_x: poisson mode chooses q_k and T_k from the DP class histogram, so its epsilon "
-                             "holds only for a budget fixed in advance: give --epsilon (sigma_x 0 is allowed: no "
-                             "privacy)")
+            raise ValueError(
+                "sigma_x: poisson mode chooses q_k and T_k from the DP class histogram, so its epsilon "
+                "holds only for a budget fixed in advance: give --epsilon (sigma_x 0 is allowed: no "
+                "privacy)"
+            )
         if self.mode == "poisson" and self.num_classes is None:
             raise ValueError("num_classes: required in poisson mode (which labels occur is private)")
         if self.normalization == "public" and not self.normalization_file:
             raise ValueError("normalization_file: required with normalization=public")
         if self.normalization == "exact" and not self.allow_exact_normalization:
-            raise ValueError("normalization: 'exact' uses private statistics without noise; pass "
-                             "--i-understand-exact-normalization-is-not-dp to allow it")
+            raise ValueError(
+                "normalization: 'exact' uses private statistics without noise; pass "
+                "--i-understand-exact-normalization-is-not-dp to allow it"
+            )
         if self.soft_labels and self.num_classes is None:
             raise ValueError("num_classes: required with soft_labels (the width of the soft-label column)")
         if self.image_shape is not None and self.lowpass is None and self.denoise is None:
             raise ValueError("image_shape: only used with --lowpass or --denoise; give it with one of them")
         if self.mechanism in ("local", "randproj"):
             if self.mode != "fixed":
-                raise ValueError(f"mode: {self.mechanism} releases one row per record, which publishes the count; "
-                                 f"only mode fixed (replace one record within its class) is offered")
+                raise ValueError(
+                    f"mode: {self.mechanism} releases one row per record, which publishes the count; "
+                    f"only mode fixed (replace one record within its class) is offered"
+                )
             if self.samples is not None:
                 raise ValueError(f"samples: {self.mechanism} releases exactly one row per record")
             if self.mixing_order != 1:

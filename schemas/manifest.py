@@ -2,13 +2,14 @@
 
 Written last, so its presence means the release is complete. Holds only public or DP quantities:
 no seed or key, no per-record data, and in ``poisson`` mode no exact private counts.
-``python -m schemas.manifest`` regenerates ``schemas/manifest.schema.json``.
+``python -m pipeline.manifest`` regenerates ``schemas/manifest.schema.json`` (this module does no I/O).
 """
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
@@ -42,8 +43,9 @@ class PostProcessing(_Frozen):
     denoise: Optional[float] = Field(None, description="std (pixels) of the Gaussian blur of each released row")
     image_shape: list[int] = Field(description="(H, W) or (C, H, W) grid the DCT runs on, channels-first")
     kept_coefficients: Optional[int] = None
-    privacy: str = ("post-processing of the DP output by public, data-independent linear maps: "
-                    "the guarantee is unchanged")
+    privacy: str = (
+        "post-processing of the DP output by public, data-independent linear maps: the guarantee is unchanged"
+    )
 
 
 class DpcdaMechanism(_Frozen):
@@ -125,9 +127,13 @@ def _mechanism_name(value) -> str:
     return getattr(value, "name", "dpcda")
 
 
-Mechanism = Annotated[Union[Annotated[DpcdaMechanism, Tag("dpcda")], Annotated[DpmixMechanism, Tag("dpmix")],
-                            Annotated[LocalMechanism, Tag("local")], Annotated[RandprojMechanism, Tag("randproj")]],
-                      Discriminator(_mechanism_name)]
+Mechanism = Annotated[
+    Annotated[DpcdaMechanism, Tag("dpcda")]
+    | Annotated[DpmixMechanism, Tag("dpmix")]
+    | Annotated[LocalMechanism, Tag("local")]
+    | Annotated[RandprojMechanism, Tag("randproj")],
+    Discriminator(_mechanism_name),
+]
 
 
 class Normalization(_Frozen):
@@ -143,31 +149,43 @@ class Normalization(_Frozen):
 class Noise(_Frozen):
     generator: str = Field(description="where the random bits come from")
     sampler: str = Field(description="how indices and Gaussian noise are drawn from them")
-    grids: dict[str, float] = Field(description="output grid of each Gaussian release, by name: every noisy value "
-                                                "is a multiple of it")
+    grids: dict[str, float] = Field(
+        description="output grid of each Gaussian release, by name: every noisy value is a multiple of it"
+    )
 
 
 class Privacy(_Frozen):
     epsilon: Optional[float] = Field(description="the guarantee; null means infinite (no noise)")
     delta: float
     target_epsilon: Optional[float]
-    epsilon_this_histogram: Optional[float] = Field(None, description=(
-        "poisson mode: what the accountant gives for the parameters this run's DP histogram chose; informational, "
-        "the guarantee is epsilon (the budget fixed before the histogram was drawn)"))
+    epsilon_this_histogram: Optional[float] = Field(
+        None,
+        description=(
+            "poisson mode: what the accountant gives for the parameters this run's DP histogram chose; informational, "
+            "the guarantee is epsilon (the budget fixed before the histogram was drawn)"
+        ),
+    )
     accountant: str
     neighbouring_relation: str
     composition: str
-    components: dict[str, Optional[float]] = Field(description="epsilon of each component alone at delta (null: infinite)")
+    components: dict[str, Optional[float]] = Field(
+        description="epsilon of each component alone at delta (null: infinite)"
+    )
     cross_check: dict[str, Optional[float]] = Field(default_factory=dict)
-    delta_breakdown: dict[str, float] = Field(description=(
-        "where delta goes: the accountant's share, adaptive stages accounted alone (poisson: class_histogram) and "
-        "the noise sampler's finite-precision bound; the sum is at most delta"))
+    delta_breakdown: dict[str, float] = Field(
+        description=(
+            "where delta goes: the accountant's share, adaptive stages accounted alone (poisson: class_histogram) and "
+            "the noise sampler's finite-precision bound; the sum is at most delta"
+        )
+    )
     noise: Noise
     end_to_end_dp: bool
     reproducible_seed: bool
     paper_theorem1_epsilon: Optional[float] = Field(
-        None, description="seed 000 Theorem 1 as written (p = l/N, T compositions, label term): "
-                          "informational only, NOT the guarantee; null means infinite (sigma_y = 0 or sigma_x = 0)")
+        None,
+        description="seed 000 Theorem 1 as written (p = l/N, T compositions, label term): "
+        "informational only, NOT the guarantee; null means infinite (sigma_y = 0 or sigma_x = 0)",
+    )
     caveats: list[str]
 
 
@@ -180,8 +198,11 @@ class OutputFile(_Frozen):
 
 class Output(_Frozen):
     rows: int
-    prefix: str = Field("", description="where this release's files live under OUTPUT ('' locally; on gs:// the "
-                                        "run's own prefix runs/<run>/, never rewritten)")
+    prefix: str = Field(
+        "",
+        description="where this release's files live under OUTPUT ('' locally; on gs:// the "
+        "run's own prefix runs/<run>/, never rewritten)",
+    )
     files: list[OutputFile]
     format: str = "parquet: features fixed_size_list<float32>[d], label int64"
 
@@ -207,12 +228,3 @@ class Manifest(_Frozen):
 
     def write_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), indent=2, allow_nan=False) + "\n"
-
-
-def export_schema(path: Path = SCHEMA_PATH) -> None:
-    path.write_text(json.dumps(Manifest.model_json_schema(), indent=2) + "\n")
-
-
-if __name__ == "__main__":
-    export_schema()
-    print(f"wrote {SCHEMA_PATH}")

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# The test suite as CI runs it: fast default tier (slow/gpu tests are marked and deselected).
+# The test suite as CI runs it: lint and format check, then the fast default tier (slow/gpu tests are marked and
+# deselected).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -1,4 +1,5 @@
 """Which code this is: the package version and the git commit it was built from (checked launcher vs workers)."""
+
 from __future__ import annotations
 
 import functools
@@ -20,8 +21,9 @@ def build_commit() -> str:
         pass
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
-        out = subprocess.run(["git", "-C", here, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
-                             timeout=10)
+        out = subprocess.run(
+            ["git", "-C", here, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"

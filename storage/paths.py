@@ -1,4 +1,5 @@
 """Paths that may be local or remote (``gs://``): one test for which, one join, one reader/writer, one lister."""
+
 from __future__ import annotations
 
 import glob as _glob

@@ -26,6 +26,7 @@ parts are still in place, or the new one, whose parts were verified before it wa
 objects are deleted only after the new manifest is in place. Run prefixes not referenced by the manifest and
 older than ``STALE_RUN_HOURS`` (by the time in their name) are deleted at the start of the next run.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -41,6 +42,7 @@ import shutil
 import uuid
 from typing import Optional
 
+from privacy.errors import DpcdaError
 from storage.paths import is_remote
 
 log = logging.getLogger(__name__)
@@ -52,7 +54,7 @@ RUN_MARKER = ".dpcda-run"  # written into every local run directory: only such d
 _RUN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{8}")
 
 
-class PublishError(RuntimeError):
+class PublishError(DpcdaError, RuntimeError):
     """OUTPUT cannot be written or replaced safely; the message says why and what to do."""
 
 
@@ -103,8 +105,10 @@ def validate_manifest(text: str | bytes, where: str) -> dict:
         data = json.loads(text)
         Manifest(**data)
     except Exception:  # noqa: BLE001 - any failure means: not a release of ours
-        raise PublishError(f"{where}: not a release of ours (no valid {MANIFEST}); refusing to replace it, move it "
-                           f"away or choose another --output") from None
+        raise PublishError(
+            f"{where}: not a release of ours (no valid {MANIFEST}); refusing to replace it, move it "
+            f"away or choose another --output"
+        ) from None
     return data
 
 
@@ -238,9 +242,13 @@ def _our_run_dirs(out: str, mark: str) -> list[str]:
     found = []
     for entry in os.listdir(parent):
         path = os.path.join(parent, entry)
-        if (entry.startswith(name + mark) and _RUN_ID.fullmatch(entry[len(name + mark):])
-                and os.path.isdir(path) and not os.path.islink(path)
-                and os.path.isfile(os.path.join(path, RUN_MARKER))):
+        if (
+            entry.startswith(name + mark)
+            and _RUN_ID.fullmatch(entry[len(name + mark) :])
+            and os.path.isdir(path)
+            and not os.path.islink(path)
+            and os.path.isfile(os.path.join(path, RUN_MARKER))
+        ):
             found.append(path)
     return sorted(found)
 
@@ -266,8 +274,9 @@ def _check_parts(manifest: dict, read_size) -> None:
         if size is None:
             raise PublishError(f"{f['path']}: part missing before publishing; nothing was published")
         if f.get("bytes") is not None and size != f["bytes"]:
-            raise PublishError(f"{f['path']}: part has {size} bytes, the manifest says {f['bytes']}; nothing was "
-                               f"published")
+            raise PublishError(
+                f"{f['path']}: part has {size} bytes, the manifest says {f['bytes']}; nothing was published"
+            )
 
 
 def _publish_local(target: Target, manifest: dict, text: str) -> None:
@@ -340,6 +349,7 @@ def _unlock(target: Target) -> None:
 
 # ---------------------------------------------------------------- GCS
 
+
 def gcs_client():
     """A google-cloud-storage client (anonymous against an emulator named by STORAGE_EMULATOR_HOST)."""
     from google.cloud import storage
@@ -352,7 +362,7 @@ def gcs_client():
 def split_gs(path: str) -> tuple[str, str]:
     if not path.startswith("gs://"):
         raise PublishError(f"{path}: only local paths and gs:// are supported for output")
-    bucket, _, name = path[len("gs://"):].partition("/")
+    bucket, _, name = path[len("gs://") :].partition("/")
     return bucket, name.rstrip("/")
 
 
@@ -361,8 +371,14 @@ def _prepare_gcs(out: str, overwrite: bool) -> Target:
     bucket = gcs_client().bucket(bucket_name)
     blob = bucket.get_blob(f"{prefix}/{MANIFEST}")
     run_id = _run_id()
-    target = Target(output=out, overwrite=overwrite, run_id=run_id, workdir=f"{out}/{RUNS}/{run_id}",
-                    prefix=f"{RUNS}/{run_id}/", generation=int(blob.generation) if blob else 0)
+    target = Target(
+        output=out,
+        overwrite=overwrite,
+        run_id=run_id,
+        workdir=f"{out}/{RUNS}/{run_id}",
+        prefix=f"{RUNS}/{run_id}/",
+        generation=int(blob.generation) if blob else 0,
+    )
     if blob is not None:
         if not overwrite:
             raise PublishError(f"{out}: a release already exists there; pass --overwrite to replace it")
@@ -372,8 +388,10 @@ def _prepare_gcs(out: str, overwrite: bool) -> Target:
         foreign = [b.name for b in listing]
         foreign += [p for p in listing.prefixes if p != f"{prefix}/{RUNS}/"]
         if foreign:
-            raise PublishError(f"{out}: holds objects but no release {MANIFEST} (e.g. gs://{bucket_name}/"
-                               f"{sorted(foreign)[0]}); refusing to write there")
+            raise PublishError(
+                f"{out}: holds objects but no release {MANIFEST} (e.g. gs://{bucket_name}/"
+                f"{sorted(foreign)[0]}); refusing to write there"
+            )
     _remove_stale_gcs(bucket, prefix, target.old_manifest)
     return target
 
@@ -387,7 +405,7 @@ def _remove_stale_gcs(bucket, prefix: str, current: Optional[dict]) -> None:
     keep = _referenced_run(current)
     runs: dict[str, list] = {}
     for b in bucket.list_blobs(prefix=f"{prefix}/{RUNS}/"):
-        run = b.name[len(prefix) + len(RUNS) + 2:].split("/")[0]
+        run = b.name[len(prefix) + len(RUNS) + 2 :].split("/")[0]
         runs.setdefault(run, []).append(b)
     for run, blobs in runs.items():
         age = _run_age_hours(run)
@@ -425,10 +443,12 @@ def _publish_gcs(target: Target, manifest: dict, text: str) -> None:
         draft.delete()
     try:
         bucket.blob(f"{prefix}/{MANIFEST}").upload_from_string(
-            text, content_type="application/json", if_generation_match=target.generation)
+            text, content_type="application/json", if_generation_match=target.generation
+        )
     except gexc.PreconditionFailed:
-        raise PublishError(f"{target.output}: another release was published there while this job ran; nothing "
-                           f"was published") from None
+        raise PublishError(
+            f"{target.output}: another release was published there while this job ran; nothing was published"
+        ) from None
     target.published = True
     old = target.old_manifest
     if old is not None:

@@ -4,6 +4,7 @@ Rows travel as blocks: ``features`` float32 (n, d) and ``labels`` int64 (n,), ne
 Paths may be local or ``gs://`` (through Beam's FileSystems, imported only when needed).
 Every problem found in a shard raises ``InputError`` naming the file, the column and the row.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,10 +16,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from privacy.errors import DpcdaError
 from storage.paths import expand_glob, is_remote, open_file  # noqa: F401 - expand_glob re-exported
 
 
-class InputError(ValueError):
+class InputError(DpcdaError, ValueError):
     """Bad input data: the message names the file, the column and (where it applies) the row."""
 
 
@@ -31,8 +33,6 @@ class Block:
 
     def __len__(self) -> int:
         return len(self.labels)
-
-
 
 
 def detect_format(path: str, declared: str = "auto") -> str:
@@ -48,8 +48,10 @@ def detect_format(path: str, declared: str = "auto") -> str:
 
 # ---------------------------------------------------------------- Parquet
 
-def _column_to_features(col: pa.ChunkedArray | pa.Array, path: str, name: str, first_row: int,
-                        width: Optional[int]) -> np.ndarray:
+
+def _column_to_features(
+    col: pa.ChunkedArray | pa.Array, path: str, name: str, first_row: int, width: Optional[int]
+) -> np.ndarray:
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     t = arr.type
     if not (pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t)):
@@ -87,20 +89,20 @@ def _column_to_labels(col, path: str, name: str, first_row: int) -> np.ndarray:
         if vals.dtype == np.uint64:
             big = np.flatnonzero(vals >= np.uint64(1 << 63))
             if big.size:
-                raise InputError(f"{path}: column '{name}' row {first_row + int(big[0])}: label beyond the int64 "
-                                 f"range")
+                raise InputError(f"{path}: column '{name}' row {first_row + int(big[0])}: label beyond the int64 range")
         return vals.astype(np.int64)
     if pa.types.is_floating(arr.type):
         vals = arr.to_numpy(zero_copy_only=False)
-        bad = np.flatnonzero(~np.isfinite(vals) | (vals != np.round(vals)) | (np.abs(vals) >= 2.0 ** 62))
+        bad = np.flatnonzero(~np.isfinite(vals) | (vals != np.round(vals)) | (np.abs(vals) >= 2.0**62))
         if bad.size:
             raise InputError(f"{path}: column '{name}' row {first_row + int(bad[0])}: label is not an integer")
         return vals.astype(np.int64)
     raise InputError(f"{path}: column '{name}' has type {arr.type}; expected int64")
 
 
-def read_parquet(path: str, features_column: str, label_column: str, batch_rows: int = 65536,
-                 width: Optional[int] = None) -> Iterator[Block]:
+def read_parquet(
+    path: str, features_column: str, label_column: str, batch_rows: int = 65536, width: Optional[int] = None
+) -> Iterator[Block]:
     try:
         with open_file(path) as fh:
             pf = pq.ParquetFile(io.BytesIO(fh.read()) if is_remote(path) else fh)
@@ -109,8 +111,9 @@ def read_parquet(path: str, features_column: str, label_column: str, batch_rows:
                 if col not in names:
                     raise InputError(f"{path}: column '{col}' is missing (columns: {', '.join(names)})")
                 if names.count(col) > 1:
-                    raise InputError(f"{path}: column '{col}' appears {names.count(col)} times; column names must "
-                                     f"be unique")
+                    raise InputError(
+                        f"{path}: column '{col}' appears {names.count(col)} times; column names must be unique"
+                    )
             row = 0
             for batch in pf.iter_batches(batch_size=batch_rows, columns=[features_column, label_column]):
                 feats = _column_to_features(batch.column(features_column), path, features_column, row, width)
@@ -128,15 +131,21 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {' '.join(str(err).split())}"
 
 
-def write_parquet(path: str, features: np.ndarray, labels: np.ndarray,
-                  features_column: str = "features", label_column: str = "label") -> None:
+def write_parquet(
+    path: str, features: np.ndarray, labels: np.ndarray, features_column: str = "features", label_column: str = "label"
+) -> None:
     table = block_table(features, labels, features_column, label_column)
     with open_file(path, "wb") as fh:
         pq.write_table(table, fh)
 
 
-def block_table(features: np.ndarray, labels: np.ndarray, features_column: str = "features",
-                label_column: str = "label", soft: bool = False) -> pa.Table:
+def block_table(
+    features: np.ndarray,
+    labels: np.ndarray,
+    features_column: str = "features",
+    label_column: str = "label",
+    soft: bool = False,
+) -> pa.Table:
     """Arrow table of a block. ``soft``: ``labels`` are float scores (rows, K), written as ``LABEL_soft`` beside
     their argmax in ``LABEL``."""
     features = np.ascontiguousarray(features, dtype=np.float32)
@@ -150,14 +159,16 @@ def block_table(features: np.ndarray, labels: np.ndarray, features_column: str =
         scores = np.ascontiguousarray(labels, dtype=np.float32)
         columns[label_column] = pa.array(scores.argmax(axis=1).astype(np.int64), type=pa.int64())
         columns[label_column + "_soft"] = pa.FixedSizeListArray.from_arrays(
-            pa.array(scores.reshape(-1), type=pa.float32()), scores.shape[1])
+            pa.array(scores.reshape(-1), type=pa.float32()), scores.shape[1]
+        )
     else:
         columns[label_column] = pa.array(labels.astype(np.int64), type=pa.int64())
     return pa.table(columns)
 
 
-def parquet_schema(d: int, features_column: str = "features", label_column: str = "label",
-                   soft_classes: Optional[int] = None) -> pa.Schema:
+def parquet_schema(
+    d: int, features_column: str = "features", label_column: str = "label", soft_classes: Optional[int] = None
+) -> pa.Schema:
     fields = [(features_column, pa.list_(pa.float32(), d)), (label_column, pa.int64())]
     if soft_classes:
         fields.append((label_column + "_soft", pa.list_(pa.float32(), soft_classes)))
@@ -165,6 +176,7 @@ def parquet_schema(d: int, features_column: str = "features", label_column: str 
 
 
 # ---------------------------------------------------------------- TFRecord
+
 
 def _masked_crc(data: bytes) -> Optional[int]:
     try:
@@ -208,16 +220,18 @@ def _frame(data: bytes) -> bytes:
     return header + struct.pack("<I", _masked_crc(header) or 0) + data + struct.pack("<I", _masked_crc(data) or 0)
 
 
-def read_tfrecord(path: str, features_column: str, label_column: str, batch_rows: int = 65536,
-                  width: Optional[int] = None) -> Iterator[Block]:
+def read_tfrecord(
+    path: str, features_column: str, label_column: str, batch_rows: int = 65536, width: Optional[int] = None
+) -> Iterator[Block]:
     try:
         yield from _read_tfrecord(path, features_column, label_column, batch_rows, width)
     except OSError as err:
         raise InputError(f"{path}: unreadable TFRecord shard ({_one_line(err)})") from None
 
 
-def _read_tfrecord(path: str, features_column: str, label_column: str, batch_rows: int,
-                   width: Optional[int]) -> Iterator[Block]:
+def _read_tfrecord(
+    path: str, features_column: str, label_column: str, batch_rows: int, width: Optional[int]
+) -> Iterator[Block]:
     from tfrecord import example_pb2
 
     feats, labels, first = [], [], 0
@@ -233,14 +247,17 @@ def _read_tfrecord(path: str, features_column: str, label_column: str, batch_row
                     raise InputError(f"{path}: column '{col}' row {row}: feature missing")
             f = fmap[features_column]
             if f.WhichOneof("kind") != "float_list":
-                raise InputError(f"{path}: column '{features_column}' row {row}: "
-                                 f"{f.WhichOneof('kind')}, expected float_list")
+                raise InputError(
+                    f"{path}: column '{features_column}' row {row}: {f.WhichOneof('kind')}, expected float_list"
+                )
             values = np.asarray(f.float_list.value, np.float32)
             if width is None:
                 width = values.size
             if values.size != width:
-                raise InputError(f"{path}: column '{features_column}' row {row}: width {values.size}, but the input's "
-                                 f"width is {width}")
+                raise InputError(
+                    f"{path}: column '{features_column}' row {row}: width {values.size}, but the input's "
+                    f"width is {width}"
+                )
             lab = fmap[label_column]
             if lab.WhichOneof("kind") != "int64_list" or len(lab.int64_list.value) != 1:
                 raise InputError(f"{path}: column '{label_column}' row {row}: expected one int64 label")
@@ -253,8 +270,9 @@ def _read_tfrecord(path: str, features_column: str, label_column: str, batch_row
         yield Block(np.stack(feats), np.asarray(labels, np.int64), path, first)
 
 
-def write_tfrecord(path: str, features: np.ndarray, labels: np.ndarray,
-                   features_column: str = "features", label_column: str = "label") -> None:
+def write_tfrecord(
+    path: str, features: np.ndarray, labels: np.ndarray, features_column: str = "features", label_column: str = "label"
+) -> None:
     from tfrecord import example_pb2
 
     with open_file(path, "wb") as fh:
@@ -265,15 +283,22 @@ def write_tfrecord(path: str, features: np.ndarray, labels: np.ndarray,
             fh.write(_frame(ex.SerializeToString()))
 
 
-def read_shard(path: str, fmt: str, features_column: str = "features", label_column: str = "label",
-               batch_rows: int = 65536, width: Optional[int] = None) -> Iterator[Block]:
+def read_shard(
+    path: str,
+    fmt: str,
+    features_column: str = "features",
+    label_column: str = "label",
+    batch_rows: int = 65536,
+    width: Optional[int] = None,
+) -> Iterator[Block]:
     """Blocks of one shard; ``width`` (the feature dimension of the whole input) is checked when given."""
     reader = read_parquet if detect_format(path, fmt) == "parquet" else read_tfrecord
     return reader(path, features_column, label_column, batch_rows, width)
 
 
-def read_all(paths: list[str], fmt: str = "auto", features_column: str = "features",
-             label_column: str = "label") -> Block:
+def read_all(
+    paths: list[str], fmt: str = "auto", features_column: str = "features", label_column: str = "label"
+) -> Block:
     """Every row of ``paths`` in one block (evaluation and tests; the pipeline streams instead)."""
     blocks = [b for p in paths for b in read_shard(p, fmt, features_column, label_column)]
     if not blocks:

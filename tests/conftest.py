@@ -1,4 +1,5 @@
 """Shared fixtures: small generated datasets (the suite makes its own data) and the CLI runner."""
+
 from __future__ import annotations
 
 import os
@@ -65,6 +66,7 @@ def gcs(monkeypatch):
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://localhost:{port}")
     # Offline, Beam's credential lookup stalls ~25 s; the emulator takes anonymous requests.
     import apache_beam.internal.gcp.auth as auth
+
     monkeypatch.setattr(auth, "get_service_credentials", lambda *a, **k: None)
     try:
         yield "gs://lake"
@@ -105,8 +107,14 @@ def small_parquet(tmp_path):
 def run_cli(*args, env=None, timeout=300):
     """Runs ``python -m pipeline.cli ARGS``; returns the CompletedProcess."""
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *map(str, args)], cwd=ROOT, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", *map(str, args)],
+        cwd=ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def valid_manifest(sigma_x=1.0, mode="fixed") -> dict:
@@ -114,15 +122,42 @@ def valid_manifest(sigma_x=1.0, mode="fixed") -> dict:
     return {
         "created_at": "2024-01-01T00:00:00+00:00",
         "software": {"version": "0", "python": "3", "torch": "2", "dp_accounting": "0"},
-        "input": {"pattern": "x", "format": "parquet", "files": 1, "features_column": "x", "label_column": "y",
-                  "feature_dim": 4},
-        "mechanism": {"mode": mode, "sampling": "s", "mixing_order": 2, "clip": 1.0, "sigma_x": sigma_x,
-                      "sigma_y": 0.0, "noise_multiplier": 1.0, "num_classes": 2, "samples_total": 4,
-                      "samples_per_class": 2, "sampling_rates": [0.5, 0.5], "chunk_rows": 4096},
+        "input": {
+            "pattern": "x",
+            "format": "parquet",
+            "files": 1,
+            "features_column": "x",
+            "label_column": "y",
+            "feature_dim": 4,
+        },
+        "mechanism": {
+            "mode": mode,
+            "sampling": "s",
+            "mixing_order": 2,
+            "clip": 1.0,
+            "sigma_x": sigma_x,
+            "sigma_y": 0.0,
+            "noise_multiplier": 1.0,
+            "num_classes": 2,
+            "samples_total": 4,
+            "samples_per_class": 2,
+            "sampling_rates": [0.5, 0.5],
+            "chunk_rows": 4096,
+        },
         "normalization": {"method": "dp", "feature_bounds": [0, 1], "out_of_bounds": "clip", "min_std": 1e-3},
-        "privacy": {"epsilon": 4.0, "delta": 1e-5, "target_epsilon": 4.0, "accountant": "rdp",
-                    "neighbouring_relation": "r", "composition": "c", "components": {}, "end_to_end_dp": True,
-                    "reproducible_seed": False, "caveats": [], "delta_breakdown": {"accountant": 1e-5},
-                    "noise": {"generator": "g", "sampler": "s", "grids": {}}},
+        "privacy": {
+            "epsilon": 4.0,
+            "delta": 1e-5,
+            "target_epsilon": 4.0,
+            "accountant": "rdp",
+            "neighbouring_relation": "r",
+            "composition": "c",
+            "components": {},
+            "end_to_end_dp": True,
+            "reproducible_seed": False,
+            "caveats": [],
+            "delta_breakdown": {"accountant": 1e-5},
+            "noise": {"generator": "g", "sampler": "s", "grids": {}},
+        },
         "output": {"rows": 4, "files": [{"path": "synthetic/part-00000-of-00001.parquet", "rows": 4, "sha256": "0"}]},
     }

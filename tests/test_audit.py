@@ -5,6 +5,7 @@ true epsilon with probability <= 5 % (Clopper-Pearson, union bound), and the att
 the accounted epsilon, so a correct accountant failing a 'bound <= accounted' test here would need an
 error rate event far below 1e-6; the "caught" tests have margins of 1 or more in epsilon.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,10 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from evaluation.audit import (audit_section, clopper_pearson_upper, epsilon_lower_bound, run_audit,
-                           run_paper_rate_audit)
+from evaluation.audit import audit_section, clopper_pearson_upper, epsilon_lower_bound, run_audit, run_paper_rate_audit
 from schemas.manifest import Manifest
-from tests.conftest import valid_manifest, run_cli
+from tests.conftest import run_cli, valid_manifest
 
 TRIALS = 10000
 
@@ -41,8 +41,16 @@ def test_epsilon_lower_bound_formula():
 @pytest.mark.parametrize("mode", ["fixed", "poisson"])
 @pytest.mark.parametrize("epsilon,l,class_size,samples", [(2, 2, 2, 1), (4, 2, 2, 1), (8, 4, 6, 1), (4, 2, 4, 3)])
 def test_bound_never_exceeds_accounted(mode, epsilon, l, class_size, samples):
-    r = run_audit(mode=mode, mixing_order=l, epsilon=epsilon, class_size=class_size, samples_per_class=samples,
-                  trials=TRIALS, seed=1, device="cpu")
+    r = run_audit(
+        mode=mode,
+        mixing_order=l,
+        epsilon=epsilon,
+        class_size=class_size,
+        samples_per_class=samples,
+        trials=TRIALS,
+        seed=1,
+        device="cpu",
+    )
     assert r["accounted_epsilon"] <= epsilon + 1e-9
     assert 0.0 <= r["empirical_epsilon_lower_bound"] <= r["accounted_epsilon"]
     assert not r["violation"]
@@ -54,8 +62,9 @@ def test_bound_never_exceeds_accounted(mode, epsilon, l, class_size, samples):
 
 @pytest.mark.parametrize("mode", ["fixed", "poisson"])
 def test_noise_off_is_caught(mode):
-    r = run_audit(mode=mode, mixing_order=2, sigma_x=0.0, class_size=2, trials=TRIALS, seed=2,
-                  claimed_epsilon=4.0, device="cpu")
+    r = run_audit(
+        mode=mode, mixing_order=2, sigma_x=0.0, class_size=2, trials=TRIALS, seed=2, claimed_epsilon=4.0, device="cpu"
+    )
     assert math.isinf(r["accounted_epsilon"])
     assert r["fp"] == 0.0 and r["fn"] == 0.0
     assert r["empirical_epsilon_lower_bound"] > 5.5 and r["violation"]
@@ -64,8 +73,17 @@ def test_noise_off_is_caught(mode):
 @pytest.mark.parametrize("mode", ["fixed", "poisson"])
 def test_paper_rate_claim_is_caught(mode):
     """Accounting with p = l/N (N = 10 classes x 2) while rows sample a class of 2: the claim is too low."""
-    r = run_paper_rate_audit(mode=mode, mixing_order=2, epsilon=2.0, num_classes=10, class_size=2,
-                             samples_per_class=10, trials=TRIALS, seed=3, device="cpu")
+    r = run_paper_rate_audit(
+        mode=mode,
+        mixing_order=2,
+        epsilon=2.0,
+        num_classes=10,
+        class_size=2,
+        samples_per_class=10,
+        trials=TRIALS,
+        seed=3,
+        device="cpu",
+    )
     assert r["claimed_epsilon"] == 2.0 and r["violation"]
     assert r["empirical_epsilon_lower_bound"] > 3.0
     # the honest per-class accounting of the same sigma_x is not contradicted
@@ -81,10 +99,11 @@ def test_noiseless_privacy_is_informational():
 
 
 def test_invalid_configuration_names_the_problem():
-    from privacy.calibration import CalibrationError
-    with pytest.raises(CalibrationError, match="class_size"):
+    from evaluation.audit import AuditError
+
+    with pytest.raises(AuditError, match="class_size"):
         run_audit(mode="fixed", mixing_order=4, epsilon=4.0, class_size=3)
-    with pytest.raises(CalibrationError, match="exactly one"):
+    with pytest.raises(AuditError, match="exactly one"):
         run_audit(mode="fixed", mixing_order=2, epsilon=4.0, sigma_x=1.0)
 
 
@@ -126,8 +145,24 @@ def test_audit_section_fits_the_manifest(sigma_x):
 @pytest.mark.slow
 def test_release_with_audit_writes_section(small_parquet, tmp_path):
     inp, _, _ = small_parquet
-    p = run_cli("release", "--input", inp, "--output", tmp_path / "out", "--mode", "poisson", "--num-classes", "3",
-                "--mixing-order", "2", "--epsilon", "4", "--seed", "1", "--audit")
+    p = run_cli(
+        "release",
+        "--input",
+        inp,
+        "--output",
+        tmp_path / "out",
+        "--mode",
+        "poisson",
+        "--num-classes",
+        "3",
+        "--mixing-order",
+        "2",
+        "--epsilon",
+        "4",
+        "--seed",
+        "1",
+        "--audit",
+    )
     assert p.returncode == 0, p.stderr
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     audit = manifest["audit"]
@@ -155,8 +190,9 @@ def test_gpu_audit(mode):
 @pytest.mark.parametrize("mechanism,l", [("dpcda", 4), ("dpmix", 4), ("local", 1), ("randproj", 1)])
 def test_every_mechanism_audits_below_its_accounted_epsilon(mechanism, l):
     """The canary game on each mechanism's own synthesis code; false alarm <= 5 % by construction."""
-    r = run_audit(mechanism=mechanism, mode="fixed", mixing_order=l, epsilon=2.0, class_size=max(l, 4),
-                  trials=20000, seed=3)
+    r = run_audit(
+        mechanism=mechanism, mode="fixed", mixing_order=l, epsilon=2.0, class_size=max(l, 4), trials=20000, seed=3
+    )
     assert r["mechanism"] == mechanism and r["accounted_epsilon"] <= 2.0
     assert not r["violation"] and r["empirical_epsilon_lower_bound"] <= r["accounted_epsilon"]
 
@@ -167,9 +203,22 @@ def test_dpmix_accounted_as_if_its_labels_were_free_is_caught():
     from privacy.calibration import calibrate_noise
     from privacy.events import DpmixEvent
 
-    sx = calibrate_noise("fixed", lambda s: [DpmixEvent("fixed", 4, 1, 4, 1.0, s, 1e12)], target_epsilon=1.0,
-                         delta=accountant_delta(1e-5))
-    r = run_audit(mechanism="dpmix", mode="fixed", mixing_order=4, class_size=4, sigma_x=sx, trials=40000,
-                  claimed_epsilon=1.0, label_noise_ratio=0.25, seed=1)
+    sx = calibrate_noise(
+        "fixed",
+        lambda s: [DpmixEvent("fixed", 4, 1, 4, 1.0, s, 1e12)],
+        target_epsilon=1.0,
+        delta=accountant_delta(1e-5),
+    )
+    r = run_audit(
+        mechanism="dpmix",
+        mode="fixed",
+        mixing_order=4,
+        class_size=4,
+        sigma_x=sx,
+        trials=40000,
+        claimed_epsilon=1.0,
+        label_noise_ratio=0.25,
+        seed=1,
+    )
     assert r["violation"] and r["empirical_epsilon_lower_bound"] > 1.0
     assert r["accounted_epsilon"] > 3.0  # the honest accounting knows

@@ -13,6 +13,7 @@ retries). So the fault hook is tested as: the failing run publishes nothing, a r
 yields exactly the unfailed run's rows, and at the DoFn level an interrupted-then-repeated attempt
 yields exactly the rows of an uninterrupted one.
 """
+
 from __future__ import annotations
 
 import glob
@@ -32,9 +33,9 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipeline.cli import EXIT_BAD_INPUT, main
 from pipeline.release import run_release
 from schemas.config import load_config
+from storage.shards import block_table, write_parquet, write_tfrecord
 from tests.conftest import BEAM_ARGS, make_dataset, run_cli, valid_manifest, write_dataset
-from transforms.mix import FAULT_ENV, _MixFn
-from storage.shards import Block, block_table, write_parquet, write_tfrecord
+from transforms.mix import _MixFn
 
 N_PER_CLASS, K, DIM = 10, 3, 4
 X, Y = make_dataset(n_per_class=N_PER_CLASS, num_classes=K, dim=DIM, seed=2)
@@ -43,6 +44,7 @@ BASE = ["--sigma-x", "0.5", "--seed", "1"]
 
 
 # ---------------------------------------------------------------- helpers
+
 
 def good_input(d: Path, fmt="parquet") -> str:
     """Two valid shards (part-00000/00001); bad shards are added as part-00009 so they sort last."""
@@ -102,6 +104,7 @@ def read_rows(out: Path):
 
 # ---------------------------------------------------------------- the real CLI, in a subprocess
 
+
 def _nan_in_second_shard(d: Path):
     x = X.copy()
     x[7, 2] = np.nan
@@ -129,16 +132,28 @@ def _truncated_tfrecord(d: Path):
 def _narrower_shard(d: Path):
     good_input(d)
     write_parquet(str(d / "part-00009.parquet"), np.full((5, DIM - 1), 0.5), Y[:5])
-    return str(d / "*.parquet"), str(d / "part-00009.parquet"), ["'features'", "row 0",
-                                                                 f"width {DIM - 1}, but the input's width is {DIM}"]
+    return (
+        str(d / "*.parquet"),
+        str(d / "part-00009.parquet"),
+        ["'features'", "row 0", f"width {DIM - 1}, but the input's width is {DIM}"],
+    )
 
 
 CLASS_BYTES = N_PER_CLASS * (12 * DIM + 8)  # float64 copy, int64 index, the runner's float32 rows
 
 
 def _class_too_large(d: Path):
-    return good_input(d), None, [f"class 0 needs about", f"({N_PER_CLASS} records at d={DIM})", "max_class_bytes",
-                                 "--max-class-bytes", "column 'label'"]
+    return (
+        good_input(d),
+        None,
+        [
+            "class 0 needs about",
+            f"({N_PER_CLASS} records at d={DIM})",
+            "max_class_bytes",
+            "--max-class-bytes",
+            "column 'label'",
+        ],
+    )
 
 
 SUBPROCESS_CASES = {
@@ -157,8 +172,9 @@ def test_cli_subprocess_refuses_bad_input(tmp_path, case):
     input_glob, bad_file, needles = build(tmp_path / "in")
     out = tmp_path / "out"
     before = fake_old_release(out) if old else None
-    res = run_cli("release", "--input", input_glob, "--output", out, *BASE, *extra,
-                  *(["--overwrite"] if old else []), *BEAM_ARGS)
+    res = run_cli(
+        "release", "--input", input_glob, "--output", out, *BASE, *extra, *(["--overwrite"] if old else []), *BEAM_ARGS
+    )
     assert res.returncode == EXIT_BAD_INPUT, res.stderr[-3000:]
     assert_one_line_error(res.stderr, *([bad_file] if bad_file else []), *needles)
     if old:
@@ -184,13 +200,21 @@ def test_cli_subprocess_clips_out_of_bounds_and_reports_counters(tmp_path):
     line = next(ln for ln in res.stderr.splitlines() if "stage=pipeline" in ln)
     counts = dict(re.findall(r"(\w+)=(\d+)\b", line))
     n = N_PER_CLASS * K
-    assert counts == {**counts, "rows": str(n), "rows_read": str(n), "rows_rejected": "0",
-                      "values_clipped_to_bounds": "2", "rows_synthesized": str(n), "rows_written": str(n)}
+    assert counts == {
+        **counts,
+        "rows": str(n),
+        "rows_read": str(n),
+        "rows_rejected": "0",
+        "values_clipped_to_bounds": "2",
+        "rows_synthesized": str(n),
+        "rows_written": str(n),
+    }
     assert json.loads((out / "manifest.json").read_text())["output"]["rows"] == n
     assert not list(tmp_path.glob("out.tmp-*"))
 
 
 # ---------------------------------------------------------------- the same CLI, in-process
+
 
 def _missing_features_first_file(d):  # found while peeking at the first shard, before Beam starts
     d.mkdir(parents=True)
@@ -264,7 +288,7 @@ def _label_not_below_num_classes(d):
 
 
 def _huge_label_without_num_classes(d):
-    f = _label_table(d, [0, 1, 10 ** 12])
+    f = _label_table(d, [0, 1, 10**12])
     return str(d / "*.parquet"), f, ["column 'label' row 2", "pass --num-classes"]
 
 
@@ -308,8 +332,11 @@ def _tfrecord_int_features(d):
 def _tfrecord_wrong_width(d):
     good_input(d, "tfrecord")
     write_tfrecord(str(d / "part-00009.tfrecord"), np.full((3, DIM + 2), 0.5), Y[:3])
-    return str(d / "*.tfrecord"), str(d / "part-00009.tfrecord"), ["column 'features' row 0",
-                                                                   f"width {DIM + 2}, but the input's width is {DIM}"]
+    return (
+        str(d / "*.tfrecord"),
+        str(d / "part-00009.tfrecord"),
+        ["column 'features' row 0", f"width {DIM + 2}, but the input's width is {DIM}"],
+    )
 
 
 def _class_smaller_than_l(d):
@@ -363,6 +390,7 @@ def test_existing_release_is_kept_without_overwrite(tmp_path, capsys):
 
 # ---------------------------------------------------------------- faults, retries, reruns
 
+
 class _FailFirstAttempt(beam.DoFn):
     def __init__(self, marker_dir):
         self.marker_dir = marker_dir
@@ -384,6 +412,25 @@ def test_direct_runner_does_not_retry_failed_bundles(tmp_path):
             _ = p | beam.Create([1]) | beam.ParDo(_FailFirstAttempt(str(tmp_path)))
 
 
+def inject_fault(monkeypatch, faults: Path) -> None:
+    """Fail the first attempt of each class's mixing after its first chunk (marker files in ``faults`` record the
+    attempts), by wrapping the core the mixing DoFn calls."""
+    import transforms.mix as mix_mod
+
+    real = mix_mod.mix_class
+
+    def failing(x, **kw):
+        k = kw["class_index"]
+        for i, item in enumerate(real(x, **kw)):
+            marker = faults / f"class-{k}"
+            if i == 1 and not marker.exists():
+                marker.touch()
+                raise RuntimeError(f"injected fault: first attempt of class {k}")
+            yield item
+
+    monkeypatch.setattr(mix_mod, "mix_class", failing)
+
+
 def test_failed_mixing_publishes_nothing_and_rerun_matches_unfailed_run(tmp_path, monkeypatch):
     input_glob = good_input(tmp_path / "in")
     common = {"input": input_glob, "sigma_x": 0.5, "mixing_order": 3, "seed": 5, "chunk_rows": 4}  # 3 chunks/class
@@ -395,7 +442,7 @@ def test_failed_mixing_publishes_nothing_and_rerun_matches_unfailed_run(tmp_path
     unfailed = release("unfailed")
     faults = tmp_path / "faults"
     faults.mkdir()
-    monkeypatch.setenv(FAULT_ENV, str(faults))
+    inject_fault(monkeypatch, faults)
     # Each run stops at the first class whose first attempt fails (after its first chunk) and
     # publishes nothing; a rerun with the same key gets further, until every class has failed once.
     for attempt in range(1, K + 1):
@@ -403,6 +450,7 @@ def test_failed_mixing_publishes_nothing_and_rerun_matches_unfailed_run(tmp_path
             release("out")
         assert len(os.listdir(faults)) == attempt
         assert_nothing_published(tmp_path / "out")
+    monkeypatch.undo()
     rerun = release("out")
     assert rerun["output"]["rows"] == unfailed["output"]["rows"] == K * N_PER_CLASS
     fa, la = read_rows(tmp_path / "unfailed")
@@ -417,17 +465,26 @@ def test_mix_dofn_retry_after_partial_output_is_identical(tmp_path, monkeypatch,
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(12, DIM)).astype(np.float32)
-    plan = types.SimpleNamespace(feature_dim=DIM, num_classes=K, mode=mode, mixing_order=3, sigma_x=0.5,
-                                 samples_per_class=10, sampling_rates=(0.25,) * K, sigma_y=0.0, lowpass=None, denoise_spec=None)
+    plan = types.SimpleNamespace(
+        feature_dim=DIM,
+        num_classes=K,
+        mode=mode,
+        mixing_order=3,
+        sigma_x=0.5,
+        samples_per_class=10,
+        sampling_rates=(0.25,) * K,
+        sigma_y=0.0,
+        lowpass=None,
+        denoise_spec=None,
+    )
     key = key_from_test_seed(5)
     element = (1, x)
     fn = _MixFn("cpu", 4, "features", "label")
     fn.setup()
-    monkeypatch.delenv(FAULT_ENV, raising=False)
     unfailed = list(fn.process(element, plan, key))
     assert len(unfailed) == 3  # chunks of 4, 4, 2 rows
 
-    monkeypatch.setenv(FAULT_ENV, str(tmp_path))
+    inject_fault(monkeypatch, tmp_path)
     partial = []
     with pytest.raises(RuntimeError, match="injected fault: first attempt of class 1"):
         for table in fn.process(element, plan, key):

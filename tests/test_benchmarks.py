@@ -1,4 +1,5 @@
 """The reproduction script runs the real code paths end to end on a tiny slice and writes its table."""
+
 from __future__ import annotations
 
 import csv
@@ -10,10 +11,10 @@ import pytest
 
 from benchmarks.label_noise_table import label_flip_rate
 from benchmarks.reproduce_table2 import main, parse_calibration, synthesize
-from pipeline.prepare import load_fashion_mnist
-from privacy.noise import NoiseStream, key_from_test_seed
 from mechanisms.combiners import FirstPassCombiner
 from mechanisms.dpcda import noisy_labels
+from pipeline.prepare import load_fashion_mnist
+from privacy.noise import NoiseStream, key_from_test_seed
 
 FASHION = "/usr/share/datasets/fashion-mnist"
 
@@ -23,16 +24,47 @@ def test_parse_calibration():
     assert parse_calibration("poisson+lp16") == ("poisson", 16, math.inf)
     assert parse_calibration("paper_sy1") == ("paper", None, 1.0)
     assert parse_calibration("paper_sy0.5+lp8") == ("paper", 8, 0.5)
-    for bad in ("fixd", "fixed+16", "fixed+lpx", "paper+", "fixed_sy1", "paper_sy0", "paper_sy", "paper_sy1\n",
-                "fixed+lp0", "paper_sy" + "9" * 400):
+    for bad in (
+        "fixd",
+        "fixed+16",
+        "fixed+lpx",
+        "paper+",
+        "fixed_sy1",
+        "paper_sy0",
+        "paper_sy",
+        "paper_sy1\n",
+        "fixed+lp0",
+        "paper_sy" + "9" * 400,
+    ):
         with pytest.raises(SystemExit, match="--calibrations"):
             parse_calibration(bad)
 
 
 @pytest.mark.skipif(not os.path.exists(FASHION), reason="Debian's dataset-fashion-mnist is not installed")
 def test_tiny_sweep_writes_table_csv_and_plot(tmp_path, capsys):
-    main(["--limit", "400", "--ls", "2", "--eps", "10", "--calibrations", "fixed", "fixed+lp8", "--runs", "1",
-          "--epochs", "1", "--device", "cpu", "--out", str(tmp_path), "--name", "t"])
+    main(
+        [
+            "--limit",
+            "400",
+            "--ls",
+            "2",
+            "--eps",
+            "10",
+            "--calibrations",
+            "fixed",
+            "fixed+lp8",
+            "--runs",
+            "1",
+            "--epochs",
+            "1",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path),
+            "--name",
+            "t",
+        ]
+    )
     rows = list(csv.DictReader(open(tmp_path / "t.csv")))
     assert [r["calibration"] for r in rows] == ["fixed", "fixed+lp8"]
     # post-processing leaves the calibration alone: the same sigma_x with and without the low-pass
@@ -46,8 +78,31 @@ def test_tiny_sweep_writes_table_csv_and_plot(tmp_path, capsys):
 
 @pytest.mark.skipif(not os.path.exists(FASHION), reason="Debian's dataset-fashion-mnist is not installed")
 def test_best_cell_of_each_column_gets_its_extra_releases(tmp_path):
-    main(["--limit", "300", "--eps", "10", "--calibrations", "fixed", "--runs", "1", "--best-runs", "2",
-          "--ls", "2", "4", "--epochs", "1", "--device", "cpu", "--out", str(tmp_path), "--name", "b"])
+    main(
+        [
+            "--limit",
+            "300",
+            "--eps",
+            "10",
+            "--calibrations",
+            "fixed",
+            "--runs",
+            "1",
+            "--best-runs",
+            "2",
+            "--ls",
+            "2",
+            "4",
+            "--epochs",
+            "1",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path),
+            "--name",
+            "b",
+        ]
+    )
     rows = {r["l"]: r for r in csv.DictReader(open(tmp_path / "b.csv"))}
     best = max(rows.values(), key=lambda r: float(r["mean"]))
     assert best["runs"] == "2" and len(best["accuracies"].split()) == 2
@@ -55,8 +110,22 @@ def test_best_cell_of_each_column_gets_its_extra_releases(tmp_path):
 
 
 def test_resume_keeps_finished_cells_and_runs_the_rest(tmp_path):
-    base = ["--limit", "300", "--eps", "10", "--calibrations", "fixed", "--runs", "1", "--device", "cpu",
-            "--out", str(tmp_path), "--name", "r"]
+    base = [
+        "--limit",
+        "300",
+        "--eps",
+        "10",
+        "--calibrations",
+        "fixed",
+        "--runs",
+        "1",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path),
+        "--name",
+        "r",
+    ]
     main(base + ["--ls", "2", "--epochs", "1"])
     first = list(csv.DictReader(open(tmp_path / "r.csv")))
     main(base + ["--ls", "2", "4", "--epochs", "1", "--resume"])

@@ -1,4 +1,5 @@
 """Config: YAML/JSON file + flag overrides, validated by pydantic with errors that name the field."""
+
 from __future__ import annotations
 
 import json
@@ -22,17 +23,20 @@ def test_json_file(tmp_path):
     assert cfg.sigma_x == 0.5 and cfg.num_classes == 3 and not cfg.reproducible
 
 
-@pytest.mark.parametrize("overrides,needle", [
-    ({"mixing_order": 0}, "mixing_order"),
-    ({"clip": -1.0}, "clip"),
-    ({"delta": 2.0}, "delta"),
-    ({"feature_bounds": "1"}, "feature_bounds"),
-    ({"mode": "uniform"}, "mode"),
-    ({"bogus_field": 1}, "bogus_field"),
-    ({"sigma_x": 1.0}, "epsilon and sigma_x"),
-    ({"normalization": "public"}, "normalization_file"),
-    ({"normalization_budget_share": 0.45, "histogram_budget_share": 0.1}, "normalization_budget_share"),
-])
+@pytest.mark.parametrize(
+    "overrides,needle",
+    [
+        ({"mixing_order": 0}, "mixing_order"),
+        ({"clip": -1.0}, "clip"),
+        ({"delta": 2.0}, "delta"),
+        ({"feature_bounds": "1"}, "feature_bounds"),
+        ({"mode": "uniform"}, "mode"),
+        ({"bogus_field": 1}, "bogus_field"),
+        ({"sigma_x": 1.0}, "epsilon and sigma_x"),
+        ({"normalization": "public"}, "normalization_file"),
+        ({"normalization_budget_share": 0.45, "histogram_budget_share": 0.1}, "normalization_budget_share"),
+    ],
+)
 def test_errors_name_the_field(overrides, needle):
     with pytest.raises(ConfigError) as err:
         load_config(None, {"input": "a", "output": "b", "epsilon": 1.0, **overrides})

@@ -1,4 +1,5 @@
 """EvaluateUtility: models, training, reports and the stage, on small generated data (CPU, seconds each)."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,8 @@ import torch
 
 from evaluation.models import TableOneCNN, TabularMLP, make_model
 from evaluation.train import Recipe, RowScale, stratified_split, train_and_score
-from tests.conftest import ROOT, make_dataset, run_cli, write_dataset
 from mechanisms.plan import normalize
+from tests.conftest import ROOT, make_dataset, run_cli, write_dataset
 
 FASHION = "/usr/share/datasets/fashion-mnist"
 
@@ -24,13 +25,22 @@ def make_release_dir(root: Path, x, y, *, dim_bounds=(0.0, 1.0), clip=1.0, shard
     mean, std = x.mean(0), np.maximum(x.std(0), 0.01)
     syn = normalize(x, mean, std, clip, dim_bounds)
     write_dataset(root / "synthetic", syn, y, shards=shards)
-    (root / "normalization.json").write_text(json.dumps({
-        "mean": mean.tolist(), "std": std.tolist(), "clip": clip, "feature_bounds": list(dim_bounds),
-        "method": "exact"}))
+    (root / "normalization.json").write_text(
+        json.dumps(
+            {
+                "mean": mean.tolist(),
+                "std": std.tolist(),
+                "clip": clip,
+                "feature_bounds": list(dim_bounds),
+                "method": "exact",
+            }
+        )
+    )
     return root
 
 
 # ---------------------------------------------------------------- models
+
 
 def test_table1_cnn_matches_the_paper_for_28x28():
     model = make_model(784, 10)
@@ -41,8 +51,18 @@ def test_table1_cnn_matches_the_paper_for_28x28():
     assert model(torch.zeros(3, 784)).shape == (3, 10)
 
 
-@pytest.mark.parametrize("shape,kind", [((3, 32, 32), TableOneCNN), ((1, 9, 9), TableOneCNN), ((2, 5, 6), TableOneCNN),
-                                        (64, TableOneCNN), (16, TabularMLP), (50, TabularMLP), ((20,), TabularMLP)])
+@pytest.mark.parametrize(
+    "shape,kind",
+    [
+        ((3, 32, 32), TableOneCNN),
+        ((1, 9, 9), TableOneCNN),
+        ((2, 5, 6), TableOneCNN),
+        (64, TableOneCNN),
+        (16, TabularMLP),
+        (50, TabularMLP),
+        ((20,), TabularMLP),
+    ],
+)
 def test_make_model_picks_cnn_for_images_and_mlp_otherwise(shape, kind):
     model = make_model(shape, 4).eval()
     assert isinstance(model, kind)
@@ -75,6 +95,7 @@ def test_stratified_split_holds_out_a_share_of_every_class():
 
 
 # ---------------------------------------------------------------- training
+
 
 @pytest.fixture(scope="module")
 def tabular_result():
@@ -111,8 +132,10 @@ def test_noise_free_release_beats_chance_widely(tabular_result):
 
 def test_same_seed_same_result():
     x, y = make_dataset(n_per_class=30, num_classes=3, dim=16, seed=3)
-    a, b = (train_and_score(x, y, x[:20], y[:20], num_classes=3, epochs=2, device="cpu", progress=False, seed=7)
-            for _ in range(2))
+    a, b = (
+        train_and_score(x, y, x[:20], y[:20], num_classes=3, epochs=2, device="cpu", progress=False, seed=7)
+        for _ in range(2)
+    )
     assert a["accuracies"] == b["accuracies"] and a["curves"][0]["train_loss"] == b["curves"][0]["train_loss"]
 
 
@@ -127,6 +150,7 @@ def test_bad_inputs_are_refused():
 
 
 # ---------------------------------------------------------------- stage and report
+
 
 @pytest.fixture(scope="module")
 def image_release(tmp_path_factory):
@@ -196,9 +220,11 @@ def test_samples_grid_for_flat_rows(tmp_path):
 
 
 def test_evaluation_imports_without_beam():
-    code = ("import sys; sys.modules['apache_beam'] = None; "
-            "import evaluation, evaluation.models, evaluation.train, evaluation.report, evaluation.stage; "
-            "assert 'apache_beam' not in [m for m in sys.modules if sys.modules[m] is not None]")
+    code = (
+        "import sys; sys.modules['apache_beam'] = None; "
+        "import evaluation, evaluation.models, evaluation.train, evaluation.report, evaluation.stage; "
+        "assert 'apache_beam' not in [m for m in sys.modules if sys.modules[m] is not None]"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
 
@@ -211,8 +237,16 @@ def test_fashion_mnist_slice_noise_free_beats_chance():
     xt, yt = load_fashion_mnist("test", FASHION)
     x, y, xt, yt = x[:1500], y[:1500], xt[:500], yt[:500]
     mean, std = x.mean(0), np.maximum(x.std(0), 0.01)
-    res = train_and_score(normalize(x, mean, std, 1.0, (0, 1)), y, normalize(xt, mean, std, 1.0, (0, 1)), yt,
-                          num_classes=10, epochs=3, device="cpu", progress=False)
+    res = train_and_score(
+        normalize(x, mean, std, 1.0, (0, 1)),
+        y,
+        normalize(xt, mean, std, 1.0, (0, 1)),
+        yt,
+        num_classes=10,
+        epochs=3,
+        device="cpu",
+        progress=False,
+    )
     assert res["model"] == "TableOneCNN" and res["accuracy_mean"] > 0.55  # chance is 0.1
 
 
@@ -222,8 +256,25 @@ def test_release_cli_with_evaluation_fills_manifest_utility(tmp_path):
     train_glob = write_dataset(tmp_path / "train", x, y)
     test_glob = write_dataset(tmp_path / "test", xt, yt)
     out = tmp_path / "rel"
-    proc = run_cli("release", "--input", train_glob, "--output", out, "--sigma-x", "0", "--mixing-order", "1",
-                   "--seed", "1", "--eval-input", test_glob, "--eval-runs", "2", "--eval-epochs", "3")
+    proc = run_cli(
+        "release",
+        "--input",
+        train_glob,
+        "--output",
+        out,
+        "--sigma-x",
+        "0",
+        "--mixing-order",
+        "1",
+        "--seed",
+        "1",
+        "--eval-input",
+        test_glob,
+        "--eval-runs",
+        "2",
+        "--eval-epochs",
+        "3",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
     util = manifest["utility"]

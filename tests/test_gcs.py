@@ -1,9 +1,9 @@
 """gs:// input and output against a local GCS emulator (gcp-storage-emulator) started by the test."""
+
 from __future__ import annotations
 
 import json
 
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
@@ -18,8 +18,8 @@ def test_release_reads_and_writes_gs(gcs, fmt):
     from apache_beam.io.filesystems import FileSystems
 
     from pipeline.release import run_release
-    from storage.publish import PublishError
     from schemas.config import load_config
+    from storage.publish import PublishError
     from storage.shards import write_parquet, write_tfrecord
 
     x, y = make_dataset(n_per_class=20, num_classes=2, dim=6)

@@ -1,4 +1,5 @@
 """The mechanism family through the real pipeline (DirectRunner): DPMix, local perturbation, random projection."""
+
 from __future__ import annotations
 
 import itertools
@@ -31,8 +32,7 @@ def read_table(out):
 @pytest.mark.parametrize("mode", ["fixed", "poisson"])
 def test_dpmix_release_has_features_soft_labels_and_their_argmax(tmp_path, small_parquet, mode):
     glob_, x, y = small_parquet
-    out, m = release(tmp_path, glob_, mechanism="dpmix", mode=mode, epsilon=8.0, num_classes=3, mixing_order=4,
-                     seed=2)
+    out, m = release(tmp_path, glob_, mechanism="dpmix", mode=mode, epsilon=8.0, num_classes=3, mixing_order=4, seed=2)
     Manifest(**json.loads((out / "manifest.json").read_text()))
     mech = m["mechanism"]
     assert mech["name"] == "dpmix" and mech["sigma_y"] == pytest.approx(mech["sigma_x"] * mech["label_noise_ratio"])
@@ -51,8 +51,20 @@ def test_dpmix_release_has_features_soft_labels_and_their_argmax(tmp_path, small
 def test_dpmix_noise_off_rows_are_means_of_l_records_with_their_label_means():
     x, y = make_dataset(n_per_class=3, num_classes=2, dim=3, seed=1)
     x = x.astype(np.float64)
-    rows = list(mix_dataset(x, y, key=KEY, num_classes=2, mode="fixed", mixing_order=2, sigma_x=0.0, sigma_y=0.0,
-                            samples=60, chunk_rows=16))
+    rows = list(
+        mix_dataset(
+            x,
+            y,
+            key=KEY,
+            num_classes=2,
+            mode="fixed",
+            mixing_order=2,
+            sigma_x=0.0,
+            sigma_y=0.0,
+            samples=60,
+            chunk_rows=16,
+        )
+    )
     feats = np.concatenate([f for _, f, _ in rows])
     scores = np.concatenate([s for _, _, s in rows])
     allowed = {}
@@ -65,9 +77,23 @@ def test_dpmix_noise_off_rows_are_means_of_l_records_with_their_label_means():
     assert (scores == 0.5).any()
     # the input's row order is irrelevant
     perm = np.random.default_rng(0).permutation(len(y))
-    again = np.concatenate([f for _, f, _ in mix_dataset(x[perm], y[perm], key=KEY, num_classes=2, mode="fixed",
-                                                          mixing_order=2, sigma_x=0.0, sigma_y=0.0, samples=60,
-                                                          chunk_rows=16)])
+    again = np.concatenate(
+        [
+            f
+            for _, f, _ in mix_dataset(
+                x[perm],
+                y[perm],
+                key=KEY,
+                num_classes=2,
+                mode="fixed",
+                mixing_order=2,
+                sigma_x=0.0,
+                sigma_y=0.0,
+                samples=60,
+                chunk_rows=16,
+            )
+        ]
+    )
     np.testing.assert_array_equal(feats, again)
 
 
@@ -84,8 +110,16 @@ def test_randproj_release_is_p_dimensional_and_its_projection_is_public(tmp_path
     from mechanisms.randproj import projection_matrix
 
     glob_, x, y = small_parquet
-    out, m = release(tmp_path, glob_, mechanism="randproj", projection_dim=5, sigma_x=0.0, seed=2,
-                     normalization="exact", allow_exact_normalization=True)
+    out, m = release(
+        tmp_path,
+        glob_,
+        mechanism="randproj",
+        projection_dim=5,
+        sigma_x=0.0,
+        seed=2,
+        normalization="exact",
+        allow_exact_normalization=True,
+    )
     t = read_table(out)
     feats = np.stack(t.column("features").to_numpy(zero_copy_only=False))
     assert feats.shape == (len(y), 5)
@@ -94,18 +128,22 @@ def test_randproj_release_is_p_dimensional_and_its_projection_is_public(tmp_path
     assert mech["projection_norm"] == pytest.approx(np.linalg.norm(R, 2))
     z = json.loads((out / "normalization.json").read_text())
     from mechanisms.plan import normalize
+
     expected = normalize(x, np.asarray(z["mean"]), np.asarray(z["std"]), z["clip"], tuple(z["feature_bounds"]))
     want = {tuple(np.round(r, 4)) for r in expected.astype(np.float64) @ R}
     assert all(tuple(np.round(r, 4)) in want for r in feats.astype(np.float64))
 
 
-@pytest.mark.parametrize("bad,needle", [
-    ({"mechanism": "local", "mode": "poisson", "num_classes": 3}, "only mode fixed"),
-    ({"mechanism": "local", "samples": 10}, "exactly one row per record"),
-    ({"mechanism": "local", "mixing_order": 4}, "does not mix"),
-    ({"mechanism": "dpmix"}, "num_classes: required with dpmix"),
-    ({"mechanism": "randproj", "lowpass": 8}, "not images"),
-])
+@pytest.mark.parametrize(
+    "bad,needle",
+    [
+        ({"mechanism": "local", "mode": "poisson", "num_classes": 3}, "only mode fixed"),
+        ({"mechanism": "local", "samples": 10}, "exactly one row per record"),
+        ({"mechanism": "local", "mixing_order": 4}, "does not mix"),
+        ({"mechanism": "dpmix"}, "num_classes: required with dpmix"),
+        ({"mechanism": "randproj", "lowpass": 8}, "not images"),
+    ],
+)
 def test_mechanism_options_that_do_not_apply_are_refused(bad, needle):
     with pytest.raises(ConfigError, match=needle):
         load_config(None, {"input": "x", "output": "y", "epsilon": 5.0, **bad})
@@ -118,11 +156,30 @@ def test_evaluation_trains_on_dpmix_soft_labels_and_randproj_projections(tmp_pat
     xt, yt = make_dataset(n_per_class=20, num_classes=3, dim=16, seed=7)
     train_glob = write_dataset(tmp_path / "train", x, y)
     test_glob = write_dataset(tmp_path / "test", xt, yt)
-    out, _ = release(tmp_path, train_glob, name="mix", mechanism="dpmix", sigma_x=0.0, num_classes=3,
-                     mixing_order=1, seed=1, normalization="exact", allow_exact_normalization=True)
+    out, _ = release(
+        tmp_path,
+        train_glob,
+        name="mix",
+        mechanism="dpmix",
+        sigma_x=0.0,
+        num_classes=3,
+        mixing_order=1,
+        seed=1,
+        normalization="exact",
+        allow_exact_normalization=True,
+    )
     rep = evaluate_standalone(str(out), test_glob, runs=1, epochs=3)
     assert rep["soft_labels"] and rep["accuracy_mean"] > 0.7  # l = 1, no noise: the data itself
-    out, _ = release(tmp_path, train_glob, name="proj", mechanism="randproj", projection_dim=8, sigma_x=0.0, seed=1,
-                     normalization="exact", allow_exact_normalization=True)
+    out, _ = release(
+        tmp_path,
+        train_glob,
+        name="proj",
+        mechanism="randproj",
+        projection_dim=8,
+        sigma_x=0.0,
+        seed=1,
+        normalization="exact",
+        allow_exact_normalization=True,
+    )
     rep = evaluate_standalone(str(out), test_glob, runs=1, epochs=3)
     assert rep["model"] == "TabularMLP" and rep["accuracy_mean"] > 0.6

@@ -2,6 +2,7 @@
 
 Statistical tests state their false-failure rate; every generator is keyed by a fixed test seed.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,8 +15,7 @@ import torch
 from scipy import stats
 
 from privacy import noise
-from privacy.noise import (NoiseStream, grid_for, key_from_test_seed, normal_cdf_decimal, sampler_delta,
-                           upper_quantile)
+from privacy.noise import NoiseStream, grid_for, key_from_test_seed, normal_cdf_decimal, sampler_delta, upper_quantile
 
 KEY = key_from_test_seed(11)
 mpmath.mp.prec = 320
@@ -27,13 +27,19 @@ def _exact_quantile(u: mpmath.mpf) -> mpmath.mpf:
 
 # ---------------------------------------------------------------- the float pieces the exactness argument assumes
 
+
 def test_as241_error_is_far_below_the_assumed_bound():
     rng = np.random.default_rng(0)
-    p = np.concatenate([np.exp(rng.uniform(math.log(2.0 ** -193), math.log(0.5), 4000)),
-                        rng.uniform(0.02, 0.5, 2000), [2.0 ** -193, 1e-30, 0.075, 0.0749999, 0.5]])
+    p = np.concatenate(
+        [
+            np.exp(rng.uniform(math.log(2.0**-193), math.log(0.5), 4000)),
+            rng.uniform(0.02, 0.5, 2000),
+            [2.0**-193, 1e-30, 0.075, 0.0749999, 0.5],
+        ]
+    )
     t = upper_quantile(p)
     worst = max(float(abs(mpmath.mpf(tt) + _exact_quantile(mpmath.mpf(pp))) / (1 + abs(tt))) for pp, tt in zip(p, t))
-    assert worst < noise.Z_ERROR / 2 ** 6, worst  # observed about 2^-51; the sampler assumes 2^-40
+    assert worst < noise.Z_ERROR / 2**6, worst  # observed about 2^-51; the sampler assumes 2^-40
 
 
 def test_decimal_normal_cdf_matches_mpmath_in_the_tails_and_centre():
@@ -48,12 +54,13 @@ def test_decimal_normal_cdf_matches_mpmath_in_the_tails_and_centre():
 def test_grid_is_a_power_of_two_between_2_to_minus_13_and_minus_12_of_sigma():
     for s in (1e-7, 0.0695, 0.2262, 1.0, 3.0, 12345.0):
         g = grid_for(s)
-        assert math.frexp(g)[0] == 0.5 and 2.0 ** -13 < g / s <= 2.0 ** -12
+        assert math.frexp(g)[0] == 0.5 and 2.0**-13 < g / s <= 2.0**-12
     with pytest.raises(ValueError):
         grid_for(0.0)
 
 
 # ---------------------------------------------------------------- the Gaussian sampler is exact given U
+
 
 def _reference_value(center: float, sigma: float, u_int: int) -> float:
     """g * round((c + sigma * Phi^-1(u)) / g) at 256-bit precision, u = (U + 1/2) / 2^192."""
@@ -134,7 +141,7 @@ def test_tail_counts_beyond_5_sigma_over_1e8_draws():
 
 # ---------------------------------------------------------------- the float32 attack (issue: bounded Box-Muller)
 
-OLD_RADIUS = math.sqrt(2 * math.log(2 ** 24))  # the largest pair radius float32 Box-Muller can produce: 5.768
+OLD_RADIUS = math.sqrt(2 * math.log(2**24))  # the largest pair radius float32 Box-Muller can produce: 5.768
 
 
 def _pair_radius(rows: np.ndarray) -> np.ndarray:
@@ -155,22 +162,24 @@ def test_float32_box_muller_gives_outputs_impossible_under_the_neighbour_and_the
 
     def old(mean, seed):  # the old mechanism: float32 torch.randn on the CPU
         g = torch.Generator().manual_seed(seed)
-        return (mean + sigma * torch.randn((rows, d), generator=g, dtype=torch.float32).numpy().astype(np.float64))
+        return mean + sigma * torch.randn((rows, d), generator=g, dtype=torch.float32).numpy().astype(np.float64)
 
     old_d = _pair_radius((old(mean_d, 1) - mean_dp) / sigma) > OLD_RADIUS
     old_dp = _pair_radius((old(mean_dp, 2) - mean_dp) / sigma) > OLD_RADIUS
     assert old_d.sum() >= 1 and old_dp.sum() == 0  # the experiment fires: D is told apart with certainty
 
-    new = {name: NoiseStream(KEY, "test", "attack", name).gaussian(np.tile(m, (rows, 1)), sigma)
-           for name, m in (("D", mean_d), ("D'", mean_dp))}
+    new = {
+        name: NoiseStream(KEY, "test", "attack", name).gaussian(np.tile(m, (rows, 1)), sigma)
+        for name, m in (("D", mean_d), ("D'", mean_dp))
+    }
     g = grid_for(sigma)
     for out in new.values():
         assert np.all(out / g == np.rint(out / g))  # one grid for both hypotheses: no offset tells them apart
     # Flag rates match the exact Gaussian: under D, a pair shifted by 0.5 / sigma (noncentral chi-square, 2 d.o.f.);
     # under D', the central one. 4.5-sigma Poisson bands: false failure < 1e-5.
     shift = 0.5 / sigma
-    p_d = 1 - (1 - stats.ncx2.sf(OLD_RADIUS ** 2, 2, shift ** 2)) * (1 - stats.chi2.sf(OLD_RADIUS ** 2, 2)) ** 7
-    p_dp = 1 - (1 - stats.chi2.sf(OLD_RADIUS ** 2, 2)) ** 8
+    p_d = 1 - (1 - stats.ncx2.sf(OLD_RADIUS**2, 2, shift**2)) * (1 - stats.chi2.sf(OLD_RADIUS**2, 2)) ** 7
+    p_dp = 1 - (1 - stats.chi2.sf(OLD_RADIUS**2, 2)) ** 8
     for name, p in (("D", p_d), ("D'", p_dp)):
         count = int((_pair_radius((new[name] - mean_dp) / sigma) > OLD_RADIUS).sum())
         assert abs(count - rows * p) <= 4.5 * math.sqrt(rows * p) + 3, (name, count, rows * p)
@@ -178,11 +187,16 @@ def test_float32_box_muller_gives_outputs_impossible_under_the_neighbour_and_the
 
 # ---------------------------------------------------------------- streams, indices, binomials
 
+
 def test_streams_reproduce_and_differ_by_path_and_key():
     a = NoiseStream(KEY, "mix-noise", 0, 1).words(8)
     np.testing.assert_array_equal(a, NoiseStream(KEY, "mix-noise", 0, 1).words(8))
-    for other in (NoiseStream(KEY, "mix-noise", 1, 0), NoiseStream(KEY, "mix-index", 0, 1),
-                  NoiseStream(KEY, "mix-noise", 0, 10), NoiseStream(key_from_test_seed(12), "mix-noise", 0, 1)):
+    for other in (
+        NoiseStream(KEY, "mix-noise", 1, 0),
+        NoiseStream(KEY, "mix-index", 0, 1),
+        NoiseStream(KEY, "mix-noise", 0, 10),
+        NoiseStream(key_from_test_seed(12), "mix-noise", 0, 1),
+    ):
         assert not np.array_equal(a, other.words(8))
     s = NoiseStream(KEY, "x")
     np.testing.assert_array_equal(np.concatenate([s.words(3), s.words(5)]), NoiseStream(KEY, "x").words(8))
@@ -247,11 +261,11 @@ def test_binomial_table_matches_the_pmf_and_draws_fit_it():
     q_mp = mpmath.mpf(q.numerator) / q.denominator
     exact = mpmath.mpf(0)
     for j, (w0, w1, w2) in enumerate(th.tolist()):
-        exact += mpmath.binomial(n, j) * q_mp ** j * (1 - q_mp) ** (n - j)
+        exact += mpmath.binomial(n, j) * q_mp**j * (1 - q_mp) ** (n - j)
         table = mpmath.mpf((w0 << 128) | (w1 << 64) | w2) / mpmath.mpf(2) ** 192
         assert abs(table - exact) <= mpmath.mpf(2) ** -191
     m_top = len(th)  # draws above the table's last threshold are m_top: its mass plus a tail below 2^-194
-    exact += mpmath.binomial(n, m_top) * q_mp ** m_top * (1 - q_mp) ** (n - m_top)
+    exact += mpmath.binomial(n, m_top) * q_mp**m_top * (1 - q_mp) ** (n - m_top)
     assert 1 - exact < mpmath.mpf(2) ** -194
     m = NoiseStream(KEY, "b").binomial(n, q, 50_000)
     top = 20

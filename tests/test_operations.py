@@ -1,6 +1,7 @@
 """Safe to schedule: publishing never loses data, bad options and files stop the job before work, the launcher owns
 its job, nothing private reaches a message. Each test names the reviewed defect it covers (issue: safe to schedule).
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -51,6 +52,7 @@ def leftovers(out: Path) -> list:
 
 
 # ---------------------------------------------------------------- 1, 2: overwrite and races never lose data
+
 
 def test_overwrite_never_deletes_the_input_or_a_foreign_directory(tmp_path, capsys):
     data = tmp_path / "D"
@@ -107,9 +109,31 @@ def test_two_runs_racing_to_one_output_publish_once(tmp_path):
     glob_ = write_dataset(tmp_path / "in", *make_dataset(n_per_class=200, num_classes=3, dim=8))
     out = tmp_path / "out"
     env = {**os.environ}
-    procs = [subprocess.Popen([sys.executable, "-m", "pipeline.cli", "release", "--input", glob_, "--output",
-                               str(out), "--sigma-x", "0.5", "--mixing-order", str(l), *BEAM_ARGS], cwd=ROOT,
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for l in (2, 3)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pipeline.cli",
+                "release",
+                "--input",
+                glob_,
+                "--output",
+                str(out),
+                "--sigma-x",
+                "0.5",
+                "--mixing-order",
+                str(l),
+                *BEAM_ARGS,
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for l in (2, 3)
+    ]
     results = [p.communicate(timeout=300) + (p.returncode,) for p in procs]
     codes = sorted(r[2] for r in results)
     assert codes == [0, EXIT_BAD_INPUT], [r[1][-500:] for r in results]
@@ -215,8 +239,16 @@ def test_a_run_that_died_mid_swap_is_repaired_by_the_next(tmp_path, monkeypatch)
 
     monkeypatch.setattr(os, "rename", die_after_aside)
     with pytest.raises(SystemExit):
-        publish.publish(second, {**valid_manifest(), "output": {**valid_manifest()["output"], "files": [
-            {"path": "synthetic/part-00000-of-00001.parquet", "rows": 4, "sha256": "0", "bytes": 4}]}})
+        publish.publish(
+            second,
+            {
+                **valid_manifest(),
+                "output": {
+                    **valid_manifest()["output"],
+                    "files": [{"path": "synthetic/part-00000-of-00001.parquet", "rows": 4, "sha256": "0", "bytes": 4}],
+                },
+            },
+        )
     monkeypatch.setattr(os, "rename", original)
     os.close(second.lock_fd)  # the dead process's lock
     assert not out.exists()
@@ -231,8 +263,19 @@ def test_config_and_statistics_files_inside_the_output_are_protected(tmp_path, c
     out = tmp_path / "out"
     assert cli(capsys, "release", "--input", glob_, "--output", out, *BASE, *BEAM_ARGS)[0] == 0
     (out / "job.yaml").write_text("mixing_order: 2\n")
-    code, err = cli(capsys, "release", "--input", glob_, "--output", out, "--config", out / "job.yaml",
-                    "--overwrite", *BASE, *BEAM_ARGS)
+    code, err = cli(
+        capsys,
+        "release",
+        "--input",
+        glob_,
+        "--output",
+        out,
+        "--config",
+        out / "job.yaml",
+        "--overwrite",
+        *BASE,
+        *BEAM_ARGS,
+    )
     assert code == EXIT_BAD_INPUT
     one_line(err, "lies inside the output")
     assert (out / "job.yaml").exists()
@@ -249,8 +292,20 @@ def test_an_interrupt_after_the_switch_says_the_release_was_published(tmp_path, 
         raise KeyboardInterrupt
 
     monkeypatch.setattr(publish, "_fsync_dir", interrupted)  # the last clean-up step after the switch
-    code, err = cli(capsys, "release", "--input", glob_, "--output", out, "--overwrite", "--seed", "2",
-                    "--sigma-x", "0.5", *BEAM_ARGS)
+    code, err = cli(
+        capsys,
+        "release",
+        "--input",
+        glob_,
+        "--output",
+        out,
+        "--overwrite",
+        "--seed",
+        "2",
+        "--sigma-x",
+        "0.5",
+        *BEAM_ARGS,
+    )
     monkeypatch.undo()
     assert code == EXIT_SIGINT
     one_line(err, "the release WAS published")
@@ -261,23 +316,27 @@ def test_an_interrupt_after_the_switch_says_the_release_was_published(tmp_path, 
 
 # ---------------------------------------------------------------- 3, 5, 6: refused before work
 
-@pytest.mark.parametrize("args,needle", [
-    (["--mixing-ordr", "16"], "unknown option --mixing-ordr; did you mean --mixing-order?"),
-    (["--detla", "1e-9"], "unknown option --detla; did you mean --delta?"),
-    (["--samples", str(101 * 30)], "more than 100 times the input's rows"),
-    (["--sigma-y", "inf"], "sigma_y"),
-    (["--seed", str(2 ** 128)], "seed"),
-    (["--num-classes", str(2 ** 62)], "num_classes"),
-    (["--mixing-order", str(10 ** 9)], "mixing_order"),
-    (["--runner=BogusRunner"], "--runner=BogusRunner: Unexpected pipeline runner"),
-    (["--feature-bounds=0,1e160"], "too wide"),
-    (["--no_wait_until_finish"], "--no_wait_until_finish"),
-    (["--experiments=enable_data_sampling"], "pass --allow-exception-sampling"),
-    (["--num_workers=abc"], "Beam option: argument --num_workers: invalid int value"),
-    (["--max-class-bytes", "1e400G"], "expected bytes"),
-    (["--output-shards", str(10 ** 20)], "output_shards"),
-    (["--mode", "poisson", "--num-classes", "3", "--epsilon", "0.001", "--sigma-x", "0"], "sigma_x"),
-])
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--mixing-ordr", "16"], "unknown option --mixing-ordr; did you mean --mixing-order?"),
+        (["--detla", "1e-9"], "unknown option --detla; did you mean --delta?"),
+        (["--samples", str(101 * 30)], "more than 100 times the input's rows"),
+        (["--sigma-y", "inf"], "sigma_y"),
+        (["--seed", str(2**128)], "seed"),
+        (["--num-classes", str(2**62)], "num_classes"),
+        (["--mixing-order", str(10**9)], "mixing_order"),
+        (["--runner=BogusRunner"], "--runner=BogusRunner: Unexpected pipeline runner"),
+        (["--feature-bounds=0,1e160"], "too wide"),
+        (["--no_wait_until_finish"], "--no_wait_until_finish"),
+        (["--experiments=enable_data_sampling"], "pass --allow-exception-sampling"),
+        (["--num_workers=abc"], "Beam option: argument --num_workers: invalid int value"),
+        (["--max-class-bytes", "1e400G"], "expected bytes"),
+        (["--output-shards", str(10**20)], "output_shards"),
+        (["--mode", "poisson", "--num-classes", "3", "--epsilon", "0.001", "--sigma-x", "0"], "sigma_x"),
+    ],
+)
 def test_bad_options_end_in_one_line_and_nothing_published(tmp_path, capsys, args, needle):
     glob_ = write_dataset(tmp_path / "in", X, Y)
     out = tmp_path / "out"
@@ -290,8 +349,23 @@ def test_bad_options_end_in_one_line_and_nothing_published(tmp_path, capsys, arg
 
 def test_poisson_with_an_unreachable_histogram_share_ends_in_one_line(tmp_path, capsys):
     glob_ = write_dataset(tmp_path / "in", X, Y)
-    code, err = cli(capsys, "release", "--input", glob_, "--output", tmp_path / "out", "--mode", "poisson",
-                    "--num-classes", "3", "--epsilon", "0.01", "--seed", "1", *BEAM_ARGS)
+    code, err = cli(
+        capsys,
+        "release",
+        "--input",
+        glob_,
+        "--output",
+        tmp_path / "out",
+        "--mode",
+        "poisson",
+        "--num-classes",
+        "3",
+        "--epsilon",
+        "0.01",
+        "--seed",
+        "1",
+        *BEAM_ARGS,
+    )
     assert code == EXIT_BAD_INPUT, err[-2000:]
     one_line(err, "cannot be reached")
 
@@ -299,23 +373,29 @@ def test_poisson_with_an_unreachable_histogram_share_ends_in_one_line(tmp_path, 
 def test_sigma_x_inf_and_bad_outputs_are_refused(tmp_path, capsys):
     glob_ = write_dataset(tmp_path / "in", X, Y)
     (tmp_path / "afile").write_text("x")
-    for output, extra, needle in [(tmp_path / "out", ["--sigma-x", "inf"], "sigma_x"),
-                                  ("", BASE, "not a release directory"), ("/", BASE, "not a release directory"),
-                                  (tmp_path / "afile" / "rel", BASE, "is not a directory")]:
+    for output, extra, needle in [
+        (tmp_path / "out", ["--sigma-x", "inf"], "sigma_x"),
+        ("", BASE, "not a release directory"),
+        ("/", BASE, "not a release directory"),
+        (tmp_path / "afile" / "rel", BASE, "is not a directory"),
+    ]:
         code, err = cli(capsys, "release", "--input", glob_, "--output", output, *extra, *BEAM_ARGS)
         assert code == EXIT_BAD_INPUT, err[-2000:]
         one_line(err, needle)
     assert (tmp_path / "afile").read_text() == "x"
 
 
-@pytest.mark.parametrize("content,needle", [
-    ("mixing_order: [4\n", "not valid YAML (line"),
-    ("1: 2\n", "mapping of field names"),
-    (b"\xff\xfe\x00binary", "not a text file"),
-    ("!!python/object:os.system {}\n", "not valid YAML"),
-    ("mixing_order: true\n", "expected an integer, got a boolean"),
-    (None, "is not a file"),
-])
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        ("mixing_order: [4\n", "not valid YAML (line"),
+        ("1: 2\n", "mapping of field names"),
+        (b"\xff\xfe\x00binary", "not a text file"),
+        ("!!python/object:os.system {}\n", "not valid YAML"),
+        ("mixing_order: true\n", "expected an integer, got a boolean"),
+        (None, "is not a file"),
+    ],
+)
 def test_config_file_problems_end_in_one_line(tmp_path, capsys, content, needle):
     glob_ = write_dataset(tmp_path / "in", X, Y)
     cfg = tmp_path / "cfg.yaml"
@@ -325,27 +405,43 @@ def test_config_file_problems_end_in_one_line(tmp_path, capsys, content, needle)
         cfg.write_bytes(content)
     else:
         cfg.write_text(content)
-    code, err = cli(capsys, "release", "--input", glob_, "--output", tmp_path / "out", "--config", cfg, *BASE,
-                    *BEAM_ARGS)
+    code, err = cli(
+        capsys, "release", "--input", glob_, "--output", tmp_path / "out", "--config", cfg, *BASE, *BEAM_ARGS
+    )
     assert code == EXIT_BAD_INPUT
     one_line(err, needle)
 
 
-@pytest.mark.parametrize("content,needle", [
-    (None, "cannot be read"),
-    ('{"mean": [0.5, 0.5, 0.5, 0.5], "std": ', "not valid JSON"),
-    ('{"mean": ["a", "b", "c", "d"], "std": [1, 1, 1, 1]}', "'mean' must be a list of numbers"),
-    ('[1, 2]', "must hold an object"),
-    ('{"mean": [[0.5, 0.5], [0.5, 0.5]], "std": [1, 1, 1, 1]}', "flat list of 4 numbers, found shape [2, 2]"),
-    ('{"mean": [0.5, 0.5, 0.5, 0.5], "std": [1e-45, 1, 1, 1]}', "below 1e-12"),
-])
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        (None, "cannot be read"),
+        ('{"mean": [0.5, 0.5, 0.5, 0.5], "std": ', "not valid JSON"),
+        ('{"mean": ["a", "b", "c", "d"], "std": [1, 1, 1, 1]}', "'mean' must be a list of numbers"),
+        ("[1, 2]", "must hold an object"),
+        ('{"mean": [[0.5, 0.5], [0.5, 0.5]], "std": [1, 1, 1, 1]}', "flat list of 4 numbers, found shape [2, 2]"),
+        ('{"mean": [0.5, 0.5, 0.5, 0.5], "std": [1e-45, 1, 1, 1]}', "below 1e-12"),
+    ],
+)
 def test_normalization_file_problems_are_found_before_the_pipeline(tmp_path, capsys, content, needle):
     glob_ = write_dataset(tmp_path / "in", X, Y)
     stats = tmp_path / "stats.json"
     if content is not None:
         stats.write_text(content)
-    code, err = cli(capsys, "release", "--input", glob_, "--output", tmp_path / "out", "--normalization", "public",
-                    "--normalization-file", stats, *BASE, *BEAM_ARGS)
+    code, err = cli(
+        capsys,
+        "release",
+        "--input",
+        glob_,
+        "--output",
+        tmp_path / "out",
+        "--normalization",
+        "public",
+        "--normalization-file",
+        stats,
+        *BASE,
+        *BEAM_ARGS,
+    )
     assert code == EXIT_BAD_INPUT, err[-2000:]
     one_line(err, needle)
     assert not (tmp_path / "out").exists()
@@ -354,24 +450,28 @@ def test_normalization_file_problems_are_found_before_the_pipeline(tmp_path, cap
 def test_zero_width_features_duplicate_columns_and_fifos_are_refused(tmp_path, capsys):
     empty = tmp_path / "w0"
     empty.mkdir()
-    pq.write_table(pa.table({"features": pa.array([[]] * 3, pa.list_(pa.float32())), "label": pa.array([0, 1, 2])}),
-                   empty / "a.parquet")
+    pq.write_table(
+        pa.table({"features": pa.array([[]] * 3, pa.list_(pa.float32())), "label": pa.array([0, 1, 2])}),
+        empty / "a.parquet",
+    )
     code, err = cli(capsys, "release", "--input", empty / "*.parquet", "--output", tmp_path / "o1", *BASE, *BEAM_ARGS)
     assert code == EXIT_BAD_INPUT
     one_line(err, "width 0")
     dup = tmp_path / "dup"
     dup.mkdir()
     flat = pa.FixedSizeListArray.from_arrays(pa.array(X.reshape(-1)), 4)
-    pq.write_table(pa.Table.from_arrays([flat, flat, pa.array(Y)], names=["features", "features", "label"]),
-                   dup / "a.parquet")
+    pq.write_table(
+        pa.Table.from_arrays([flat, flat, pa.array(Y)], names=["features", "features", "label"]), dup / "a.parquet"
+    )
     code, err = cli(capsys, "release", "--input", dup / "*.parquet", "--output", tmp_path / "o2", *BASE, *BEAM_ARGS)
     assert code == EXIT_BAD_INPUT
     one_line(err, "column 'features' appears 2 times")
     fifo_dir = tmp_path / "fifo"
     write_dataset(fifo_dir, X, Y)
     os.mkfifo(fifo_dir / "part-zzz.parquet")
-    code, err = cli(capsys, "release", "--input", fifo_dir / "*.parquet", "--output", tmp_path / "o3", *BASE,
-                    *BEAM_ARGS)
+    code, err = cli(
+        capsys, "release", "--input", fifo_dir / "*.parquet", "--output", tmp_path / "o3", *BASE, *BEAM_ARGS
+    )
     assert code == EXIT_BAD_INPUT
     one_line(err, "not a regular file")
 
@@ -379,16 +479,17 @@ def test_zero_width_features_duplicate_columns_and_fifos_are_refused(tmp_path, c
 def test_eval_input_of_the_wrong_width_is_refused_before_work(tmp_path, capsys):
     glob_ = write_dataset(tmp_path / "in", X, Y)
     test_glob = write_dataset(tmp_path / "test", np.zeros((6, 5), np.float32), np.arange(6) % 3)
-    code, err = cli(capsys, "release", "--input", glob_, "--output", tmp_path / "out", "--eval-input", test_glob,
-                    *BASE, *BEAM_ARGS)
+    code, err = cli(
+        capsys, "release", "--input", glob_, "--output", tmp_path / "out", "--eval-input", test_glob, *BASE, *BEAM_ARGS
+    )
     assert code == EXIT_BAD_INPUT
     one_line(err, "test rows have width 5, the input has 4")
     assert not (tmp_path / "out").exists()
 
 
 def test_non_finite_statistics_or_rows_are_never_published():
-    from transforms.mix import _MixFn
     from mechanisms.plan import PlanError, check_statistics
+    from transforms.mix import _MixFn
 
     with pytest.raises(PlanError, match="not finite"):
         check_statistics(np.array([np.nan, 0.0]), np.ones(2), (0.0, 1.0), 1.0)
@@ -404,25 +505,47 @@ def test_non_finite_statistics_or_rows_are_never_published():
     with pytest.raises(PlanError, match="not finite"):
         list(fn.process((0, np.full((2, 2), np.inf)), Plan(), b"k" * 32))
     from privacy.noise import NoiseStream
+
     with pytest.raises(ArithmeticError, match="overflow"):
         NoiseStream(b"k" * 32, "x").gaussian(np.full(3, 1e308), 1e308)
 
 
 # ---------------------------------------------------------------- signals
 
+
 def _slow_input(tmp_path) -> str:
     x, y = make_dataset(n_per_class=4000, num_classes=3, dim=64, seed=1)
     return write_dataset(tmp_path / "big", x, y, shards=4)
 
 
-@pytest.mark.parametrize("sig,code,words", [(signal.SIGTERM, EXIT_SIGTERM, "terminated (SIGTERM)"),
-                                            (signal.SIGINT, EXIT_SIGINT, "interrupted")])
+@pytest.mark.parametrize(
+    "sig,code,words",
+    [(signal.SIGTERM, EXIT_SIGTERM, "terminated (SIGTERM)"), (signal.SIGINT, EXIT_SIGINT, "interrupted")],
+)
 def test_a_signal_cleans_up_and_ends_in_one_line(tmp_path, sig, code, words):
     glob_ = _slow_input(tmp_path)
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "release", "--input", glob_, "--output", str(out),
-                             "--epsilon", "5", "--samples", "600000", *BEAM_ARGS], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "release",
+            "--input",
+            glob_,
+            "--output",
+            str(out),
+            "--epsilon",
+            "5",
+            "--samples",
+            "600000",
+            *BEAM_ARGS,
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 120
     while time.time() < deadline and not list(tmp_path.glob("out.tmp-*")):
         time.sleep(0.1)
@@ -435,6 +558,7 @@ def test_a_signal_cleans_up_and_ends_in_one_line(tmp_path, sig, code, words):
 
 
 # ---------------------------------------------------------------- 7: GCS publish
+
 
 def _gcs_objects(prefix: str) -> dict:
     bucket, name = publish.split_gs(prefix)
@@ -465,15 +589,26 @@ def test_gcs_missing_part_publishes_nothing_and_the_old_release_stays(gcs):
     old = publish.prepare(out, overwrite=False, inputs=[])
     bucket = publish.gcs_client().bucket("lake")
     old_manifest = valid_manifest()
-    old_manifest["output"] = {"rows": 4, "prefix": old.prefix, "files": [
-        {"path": f"{old.prefix}synthetic/p.parquet", "rows": 4, "sha256": "0", "bytes": 4}]}
+    old_manifest["output"] = {
+        "rows": 4,
+        "prefix": old.prefix,
+        "files": [{"path": f"{old.prefix}synthetic/p.parquet", "rows": 4, "sha256": "0", "bytes": 4}],
+    }
     bucket.blob(f"rel/{old.prefix}synthetic/p.parquet").upload_from_string(b"rows")
     publish.publish(old, old_manifest)
     before = bucket.get_blob("rel/manifest.json").download_as_bytes()
     new = publish.prepare(out, overwrite=True, inputs=[])
-    manifest = {**old_manifest, "output": {"rows": 8, "prefix": new.prefix, "files": [
-        {"path": f"{new.prefix}synthetic/p0.parquet", "rows": 4, "sha256": "0", "bytes": 4},
-        {"path": f"{new.prefix}synthetic/p1.parquet", "rows": 4, "sha256": "0", "bytes": 4}]}}
+    manifest = {
+        **old_manifest,
+        "output": {
+            "rows": 8,
+            "prefix": new.prefix,
+            "files": [
+                {"path": f"{new.prefix}synthetic/p0.parquet", "rows": 4, "sha256": "0", "bytes": 4},
+                {"path": f"{new.prefix}synthetic/p1.parquet", "rows": 4, "sha256": "0", "bytes": 4},
+            ],
+        },
+    }
     bucket.blob(f"rel/{new.prefix}synthetic/p0.parquet").upload_from_string(b"rows")  # p1 failed to upload
     with pytest.raises(publish.PublishError, match="p1.parquet: part missing"):
         publish.publish(new, manifest)
@@ -494,8 +629,11 @@ def test_gcs_two_publishers_cannot_both_win(gcs):
 
     def manifest(t, rows):
         m = valid_manifest()
-        m["output"] = {"rows": rows, "prefix": t.prefix, "files": [
-            {"path": f"{t.prefix}synthetic/p.parquet", "rows": rows, "sha256": "0", "bytes": 4}]}
+        m["output"] = {
+            "rows": rows,
+            "prefix": t.prefix,
+            "files": [{"path": f"{t.prefix}synthetic/p.parquet", "rows": rows, "sha256": "0", "bytes": 4}],
+        }
         return m
 
     publish.publish(a, manifest(a, 1))
@@ -515,8 +653,11 @@ def test_gcs_an_interrupt_after_the_switch_keeps_the_new_release(gcs, monkeypatc
         t = publish.prepare(out, overwrite=True, inputs=[])
         bucket.blob(f"rel/{t.prefix}synthetic/p.parquet").upload_from_string(b"rows")
         m = valid_manifest()
-        m["output"] = {"rows": rows, "prefix": t.prefix, "files": [
-            {"path": f"{t.prefix}synthetic/p.parquet", "rows": rows, "sha256": "0", "bytes": 4}]}
+        m["output"] = {
+            "rows": rows,
+            "prefix": t.prefix,
+            "files": [{"path": f"{t.prefix}synthetic/p.parquet", "rows": rows, "sha256": "0", "bytes": 4}],
+        }
         return t, m
 
     first, m1 = release(1)
@@ -547,6 +688,7 @@ def test_gcs_refuses_foreign_objects_and_removes_stale_runs(gcs):
 
 
 # ---------------------------------------------------------------- 8, 9: the launcher
+
 
 class _FakeResult:
     def __init__(self, error=None, state="DONE"):
@@ -581,8 +723,9 @@ def test_launcher_logs_the_job_and_cancels_it_when_interrupted(caplog):
     options = PipelineOptions(DATAFLOW)
     info, _ = run_pipeline(_FakePipeline(_FakeResult()), options)
     assert info.job_id == "2026-11-23_01_02_03-123"
-    assert info.console_url == ("https://console.cloud.google.com/dataflow/jobs/europe-west4/"
-                                "2026-11-23_01_02_03-123?project=p")
+    assert info.console_url == (
+        "https://console.cloud.google.com/dataflow/jobs/europe-west4/2026-11-23_01_02_03-123?project=p"
+    )
     result = _FakeResult(error=KeyboardInterrupt())
     with caplog.at_level("INFO"), pytest.raises(KeyboardInterrupt):
         run_pipeline(_FakePipeline(result), options)
@@ -598,8 +741,11 @@ def test_launcher_refuses_a_failed_job_and_options_it_cannot_honour():
     good = f"--sdk_container_image=europe-docker.pkg.dev/p/dpcda/worker:{__version__}-{build_commit()}"
     check_launcher_options(PipelineOptions([*DATAFLOW, good]))
     check_launcher_options(PipelineOptions([*DATAFLOW, good + "@sha256:" + "0" * 64]))  # a digest pin keeps its tag
-    for extra, needle in [([], "pass --sdk_container_image"), ([good, "--setup_file=./setup.py"], "reinstall"),
-                          (["--sdk_container_image=x/worker:0.0.1"], "does not match this launcher")]:
+    for extra, needle in [
+        ([], "pass --sdk_container_image"),
+        ([good, "--setup_file=./setup.py"], "reinstall"),
+        (["--sdk_container_image=x/worker:0.0.1"], "does not match this launcher"),
+    ]:
         with pytest.raises(ReleaseError, match=needle):
             check_launcher_options(PipelineOptions([*DATAFLOW, *extra]))
 
@@ -630,9 +776,18 @@ def test_cli_turns_off_exception_sampling_unless_allowed(tmp_path, monkeypatch):
     import pipeline.release as release_mod
 
     seen = []
-    monkeypatch.setattr(release_mod, "run_release", lambda cfg, beam_args, *a, **k: seen.append(beam_args) or {
-        "output": {"rows": 0}, "privacy": {"epsilon": 1, "delta": 1, "end_to_end_dp": True},
-        "mechanism": {"sigma_x": 0.5}})
+    monkeypatch.setattr(
+        release_mod,
+        "run_release",
+        lambda cfg, beam_args, *a, **k: (
+            seen.append(beam_args)
+            or {
+                "output": {"rows": 0},
+                "privacy": {"epsilon": 1, "delta": 1, "end_to_end_dp": True},
+                "mechanism": {"sigma_x": 0.5},
+            }
+        ),
+    )
     for extra in ([], ["--allow-exception-sampling"]):
         assert main(["release", "--input", "x", "--output", str(tmp_path / "o"), *BASE, *extra]) == 0
     assert "--experiments=disable_always_on_exception_sampling" in seen[0]
@@ -641,26 +796,38 @@ def test_cli_turns_off_exception_sampling_unless_allowed(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------- 11: one copy of a class
 
+
 def test_a_class_is_held_once_while_it_is_normalised_and_mixed():
     """numpy's allocations (tracemalloc) while one class of 20,000 x 64 goes through NormalizeAndClip and the mixer:
     the float64 class array once, plus chunk-sized buffers; the old path held about four copies."""
     from fractions import Fraction
     from types import SimpleNamespace
 
-    from privacy.noise import key_from_test_seed
     from mechanisms.dpcda import mix_class
+    from privacy.noise import key_from_test_seed
     from transforms.normalize import _normalize
 
     rng = np.random.default_rng(0)
     parts = [rng.uniform(0, 1, (5000, 64)).astype(np.float32) for _ in range(4)]
-    plan = SimpleNamespace(class_rows=[20000], feature_dim=64, mean=np.full(64, 0.5), std=np.full(64, 0.3),
-                           clip=1.0, bounds=(0.0, 1.0))
+    plan = SimpleNamespace(
+        class_rows=[20000], feature_dim=64, mean=np.full(64, 0.5), std=np.full(64, 0.3), clip=1.0, bounds=(0.0, 1.0)
+    )
     class_bytes = 20000 * 64 * 8
     tracemalloc.start()
     try:
         _, x = _normalize((0, iter(parts)), plan)
-        for _ in mix_class(x, key=key_from_test_seed(0), class_index=0, num_classes=1, mode="fixed", mixing_order=4,
-                           sigma_x=0.1, samples=20000, chunk_rows=2048, sampling_rate=Fraction(4, 20000)):
+        for _ in mix_class(
+            x,
+            key=key_from_test_seed(0),
+            class_index=0,
+            num_classes=1,
+            mode="fixed",
+            mixing_order=4,
+            sigma_x=0.1,
+            samples=20000,
+            chunk_rows=2048,
+            sampling_rate=Fraction(4, 20000),
+        ):
             pass
         _, peak = tracemalloc.get_traced_memory()
     finally:

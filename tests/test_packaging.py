@@ -1,4 +1,5 @@
 """Packaging: the Dockerfile lints clean, setup.py declares the console script and packages."""
+
 from __future__ import annotations
 
 import shutil
@@ -17,8 +18,11 @@ def test_dockerfile_passes_hadolint():
 
 
 def test_dockerfile_base_matches_pinned_beam():
-    pinned = next(line.split("==")[1].strip() for line in (ROOT / "requirements.txt").read_text().splitlines()
-                  if line.startswith("apache-beam"))
+    pinned = next(
+        line.split("==")[1].strip()
+        for line in (ROOT / "requirements.txt").read_text().splitlines()
+        if line.startswith("apache-beam")
+    )
     assert f"FROM apache/beam_python3.11_sdk:{pinned}" in (ROOT / "Dockerfile").read_text()
 
 
@@ -31,9 +35,11 @@ def test_console_script_and_packages_declared():
 
 
 def test_privacy_and_mechanisms_import_without_beam_or_torch_models():
-    code = ("import sys; sys.modules['apache_beam'] = None; "
-            "import privacy.accounting, privacy.calibration, privacy.dp_stats, privacy.noise, privacy.events, "
-            "mechanisms.dpcda, mechanisms.plan, mechanisms.combiners, mechanisms.postprocess, storage.shards")
+    code = (
+        "import sys; sys.modules['apache_beam'] = None; "
+        "import privacy.accounting, privacy.calibration, privacy.dp_stats, privacy.noise, privacy.events, "
+        "mechanisms.dpcda, mechanisms.plan, mechanisms.combiners, mechanisms.postprocess, storage.shards"
+    )
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
 
@@ -56,13 +62,19 @@ def test_privacy_modules_import_only_numpy_dp_accounting_and_the_cipher_library(
     assert roots - stdlib <= {"numpy", "dp_accounting", "cryptography", "privacy"}, roots - stdlib
 
 
-@pytest.mark.parametrize("package,forbidden", [
-    ("privacy", {"mechanisms", "storage", "transforms", "pipeline", "evaluation", "schemas", "apache_beam", "torch"}),
-    ("mechanisms", {"transforms", "pipeline", "evaluation", "apache_beam"}),
-    ("storage", {"mechanisms", "transforms", "pipeline", "evaluation"}),
-    ("schemas", {"mechanisms", "storage", "transforms", "pipeline", "evaluation", "apache_beam", "torch"}),
-    ("evaluation", {"transforms", "pipeline", "apache_beam"}),
-])
+@pytest.mark.parametrize(
+    "package,forbidden",
+    [
+        (
+            "privacy",
+            {"mechanisms", "storage", "transforms", "pipeline", "evaluation", "schemas", "apache_beam", "torch"},
+        ),
+        ("mechanisms", {"transforms", "pipeline", "evaluation", "apache_beam"}),
+        ("storage", {"mechanisms", "transforms", "pipeline", "evaluation"}),
+        ("schemas", {"mechanisms", "storage", "transforms", "pipeline", "evaluation", "apache_beam", "torch"}),
+        ("evaluation", {"transforms", "pipeline", "apache_beam"}),
+    ],
+)
 def test_nothing_imports_upward(package, forbidden):
     """Layers, bottom up: privacy < schemas < storage < mechanisms < evaluation < transforms < pipeline."""
     for path in (ROOT / package).glob("*.py"):
@@ -79,5 +91,7 @@ def test_transforms_are_thin():
         funcs = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
         classes = [n for n in tree.body if isinstance(n, ast.ClassDef)]
         assert len(funcs) <= 4, f"{path.name}: {len(funcs)} module-level functions; cores belong in mechanisms/"
-        assert all(any(getattr(b, "attr", getattr(b, "id", "")) in ("PTransform", "DoFn", "CombineFn")
-                       for b in c.bases) for c in classes), f"{path.name}: a class that is not a Beam transform"
+        assert all(
+            any(getattr(b, "attr", getattr(b, "id", "")) in ("PTransform", "DoFn", "CombineFn") for b in c.bases)
+            for c in classes
+        ), f"{path.name}: a class that is not a Beam transform"

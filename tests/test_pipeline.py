@@ -1,22 +1,22 @@
 """The release job end to end on the DirectRunner, on small generated data."""
+
 from __future__ import annotations
 
 import glob
 import itertools
 import json
-import os
 
 import jsonschema
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from mechanisms.plan import normalize
 from pipeline.release import run_release
-from storage.publish import PublishError
 from schemas.config import ConfigError, load_config
 from schemas.manifest import SCHEMA_PATH, Manifest
+from storage.publish import PublishError
 from tests.conftest import BEAM_ARGS, make_dataset, run_cli, write_dataset
-from mechanisms.plan import PlanError, normalize
 
 
 def release(tmp_path, input_glob, name="out", beam_args=BEAM_ARGS, **overrides):
@@ -36,8 +36,13 @@ def read_release(out):
 
 def expected_normalized(out, x):
     stats = json.loads((out / "normalization.json").read_text())
-    return normalize(x, np.asarray(stats["mean"], np.float32), np.asarray(stats["std"], np.float32),
-                     stats["clip"], tuple(stats["feature_bounds"]))
+    return normalize(
+        x,
+        np.asarray(stats["mean"], np.float32),
+        np.asarray(stats["std"], np.float32),
+        stats["clip"],
+        tuple(stats["feature_bounds"]),
+    )
 
 
 def test_release_end_to_end_manifest_and_balance(tmp_path, small_parquet):
@@ -107,9 +112,14 @@ def test_same_seed_identical_across_formats_and_running_modes(tmp_path):
     tf_glob = write_dataset(tmp_path / "tf", x, y, "tfrecord", shards=2)
     a, ma = release(tmp_path, pq_glob, name="a", epsilon=6.0, seed=11)
     b, mb = release(tmp_path, tf_glob, name="b", epsilon=6.0, seed=11)
-    c, mc = release(tmp_path, pq_glob, name="c", epsilon=6.0, seed=11,
-                    beam_args=["--runner=DirectRunner", "--direct_running_mode=multi_processing",
-                               "--direct_num_workers=2"])
+    c, mc = release(
+        tmp_path,
+        pq_glob,
+        name="c",
+        epsilon=6.0,
+        seed=11,
+        beam_args=["--runner=DirectRunner", "--direct_running_mode=multi_processing", "--direct_num_workers=2"],
+    )
     fa, la = read_release(a)
     for other in (b, c):
         fo, lo = read_release(other)
@@ -151,8 +161,16 @@ def test_public_normalization_file(tmp_path, small_parquet):
     glob_, x, _ = small_parquet
     stats = tmp_path / "stats.json"
     stats.write_text(json.dumps({"mean": [0.5] * x.shape[1], "std": [0.25] * x.shape[1]}))
-    out, m = release(tmp_path, glob_, sigma_x=0.0, mixing_order=1, normalization="public",
-                     normalization_file=str(stats), seed=1, clip=100.0)
+    out, m = release(
+        tmp_path,
+        glob_,
+        sigma_x=0.0,
+        mixing_order=1,
+        normalization="public",
+        normalization_file=str(stats),
+        seed=1,
+        clip=100.0,
+    )
     feats, _ = read_release(out)
     allowed = {r.tobytes() for r in ((x - 0.5) / 0.25).astype(np.float32)}
     assert all(r.tobytes() in allowed for r in feats)
@@ -180,18 +198,45 @@ def test_existing_release_is_not_overwritten(tmp_path, small_parquet):
 
 def test_cli_release_and_account(tmp_path, small_parquet):
     glob_, _, _ = small_parquet
-    res = run_cli("release", "--input", glob_, "--output", tmp_path / "cli", "--epsilon", "6", "--mixing-order", "2",
-                  *BEAM_ARGS)
+    res = run_cli(
+        "release", "--input", glob_, "--output", tmp_path / "cli", "--epsilon", "6", "--mixing-order", "2", *BEAM_ARGS
+    )
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout.strip().splitlines()[-1])
     assert summary["rows"] == 120 and summary["epsilon"] <= 6
     assert "stage=mix" in res.stderr and "stage=done" in res.stderr
-    res = run_cli("account", "--mode", "fixed", "--class-size", "6000", "--samples-per-class", "6000",
-                  "--mixing-order", "4", "--clip", "1", "--epsilon", "10", "--json")
+    res = run_cli(
+        "account",
+        "--mode",
+        "fixed",
+        "--class-size",
+        "6000",
+        "--samples-per-class",
+        "6000",
+        "--mixing-order",
+        "4",
+        "--clip",
+        "1",
+        "--epsilon",
+        "10",
+        "--json",
+    )
     out = json.loads(res.stdout)
     assert res.returncode == 0 and out["epsilon"] <= 10 and out["sigma_x"] > 0
-    res2 = run_cli("account", "--mode", "fixed", "--class-size", "6000", "--samples-per-class", "6000",
-                   "--mixing-order", "4", "--sigma-x", str(out["sigma_x"]), "--json")
+    res2 = run_cli(
+        "account",
+        "--mode",
+        "fixed",
+        "--class-size",
+        "6000",
+        "--samples-per-class",
+        "6000",
+        "--mixing-order",
+        "4",
+        "--sigma-x",
+        str(out["sigma_x"]),
+        "--json",
+    )
     assert json.loads(res2.stdout)["epsilon"] == pytest.approx(out["epsilon"])
     res3 = run_cli("account", "--class-size", "3", "--samples-per-class", "10", "--mixing-order", "4", "--epsilon", "1")
     assert res3.returncode == 2 and "class_size 3 < mixing_order 4" in res3.stderr
@@ -199,6 +244,7 @@ def test_cli_release_and_account(tmp_path, small_parquet):
 
 def test_lowpass_release_rows_lie_in_the_kept_subspace_and_privacy_is_unchanged(tmp_path, small_parquet):
     from mechanisms.postprocess import lowpass_basis
+
     glob_, x, _ = small_parquet  # d = 16: a 4x4 image
     plain, mp = release(tmp_path, glob_, name="plain", epsilon=8.0, samples=60, seed=3)
     low, ml = release(tmp_path, glob_, name="low", epsilon=8.0, samples=60, seed=3, lowpass=3)
@@ -212,11 +258,14 @@ def test_lowpass_release_rows_lie_in_the_kept_subspace_and_privacy_is_unchanged(
     jsonschema.validate(json.loads((low / "manifest.json").read_text()), json.loads(SCHEMA_PATH.read_text()))
 
 
-@pytest.mark.parametrize("extra,message", [
-    (["--lowpass", "3"], "d=15 is not a square image; give --image-shape"),
-    (["--lowpass", "3", "--image-shape", "4,4"], "image_shape: 4,4 has 16 features, the input has d=15"),
-    (["--lowpass", "7", "--image-shape", "3,5"], "K=7 keeps every DCT coefficient of a 3x5 image"),
-])
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--lowpass", "3"], "d=15 is not a square image; give --image-shape"),
+        (["--lowpass", "3", "--image-shape", "4,4"], "image_shape: 4,4 has 16 features, the input has d=15"),
+        (["--lowpass", "7", "--image-shape", "3,5"], "K=7 keeps every DCT coefficient of a 3x5 image"),
+    ],
+)
 def test_lowpass_shape_errors_are_one_line_and_leave_nothing(tmp_path, extra, message):
     x, y = make_dataset(dim=15)
     glob_ = write_dataset(tmp_path / "in", x, y)

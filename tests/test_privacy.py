@@ -1,4 +1,5 @@
 """Pure unit tests of privacy/: accounting, calibration, DP statistics, noise keys, Theorem 1."""
+
 from __future__ import annotations
 
 import math
@@ -11,26 +12,36 @@ from dp_accounting import pld, rdp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from evaluation.paper import theorem1_epsilon
+from mechanisms.combiners import FirstPassCombiner
 from privacy import dp_stats
-from privacy.accounting import (PLD_DISCRETIZATION, RDP_ORDERS, SAMPLER_DELTA_SHARE, AccountingError, ReleaseEvents,
-                                account, epsilon_of)
+from privacy.accounting import (
+    PLD_DISCRETIZATION,
+    RDP_ORDERS,
+    SAMPLER_DELTA_SHARE,
+    AccountingError,
+    ReleaseEvents,
+    account,
+    epsilon_of,
+)
 from privacy.calibration import CalibrationError, calibrate_gaussian, calibrate_sigma_x
 from privacy.events import GaussianStatsEvent, MixingEvent
 from privacy.noise import NoiseStream, fresh_key, key_from_test_seed
-from evaluation.paper import theorem1_epsilon
-from mechanisms.combiners import FirstPassCombiner
 
 DELTA = 1e-5
 
 
 @settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-@given(eps=st.floats(0.5, 50), l=st.integers(1, 512), n=st.integers(10, 10**6), mode=st.sampled_from(["fixed", "poisson"]))
+@given(
+    eps=st.floats(0.5, 50), l=st.integers(1, 512), n=st.integers(10, 10**6), mode=st.sampled_from(["fixed", "poisson"])
+)
 def test_calibrated_sigma_never_overshoots(eps, l, n, mode):
     if mode == "fixed" and l > n:
         l = n
     samples = min(n, 2000)
-    sigma = calibrate_sigma_x(mode, class_sizes=[n], samples_per_class=samples, mixing_order=l, clip=1.0,
-                              target_epsilon=eps, delta=DELTA)
+    sigma = calibrate_sigma_x(
+        mode, class_sizes=[n], samples_per_class=samples, mixing_order=l, clip=1.0, target_epsilon=eps, delta=DELTA
+    )
     got = epsilon_of(mode, [MixingEvent(mode, n, samples, l, 1.0, sigma)], DELTA)
     assert got <= eps
     # ... and is close: 1 % less noise overshoots (the search tolerance is 0.1 % in sigma)
@@ -40,8 +51,11 @@ def test_calibrated_sigma_never_overshoots(eps, l, n, mode):
 def test_epsilon_equals_direct_dp_accounting_fixed():
     ev = MixingEvent("fixed", 6000, 6000, 4, 1.0, 0.3)
     acc = rdp.RdpAccountant(orders=RDP_ORDERS, neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
-    acc.compose(dp_accounting.SelfComposedDpEvent(
-        dp_accounting.SampledWithoutReplacementDpEvent(6000, 4, dp_accounting.GaussianDpEvent(0.3 * 4 / 2)), 6000))
+    acc.compose(
+        dp_accounting.SelfComposedDpEvent(
+            dp_accounting.SampledWithoutReplacementDpEvent(6000, 4, dp_accounting.GaussianDpEvent(0.3 * 4 / 2)), 6000
+        )
+    )
     ours = account(ReleaseEvents("fixed", (), (ev,)), DELTA)
     # the accountant's delta is the target less the sampler's reserved share (1e-6 of it)
     assert ours.epsilon == pytest.approx(acc.get_epsilon(DELTA * (1 - SAMPLER_DELTA_SHARE)), rel=1e-12)
@@ -54,9 +68,17 @@ def test_epsilon_equals_direct_dp_accounting_poisson_with_shared_events():
     evs = (MixingEvent("poisson", 5000, 5000, 8, 2.0, 0.1), MixingEvent("poisson", 7000, 5000, 8, 2.0, 0.1))
     acc = pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
     # the smaller class (higher q) is the worst: parallel composition takes the max
-    acc.compose(dp_accounting.ComposedDpEvent([
-        dp_accounting.GaussianDpEvent(5.0), dp_accounting.GaussianDpEvent(20.0),
-        dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(8 / 5000, dp_accounting.GaussianDpEvent(0.1 * 8 / 2.0)), 5000)]))
+    acc.compose(
+        dp_accounting.ComposedDpEvent(
+            [
+                dp_accounting.GaussianDpEvent(5.0),
+                dp_accounting.GaussianDpEvent(20.0),
+                dp_accounting.SelfComposedDpEvent(
+                    dp_accounting.PoissonSampledDpEvent(8 / 5000, dp_accounting.GaussianDpEvent(0.1 * 8 / 2.0)), 5000
+                ),
+            ]
+        )
+    )
     ours = account(ReleaseEvents("poisson", (stats, hist), evs), DELTA)
     assert ours.epsilon == pytest.approx(acc.get_epsilon(DELTA * (1 - SAMPLER_DELTA_SHARE)), rel=1e-9)
     assert ours.worst_class_event == evs[0]
@@ -69,8 +91,9 @@ def test_adaptive_histogram_is_accounted_alone_and_added():
     hist = GaussianStatsEvent("class_histogram", noise_std=40.0, sensitivity=1.0)
     mix = MixingEvent("poisson", 5000, 5000, 8, 1.0, 0.1)
     hist_delta = 0.01 * DELTA
-    ours = account(ReleaseEvents("poisson", (), (mix,), ((hist, hist_delta),), gaussian_draws=10 ** 8,
-                                 binomial_draws=10 ** 5), DELTA)
+    ours = account(
+        ReleaseEvents("poisson", (), (mix,), ((hist, hist_delta),), gaussian_draws=10**8, binomial_draws=10**5), DELTA
+    )
     alone = pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
     alone.compose(dp_accounting.GaussianDpEvent(40.0))
     rest = account(ReleaseEvents("poisson", (), (mix,)), DELTA - hist_delta / (1 - SAMPLER_DELTA_SHARE))
@@ -83,10 +106,10 @@ def test_adaptive_histogram_is_accounted_alone_and_added():
 
 def test_sampler_delta_that_does_not_fit_is_refused():
     loud = GaussianStatsEvent("normalization", noise_std=0.25, sensitivity=1.0)  # epsilon about 24
-    assert account(ReleaseEvents("poisson", (loud,), (), gaussian_draws=10 ** 12), DELTA).epsilon > 20
+    assert account(ReleaseEvents("poisson", (loud,), (), gaussian_draws=10**12), DELTA).epsilon > 20
     louder = GaussianStatsEvent("normalization", noise_std=0.08, sensitivity=1.0)  # epsilon about 130
     with pytest.raises(AccountingError, match="sampler"):
-        account(ReleaseEvents("poisson", (louder,), (), gaussian_draws=10 ** 6), DELTA)
+        account(ReleaseEvents("poisson", (louder,), (), gaussian_draws=10**6), DELTA)
 
 
 @pytest.mark.parametrize("mode", ["fixed", "poisson"])
@@ -101,8 +124,16 @@ def test_no_noise_is_infinite_and_unreachable_target_is_refused():
     assert math.isinf(epsilon_of("fixed", [MixingEvent("fixed", 100, 100, 4, 1.0, 0.0)], DELTA))
     big = GaussianStatsEvent("normalization", noise_std=0.01, sensitivity=1.0)
     with pytest.raises(CalibrationError, match="statistics releases alone"):
-        calibrate_sigma_x("fixed", class_sizes=[100], samples_per_class=100, mixing_order=4, clip=1.0,
-                          target_epsilon=1.0, delta=DELTA, shared=[big])
+        calibrate_sigma_x(
+            "fixed",
+            class_sizes=[100],
+            samples_per_class=100,
+            mixing_order=4,
+            clip=1.0,
+            target_epsilon=1.0,
+            delta=DELTA,
+            shared=[big],
+        )
 
 
 def test_calibrate_gaussian_spends_its_share():
@@ -119,16 +150,23 @@ def test_feature_stats_noise_free_match_numpy_and_constant_features_are_floored(
     comb = FirstPassCombiner((0.0, 1.0))
     acc = comb.add(comb.create(), x.astype(np.float32), np.zeros(500, np.int64))
     mean, std = dp_stats.feature_stats(n=500, sum_qu=acc.sum_qu, sum_qv=acc.sum_qv, bounds=(0.0, 1.0), min_std=0.01)
-    np.testing.assert_allclose(mean, x.mean(0), atol=2 ** -16)  # the sums' resolution
-    np.testing.assert_allclose(std[1:], x.std(0)[1:], atol=2 ** -14)
-    assert std[0] == pytest.approx(0.01, abs=2 ** -19)  # floored, then on the public grid
+    np.testing.assert_allclose(mean, x.mean(0), atol=2**-16)  # the sums' resolution
+    np.testing.assert_allclose(std[1:], x.std(0)[1:], atol=2**-14)
+    assert std[0] == pytest.approx(0.01, abs=2**-19)  # floored, then on the public grid
     assert np.all(np.isfinite((x - mean) / std))
 
 
 def test_feature_stats_noise_is_centered_and_scaled():
     sums = np.zeros(2000, np.int64)
-    m1, _ = dp_stats.feature_stats(n=10_000, sum_qu=sums, sum_qv=sums - 5000 * 2 ** 16, bounds=(-1.0, 1.0),
-                                   min_std=1e-3, noise_std=100.0, stream=NoiseStream(key_from_test_seed(1), "stats"))
+    m1, _ = dp_stats.feature_stats(
+        n=10_000,
+        sum_qu=sums,
+        sum_qv=sums - 5000 * 2**16,
+        bounds=(-1.0, 1.0),
+        min_std=1e-3,
+        noise_std=100.0,
+        stream=NoiseStream(key_from_test_seed(1), "stats"),
+    )
     # mean_u = noise / n: std 0.01; KS-free check on moments (false-failure rate < 1e-6)
     assert abs(m1.mean()) < 0.01 * 6 / math.sqrt(2000)
     assert m1.std() == pytest.approx(0.01, rel=0.1)
@@ -155,7 +193,7 @@ def test_first_pass_sums_are_exact_on_random_splits_and_pickle():
     np.testing.assert_array_equal(merged.sum_qv, whole.sum_qv)
     np.testing.assert_array_equal(merged.class_counts, np.bincount(y))
     u = np.clip(x.astype(np.float64), 0, 1) * 2 - 1
-    np.testing.assert_allclose(merged.sum_qu * 2.0 ** -16, u.sum(0), atol=1000 * 2 ** -17)
+    np.testing.assert_allclose(merged.sum_qu * 2.0**-16, u.sum(0), atol=1000 * 2**-17)
     assert merged.count == 1000 and merged.dim == 5
 
 
@@ -179,8 +217,9 @@ def test_paper_theorem1_as_written():
 @pytest.mark.parametrize("mode", ["fixed", "poisson"])
 def test_calibration_over_unequal_classes_covers_every_class(mode):
     sizes = [900, 400, 2500]
-    sigma = calibrate_sigma_x(mode, class_sizes=sizes, samples_per_class=500, mixing_order=4, clip=1.0,
-                              target_epsilon=6.0, delta=DELTA)
+    sigma = calibrate_sigma_x(
+        mode, class_sizes=sizes, samples_per_class=500, mixing_order=4, clip=1.0, target_epsilon=6.0, delta=DELTA
+    )
     events = tuple(MixingEvent(mode, n, 500, 4, 1.0, sigma) for n in sizes)
     acc = account(ReleaseEvents(mode, (), events), DELTA)
     assert acc.epsilon <= 6.0 and acc.worst_class_event.class_size == 400
@@ -226,15 +265,18 @@ def test_dpmix_event_combines_features_and_labels_as_dp_accounting_would():
     from privacy.events import DpmixEvent
 
     ev = DpmixEvent("fixed", 60000, 60000, 16, 1.0, 0.07, 0.05)
-    z = 16 / math.sqrt(4 / 0.07 ** 2 + 2 / 0.05 ** 2)
+    z = 16 / math.sqrt(4 / 0.07**2 + 2 / 0.05**2)
     assert ev.noise_multiplier == pytest.approx(z)
     acc = rdp.RdpAccountant(orders=RDP_ORDERS, neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
-    acc.compose(dp_accounting.SelfComposedDpEvent(
-        dp_accounting.SampledWithoutReplacementDpEvent(60000, 16, dp_accounting.GaussianDpEvent(z)), 60000))
+    acc.compose(
+        dp_accounting.SelfComposedDpEvent(
+            dp_accounting.SampledWithoutReplacementDpEvent(60000, 16, dp_accounting.GaussianDpEvent(z)), 60000
+        )
+    )
     ours = account(ReleaseEvents("fixed", (), (ev,)), DELTA)
     assert ours.epsilon == pytest.approx(acc.get_epsilon(DELTA * (1 - SAMPLER_DELTA_SHARE)), rel=1e-12)
     p = DpmixEvent("poisson", 60000, 60000, 16, 1.0, 0.07, 0.05)
-    assert p.noise_multiplier == pytest.approx(16 / math.sqrt(1 / 0.07 ** 2 + 1 / 0.05 ** 2))
+    assert p.noise_multiplier == pytest.approx(16 / math.sqrt(1 / 0.07**2 + 1 / 0.05**2))
 
 
 def test_account_cli_for_dpmix_prints_both_sigmas_and_is_tight():
@@ -242,12 +284,35 @@ def test_account_cli_for_dpmix_prints_both_sigmas_and_is_tight():
     import subprocess
     import sys
 
-    from tests.conftest import ROOT
     from privacy.events import DpmixEvent
+    from tests.conftest import ROOT
 
-    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "account", "--mechanism", "dpmix", "--class-size",
-                          "60000", "--samples-per-class", "60000", "--mixing-order", "16", "--clip", "1",
-                          "--epsilon", "10", "--delta", "1e-5", "--json"], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "account",
+            "--mechanism",
+            "dpmix",
+            "--class-size",
+            "60000",
+            "--samples-per-class",
+            "60000",
+            "--mixing-order",
+            "16",
+            "--clip",
+            "1",
+            "--epsilon",
+            "10",
+            "--delta",
+            "1e-5",
+            "--json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
     assert r["sigma_y"] == pytest.approx(r["sigma_x"])  # the default label noise ratio is 1

@@ -6,6 +6,7 @@ stage boundary once; normalisation then runs fused with the mixing, writing each
 preallocated array (``NormalizeAndClip``). A poisson-mode class with no records still gets its key (and its T_k rows
 of noise): the output must not reveal that it is empty.
 """
+
 from __future__ import annotations
 
 import apache_beam as beam

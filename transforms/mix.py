@@ -5,10 +5,10 @@ also one with no records. MixDataset (dpmix): (0, (dataset matrix, labels)) -> T
 randproj): raw Block -> one row per record. The device is picked once per worker; a worker whose code differs from
 the launcher's refuses to run; rows that are not finite are never written.
 """
+
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 import apache_beam as beam
@@ -24,9 +24,6 @@ from mechanisms.postprocess import make_postprocess
 from storage.shards import block_table
 
 log = logging.getLogger(__name__)
-# Test hook: fail the first attempt of each class's mixing after its first chunk (marker files in
-# this directory record attempts). Used to show that a retried bundle yields identical rows.
-FAULT_ENV = "DPCDA_TEST_FAIL_FIRST_MIX_DIR"
 
 
 def check_build(expected: tuple | None) -> None:
@@ -37,13 +34,22 @@ def check_build(expected: tuple | None) -> None:
 
     here = (VERSION, build_commit())
     if tuple(expected) != here:
-        raise RuntimeError(f"worker code dpcda {here[0]}-{here[1]} does not match the launcher's "
-                           f"{expected[0]}-{expected[1]}; use the worker image of the launcher's version")
+        raise RuntimeError(
+            f"worker code dpcda {here[0]}-{here[1]} does not match the launcher's "
+            f"{expected[0]}-{expected[1]}; use the worker image of the launcher's version"
+        )
 
 
 class _MixFn(beam.DoFn):
-    def __init__(self, device: str, chunk_rows: int, features_column: str, label_column: str,
-                 soft_labels: bool = False, expected_build: tuple | None = None):
+    def __init__(
+        self,
+        device: str,
+        chunk_rows: int,
+        features_column: str,
+        label_column: str,
+        soft_labels: bool = False,
+        expected_build: tuple | None = None,
+    ):
         self.device_pref, self.chunk_rows, self.soft_labels = device, chunk_rows, soft_labels
         self.fc, self.lc = features_column, label_column
         self.expected_build = expected_build
@@ -56,35 +62,48 @@ class _MixFn(beam.DoFn):
     def process(self, element, plan, key):
         k, x = element
         start = time.time()
-        fault_dir = os.environ.get(FAULT_ENV)
-        for i, (chunk, feats, labels) in enumerate(mix_class(
-                x, key=key, class_index=k, num_classes=plan.num_classes, mode=plan.mode,
-                mixing_order=plan.mixing_order, sigma_x=plan.sigma_x, samples=plan.samples_per_class,
-                chunk_rows=self.chunk_rows, sampling_rate=plan.sampling_rates[k], sigma_y=plan.sigma_y,
-                device=self.device, lowpass=plan.lowpass, denoise=plan.denoise_spec,
-                soft_labels=self.soft_labels)):
-            if fault_dir and i == 1:
-                marker = os.path.join(fault_dir, f"class-{k}")
-                if not os.path.exists(marker):
-                    open(marker, "w").close()
-                    raise RuntimeError(f"injected fault: first attempt of class {k}")
+        for chunk, feats, labels in mix_class(
+            x,
+            key=key,
+            class_index=k,
+            num_classes=plan.num_classes,
+            mode=plan.mode,
+            mixing_order=plan.mixing_order,
+            sigma_x=plan.sigma_x,
+            samples=plan.samples_per_class,
+            chunk_rows=self.chunk_rows,
+            sampling_rate=plan.sampling_rates[k],
+            sigma_y=plan.sigma_y,
+            device=self.device,
+            lowpass=plan.lowpass,
+            denoise=plan.denoise_spec,
+            soft_labels=self.soft_labels,
+        ):
             self.rows_written.inc(len(labels))
             yield finite_table(feats, labels, self.fc, self.lc, soft=self.soft_labels, where=f"class {k}")
-        log.info("stage=mix class=%d rows=%d device=%s seconds=%.2f", k, plan.samples_per_class,
-                 self.device, time.time() - start)
+        log.info(
+            "stage=mix class=%d rows=%d device=%s seconds=%.2f",
+            k,
+            plan.samples_per_class,
+            self.device,
+            time.time() - start,
+        )
 
 
 def finite_table(feats, labels, fc, lc, *, soft, where):
     """The Arrow table of released rows, after checking that every value is finite (else nothing is published)."""
     if not (np.isfinite(feats).all() and np.isfinite(labels).all()):
-        raise PlanError(f"{where}: synthetic values are not finite (the statistics or bounds overflow the z-score); "
-                        f"nothing was published")
+        raise PlanError(
+            f"{where}: synthetic values are not finite (the statistics or bounds overflow the z-score); "
+            f"nothing was published"
+        )
     return block_table(feats, labels, fc, lc, soft=soft)
 
 
 class _MixDatasetFn(beam.DoFn):
-    def __init__(self, device: str, chunk_rows: int, features_column: str, label_column: str,
-                 expected_build: tuple | None = None):
+    def __init__(
+        self, device: str, chunk_rows: int, features_column: str, label_column: str, expected_build: tuple | None = None
+    ):
         self.device_pref, self.chunk_rows, self.expected_build = device, chunk_rows, expected_build
         self.fc, self.lc = features_column, label_column
         self.rows_written = Metrics.counter("dpcda", "rows_synthesized")
@@ -96,10 +115,21 @@ class _MixDatasetFn(beam.DoFn):
     def process(self, element, plan, key):
         _, (x, y) = element
         for _, feats, scores in mix_dataset(
-                x, y, key=key, num_classes=plan.num_classes, mode=plan.mode, mixing_order=plan.mixing_order,
-                sigma_x=plan.sigma_x, sigma_y=plan.sigma_y, samples=plan.samples_total, chunk_rows=self.chunk_rows,
-                sampling_rate=plan.sampling_rates[0], device=self.device, lowpass=plan.lowpass,
-                denoise=plan.denoise_spec):
+            x,
+            y,
+            key=key,
+            num_classes=plan.num_classes,
+            mode=plan.mode,
+            mixing_order=plan.mixing_order,
+            sigma_x=plan.sigma_x,
+            sigma_y=plan.sigma_y,
+            samples=plan.samples_total,
+            chunk_rows=self.chunk_rows,
+            sampling_rate=plan.sampling_rates[0],
+            device=self.device,
+            lowpass=plan.lowpass,
+            denoise=plan.denoise_spec,
+        ):
             self.rows_written.inc(len(scores))
             yield finite_table(feats, scores, self.fc, self.lc, soft=True, where="dataset")
 
@@ -121,8 +151,14 @@ class _PerturbFn(beam.DoFn):
         x = np.empty(block.features.shape, np.float64)
         normalize_into(x, block.features, plan.mean, plan.std, plan.clip, plan.bounds)
         post = make_postprocess(lowpass=plan.lowpass, denoise=plan.denoise_spec)
-        feats = perturb_block(x, key=key, block=(block.source, block.first_row), sigma_x=plan.sigma_x,
-                              projection=self._projection, post=post)
+        feats = perturb_block(
+            x,
+            key=key,
+            block=(block.source, block.first_row),
+            sigma_x=plan.sigma_x,
+            projection=self._projection,
+            post=post,
+        )
         self.rows_written.inc(len(feats))
         yield finite_table(feats, block.labels, self.fc, self.lc, soft=False, where=f"{block.source}")
 
@@ -130,40 +166,61 @@ class _PerturbFn(beam.DoFn):
 class MixDataset(beam.PTransform):
     """(0, (float64 (N, d), int64 (N,))) -> pyarrow.Table: T DPMix rows with label scores and their argmax."""
 
-    def __init__(self, plan_pcoll, key_pcoll, *, device="auto", chunk_rows=4096, features_column="features",
-                 label_column="label", expected_build=None):
+    def __init__(
+        self,
+        plan_pcoll,
+        key_pcoll,
+        *,
+        device="auto",
+        chunk_rows=4096,
+        features_column="features",
+        label_column="label",
+        expected_build=None,
+    ):
         super().__init__()
         self.plan, self.key = plan_pcoll, key_pcoll
         self.fn = _MixDatasetFn(device, chunk_rows, features_column, label_column, expected_build)
 
     def expand(self, dataset):
-        return dataset | "MixDataset" >> beam.ParDo(self.fn, beam.pvalue.AsSingleton(self.plan),
-                                                    beam.pvalue.AsSingleton(self.key))
+        return dataset | "MixDataset" >> beam.ParDo(
+            self.fn, beam.pvalue.AsSingleton(self.plan), beam.pvalue.AsSingleton(self.key)
+        )
 
 
 class PerturbRecords(beam.PTransform):
     """Block -> pyarrow.Table: each record normalised, (projected,) plus noise, with its label (local, randproj)."""
 
-    def __init__(self, plan_pcoll, key_pcoll, *, features_column="features", label_column="label",
-                 expected_build=None):
+    def __init__(self, plan_pcoll, key_pcoll, *, features_column="features", label_column="label", expected_build=None):
         super().__init__()
         self.plan, self.key = plan_pcoll, key_pcoll
         self.fn = _PerturbFn(features_column, label_column, expected_build)
 
     def expand(self, blocks):
-        return blocks | "Perturb" >> beam.ParDo(self.fn, beam.pvalue.AsSingleton(self.plan),
-                                                beam.pvalue.AsSingleton(self.key))
+        return blocks | "Perturb" >> beam.ParDo(
+            self.fn, beam.pvalue.AsSingleton(self.plan), beam.pvalue.AsSingleton(self.key)
+        )
 
 
 class MixWithinClass(beam.PTransform):
     """(k, float32 (N_k, d)) -> pyarrow.Table: T_k synthetic rows of class k."""
 
-    def __init__(self, plan_pcoll, key_pcoll, *, device="auto", chunk_rows=4096,
-                 features_column="features", label_column="label", soft_labels=False, expected_build=None):
+    def __init__(
+        self,
+        plan_pcoll,
+        key_pcoll,
+        *,
+        device="auto",
+        chunk_rows=4096,
+        features_column="features",
+        label_column="label",
+        soft_labels=False,
+        expected_build=None,
+    ):
         super().__init__()
         self.plan, self.key = plan_pcoll, key_pcoll
         self.fn = _MixFn(device, chunk_rows, features_column, label_column, soft_labels, expected_build)
 
     def expand(self, classes):
-        return classes | "Mix" >> beam.ParDo(self.fn, beam.pvalue.AsSingleton(self.plan),
-                                             beam.pvalue.AsSingleton(self.key))
+        return classes | "Mix" >> beam.ParDo(
+            self.fn, beam.pvalue.AsSingleton(self.plan), beam.pvalue.AsSingleton(self.key)
+        )

@@ -3,6 +3,7 @@
 The class is written block by block into ONE preallocated float64 array (its size is the plan's exact N_k): the
 memory a class takes on its worker is that array plus an index (``mechanisms.plan.class_bytes``).
 """
+
 from __future__ import annotations
 
 import apache_beam as beam
@@ -22,7 +23,7 @@ def _normalize(element, plan):
         m = len(part)
         if filled + m > n:
             raise RuntimeError(f"class {k}: more rows than the first pass counted")  # never expected
-        normalize_into(out[filled:filled + m], part, plan.mean, plan.std, plan.clip, plan.bounds)
+        normalize_into(out[filled : filled + m], part, plan.mean, plan.std, plan.clip, plan.bounds)
         filled += m
     if filled != n:
         raise RuntimeError(f"class {k}: {filled} rows, the first pass counted another number")  # never expected
@@ -49,8 +50,8 @@ def _normalize_dataset(element, plan):
         m = len(y)
         if filled + m > n:
             raise RuntimeError("more rows than the first pass counted")  # never expected
-        normalize_into(out[filled:filled + m], x, plan.mean, plan.std, plan.clip, plan.bounds)
-        labels[filled:filled + m] = y
+        normalize_into(out[filled : filled + m], x, plan.mean, plan.std, plan.clip, plan.bounds)
+        labels[filled : filled + m] = y
         filled += m
     if filled != n:
         raise RuntimeError("the dataset has another number of rows than the first pass counted")  # never expected

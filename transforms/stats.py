@@ -1,4 +1,5 @@
 """ComputeGlobalStats: Block -> FirstPass (class counts and feature moments, exact and private)."""
+
 from __future__ import annotations
 
 import apache_beam as beam

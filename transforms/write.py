@@ -3,6 +3,7 @@
 The pipeline never writes ``manifest.json``: it writes a draft beside the parts, and ``storage.publish`` writes the
 manifest when the release is published (``pipeline.release``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -26,8 +27,9 @@ NORMALIZATION = "normalization.json"
 class WriteSynthetic(beam.PTransform):
     """pyarrow.Table -> file names of ``DIR/synthetic/part-SSSSS-of-NNNNN.parquet``."""
 
-    def __init__(self, directory, dim, *, num_shards=0, features_column="features", label_column="label",
-                 soft_classes=None):
+    def __init__(
+        self, directory, dim, *, num_shards=0, features_column="features", label_column="label", soft_classes=None
+    ):
         super().__init__()
         self.prefix = FileSystems.join(directory, "synthetic", "part")
         self.schema = parquet_schema(dim, features_column, label_column, soft_classes)
@@ -35,8 +37,12 @@ class WriteSynthetic(beam.PTransform):
 
     def expand(self, tables):
         return tables | "WriteParquet" >> beam.io.WriteToParquetBatched(
-            self.prefix, self.schema, file_name_suffix=".parquet", num_shards=self.num_shards,
-            shard_name_template="-SSSSS-of-NNNNN")
+            self.prefix,
+            self.schema,
+            file_name_suffix=".parquet",
+            num_shards=self.num_shards,
+            shard_name_template="-SSSSS-of-NNNNN",
+        )
 
 
 def _sha256_rows_bytes(path: str) -> tuple[str, int, int]:
@@ -63,16 +69,25 @@ def _write_manifest(files, plan, directory, prefix, build_manifest):
     outputs = []
     for f in sorted(files):
         digest, rows, size = _sha256_rows_bytes(f)
-        rel = f[len(directory.rstrip("/")) + 1:] if is_remote(f) else posixpath.relpath(f, directory)
+        rel = f[len(directory.rstrip("/")) + 1 :] if is_remote(f) else posixpath.relpath(f, directory)
         outputs.append(OutputFile(path=prefix + rel, rows=rows, sha256=digest, bytes=size))
-    _write_text(FileSystems.join(directory, NORMALIZATION), json.dumps(
-        {"mean": plan.mean.tolist(), "std": plan.std.tolist(), "clip": plan.clip,
-         "feature_bounds": list(plan.bounds), "method": plan.normalization_method}) + "\n")
+    _write_text(
+        FileSystems.join(directory, NORMALIZATION),
+        json.dumps(
+            {
+                "mean": plan.mean.tolist(),
+                "std": plan.std.tolist(),
+                "clip": plan.clip,
+                "feature_bounds": list(plan.bounds),
+                "method": plan.normalization_method,
+            }
+        )
+        + "\n",
+    )
     manifest = build_manifest(plan, outputs)
     _write_text(FileSystems.join(directory, DRAFT), manifest.write_json())
     Metrics.counter("dpcda", "rows_written").inc(manifest.output.rows)
-    log.info("stage=manifest files=%d rows=%d epsilon=%s", len(outputs), manifest.output.rows,
-             manifest.privacy.epsilon)
+    log.info("stage=manifest files=%d rows=%d epsilon=%s", len(outputs), manifest.output.rows, manifest.privacy.epsilon)
     return manifest.output.rows
 
 
@@ -84,7 +99,9 @@ class WriteDraftManifest(beam.PTransform):
         self.directory, self.plan, self.build, self.prefix = directory, plan_pcoll, build_manifest, prefix
 
     def expand(self, file_names):
-        return (file_names
-                | "AllFiles" >> beam.combiners.ToList()
-                | "Write" >> beam.Map(_write_manifest, beam.pvalue.AsSingleton(self.plan), self.directory,
-                                      self.prefix, self.build))
+        return (
+            file_names
+            | "AllFiles" >> beam.combiners.ToList()
+            | "Write"
+            >> beam.Map(_write_manifest, beam.pvalue.AsSingleton(self.plan), self.directory, self.prefix, self.build)
+        )

@@ -1,0 +1,107 @@
+"""One in-process release: the pipeline's own cores in a plain loop, no Beam (benchmarks and reproductions).
+
+The same functions the Beam stages call (``FirstPassCombiner``, ``build_plan``, ``normalize_into``, and each
+mechanism's synthesis: ``mix_class``, ``mix_dataset``, ``perturb_block``), so a number measured here is a number
+of the product. Holds the whole dataset in memory; the pipeline is what scales.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from mechanisms.combiners import FirstPass, FirstPassCombiner
+from mechanisms.dpcda import mix_class
+from mechanisms.dpmix import mix_dataset
+from mechanisms.local import perturb_block
+from mechanisms.plan import ReleasePlan, build_plan, normalize_into
+from mechanisms.postprocess import make_postprocess
+from schemas.config import ReleaseConfig
+
+BLOCK_ROWS = 16384
+
+
+def first_pass(x: np.ndarray, y: np.ndarray, bounds=(0.0, 1.0)) -> FirstPass:
+    comb = FirstPassCombiner(tuple(bounds))
+    return comb.add(comb.create(), x, y)
+
+
+def release_in_process(
+    x: np.ndarray, y: np.ndarray, cfg: ReleaseConfig, key: bytes, *, first: Optional[FirstPass] = None, device="cpu"
+) -> tuple[np.ndarray, np.ndarray, ReleasePlan, Optional[np.ndarray]]:
+    """(features float32, hard labels, plan, label scores or None) of one release of (x, y) under ``cfg``."""
+    first = first if first is not None else first_pass(x, y, cfg.feature_bounds)
+    plan = build_plan(first, cfg, key)
+    y = np.asarray(y, np.int64)
+
+    def normalized(rows):
+        out = np.empty(rows.shape, np.float64)
+        normalize_into(out, rows, plan.mean, plan.std, plan.clip, plan.bounds)
+        return out
+
+    feats, labels, scores = [], [], []
+    if plan.mechanism == "dpcda":
+        for k in range(plan.num_classes):
+            for _, f, lab in mix_class(
+                normalized(x[y == k]),
+                key=key,
+                class_index=k,
+                num_classes=plan.num_classes,
+                mode=plan.mode,
+                mixing_order=plan.mixing_order,
+                sigma_x=plan.sigma_x,
+                samples=plan.samples_per_class,
+                chunk_rows=cfg.chunk_rows,
+                sampling_rate=plan.sampling_rates[k],
+                device=device,
+                sigma_y=plan.sigma_y,
+                lowpass=plan.lowpass,
+                denoise=plan.denoise_spec,
+                soft_labels=cfg.soft_labels,
+            ):
+                feats.append(f)
+                (scores if cfg.soft_labels else labels).append(lab)
+        if cfg.soft_labels:
+            labels = [s.argmax(axis=1) for s in scores]
+    elif plan.mechanism == "dpmix":
+        for _, f, sc in mix_dataset(
+            normalized(x),
+            y,
+            key=key,
+            num_classes=plan.num_classes,
+            mode=plan.mode,
+            mixing_order=plan.mixing_order,
+            sigma_x=plan.sigma_x,
+            sigma_y=plan.sigma_y,
+            samples=plan.samples_total,
+            chunk_rows=cfg.chunk_rows,
+            sampling_rate=plan.sampling_rates[0],
+            device=device,
+            lowpass=plan.lowpass,
+            denoise=plan.denoise_spec,
+        ):
+            feats.append(f)
+            scores.append(sc)
+            labels.append(sc.argmax(axis=1))
+    else:
+        projection = None
+        if plan.projection is not None:
+            from mechanisms.randproj import projection_matrix
+
+            projection = projection_matrix(plan.feature_dim, plan.projection[0], plan.projection[1])
+        post = make_postprocess(lowpass=plan.lowpass, denoise=plan.denoise_spec)
+        for start in range(0, len(y), BLOCK_ROWS):
+            rows = normalized(x[start : start + BLOCK_ROWS])
+            feats.append(
+                perturb_block(
+                    rows, key=key, block=("in-process", start), sigma_x=plan.sigma_x, projection=projection, post=post
+                )
+            )
+            labels.append(y[start : start + BLOCK_ROWS])
+    return (
+        np.concatenate(feats),
+        np.concatenate(labels).astype(np.int64),
+        plan,
+        np.concatenate(scores) if scores else None,
+    )
