@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 DATA=${DATA:-data/fashion-mnist}
 OUT=${OUT:-releases/fashion-mnist-eps10}
+mkdir -p "$(dirname "$OUT")"
 [ -f "$DATA/train/part-00003-of-00004.parquet" ] || .venv/bin/dpcda prepare fashion-mnist --out "$DATA" --format parquet --shards 4
 .venv/bin/dpcda release --input "$DATA/train/*.parquet" --output "$OUT" --epsilon 10 --mixing-order 16 --lowpass 16 \
   --eval-input "$DATA/test/*.parquet" --eval-epochs 5 --overwrite "$@"
