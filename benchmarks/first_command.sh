@@ -19,7 +19,7 @@ for i in $(seq 1 "$RUNS"); do
   rel=$(grep -o 'stage=pipeline .*seconds=[0-9.]*' "$WORK/run$i.log" | grep -o '[0-9.]*$')
   ev=$(grep -o 'stage=evaluate accuracy=.*seconds=[0-9.]*' "$WORK/run$i.log" | grep -o '[0-9.]*$')
   summary=$(tail -2 "$WORK/run$i.log" | grep '^{')
-  acc=$(echo "$summary" | python3 -c 'import json,sys; print(f"{json.load(sys.stdin)[\"accuracy\"]:.4f}")')
-  eps=$(echo "$summary" | python3 -c 'import json,sys; print(f"{json.load(sys.stdin)[\"epsilon\"]:.3f}")')
+  acc=$(echo "$summary" | python3 -c 'import json, sys; print("%.4f" % json.load(sys.stdin)["accuracy"])')
+  eps=$(echo "$summary" | python3 -c 'import json, sys; print("%.3f" % json.load(sys.stdin)["epsilon"])')
   printf '| %d | %.0f | %s | %s | %s | %s |\n' "$i" "$wall" "$rel" "$ev" "$acc" "$eps"
 done
