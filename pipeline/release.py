@@ -31,12 +31,14 @@ from schemas.manifest import InputInfo, RunInfo
 from storage import publish
 from storage.paths import expand_glob, is_remote, join, not_regular_files, open_file
 from storage.shards import InputError, detect_format, read_shard
+from storage.tables import arrow_schema_of
 from transforms.calibrate import Calibrate
 from transforms.group import GroupByClass, GroupDataset
 from transforms.mix import MixDataset, MixWithinClass, PerturbRecords
 from transforms.normalize import NormalizeAndClip, NormalizeDataset
 from transforms.read import ReadShards
 from transforms.stats import ComputeGlobalStats
+from transforms.table import DecodeTable
 from transforms.write import WriteDraftManifest, WriteSynthetic
 
 log = logging.getLogger("dpcda.release")
@@ -84,6 +86,7 @@ def build_pipeline(
     target: publish.Target,
     input_info: InputInfo,
     public_stats=None,
+    arrow_schema=None,
 ):
     # The key is drawn on a worker and reaches the others as a side input: the runner keeps it for the job's
     # lifetime (docs/operations.md says where, and how to protect it).
@@ -97,6 +100,7 @@ def build_pipeline(
         out_of_bounds=cfg.out_of_bounds,
         num_classes=cfg.num_classes,
         width=dim,
+        table=cfg.table,
     )
     stats = blocks | "ComputeGlobalStats" >> ComputeGlobalStats(cfg.feature_bounds)
     plan = stats | "Calibrate" >> Calibrate(cfg, key, public_stats)
@@ -122,6 +126,10 @@ def build_pipeline(
     else:
         synthetic = blocks | "PerturbRecords" >> PerturbRecords(plan, key, **common)
     out_dim = cfg.projection_dim if cfg.mechanism == "randproj" else dim
+    if cfg.table is not None:  # post-processing: back to the input's columns and types
+        synthetic = synthetic | "DecodeTable" >> DecodeTable(
+            plan, key, cfg.table, arrow_schema, cfg.features_column, cfg.label_column
+        )
     files_written = synthetic | "WriteSynthetic" >> WriteSynthetic(
         target.workdir,
         out_dim,
@@ -129,6 +137,7 @@ def build_pipeline(
         features_column=cfg.features_column,
         label_column=cfg.label_column,
         soft_classes=cfg.num_classes if cfg.writes_soft_labels else None,
+        schema=arrow_schema if cfg.table is not None else None,
     )
     return files_written | "WriteDraftManifest" >> WriteDraftManifest(
         target.workdir,
@@ -267,13 +276,24 @@ def run_release(
     check_launcher_options(options)
     files = _input_files(cfg.input, "input")
     fmt = detect_format(files[0], cfg.input_format)
-    dim = _peek_dim(files, fmt, cfg.features_column, cfg.label_column, cfg.input)
+    arrow_schema = None
+    if cfg.table is not None:  # the schema is checked against the input's Parquet footer: no row is read
+        if fmt != "parquet":
+            raise InputError(f"{files[0]}: a table input must be Parquet")
+        arrow_schema = arrow_schema_of(files[0])
+        cfg.table.check_against(arrow_schema, files[0])
+        dim = cfg.table.encoded_width
+    else:
+        dim = _peek_dim(files, fmt, cfg.features_column, cfg.label_column, cfg.input)
     public_stats = None
     if cfg.normalization == "public":  # read once, here: a missing or malformed file is refused before any work
         public_stats = load_public_stats(cfg.normalization_file, dim)
     eval_files = []
     if eval_input:
         eval_files = _input_files(eval_input, "evaluation")
+    if eval_input and cfg.table is not None:
+        cfg.table.check_against(arrow_schema_of(eval_files[0]), eval_files[0])
+    elif eval_input:
         eval_dim = _peek_dim(
             eval_files, detect_format(eval_files[0], "auto"), cfg.features_column, cfg.label_column, eval_input
         )
@@ -289,9 +309,18 @@ def run_release(
         pattern=cfg.input,
         format=fmt,
         files=len(files),
-        features_column=cfg.features_column,
-        label_column=cfg.label_column,
+        features_column="(table)" if cfg.table is not None else cfg.features_column,
+        label_column=cfg.table.label.name if cfg.table is not None else cfg.label_column,
         feature_dim=dim,
+        table=(
+            {
+                **cfg.table.model_dump(mode="json"),
+                # the output's schema is the input's (treated as public, docs/tables.md): stated here
+                "arrow_schema": [{"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in arrow_schema],
+            }
+            if cfg.table is not None
+            else None
+        ),
     )
     log.info(
         "stage=start files=%d format=%s dim=%d mode=%s l=%d run=%s",
@@ -304,7 +333,7 @@ def run_release(
     )
     try:
         p = beam.Pipeline(runner=_local_runner(options), options=options)
-        build_pipeline(p, cfg, files, fmt, dim, target, info, public_stats)
+        build_pipeline(p, cfg, files, fmt, dim, target, info, public_stats, arrow_schema)
         run, result = run_pipeline(p, options)
         with open_file(join(target.workdir, publish.DRAFT)) as fh:
             manifest = json.loads(fh.read())

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from privacy.errors import DpcdaError
+from schemas.table import TableSchema
 
 MAX_CLASSES = 1 << 16
 MAX_MIXING_ORDER = 1 << 14  # keeps a row's summed records below privacy.events.MAX_ROW_RECORDS
@@ -151,6 +152,15 @@ class ReleaseConfig(BaseModel):
     eval_epochs: int = Field(5, ge=1, description="evaluation epochs (5: as good as 10 in our measurements)")
     audit: bool = Field(False, description="add an empirical privacy audit section (a canary game on the mechanism)")
 
+    table: Optional[TableSchema] = Field(
+        None,
+        description=(
+            "config file only: the public schema of a table input (label, and each column's kind, bounds or "
+            "categories); the input is then Parquet with named columns and the release has the same columns "
+            "(docs/tables.md)"
+        ),
+    )
+
     @field_validator("max_class_bytes", mode="before")
     @classmethod
     def _parse_bytes(cls, v):
@@ -172,6 +182,15 @@ class ReleaseConfig(BaseModel):
             and data.get("mixing_order") is None
         ):
             data = {**data, "mixing_order": 1}
+        if isinstance(data, dict) and data.get("table") is not None and data.get("num_classes") is None:
+            table = data["table"]
+            cats = None
+            if isinstance(table, TableSchema):
+                cats = table.label.categories
+            elif isinstance(table, dict) and isinstance(table.get("label"), dict):
+                cats = table["label"].get("categories")  # anything else: the model reports it
+            if isinstance(cats, list) and cats:
+                data = {**data, "num_classes": len(cats)}
         return data
 
     @field_validator(
@@ -287,9 +306,30 @@ class ReleaseConfig(BaseModel):
             raise ValueError("num_classes: required with dpmix (the width of the released label scores)")
         if self.mechanism != "dpcda" and self.sigma_y:
             raise ValueError("sigma_y: dpcda only (dpmix sets it from --label-noise-ratio)")
+        if self.table is not None:
+            self._check_table()
         if self.normalization_budget_share + self.histogram_budget_share >= 0.5:
             raise ValueError("normalization_budget_share: the statistics may take under half the budget")
         return self
+
+    def _check_table(self) -> None:
+        if self.input_format == "tfrecord":
+            raise ValueError("table: a table input is Parquet (named, typed columns); input_format tfrecord is not")
+        if self.mechanism == "randproj":
+            raise ValueError("table: randproj releases projections, which cannot be read back as the table's columns")
+        for name in ("lowpass", "denoise", "image_shape"):
+            if getattr(self, name) is not None:
+                raise ValueError(f"{name}: image post-processing; a table has no image")
+        if self.soft_labels:
+            raise ValueError("soft_labels: a table release has the input's columns only")
+        if self.out_of_bounds != "clip":
+            raise ValueError("out_of_bounds: a table's numeric columns are clipped to their declared bounds")
+        if tuple(self.feature_bounds) != (0.0, 1.0):
+            raise ValueError("feature_bounds: set per column in the table schema (encoded values lie in [0, 1])")
+        if self.num_classes != self.table.num_classes:
+            raise ValueError(
+                f"num_classes: {self.num_classes}, but the table's label declares {self.table.num_classes} categories"
+            )
 
     @property
     def reproducible(self) -> bool:

@@ -36,6 +36,11 @@ class InputInfo(_Frozen):
     features_column: str
     label_column: str
     feature_dim: int
+    table: Optional[dict] = Field(
+        None,
+        description="a table release: the public table schema (label, columns) the rows were encoded and decoded by; "
+        "feature_dim is the encoded width",
+    )
 
 
 class PostProcessing(_Frozen):

@@ -9,6 +9,7 @@ import numpy as np
 from apache_beam.metrics import Metrics
 
 from storage.shards import Block, InputError, read_shard
+from storage.tables import read_table_parquet
 
 log = logging.getLogger(__name__)
 # Without --num-classes, K = max label + 1; labels at or above this are refused as corrupt.
@@ -61,8 +62,10 @@ def validate_block(
 
 
 class _ReadShardFn(beam.DoFn):
-    def __init__(self, fmt, features_column, label_column, bounds, out_of_bounds, num_classes, batch_rows, width=None):
-        self.fmt, self.fc, self.lc, self.width = fmt, features_column, label_column, width
+    def __init__(
+        self, fmt, features_column, label_column, bounds, out_of_bounds, num_classes, batch_rows, width=None, table=None
+    ):
+        self.fmt, self.fc, self.lc, self.width, self.table = fmt, features_column, label_column, width, table
         self.checks = dict(
             bounds=bounds,
             out_of_bounds=out_of_bounds,
@@ -76,7 +79,11 @@ class _ReadShardFn(beam.DoFn):
         self.rows_rejected = Metrics.counter("dpcda", "rows_rejected")
 
     def process(self, path):
-        for block in read_shard(path, self.fmt, self.fc, self.lc, self.batch_rows, self.width):
+        if self.table is not None:
+            blocks = read_table_parquet(path, self.table, self.batch_rows)
+        else:
+            blocks = read_shard(path, self.fmt, self.fc, self.lc, self.batch_rows, self.width)
+        for block in blocks:
             try:
                 block, clipped = validate_block(block, **self.checks)
             except InputError:
@@ -90,7 +97,8 @@ class _ReadShardFn(beam.DoFn):
 
 
 class ReadShards(beam.PTransform):
-    """PBegin -> Block: reads and validates every shard in ``files`` (all of feature width ``width``, if given)."""
+    """PBegin -> Block: reads and validates every shard in ``files`` (all of feature width ``width``, if given).
+    With ``table`` (a ``schemas.table.TableSchema``), shards are Parquet tables, encoded by it."""
 
     def __init__(
         self,
@@ -104,11 +112,12 @@ class ReadShards(beam.PTransform):
         num_classes=None,
         batch_rows=16384,
         width=None,
+        table=None,
     ):
         super().__init__()
         self.files = list(files)
         self.fn = _ReadShardFn(
-            fmt, features_column, label_column, bounds, out_of_bounds, num_classes, batch_rows, width
+            fmt, features_column, label_column, bounds, out_of_bounds, num_classes, batch_rows, width, table
         )
 
     def expand(self, pbegin):

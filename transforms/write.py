@@ -25,14 +25,23 @@ NORMALIZATION = "normalization.json"
 
 
 class WriteSynthetic(beam.PTransform):
-    """pyarrow.Table -> file names of ``DIR/synthetic/part-SSSSS-of-NNNNN.parquet``."""
+    """pyarrow.Table -> file names of ``DIR/synthetic/part-SSSSS-of-NNNNN.parquet`` (``schema``: a table release's
+    Arrow schema, the input's)."""
 
     def __init__(
-        self, directory, dim, *, num_shards=0, features_column="features", label_column="label", soft_classes=None
+        self,
+        directory,
+        dim,
+        *,
+        num_shards=0,
+        features_column="features",
+        label_column="label",
+        soft_classes=None,
+        schema=None,
     ):
         super().__init__()
         self.prefix = FileSystems.join(directory, "synthetic", "part")
-        self.schema = parquet_schema(dim, features_column, label_column, soft_classes)
+        self.schema = schema if schema is not None else parquet_schema(dim, features_column, label_column, soft_classes)
         self.num_shards = num_shards
 
     def expand(self, tables):
