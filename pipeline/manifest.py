@@ -8,6 +8,7 @@ import platform
 
 from pipeline import __version__
 from privacy import noise
+from privacy.risk import risk_figures
 from schemas.manifest import (
     DpcdaMechanism,
     DpmixMechanism,
@@ -189,6 +190,9 @@ def build_manifest(cfg, input_info: InputInfo, plan, outputs, prefix: str = "") 
             cross_check={k: finite(v) for k, v in acc.cross_check.items()},
             delta_breakdown=dict(acc.delta_breakdown),
             noise=noise_section(plan),
+            risk=risk_figures(
+                plan.guarantee_epsilon if plan.end_to_end_dp and not cfg.reproducible else None, acc.delta
+            ),
             end_to_end_dp=plan.end_to_end_dp,
             reproducible_seed=cfg.reproducible,
             paper_theorem1_epsilon=finite(paper_epsilon(plan)),

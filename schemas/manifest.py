@@ -184,6 +184,11 @@ class Privacy(_Frozen):
         )
     )
     noise: Noise
+    risk: Optional[dict] = Field(
+        None,
+        description="what the claim means to a membership attacker: the smallest equal error rate and the largest "
+        "advantage (TPR - FPR) any test can reach (privacy.risk; dpcda risk)",
+    )
     end_to_end_dp: bool
     reproducible_seed: bool
     paper_theorem1_epsilon: Optional[float] = Field(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import pickle
 
@@ -321,3 +322,31 @@ def test_account_cli_for_dpmix_prints_both_sigmas_and_is_tight():
     acc.compose(ev.to_dp_event())
     independent = acc.get_epsilon(DELTA)
     assert 0.95 * 10 <= independent <= 10  # <= E and not more than 5 % loose
+
+
+def test_risk_figures_match_the_attacker_inequalities():
+    from privacy.risk import equal_error_rate_floor, fn_floor, max_advantage
+
+    assert round(equal_error_rate_floor(1.0, 1e-5), 4) == 0.2689
+    for eps, delta in [(0.0, 0.0), (0.5, 1e-5), (1.0, 1e-5), (10.0, 1e-5)]:
+        fp = np.linspace(0, 1, 10001)
+        fn = fn_floor(eps, delta, fp)
+        e = np.exp(eps)
+        # the floor satisfies both inequalities (Kairouz et al.) and touches one of them wherever it is positive
+        assert np.all(fp + e * fn >= 1 - delta - 1e-12) and np.all(fn + e * fp >= 1 - delta - 1e-12)
+        assert np.all((fn == 0) | np.isclose(fp + e * fn, 1 - delta) | np.isclose(fn + e * fp, 1 - delta))
+        eer = fp[np.argmin(np.abs(fp - fn))]
+        assert abs(eer - equal_error_rate_floor(eps, delta)) < 1e-3
+        assert abs((1 - fn - fp).max() - max_advantage(eps, delta)) < 1e-3
+    assert max_advantage(0.0, 0.0) == 0.0 and equal_error_rate_floor(0.0, 0.0) == 0.5
+
+
+def test_risk_cli_prints_the_floor(tmp_path):
+    from tests.conftest import run_cli
+
+    res = run_cli("risk", "--epsilon", 1, "--delta", 1e-5, "--json", "--plot", tmp_path / "r.png")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert f"{out['equal_error_rate_floor']:.4f}" == "0.2689" and (tmp_path / "r.png").stat().st_size > 1000
+    res = run_cli("risk", "--epsilon", "-1")
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].startswith("dpcda: error: epsilon")
