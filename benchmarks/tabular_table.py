@@ -67,7 +67,7 @@ def load(name: str):
     return train, test, conf
 
 
-def one_release(train, test, conf: dict, method: dict, eps: float, seed: int):
+def one_release(train, test, conf: dict, method: dict, eps: float, seed: int, return_table: bool = False):
     table = dict(conf["table"])
     if method.get("decoding"):
         table["categorical_decoding"] = method["decoding"]
@@ -97,6 +97,8 @@ def one_release(train, test, conf: dict, method: dict, eps: float, seed: int):
         words = NoiseStream(key, "table-decode", "bench").words(len(x01) * cats)
         uniforms = ((words >> np.uint64(11)).astype(np.float64) * 2.0**-53).reshape(len(x01), cats)
     synth = decode_rows(x01, labels, schema, train.schema, uniforms=uniforms)
+    if return_table:
+        return synth
     return evaluate_tables(synth, test, schema, seed), plan, l
 
 
@@ -218,9 +220,10 @@ def main(argv=None) -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", default=OUT)
     ap.add_argument("--smartnoise-venv", default=None, help="also run smartnoise-synth MST and AIM from this venv")
+    ap.add_argument("--smartnoise", nargs="+", default=list(SMARTNOISE), choices=SMARTNOISE, help="which of them")
     args = ap.parse_args(argv)
     python = smartnoise_venv(args.smartnoise_venv) if args.smartnoise_venv else None
-    methods = list(args.methods) + ([f"smartnoise {s}" for s in SMARTNOISE] if python else [])
+    methods = list(args.methods) + ([f"smartnoise {s}" for s in args.smartnoise] if python else [])
     all_rows = {}
     for name in args.tables:
         train, test, conf = load(name)
