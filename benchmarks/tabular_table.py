@@ -40,7 +40,7 @@ from pipeline.prepare import load_rdataset, split_table
 from privacy.noise import key_from_test_seed
 from schemas.config import ReleaseConfig
 from schemas.table import parse_table_schema
-from storage.tables import decode_rows, encode_batch
+from storage.tables import decode_rows, decode_uniforms, encode_batch
 
 HERE = os.path.dirname(__file__)
 OUT = os.path.join(HERE, "results")
@@ -70,7 +70,7 @@ def load(name: str):
 def one_release(train, test, conf: dict, method: dict, eps: float, seed: int, return_table: bool = False):
     table = dict(conf["table"])
     if method.get("decoding"):
-        table["categorical_decoding"] = method["decoding"]
+        table["decoding"] = method["decoding"]
     schema = parse_table_schema(table)
     l = conf.get("mixing_order", 4)
     cfg = ReleaseConfig(
@@ -89,13 +89,7 @@ def one_release(train, test, conf: dict, method: dict, eps: float, seed: int, re
         block.features, block.labels, cfg, key, first=first_pass(block.features, block.labels)
     )
     x01 = feats.astype(np.float64) * plan.std + plan.mean
-    uniforms = None
-    if schema.categorical_decoding == "sample":
-        from privacy.noise import NoiseStream
-
-        cats = sum(c.kind == "categorical" for c in schema.columns)
-        words = NoiseStream(key, "table-decode", "bench").words(len(x01) * cats)
-        uniforms = ((words >> np.uint64(11)).astype(np.float64) * 2.0**-53).reshape(len(x01), cats)
+    uniforms = decode_uniforms(key, "bench", len(x01), schema) if schema.decoding == "sample" else None
     synth = decode_rows(x01, labels, schema, train.schema, uniforms=uniforms)
     if return_table:
         return synth

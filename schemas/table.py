@@ -97,10 +97,11 @@ class TableSchema(BaseModel):
 
     label: Label
     columns: list[Column] = Field(min_length=1)
-    categorical_decoding: Literal["argmax", "sample"] = Field(
+    decoding: Literal["argmax", "sample"] = Field(
         "argmax",
-        description="how a categorical value is read back from its noisy scores: the largest score, or a draw "
-        "with probabilities proportional to the positive scores (post-processing either way)",
+        description="how discrete values are read back from released scores: argmax takes the largest score (a "
+        "category; a boolean or a null where its score exceeds 1/2); sample draws them with probabilities from "
+        "the scores (post-processing either way; the uniforms come from the noise module)",
     )
 
     @model_validator(mode="after")

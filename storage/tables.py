@@ -114,16 +114,35 @@ def read_table_parquet(path: str, schema: TableSchema, batch_rows: int = 65536) 
         raise InputError(f"{path}: unreadable Parquet shard ({_one_line(err)})") from None
 
 
-def _decode_column(col: Column, block: np.ndarray, u: Optional[np.ndarray], rule: str, t: pa.DataType) -> pa.Array:
-    """Released encoded values of one column (rows, width) -> an Arrow array of type ``t``."""
-    null = block[:, -1] > 0.5 if col.nullable else np.zeros(len(block), bool)
+def draws_per_row(schema: TableSchema) -> int:
+    """Uniforms ``sample`` decoding needs per row: one per categorical or boolean column, one per null indicator."""
+    return sum((c.kind != "numeric") + int(c.nullable) for c in schema.columns)
+
+
+def decode_uniforms(key: bytes, tag: str, rows: int, schema: TableSchema) -> np.ndarray:
+    """(rows, draws_per_row) uniforms in [0, 1) from the noise module, for ``sample`` decoding of one block."""
+    from privacy.noise import NoiseStream
+
+    n = draws_per_row(schema)
+    words = NoiseStream(key, "table-decode", tag).words(rows * n)
+    return ((words >> np.uint64(11)).astype(np.float64) * 2.0**-53).reshape(rows, n)
+
+
+def _decode_column(col: Column, block: np.ndarray, u: Optional[np.ndarray], t: pa.DataType) -> pa.Array:
+    """Released encoded values of one column (rows, width) -> an Arrow array of type ``t``. ``u``: None (argmax
+    decoding) or (rows, draws) uniforms for this column (its value, then its null indicator)."""
+    if col.nullable:
+        ind = np.clip(block[:, -1].astype(np.float64), 0.0, 1.0)
+        null = u[:, -1] < ind if u is not None else ind > 0.5  # the null draw is the column's last
+    else:
+        null = np.zeros(len(block), bool)
     body = block[:, : col.width - int(col.nullable)]
     if col.kind == "categorical":
-        if rule == "sample" and u is not None:
+        if u is not None:
             w = np.clip(body, 0.0, None).astype(np.float64)
             total = w.sum(axis=1, keepdims=True)
             w = np.where(total > 0, w / np.where(total > 0, total, 1.0), 1.0 / w.shape[1])
-            idx = (np.cumsum(w, axis=1) < u[:, None]).sum(axis=1).clip(0, w.shape[1] - 1)
+            idx = (np.cumsum(w, axis=1) < u[:, 0][:, None]).sum(axis=1).clip(0, w.shape[1] - 1)
         else:
             idx = body.argmax(axis=1)
         cats = pa.array(col.categories, type=t.value_type if pa.types.is_dictionary(t) else t)
@@ -131,7 +150,7 @@ def _decode_column(col: Column, block: np.ndarray, u: Optional[np.ndarray], rule
         return _with_nulls(out, null, t)
     v = body[:, 0].astype(np.float64)
     if col.kind == "boolean":
-        bits = v > 0.5
+        bits = u[:, 0] < np.clip(v, 0.0, 1.0) if u is not None else v > 0.5
         out = pa.array(bits) if pa.types.is_boolean(t) else pa.array(bits.astype(np.int64)).cast(t)
         return _with_nulls(out, null, t)
     value = col.lower + np.clip(v, 0.0, 1.0) * (col.upper - col.lower)
@@ -158,16 +177,18 @@ def decode_rows(
     uniforms: Optional[np.ndarray] = None,
 ) -> pa.Table:
     """Released rows in encoded units ([0, 1] scale, before clipping) and class indices -> a table whose Arrow
-    schema is ``arrow_schema`` (the input's). ``uniforms`` (rows, categorical columns) drive ``sample`` decoding."""
+    schema is ``arrow_schema`` (the input's). ``uniforms`` (``decode_uniforms``) drive ``sample`` decoding."""
     arrays = {}
     k = 0
+    sample = schema.decoding == "sample"
+    if sample and (uniforms is None or uniforms.shape != (len(x01), draws_per_row(schema))):
+        raise ValueError(f"sample decoding needs ({len(x01)}, {draws_per_row(schema)}) uniforms (decode_uniforms)")
     for col, at in schema.layout():
         t = arrow_schema.field(col.name).type
-        u = None
-        if col.kind == "categorical":
-            u = uniforms[:, k] if uniforms is not None else None
-            k += 1
-        arrays[col.name] = _decode_column(col, x01[:, at : at + col.width], u, schema.categorical_decoding, t)
+        n = (col.kind != "numeric") + int(col.nullable)
+        u = uniforms[:, k : k + n] if sample else None
+        k += n
+        arrays[col.name] = _decode_column(col, x01[:, at : at + col.width], u, t)
     lt = arrow_schema.field(schema.label.name).type
     labels = np.asarray(labels)
     if labels.ndim == 2:
@@ -175,7 +196,3 @@ def decode_rows(
     cats = pa.array(schema.label.categories, type=lt.value_type if pa.types.is_dictionary(lt) else lt)
     arrays[schema.label.name] = _with_nulls(cats.take(pa.array(labels.astype(np.int64))), np.zeros(0, bool), lt)
     return pa.Table.from_arrays([arrays[name] for name in arrow_schema.names], schema=arrow_schema)
-
-
-def categorical_count(schema: TableSchema) -> int:
-    return sum(c.kind == "categorical" for c in schema.columns)

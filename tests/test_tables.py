@@ -78,9 +78,9 @@ def test_decoding_clips_to_bounds_and_keeps_categories_declared():
     sampled = decode_rows(
         noisy,
         np.zeros(50, int),
-        TableSchema(**{**SCHEMA, "categorical_decoding": "sample"}),
+        TableSchema(**{**SCHEMA, "decoding": "sample"}),
         table.schema,
-        uniforms=rng.random((50, 1)),
+        uniforms=rng.random((50, 5)),  # charges' null; contract; senior; paperless and its null
     )
     assert set(sampled.column("contract").to_pylist()) <= {"monthly", "yearly", "two-year"}
 
@@ -288,3 +288,39 @@ def test_a_table_section_that_is_not_a_mapping_is_one_config_error(tmp_path):
         cfg.write_text(yaml.safe_dump({"table": bad}))
         with pytest.raises(ConfigError, match="table"):
             load_config(str(cfg), {"input": "x", "output": "y", "epsilon": 1.0})
+
+
+def test_sample_decoding_keeps_minority_booleans_and_nulls_that_argmax_drops():
+    declared = TableSchema(**{**SCHEMA, "decoding": "sample"})
+    table = make_table(4000)
+    x = np.zeros((4000, declared.encoded_width))
+    x[:, 0] = 0.5  # tenure
+    x[:, 1], x[:, 2] = 0.5, 0.2  # charges, and its null indicator: 20 % nulls
+    x[:, 3:6] = [0.6, 0.3, 0.1]  # contract scores
+    x[:, 6] = 0.2  # senior: 20 % true
+    x[:, 7], x[:, 8] = 0.7, 0.0  # paperless, never null
+    u = np.random.default_rng(0).random((4000, 5))
+    sampled = decode_rows(x, np.zeros(4000, int), declared, table.schema, uniforms=u)
+    plain = decode_rows(x, np.zeros(4000, int), parse_table_schema(SCHEMA), table.schema)
+    assert plain.column("senior").to_pylist().count(True) == 0 and plain.column("charges").null_count == 0
+    assert abs(sampled.column("senior").to_pylist().count(True) / 4000 - 0.2) < 0.03
+    assert abs(sampled.column("charges").null_count / 4000 - 0.2) < 0.03
+    assert sampled.column("paperless").null_count == 0
+    counts = [sampled.column("contract").to_pylist().count(c) / 4000 for c in ("monthly", "yearly", "two-year")]
+    assert np.allclose(counts, [0.6, 0.3, 0.1], atol=0.03)
+    with pytest.raises(ValueError, match="uniforms"):
+        decode_rows(x, np.zeros(4000, int), declared, table.schema, uniforms=u[:, :4])
+
+
+def test_a_release_with_sample_decoding_is_reproducible_under_a_test_seed(tmp_path):
+    outs = []
+    for run in ("a", "b"):
+        d = tmp_path / run
+        d.mkdir()
+        table, res = release_table(d, {**SCHEMA, "decoding": "sample"}, "--seed", "5")
+        assert res.returncode == 0, res.stderr[-3000:]
+        outs.append(pq.read_table(d / "out" / "synthetic"))
+    assert outs[0].schema.remove_metadata().equals(table.schema)
+    keys = [(name, "ascending") for name in table.schema.names]
+    assert outs[0].sort_by(keys).equals(outs[1].sort_by(keys))
+    assert set(outs[0].column("contract").to_pylist()) <= {"monthly", "yearly", "two-year"}

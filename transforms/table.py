@@ -8,8 +8,7 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
-from privacy.noise import NoiseStream
-from storage.tables import categorical_count, decode_rows
+from storage.tables import decode_rows, decode_uniforms
 
 
 def _decode(table: pa.Table, plan, key, schema, arrow_schema, fc: str, lc: str) -> pa.Table:
@@ -18,13 +17,10 @@ def _decode(table: pa.Table, plan, key, schema, arrow_schema, fc: str, lc: str) 
     x01 = z * plan.std + plan.mean  # back to encoded units with the release's (public or DP) statistics
     labels = table.column(lc).to_numpy()
     uniforms = None
-    cats = categorical_count(schema)
-    if schema.categorical_decoding == "sample" and cats and len(z):
-        # post-processing randomness, drawn from the noise module all the same; the stream is named by the
-        # released block itself, so every block gets its own
+    if schema.decoding == "sample":
+        # the stream is named by the released block itself, so every block gets its own
         tag = hashlib.blake2b(np.ascontiguousarray(z).tobytes(), digest_size=16).hexdigest()
-        words = NoiseStream(key, "table-decode", tag).words(len(z) * cats)
-        uniforms = ((words >> np.uint64(11)).astype(np.float64) * 2.0**-53).reshape(len(z), cats)
+        uniforms = decode_uniforms(key, tag, len(z), schema)
     return decode_rows(x01, labels, schema, arrow_schema, uniforms=uniforms)
 
 
