@@ -191,7 +191,12 @@ def build_manifest(cfg, input_info: InputInfo, plan, outputs, prefix: str = "") 
             delta_breakdown=dict(acc.delta_breakdown),
             noise=noise_section(plan),
             risk=risk_figures(
-                plan.guarantee_epsilon if plan.end_to_end_dp and not cfg.reproducible else None, acc.delta
+                # poisson without a target epsilon has no epsilon fixed before the histogram: no figures
+                plan.guarantee_epsilon
+                if plan.end_to_end_dp and not cfg.reproducible and not (plan.mode == "poisson" and cfg.epsilon is None)
+                else None,
+                acc.delta,
+                acc.relation,
             ),
             end_to_end_dp=plan.end_to_end_dp,
             reproducible_seed=cfg.reproducible,

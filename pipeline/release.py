@@ -224,14 +224,24 @@ def _local_runner(options: PipelineOptions):
 
     A release is a batch pipeline, which Beam's DirectRunner runs on its FnApiRunner. Before that, DirectRunner tries
     the Prism runner (a binary it downloads), and every attempt leaves an empty ``beam-temp*`` directory in the
-    system temp dir; a scheduled job must not leak one per run, so DirectRunner goes straight to the FnApiRunner,
-    which honours ``--direct_running_mode`` and ``--direct_num_workers`` itself."""
-    runner = options.view_as(StandardOptions).runner
-    if runner not in (None, "DirectRunner", "SwitchingDirectRunner"):
-        return None
-    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+    system temp dir; a scheduled job must not leak one per run, so DirectRunner (however it is spelled) goes straight
+    to the FnApiRunner, built as DirectRunner builds it: with the pipeline options in its provision info, which
+    ``multi_processing`` workers read, and it honours ``--direct_running_mode`` and ``--direct_num_workers`` itself.
+    """
+    from apache_beam.runners.direct.direct_runner import SwitchingDirectRunner
+    from apache_beam.runners.runner import create_runner
 
-    return FnApiRunner()
+    runner = options.view_as(StandardOptions).runner
+    if runner is not None and not isinstance(create_runner(runner), SwitchingDirectRunner):
+        return None
+    from apache_beam.portability.api import beam_provision_api_pb2
+    from apache_beam.runners.portability.fn_api_runner import fn_runner
+    from apache_beam.runners.portability.portable_runner import JobServiceHandle
+
+    encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
+    return fn_runner.FnApiRunner(
+        provision_info=fn_runner.ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
+    )
 
 
 def run_pipeline(p: beam.Pipeline, options: PipelineOptions):

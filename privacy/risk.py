@@ -20,6 +20,8 @@ import numpy as np
 
 from privacy.errors import DpcdaError
 
+EXP_CAP = 700.0  # e^700 is finite in float64; e^710 overflows
+
 
 class RiskError(DpcdaError, ValueError):
     """An (epsilon, delta) pair that is not a claim."""
@@ -36,30 +38,43 @@ def fn_floor(epsilon: float, delta: float, fp) -> np.ndarray:
     """The smallest false-negative rate any attacker can have at false-positive rate ``fp``."""
     _check(epsilon, delta)
     fp = np.asarray(fp, dtype=np.float64)
-    e = math.exp(epsilon)
+    e = math.exp(min(epsilon, EXP_CAP))  # beyond the cap the floor is 0 at every fp > 0 anyway
     return np.maximum.reduce([np.zeros_like(fp), 1.0 - delta - e * fp, (1.0 - delta - fp) / e])
 
 
 def equal_error_rate_floor(epsilon: float, delta: float) -> float:
     """The smallest error rate an attacker can have when FP = FN."""
     _check(epsilon, delta)
-    return (1.0 - delta) / (1.0 + math.exp(epsilon))
+    t = math.exp(-epsilon)  # written in e^-eps: no overflow for a large finite epsilon
+    return (1.0 - delta) * t / (1.0 + t)
 
 
 def max_advantage(epsilon: float, delta: float) -> float:
     """The largest TPR - FPR of any attacker."""
     _check(epsilon, delta)
-    e = math.exp(epsilon)
-    return (e - 1.0 + 2.0 * delta) / (e + 1.0)
+    t = math.exp(-epsilon)
+    return (1.0 - t + 2.0 * delta * t) / (1.0 + t)
 
 
-def risk_figures(epsilon: float | None, delta: float) -> dict:
-    """The manifest's and ``dpcda risk``'s figures for a claim (null epsilon: no protection at all)."""
+def risk_figures(epsilon: float | None, delta: float, relation: str = "add/remove") -> dict:
+    """The manifest's and ``dpcda risk``'s figures for a claim (null epsilon: no protection at all).
+
+    ``relation``: the claim's neighbouring relation. Under add/remove the figures bound membership tests; under a
+    replace-one relation they bound only tests between two records the relation swaps (e.g. two records of one
+    class, when class sizes are public): whether a record is in the data at all may be visible.
+    """
     if epsilon is None or epsilon == math.inf:
         return {"equal_error_rate_floor": 0.0, "max_advantage": 1.0, "basis": "no guarantee (infinite epsilon)"}
+    if "add" in relation and "remove" in relation:
+        test = "every membership test (was this record in the input?)"
+    else:
+        test = (
+            f"every test telling apart two inputs that differ as '{relation}' (NOT whether a record was in the "
+            "input at all, which this relation does not protect)"
+        )
     return {
         "equal_error_rate_floor": equal_error_rate_floor(epsilon, delta),
         "max_advantage": max_advantage(epsilon, delta),
-        "basis": "every membership test against an (epsilon, delta)-DP release has FP + e^eps FN >= 1 - delta and "
+        "basis": f"{test} against this (epsilon, delta) claim has FP + e^eps FN >= 1 - delta and "
         "FN + e^eps FP >= 1 - delta (docs/privacy.md)",
     }

@@ -350,3 +350,15 @@ def test_risk_cli_prints_the_floor(tmp_path):
     assert f"{out['equal_error_rate_floor']:.4f}" == "0.2689" and (tmp_path / "r.png").stat().st_size > 1000
     res = run_cli("risk", "--epsilon", "-1")
     assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].startswith("dpcda: error: epsilon")
+
+
+def test_risk_figures_survive_a_large_finite_epsilon_and_name_the_relation():
+    from privacy.risk import fn_floor, risk_figures
+
+    for eps in (709.0, 710.0, 1e4):
+        fig = risk_figures(eps, 1e-5)
+        assert fig["equal_error_rate_floor"] >= 0 and fig["max_advantage"] <= 1
+        assert np.all(np.isfinite(fn_floor(eps, 1e-5, np.linspace(0, 1, 11))))
+    assert "membership" in risk_figures(1.0, 1e-5, "add or remove one record (features and label)")["basis"]
+    replace = risk_figures(1.0, 1e-5, "replace one record's features within the same class; class sizes are public")
+    assert "NOT whether a record was in the input" in replace["basis"]
