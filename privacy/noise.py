@@ -85,6 +85,11 @@ def key_from_test_seed(seed: int) -> bytes:
     return hashlib.blake2b(f"dpcda-test-seed:{int(seed)}".encode(), digest_size=KEY_BYTES).digest()
 
 
+def public_key(purpose: str, seed: int) -> bytes:
+    """A key anyone can rebuild, for PUBLIC draws only (e.g. randproj's projection matrix from its public seed)."""
+    return hashlib.blake2b(f"dpcda-public:{purpose}:{int(seed)}".encode(), digest_size=KEY_BYTES).digest()
+
+
 def subkey(key: bytes, path: tuple) -> bytes:
     if not isinstance(key, (bytes, bytearray)) or len(key) != KEY_BYTES:
         raise ValueError(f"noise key must be {KEY_BYTES} bytes")
