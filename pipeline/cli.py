@@ -29,6 +29,7 @@ _KNOWN = (
     "AuditError",
     "SchemaError",
     "RiskError",
+    "LedgerError",
 )  # every DpcdaError subclass, by name (a worker's error reaches the launcher as text; tests/test_errors.py checks)
 _PATTERN = re.compile(r"(?:^|\W)(%s): (.+)" % "|".join(_KNOWN))
 
@@ -316,6 +317,43 @@ def cmd_risk(args, _beam_args) -> int:
     return 0
 
 
+def _fmt_eps(eps) -> str:
+    return "inf" if eps is None or not math.isfinite(eps) else f"{eps:.4g}"
+
+
+def cmd_ledger(args, _beam_args) -> int:
+    from storage.ledger import open_ledger, resolve, summary
+
+    ledger = open_ledger(args.ledger)
+    if args.ledger_command == "resolve":
+        done = resolve(ledger, args.dataset_id, args.run, force=args.force)
+        print(json.dumps({"dataset_id": args.dataset_id, "run": args.run, "resolved": done}))
+        return 0
+    datasets = summary(ledger, args.dataset_id)
+    if args.json:
+        print(json.dumps(datasets, indent=2, default=str))
+        return 0
+    if not datasets:
+        print(f"{args.ledger}: no releases" + (f" of dataset '{args.dataset_id}'" if args.dataset_id else ""))
+    for ds in datasets:
+        comp = ds["composed"]
+        print(f"dataset {ds['dataset_id']}: {len(ds['releases'])} release(s)")
+        for e in ds["releases"]:
+            when = e.get("published_at") or e.get("reserved_at")
+            print(
+                f"  {e['run']}  {e['state']:<9} {e['mechanism']}/{e['mode']}  eps {_fmt_eps(e['epsilon'])}  "
+                f"delta {e['delta']:.3g}  {when}  {e.get('output') or ''}"
+            )
+        if "error" in comp:
+            print(f"  composed: {comp['error']}")
+        else:
+            print(
+                f"  composed: eps {_fmt_eps(comp['epsilon'])} at delta {comp['delta']:.3g} ({comp['method']}; the sum "
+                f"of the stated epsilons is {_fmt_eps(comp['sum_epsilon'])}), under: {comp['relation']}"
+            )
+    return 0
+
+
 def cmd_account(args, _beam_args) -> int:
     from mechanisms.plan import synthesis_events
     from privacy.accounting import RELATION_WORDS, ReleaseEvents, account, accountant_delta, relation_key
@@ -446,6 +484,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     _release_parser(sub)
 
+    led = sub.add_parser("ledger", allow_abbrev=False, help="the releases of each dataset id and their composed budget")
+    led_sub = led.add_subparsers(dest="ledger_command", required=True)
+    show = led_sub.add_parser("show", allow_abbrev=False, help="history and composed epsilon per dataset id")
+    show.add_argument("--ledger", required=True, help="a local SQLite file or gs://bucket/object")
+    show.add_argument("--dataset-id", default=None)
+    show.add_argument("--json", action="store_true")
+    res = led_sub.add_parser(
+        "resolve",
+        allow_abbrev=False,
+        help="a reservation left by a run that died: record it if its release is at OUTPUT, drop it otherwise",
+    )
+    res.add_argument("--ledger", required=True)
+    res.add_argument("--dataset-id", required=True)
+    res.add_argument("--run", required=True)
+    res.add_argument("--force", action="store_true", help="the run is known to have stopped (reserved under 24 h ago)")
+
     from schemas.config import ReleaseConfig
 
     defaults = {
@@ -507,6 +561,7 @@ COMMANDS = {
     "schema": cmd_schema,
     "risk": cmd_risk,
     "release": cmd_release,
+    "ledger": cmd_ledger,
     "account": cmd_account,
     "evaluate": cmd_evaluate,
     "audit": cmd_audit,

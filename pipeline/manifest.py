@@ -8,6 +8,7 @@ import platform
 
 from pipeline import __version__
 from privacy import noise
+from privacy.composition import release_events_to_json
 from privacy.risk import risk_figures
 from schemas.manifest import (
     DpcdaMechanism,
@@ -201,6 +202,7 @@ def build_manifest(cfg, input_info: InputInfo, plan, outputs, prefix: str = "") 
             end_to_end_dp=plan.end_to_end_dp,
             reproducible_seed=cfg.reproducible,
             paper_theorem1_epsilon=finite(paper_epsilon(plan)),
+            events=release_events_to_json(acc.events) if acc.events is not None else None,
             caveats=list(plan.caveats)
             + (
                 ["TEST SEED: the noise key is derived from a fixed seed; this release is reproducible and NOT private."]

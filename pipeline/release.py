@@ -285,6 +285,54 @@ def run_release(
     options = PipelineOptions(beam_args)
     check_launcher_options(options)
     files = _input_files(cfg.input, "input")
+    if cfg.ledger is None:
+        return _release(cfg, options, files, stages, eval_input, protect, None, t0)
+    from privacy.accounting import relation_key
+    from storage.ledger import new_run_id, open_ledger
+
+    ledger = open_ledger(cfg.ledger)
+    run = new_run_id()
+    request = {
+        "run": run,
+        "mechanism": cfg.mechanism,
+        "mode": cfg.mode,
+        "relation": relation_key(cfg.mechanism, cfg.mode),
+        "epsilon": cfg.epsilon,
+        "delta": cfg.delta,
+        "output": cfg.output,
+    }
+    section = ledger.reserve(cfg.dataset_id, request, cfg.budget_cap)  # before any data is read
+    guarded = (*protect, cfg.ledger)  # a release never writes over its ledger
+    try:
+        manifest = _release(cfg, options, files, stages, eval_input, guarded, section, t0)
+    except BaseException as err:
+        if getattr(err, "published", False) and getattr(err, "manifest", None) is not None:
+            _record(ledger, cfg.dataset_id, run, err.manifest)  # visible already: it must be on the ledger
+        else:
+            ledger.cancel(cfg.dataset_id, run)
+        raise
+    if not _record(ledger, cfg.dataset_id, run, manifest):
+        err = ReleaseError(
+            f"the release WAS published at {cfg.output}, but the ledger {cfg.ledger} could not record it; its "
+            f"reservation (run {run}) counts at the target epsilon until 'dpcda ledger resolve --ledger "
+            f"{cfg.ledger} --dataset-id {cfg.dataset_id} --run {run}'"
+        )
+        err.published = True
+        raise err
+    return manifest
+
+
+def _record(ledger, dataset_id: str, run: str, manifest: dict) -> bool:
+    """Records a published release; False (logged) when the ledger cannot be written: the reservation then stays."""
+    try:
+        ledger.record(dataset_id, run, manifest)
+        return True
+    except Exception as err:  # noqa: BLE001 - the release is out; the reservation keeps the ledger conservative
+        log.error("stage=ledger run=%s could not be recorded (%s); its reservation stays", run, err)
+        return False
+
+
+def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t0) -> dict:
     fmt = detect_format(files[0], cfg.input_format)
     arrow_schema = None
     if cfg.table is not None:  # the schema is checked against the input's Parquet footer: no row is read
@@ -352,11 +400,14 @@ def run_release(
         log.info("stage=pipeline rows=%d %s seconds=%.1f", manifest["output"]["rows"], counts, time.time() - t0)
         for name, stage in stages:
             manifest[name] = stage(target.workdir, manifest)
+        if ledger_section is not None:
+            manifest["ledger"] = ledger_section
         publish.publish(target, manifest)
     except BaseException as err:
         publish.abandon(target)
         if target.published:
             err.published = True  # the CLI must not say "nothing was published"
+            err.manifest = manifest  # the ledger records what became visible
         raise
     log.info(
         "stage=done output=%s rows=%d epsilon=%s seconds=%.1f",

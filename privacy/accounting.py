@@ -112,6 +112,7 @@ class Accounting:
     worst_class_event: MixingEvent | None
     cross_check: dict  # other accountant name -> epsilon
     delta_breakdown: dict = dataclasses.field(default_factory=dict)  # part -> delta; sums to <= delta
+    events: Optional[ReleaseEvents] = None  # what was accounted (the manifest's privacy.events; the ledger's input)
 
 
 def accountant_delta(delta: float, adaptive_deltas=()) -> float:
@@ -176,4 +177,5 @@ def account(
         worst_class_event=worst,
         cross_check=checks,
         delta_breakdown=breakdown,
+        events=events,
     )

@@ -151,6 +151,27 @@ class ReleaseConfig(BaseModel):
     eval_runs: int = Field(1, ge=1, description="evaluation training seeds")
     eval_epochs: int = Field(5, ge=1, description="evaluation epochs (5: as good as 10 in our measurements)")
     audit: bool = Field(False, description="add an empirical privacy audit section (a canary game on the mechanism)")
+    membership_audit: bool = Field(
+        False,
+        description=(
+            "with --eval-input: add a release-level membership audit to the audit section (distance from training "
+            "and held-out real rows to their nearest synthetic row; outside the guarantee)"
+        ),
+    )
+
+    ledger: Optional[str] = Field(
+        None,
+        description=(
+            "privacy ledger: a local SQLite file or gs://bucket/object; the release is composed with every earlier "
+            "release of --dataset-id before any data is read, and recorded once published"
+        ),
+    )
+    dataset_id: Optional[str] = Field(
+        None, min_length=1, max_length=200, description="with --ledger: the name under which releases compose"
+    )
+    budget_cap: Optional[float] = Field(
+        None, gt=0, description="with --ledger: refuse a release that would take the dataset's epsilon past this"
+    )
 
     table: Optional[TableSchema] = Field(
         None,
@@ -308,6 +329,28 @@ class ReleaseConfig(BaseModel):
             raise ValueError("sigma_y: dpcda only (dpmix sets it from --label-noise-ratio)")
         if self.table is not None:
             self._check_table()
+        if self.ledger is not None and self.dataset_id is None:
+            raise ValueError("dataset_id: required with --ledger (the name under which releases compose)")
+        if self.ledger is None and (self.dataset_id is not None or self.budget_cap is not None):
+            raise ValueError(
+                f"{'dataset_id' if self.dataset_id is not None else 'budget_cap'}: only used with --ledger"
+            )
+        if self.ledger is not None and self.epsilon is None:
+            raise ValueError(
+                "ledger: give --epsilon (the ledger composes the release's budget before any data is read; with "
+                "--sigma-x the epsilon is known only after the data)"
+            )
+        if self.ledger is not None and self.seed is not None:
+            raise ValueError(
+                "seed: a TEST seed makes the release reproducible and NOT private; a ledger records "
+                "private releases only"
+            )
+        if self.ledger is not None and self.normalization == "exact":
+            raise ValueError(
+                "ledger: a release with exact normalization is not end-to-end DP; the ledger cannot compose it"
+            )
+        if self.membership_audit and not self.eval_input:
+            raise ValueError("membership_audit: needs --eval-input (the held-out real rows)")
         if self.normalization_budget_share + self.histogram_budget_share >= 0.5:
             raise ValueError("normalization_budget_share: the statistics may take under half the budget")
         return self

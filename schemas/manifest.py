@@ -197,6 +197,11 @@ class Privacy(_Frozen):
         "informational only, NOT the guarantee; null means infinite (sigma_y = 0 or sigma_x = 0)",
     )
     caveats: list[str]
+    events: Optional[dict] = Field(
+        None,
+        description="the DP events accounted (privacy.composition's JSON of privacy.accounting.ReleaseEvents): what "
+        "a privacy ledger composes with the dataset's other releases; every number in it is public or DP",
+    )
 
 
 class OutputFile(_Frozen):
@@ -235,6 +240,11 @@ class Manifest(_Frozen):
     run: Optional[RunInfo] = None
     utility: Optional[dict] = None
     audit: Optional[dict] = None
+    ledger: Optional[dict] = Field(
+        None,
+        description="with --ledger: the dataset id, the ledger's run id, and the composed budget before this release "
+        "and at most after it (privacy.composition)",
+    )
 
     def write_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), indent=2, allow_nan=False) + "\n"

@@ -1,0 +1,331 @@
+"""The release ledger: composition of a dataset's releases (privacy.composition), its SQLite and GCS stores
+(storage.ledger), the refusal before any data is read, races, and ``dpcda ledger``."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import multiprocessing
+import threading
+
+import dp_accounting
+import pytest
+from dp_accounting import rdp
+
+from privacy.accounting import RDP_ORDERS, SAMPLER_DELTA_SHARE, ReleaseEvents
+from privacy.composition import (
+    Claim,
+    LedgerError,
+    check_budget,
+    compose,
+    event_from_json,
+    event_to_json,
+    release_events_from_json,
+    release_events_to_json,
+)
+from privacy.events import DpmixEvent, GaussianStatsEvent, MixingEvent, NonPrivateEvent, PerturbEvent
+from storage.ledger import SqliteLedger, open_ledger, resolve, summary
+from tests.conftest import make_dataset, run_cli, write_dataset
+
+DELTA = 1e-5
+
+
+def fixed_events(sigma=0.8, sizes=(60, 80), samples=60, l=4) -> ReleaseEvents:
+    stats = GaussianStatsEvent("normalization", noise_std=40.0, sensitivity=2.0)
+    per_class = tuple(MixingEvent("fixed", n, samples, l, 1.0, sigma) for n in sizes)
+    return ReleaseEvents("fixed", (stats,), per_class, gaussian_draws=1000)
+
+
+def published(run, events: ReleaseEvents, eps=3.0, relation="fixed") -> Claim:
+    return Claim(run, events.mode, relation, eps, DELTA, release_events_to_json(events))
+
+
+def test_events_round_trip_through_json():
+    evs = [
+        MixingEvent("poisson", 100, 10, 4, 1.0, 0.5),
+        DpmixEvent("fixed", 1000, 50, 8, 1.0, 0.3, 0.3),
+        PerturbEvent(1.0, 2.0, 1.5),
+        GaussianStatsEvent("class_histogram", 3.0, 1.0),
+        NonPrivateEvent("normalization"),
+    ]
+    for ev in evs:
+        assert event_from_json(json.loads(json.dumps(event_to_json(ev)))) == ev
+    rel = ReleaseEvents("poisson", (evs[3],), (evs[0],), ((evs[3], 1e-7),), gaussian_draws=5, binomial_draws=2)
+    assert release_events_from_json(json.loads(json.dumps(release_events_to_json(rel)))) == rel
+    with pytest.raises(LedgerError, match="unknown privacy event"):
+        event_from_json({"type": "Laplace"})
+
+
+def _independent_rdp_epsilon(releases: list[ReleaseEvents], delta: float) -> float:
+    """One RdpAccountant over every release's events, class by class: max over classes (single-class releases)."""
+    worst = 0.0
+    for k in range(len(releases[0].per_class)):
+        acc = rdp.RdpAccountant(orders=RDP_ORDERS, neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+        for r in releases:
+            acc.compose(dp_accounting.ComposedDpEvent([e.to_dp_event() for e in (*r.shared, r.per_class[k])]))
+        worst = max(worst, acc.get_epsilon(delta))
+    return worst
+
+
+def test_fixed_releases_compose_through_their_events_like_an_independent_accountant():
+    a, b = fixed_events(sigma=0.8, sizes=(70,)), fixed_events(sigma=0.6, sizes=(70,), samples=40)
+    comp = compose([published("a", a, eps=3.0), published("b", b, eps=4.0)])
+    expected = _independent_rdp_epsilon([a, b], 2 * DELTA * (1 - SAMPLER_DELTA_SHARE))
+    assert comp.epsilon == pytest.approx(expected, rel=1e-9)
+    assert comp.delta == pytest.approx(2 * DELTA)
+    assert comp.sum_epsilon == 7.0
+    assert comp.epsilon < 7.0  # tighter than the sum here
+
+
+def test_classes_need_not_match_across_releases():
+    # a release's curve is the largest over its classes: never below any single class's composition
+    a, b = fixed_events(sizes=(60, 200)), fixed_events(sizes=(200, 60))
+    comp = compose([published("a", a, eps=50), published("b", b, eps=50)])
+    aligned = _independent_rdp_epsilon([a, b], 2 * DELTA * (1 - SAMPLER_DELTA_SHARE))
+    assert comp.epsilon >= aligned - 1e-9
+    worst = fixed_events(sizes=(60,))
+    assert comp.epsilon == pytest.approx(_independent_rdp_epsilon([worst, worst], 2 * DELTA * (1 - 1e-6)))
+
+
+def test_one_release_composes_to_at_most_its_own_sum_and_nonprivate_is_infinite():
+    ev = fixed_events()
+    assert compose([published("a", ev, eps=100.0)]).epsilon <= 100.0
+    leak = ReleaseEvents("fixed", (NonPrivateEvent("normalization"),), ev.per_class)
+    assert math.isinf(compose([published("a", ev), published("b", leak)]).epsilon)
+
+
+def test_reservations_count_at_their_target_and_poisson_sums():
+    ev = fixed_events(sizes=(70,))
+    alone = compose([published("a", ev)]).epsilon
+    with_pending = compose([published("a", ev), Claim("b", "fixed", "fixed", 5.0, DELTA)])
+    assert with_pending.epsilon == pytest.approx(alone + 5.0)
+    assert "reservation" in with_pending.method
+    pois = [Claim(str(i), "poisson", "poisson", 2.0, DELTA, {"mode": "poisson"}) for i in range(3)]
+    assert compose(pois).epsilon == pytest.approx(6.0)
+    assert compose(pois).delta == pytest.approx(3 * DELTA)
+
+
+def test_relations_that_do_not_compose_are_refused_and_mixed_replace_one_is_stated_narrowly():
+    fixed = published("a", fixed_events(sizes=(70,)))
+    with pytest.raises(LedgerError, match="do not compose"):
+        check_budget("ds", [fixed], Claim("b", "poisson", "poisson", 1.0, DELTA), cap=None)
+    dpmix = Claim("c", "fixed", "dpmix/fixed", 1.0, DELTA)
+    assert "within the same class" in compose([fixed, dpmix]).relation
+    assert "any other record" in compose([dpmix]).relation
+
+
+def test_check_budget_names_spent_and_requested():
+    hist = [published("a", fixed_events(sizes=(70,)))]
+    spent = compose(hist).epsilon
+    ok = check_budget("ds", hist, Claim("b", "fixed", "fixed", 1.0, DELTA), cap=spent + 1.0 + 1e-9)
+    assert ok["before"]["epsilon"] == pytest.approx(spent) and ok["after_at_most"]["epsilon"] <= spent + 1.0 + 1e-9
+    with pytest.raises(LedgerError) as err:
+        check_budget("ds", hist, Claim("b", "fixed", "fixed", 1.0, DELTA), cap=spent + 0.5)
+    msg = str(err.value)
+    assert f"spent epsilon {spent:.4g}" in msg and "asks 1" in msg and "before reading any data" in msg
+    assert "\n" not in msg
+
+
+# ---------------------------------------------------------------- the stores
+
+
+def _request(run, eps=4.0, mode="fixed"):
+    return {"run": run, "mechanism": "dpcda", "mode": mode, "relation": mode, "epsilon": eps, "delta": DELTA,
+            "output": f"/nowhere/{run}"}  # fmt: skip
+
+
+def _manifest(events: ReleaseEvents, eps: float) -> dict:
+    return {
+        "privacy": {"epsilon": eps, "delta": DELTA, "events": release_events_to_json(events)},
+        "mechanism": {"name": "dpcda", "mode": events.mode},
+        "output": {"prefix": ""},
+    }
+
+
+def _store_life_cycle(ledger):
+    ledger.reserve("ds", _request("r1"), cap=10.0)
+    ledger.reserve("other", _request("o1", eps=9.0), cap=10.0)  # another dataset id has its own budget
+    assert [e["state"] for e in ledger.entries("ds")] == ["pending"]
+    ledger.record("ds", "r1", _manifest(fixed_events(sizes=(70,)), 3.9))
+    ledger.reserve("ds", _request("r2"), cap=10.0)
+    ledger.cancel("ds", "r2")  # a failed run leaves nothing
+    entries = ledger.entries("ds")
+    assert [(e["run"], e["state"]) for e in entries] == [("r1", "published")]
+    assert entries[0]["events"]["per_class"][0]["class_size"] == 70
+    with pytest.raises(LedgerError, match="over the budget cap"):
+        ledger.reserve("ds", _request("r3", eps=7.0), cap=10.0)
+    assert [e["run"] for e in ledger.entries("ds")] == ["r1"]
+    (ds,) = summary(ledger, "ds")
+    assert ds["composed"]["epsilon"] == pytest.approx(
+        compose([published("r1", fixed_events(sizes=(70,)), eps=3.9)]).epsilon
+    )
+
+
+def test_sqlite_life_cycle(tmp_path):
+    _store_life_cycle(open_ledger(str(tmp_path / "ledger.db")))
+
+
+def test_sqlite_refuses_what_is_not_a_ledger(tmp_path):
+    bad = tmp_path / "x.db"
+    bad.write_text("not sqlite at all, just text " * 20)
+    with pytest.raises(LedgerError, match="not a ledger"):
+        open_ledger(str(bad))
+    with pytest.raises(LedgerError, match="does not exist"):
+        open_ledger(str(tmp_path / "missing" / "ledger.db"))
+
+
+def _race_worker(path, run, barrier, results):
+    ledger = SqliteLedger(path)
+    barrier.wait()
+    try:
+        ledger.reserve("ds", _request(run, eps=6.0), cap=10.0)
+        results.put((run, "ok"))
+    except LedgerError:
+        results.put((run, "refused"))
+
+
+def test_sqlite_race_only_one_of_two_passes_a_cap_that_fits_one(tmp_path):
+    path = str(tmp_path / "ledger.db")
+    SqliteLedger(path)
+    ctx = multiprocessing.get_context("fork")
+    for attempt in range(5):  # several rounds: the outcome must never be two passes
+        barrier, results = ctx.Barrier(4), ctx.Queue()
+        runs = [f"a{attempt}-{i}" for i in range(4)]
+        procs = [ctx.Process(target=_race_worker, args=(path, r, barrier, results)) for r in runs]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+        outcomes = sorted(results.get(timeout=5)[1] for _ in runs)
+        assert outcomes == ["ok", "refused", "refused", "refused"]
+        passed = [e for e in SqliteLedger(path).entries("ds")]
+        assert len(passed) == 1
+        SqliteLedger(path).cancel("ds", passed[0]["run"])
+
+
+@pytest.mark.gcs
+def test_gcs_life_cycle_and_race(gcs):
+    _store_life_cycle(open_ledger(f"{gcs}/ledgers/privacy.json"))
+    uri = f"{gcs}/ledgers/race.json"
+    outcomes, barrier = [], threading.Barrier(4)
+
+    def worker(run):
+        ledger = open_ledger(uri)
+        barrier.wait()
+        try:
+            ledger.reserve("ds", _request(run, eps=6.0), cap=10.0)
+            outcomes.append("ok")
+        except LedgerError:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=worker, args=(f"t{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert sorted(outcomes) == ["ok", "refused", "refused", "refused"]
+    assert len(open_ledger(uri).entries("ds")) == 1
+
+
+def test_resolve_records_a_published_run_and_drops_a_dead_one(tmp_path):
+    ledger = open_ledger(str(tmp_path / "ledger.db"))
+    out = tmp_path / "rel"
+    out.mkdir()
+    ledger.reserve("ds", {**_request("live"), "output": str(out)}, cap=None)
+    with pytest.raises(LedgerError, match="may still be running"):
+        resolve(ledger, "ds", "live")
+    manifest = {**_manifest(fixed_events(sizes=(70,)), 3.9), "ledger": {"run": "live"}}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert resolve(ledger, "ds", "live", force=True) == "recorded"
+    ledger.reserve("ds", _request("dead"), cap=None)
+
+    def age(entries):  # as if reserved two days ago
+        for e in entries:
+            if e["run"] == "dead":
+                e["reserved_at"] = (
+                    datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=2)
+                ).isoformat()
+        return entries, None
+
+    ledger._transact("ds", age)
+    assert resolve(ledger, "ds", "dead") == "dropped"
+    assert [(e["run"], e["state"]) for e in ledger.entries("ds")] == [("live", "published")]
+    with pytest.raises(LedgerError, match="already recorded"):
+        resolve(ledger, "ds", "live")
+
+
+# ---------------------------------------------------------------- through the release job
+
+
+def test_three_releases_against_a_cap_that_fits_two(tmp_path):
+    x, y = make_dataset(n_per_class=60, num_classes=3, dim=16)
+    good = write_dataset(tmp_path / "in", x, y)
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "part-0.parquet").write_bytes(b"PAR1 this is not a parquet file PAR1")  # reading it would fail
+    ledger = str(tmp_path / "ledger.db")
+    # cap 9: the first two fit (3.99, then 3.99 + 4 <= 9); the two compose to about 5.57, and the third is checked at
+    # 5.57 + 4 > 9 before its data is read (docs/privacy.md: the check counts a new release at its full target)
+    common = ["--epsilon", 4, "--ledger", ledger, "--dataset-id", "toy", "--budget-cap", 9]
+    for i in (1, 2):
+        res = run_cli("release", "--input", good, "--output", tmp_path / f"rel{i}", *common)
+        assert res.returncode == 0, res.stderr
+    third = run_cli("release", "--input", str(corrupt / "*.parquet"), "--output", tmp_path / "rel3", *common)
+    assert third.returncode == 2
+    err = third.stderr.strip().splitlines()[-1]
+    assert err.startswith("dpcda: error: ledger: dataset 'toy' has spent epsilon") and "asks 4" in err, third.stderr
+    assert not (tmp_path / "rel3").exists()
+
+    shown = run_cli("ledger", "show", "--ledger", ledger, "--dataset-id", "toy", "--json")
+    assert shown.returncode == 0, shown.stderr
+    (ds,) = json.loads(shown.stdout)
+    assert [e["state"] for e in ds["releases"]] == ["published", "published"]
+    manifests = [json.loads((tmp_path / f"rel{i}" / "manifest.json").read_text()) for i in (1, 2)]
+    assert [m["ledger"]["run"] for m in manifests] == [e["run"] for e in ds["releases"]]
+    assert manifests[1]["ledger"]["before"]["releases"] == 1
+    events = [release_events_from_json(m["privacy"]["events"]) for m in manifests]
+    expected = _independent_rdp_epsilon(events, 2 * DELTA * (1 - SAMPLER_DELTA_SHARE))
+    assert ds["composed"]["epsilon"] == pytest.approx(expected, rel=1e-9)
+    assert ds["composed"]["epsilon"] < sum(m["privacy"]["epsilon"] for m in manifests)
+    text = run_cli("ledger", "show", "--ledger", ledger)
+    assert "dataset toy: 2 release(s)" in text.stdout and "composed: eps" in text.stdout
+
+
+def test_a_release_that_fails_leaves_no_entry(tmp_path):
+    x, y = make_dataset(n_per_class=3, num_classes=2, dim=8)  # 3 records per class < l = 4: refused by the plan
+    inp = write_dataset(tmp_path / "in", x, y)
+    ledger = str(tmp_path / "ledger.db")
+    res = run_cli(
+        "release", "--input", inp, "--output", tmp_path / "rel", "--epsilon", 2, "--ledger", ledger,
+        "--dataset-id", "toy",
+    )  # fmt: skip
+    assert res.returncode == 2 and "fewer than mixing_order" in res.stderr
+    assert open_ledger(ledger).entries() == []
+    (tmp_path / "out").mkdir()
+    inside = str(tmp_path / "out" / "ledger.db")
+    res = run_cli(
+        "release", "--input", inp, "--output", tmp_path / "out", "--epsilon", 2, "--ledger", inside,
+        "--dataset-id", "toy",
+    )  # fmt: skip
+    assert res.returncode == 2 and "lies inside the output" in res.stderr, res.stderr
+    assert open_ledger(inside).entries() == []
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--ledger", "L.db"], "dataset_id: required with --ledger"),
+        (["--dataset-id", "x"], "dataset_id: only used with --ledger"),
+        (["--budget-cap", "3"], "budget_cap: only used with --ledger"),
+        (["--ledger", "L.db", "--dataset-id", "x", "--seed", "1"], "TEST seed"),
+    ],
+)
+def test_ledger_flags_are_checked_before_work(tmp_path, flags, message):
+    res = run_cli("release", "--input", tmp_path / "none.parquet", "--output", tmp_path / "o", "--epsilon", 1, *flags)
+    assert res.returncode == 2 and message in res.stderr, res.stderr
+    res = run_cli(
+        "release", "--input", tmp_path / "none.parquet", "--output", tmp_path / "o", "--sigma-x", 1,
+        "--ledger", tmp_path / "L.db", "--dataset-id", "x",
+    )  # fmt: skip
+    assert res.returncode == 2 and "give --epsilon" in res.stderr
