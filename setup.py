@@ -21,6 +21,8 @@ setup(
         "matplotlib>=3.7",
         "tqdm>=4.60",
         "mpmath>=1.3",
+        "scipy>=1.10",
+        "daqp>=0.11",  # dense QP of seed 002's private sampling
         # torch is installed separately (a CPU wheel pinned in requirements.txt; CUDA in the Dockerfile)
     ],
     entry_points={"console_scripts": ["dpcda=pipeline.cli:main"]},

@@ -30,6 +30,8 @@ _KNOWN = (
     "SchemaError",
     "RiskError",
     "LedgerError",
+    "FeasibilityError",
+    "PrivateSamplingError",
 )  # every DpcdaError subclass, by name (a worker's error reaches the launcher as text; tests/test_errors.py checks)
 _PATTERN = re.compile(r"(?:^|\W)(%s): (.+)" % "|".join(_KNOWN))
 
@@ -553,6 +555,10 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--trials", type=int, default=2000)
     au.add_argument("--seed", type=int, default=0)
     au.add_argument("--json", action="store_true")
+
+    from pipeline.sampling_cli import register as register_sampling
+
+    COMMANDS.update(register_sampling(sub))
     return parser
 
 
