@@ -73,6 +73,19 @@ class ReleasePlan:
     projection: Optional[tuple[int, int, float]] = None  # randproj: (p, public seed, operator norm of R)
     denoise: Optional[float] = None  # post-processing: Gaussian blur of this std (pixels) on image rows
     image_shape: Optional[tuple[int, ...]] = None  # of the rows, for the post-processing
+    mixing_paths: tuple[str, ...] = ()  # per group (dpcda: class; dpmix: the dataset): 'memory' or 'join'
+    join_block_rows: int = 0  # R of the join path (mechanisms.joinmix)
+
+    @property
+    def join_groups(self) -> tuple[int, ...]:
+        return tuple(g for g, p in enumerate(self.mixing_paths) if p == "join")
+
+    def group_records(self, g: int) -> int:
+        """Exact records of group g (private: the join path's index range)."""
+        return int(sum(self.class_rows)) if self.mechanism == "dpmix" else int(self.class_rows[g])
+
+    def group_samples(self, g: int) -> int:
+        return self.samples_total if self.mechanism == "dpmix" else self.samples_per_class
 
     @property
     def guarantee_epsilon(self) -> float:
@@ -147,8 +160,31 @@ def check_class_memory(sizes, dim: int, budget: int, *, where: str, exact: bool)
             raise PlanError(
                 f"{where}: class {k} needs about {need / 2**30:.2f} GiB ({size} at d={dim}), more than "
                 f"max_class_bytes={budget / 2**30:.2f} GiB, the limit of the in-memory mixer (one class "
-                f"on one worker); raise --max-class-bytes on workers with more memory, or split the class"
+                f"on one worker); use --mixing-path auto or join, or raise --max-class-bytes on bigger workers"
             )
+
+
+JOIN_BLOCK_BYTES = 1 << 27  # records of one join block of the join path: 128 MiB of float64 rows
+MIN_JOIN_BLOCK_ROWS = 1024
+
+
+def join_block_rows(dim: int, requested: int = 0) -> int:
+    """R: records per join block of the join path (a power of two; ``requested`` > 0 overrides)."""
+    if requested > 0:
+        return int(requested)
+    rows = max(MIN_JOIN_BLOCK_ROWS, JOIN_BLOCK_BYTES // (8 * max(int(dim), 1)))
+    return 1 << (rows.bit_length() - 1)
+
+
+def choose_mixing_paths(sizes, dim: int, budget: int, path: str, *, where: str, exact: bool) -> tuple[str, ...]:
+    """'memory' or 'join' for each group. ``sizes`` are public (fixed: exact class sizes; poisson: DP sizes plus a
+    margin), so the choice is too; auto sends a group to the join path where it would not fit one worker."""
+    if path == "memory":
+        check_class_memory(sizes, dim, budget, where=where, exact=exact)
+        return ("memory",) * len(sizes)
+    if path == "join":
+        return ("join",) * len(sizes)
+    return tuple("join" if class_bytes(n, dim) > budget else "memory" for n in sizes)
 
 
 def check_statistics(mean: np.ndarray, std: np.ndarray, bounds: tuple[float, float], clip: float) -> None:
@@ -266,8 +302,11 @@ def build_plan(
                 f"draws l distinct records per row (lower l, or use --mode poisson){hint}"
             )
         groups = [rows] if cfg.mechanism == "dpmix" else counts
-        if cfg.mechanism in ("dpcda", "dpmix"):
-            check_class_memory(groups, dim, budget_bytes, where=where, exact=True)
+        paths = (
+            choose_mixing_paths(groups, dim, budget_bytes, cfg.mixing_path, where=where, exact=True)
+            if cfg.mechanism in ("dpcda", "dpmix")
+            else ()
+        )
         sizes, n_public = counts, float(rows)
         dp_sizes = None
         caveats.append(
@@ -296,7 +335,7 @@ def build_plan(
             if cfg.mechanism == "dpmix"
             else dp_sizes + 6 * hist.noise_std
         )
-        check_class_memory(grouped, dim, budget_bytes, where=where, exact=False)
+        paths = choose_mixing_paths(grouped, dim, budget_bytes, cfg.mixing_path, where=where, exact=False)
         sizes, n_public = dp_sizes, float(max(dp_sizes.sum(), 1))
         caveats.append(
             "poisson mode: q_k, T_k and sigma_x are chosen from the DP class histogram; the histogram is "
@@ -459,6 +498,8 @@ def build_plan(
         projection=projection,
         denoise=cfg.denoise,
         image_shape=resolve_image_shape(cfg, dim) if cfg.denoise else None,
+        mixing_paths=paths,
+        join_block_rows=join_block_rows(dim, cfg.join_block_rows) if "join" in paths else 0,
     )
 
 

@@ -98,6 +98,7 @@ def mechanism_section(cfg, plan):
             sampling_rate=float(plan.sampling_rates[0]),
             chunk_rows=cfg.chunk_rows,
             postprocessing=postprocessing(plan),
+            mixing_paths=list(plan.mixing_paths),
             **common,
         )
     if plan.mechanism == "local":
@@ -124,6 +125,7 @@ def mechanism_section(cfg, plan):
         sampling_rates=[float(q) for q in plan.sampling_rates],
         chunk_rows=cfg.chunk_rows,
         postprocessing=postprocessing(plan),
+        mixing_paths=list(plan.mixing_paths),
         **common,
     )
 

@@ -34,6 +34,7 @@ from storage.shards import InputError, detect_format, read_shard
 from storage.tables import arrow_schema_of
 from transforms.calibrate import Calibrate
 from transforms.group import GroupByClass, GroupDataset
+from transforms.join import MixByJoin
 from transforms.mix import MixDataset, MixWithinClass, PerturbRecords
 from transforms.normalize import NormalizeAndClip, NormalizeDataset
 from transforms.read import ReadShards
@@ -106,6 +107,12 @@ def build_pipeline(
     plan = stats | "Calibrate" >> Calibrate(cfg, key, public_stats)
     build = (__version__, build_commit())
     common = dict(features_column=cfg.features_column, label_column=cfg.label_column, expected_build=build)
+    # The join path's groups (mechanisms.joinmix) are decided by the plan; both branches run, each on its own groups.
+    joined = (
+        blocks | "MixByJoin" >> MixByJoin(plan, key, chunk_rows=cfg.chunk_rows, soft_labels=cfg.soft_labels, **common)
+        if cfg.mechanism in ("dpcda", "dpmix") and cfg.mixing_path != "memory"
+        else None
+    )
     if cfg.mechanism == "dpcda":
         synthetic = (
             blocks
@@ -119,12 +126,16 @@ def build_pipeline(
     elif cfg.mechanism == "dpmix":
         synthetic = (
             blocks
+            | "KeepIfInMemory"
+            >> beam.Filter(lambda _b, p: p.mixing_paths[0] == "memory", beam.pvalue.AsSingleton(plan))
             | "GroupDataset" >> GroupDataset()
             | "NormalizeDataset" >> NormalizeDataset(plan)
             | "MixDataset" >> MixDataset(plan, key, device=cfg.device, chunk_rows=cfg.chunk_rows, **common)
         )
     else:
         synthetic = blocks | "PerturbRecords" >> PerturbRecords(plan, key, **common)
+    if joined is not None:
+        synthetic = (synthetic, joined) | "BothPaths" >> beam.Flatten()
     out_dim = cfg.projection_dim if cfg.mechanism == "randproj" else dim
     if cfg.table is not None:  # post-processing: back to the input's columns and types
         synthetic = synthetic | "DecodeTable" >> DecodeTable(

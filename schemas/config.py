@@ -134,6 +134,17 @@ class ReleaseConfig(BaseModel):
             "suffixes"
         ),
     )
+    mixing_path: Literal["auto", "memory", "join"] = Field(
+        "auto",
+        description=(
+            "memory: each class (DPMix: the dataset) mixed on one worker, refused above max_class_bytes; join: the "
+            "plan-and-join path, no class on one worker (docs/operations.md); auto: join only where a class is above "
+            "max_class_bytes"
+        ),
+    )
+    join_block_rows: int = Field(
+        0, ge=0, le=1 << 26, description="join path: records per join block (0: 128 MiB of float64 rows)"
+    )
     output_shards: int = Field(0, ge=0, le=100_000, description="Parquet part files (0: the runner decides)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where the mixing runs (auto: CUDA if present)")
     seed: Optional[int] = Field(None, ge=0, lt=1 << 63, description="TEST ONLY: fixed noise key; marks the manifest")
@@ -321,6 +332,8 @@ class ReleaseConfig(BaseModel):
                 raise ValueError(f"samples: {self.mechanism} releases exactly one row per record")
             if self.mixing_order != 1:
                 raise ValueError(f"mixing_order: {self.mechanism} does not mix records (leave it out)")
+        if self.mechanism in ("local", "randproj") and self.mixing_path == "join":
+            raise ValueError(f"mixing_path: {self.mechanism} does not mix (each record is its own row)")
         if self.mechanism == "randproj" and (self.lowpass or self.denoise):
             raise ValueError("lowpass/denoise: randproj rows are projections, not images")
         if self.mechanism == "dpmix" and self.num_classes is None:

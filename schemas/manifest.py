@@ -72,6 +72,11 @@ class DpcdaMechanism(_Frozen):
     sampling_rates: list[float] = Field(description="l/N_k (fixed) or q_k = l/N_k_hat (poisson), per class")
     chunk_rows: int
     postprocessing: Optional[PostProcessing] = None
+    mixing_paths: Optional[list[str]] = Field(
+        None,
+        description="which path mixed each class: 'memory' (one worker) or 'join' (plan-and-join, "
+        "mechanisms.joinmix); the privacy numbers do not depend on it",
+    )
 
 
 class DpmixMechanism(_Frozen):
@@ -93,6 +98,11 @@ class DpmixMechanism(_Frozen):
     sampling_rate: float
     chunk_rows: int
     postprocessing: Optional[PostProcessing] = None
+    mixing_paths: Optional[list[str]] = Field(
+        None,
+        description="which path mixed each group (one: the dataset): 'memory' (one worker) or 'join' (plan-and-join, "
+        "mechanisms.joinmix); the privacy numbers do not depend on it",
+    )
 
 
 class LocalMechanism(_Frozen):

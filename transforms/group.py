@@ -1,4 +1,5 @@
-"""GroupByClass: Block -> (k, iterable of raw float32 row blocks) for every class k in range(K), empty classes included.
+"""GroupByClass: Block -> (k, iterable of raw float32 row blocks) for every class k in range(K) that the plan mixes in
+memory (``plan.mixing_paths``; the join path's classes go to ``transforms.join``), empty classes included.
 GroupDataset: Block -> (0, iterable of (rows, labels)): the whole dataset, for DPMix.
 
 Grouping raw rows (before the z-score) lets the read stage feed the shuffle directly, so the full input crosses a
@@ -15,9 +16,14 @@ import numpy as np
 from storage.shards import Block
 
 
-def _split_by_label(block: Block):
+def _split_by_label(block: Block, plan):
     for k in np.unique(block.labels):
-        yield int(k), block.features[block.labels == k]
+        if not plan.mixing_paths or plan.mixing_paths[int(k)] == "memory":  # join classes never meet on one worker
+            yield int(k), block.features[block.labels == k]
+
+
+def _memory_classes(plan):
+    return [(k, None) for k in range(plan.num_classes) if not plan.mixing_paths or plan.mixing_paths[k] == "memory"]
 
 
 def _with_labels(block: Block):
@@ -36,8 +42,8 @@ class GroupByClass(beam.PTransform):
         self.plan = plan_pcoll
 
     def expand(self, blocks):
-        rows = blocks | "SplitByLabel" >> beam.FlatMap(_split_by_label)
-        classes = self.plan | "AllClasses" >> beam.FlatMap(lambda p: [(k, None) for k in range(p.num_classes)])
+        rows = blocks | "SplitByLabel" >> beam.FlatMap(_split_by_label, beam.pvalue.AsSingleton(self.plan))
+        classes = self.plan | "AllClasses" >> beam.FlatMap(_memory_classes)
         return (rows, classes) | "WithEmptyClasses" >> beam.Flatten() | "GroupByClass" >> beam.GroupByKey()
 
 
