@@ -158,7 +158,17 @@ def build_pipeline(
     )
 
 
-COUNTERS = ("rows_read", "rows_rejected", "values_clipped_to_bounds", "rows_synthesized", "rows_written")
+COUNTERS = (
+    "rows_read",
+    "rows_rejected",
+    "values_clipped_to_bounds",
+    "rows_synthesized",
+    "rows_written",
+    "join_record_bytes",
+    "join_index_pairs",
+    "join_partial_bytes",
+)
+DISTRIBUTIONS = ("join_block_held_bytes", "join_chunk_held_bytes")  # logged as their maximum
 
 
 def _counters(result) -> dict:
@@ -166,13 +176,18 @@ def _counters(result) -> dict:
     from apache_beam.metrics.metric import MetricsFilter
 
     try:
-        found = result.metrics().query(MetricsFilter().with_namespace("dpcda"))["counters"]
+        found = result.metrics().query(MetricsFilter().with_namespace("dpcda"))
     except Exception:  # noqa: BLE001 - metrics are best effort; some runners do not report them
         return {}
     totals = dict.fromkeys(COUNTERS, 0)
-    for c in found:
+    for c in found["counters"]:
         value = c.committed if c.committed is not None else c.attempted
         totals[c.key.metric.name] = totals.get(c.key.metric.name, 0) + int(value or 0)
+    for d in found.get("distributions", []):
+        value = d.committed if d.committed is not None else d.attempted
+        if d.key.metric.name in DISTRIBUTIONS and value is not None and value.count:
+            name = d.key.metric.name + "_max"
+            totals[name] = max(totals.get(name, 0), int(value.max))
     return totals
 
 

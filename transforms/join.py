@@ -6,7 +6,8 @@
     plan --Chunks--> ((g, c), None) ----------------------------------------------------------------------+
         --> GroupByKey --Finish--> Table
 
-Counters (namespace dpcda): join_record_bytes, join_index_pairs and join_partial_bytes, the shuffle's payload.
+Counters (namespace dpcda): join_record_bytes, join_index_pairs and join_partial_bytes, the shuffle's payload;
+distributions join_block_held_bytes and join_chunk_held_bytes, what one worker holds at once in the two joins.
 """
 
 from __future__ import annotations
@@ -90,9 +91,12 @@ class _RequestsFn(beam.DoFn):
 class _PartialsFn(beam.DoFn):
     def __init__(self):
         self.bytes = Metrics.counter("dpcda", "join_partial_bytes")
+        self.held = Metrics.distribution("dpcda", "join_block_held_bytes")
 
     def process(self, element, plan):
         (g, j), values = element
+        values = list(values)  # a join block's records and requests: what this worker holds at once
+        self.held.update(sum(v[1].nbytes + v[2].nbytes for _, v in values))  # rows and labels, or positions and ids
         for k, part in block_partials(
             g,
             j,
@@ -110,12 +114,15 @@ class _FinishFn(beam.DoFn):
         self.chunk_rows, self.soft_labels = chunk_rows, soft_labels
         self.fc, self.lc, self.expected_build = features_column, label_column, expected_build
         self.rows_written = Metrics.counter("dpcda", "rows_synthesized")
+        self.held = Metrics.distribution("dpcda", "join_chunk_held_bytes")
 
     def setup(self):
         check_build(self.expected_build)
 
     def process(self, element, plan, key):
         (g, c), partials = element
+        partials = [p for p in partials if p is not None]  # one chunk's partial sums: held at once (sorted by block)
+        self.held.update(sum(p[2].nbytes + (p[3].nbytes if p[3] is not None else 0) for p in partials))
         rows = min(self.chunk_rows, plan.group_samples(g) - c * self.chunk_rows)
         dpmix = plan.mechanism == "dpmix"
         feats, labels = finish_chunk(
