@@ -217,6 +217,15 @@ def cmd_release(args, beam_args) -> int:
         from evaluation.audit import audit_section
 
         stages.append(("audit", lambda workdir, manifest: audit_section(manifest)))
+    if cfg.membership_audit:  # after the canary audit: keeps its keys, adds "membership"
+        from evaluation.membership import membership_audit_section
+
+        stages.append(
+            (
+                "audit",
+                lambda workdir, manifest: membership_audit_section(workdir, manifest, cfg.input, cfg.eval_input),
+            )
+        )
     manifest = run_release(
         cfg, beam_args, tuple(stages), eval_input=cfg.eval_input, protect=(args.config,) if args.config else ()
     )
@@ -326,9 +335,16 @@ def _fmt_eps(eps) -> str:
 def cmd_ledger(args, _beam_args) -> int:
     from storage.ledger import open_ledger, resolve, summary
 
-    ledger = open_ledger(args.ledger)
+    ledger = open_ledger(args.ledger, create=args.ledger_command == "init")
+    if args.ledger_command == "init":
+        print(json.dumps({"ledger": args.ledger, "releases": len(ledger.entries())}))
+        return 0
+    if args.ledger_command == "cap":
+        ledger.set_cap(args.dataset_id, args.epsilon)
+        print(json.dumps({"dataset_id": args.dataset_id, "budget_cap": args.epsilon}))
+        return 0
     if args.ledger_command == "resolve":
-        done = resolve(ledger, args.dataset_id, args.run, force=args.force)
+        done = resolve(ledger, args.dataset_id, args.run, force=args.force, drop=args.drop)
         print(json.dumps({"dataset_id": args.dataset_id, "run": args.run, "resolved": done}))
         return 0
     datasets = summary(ledger, args.dataset_id)
@@ -339,7 +355,8 @@ def cmd_ledger(args, _beam_args) -> int:
         print(f"{args.ledger}: no releases" + (f" of dataset '{args.dataset_id}'" if args.dataset_id else ""))
     for ds in datasets:
         comp = ds["composed"]
-        print(f"dataset {ds['dataset_id']}: {len(ds['releases'])} release(s)")
+        cap = f", budget cap {ds['budget_cap']:g}" if ds["budget_cap"] is not None else ""
+        print(f"dataset {ds['dataset_id']}: {len(ds['releases'])} release(s){cap}")
         for e in ds["releases"]:
             when = e.get("published_at") or e.get("reserved_at")
             print(
@@ -453,6 +470,12 @@ def cmd_audit(args, _beam_args) -> int:
     return run_audit_cli(args)
 
 
+def cmd_audit_release(args, beam_args) -> int:
+    from evaluation.membership import cmd_audit_release as run
+
+    return run(args, beam_args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpcda", description=__doc__.splitlines()[0], allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -488,6 +511,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     led = sub.add_parser("ledger", allow_abbrev=False, help="the releases of each dataset id and their composed budget")
     led_sub = led.add_subparsers(dest="ledger_command", required=True)
+    init = led_sub.add_parser("init", allow_abbrev=False, help="create a ledger (releases refuse one that is missing)")
+    init.add_argument("--ledger", required=True, help="a local SQLite file or gs://bucket/object")
+    cap = led_sub.add_parser(
+        "cap", allow_abbrev=False, help="store a dataset's budget cap (a release's --budget-cap can only lower it)"
+    )
+    cap.add_argument("--ledger", required=True)
+    cap.add_argument("--dataset-id", required=True)
+    cap.add_argument("--epsilon", type=float, required=True)
     show = led_sub.add_parser("show", allow_abbrev=False, help="history and composed epsilon per dataset id")
     show.add_argument("--ledger", required=True, help="a local SQLite file or gs://bucket/object")
     show.add_argument("--dataset-id", default=None)
@@ -501,6 +532,11 @@ def build_parser() -> argparse.ArgumentParser:
     res.add_argument("--dataset-id", required=True)
     res.add_argument("--run", required=True)
     res.add_argument("--force", action="store_true", help="the run is known to have stopped (reserved under 24 h ago)")
+    res.add_argument(
+        "--drop",
+        action="store_true",
+        help="drop the reservation although OUTPUT holds a later release of another run (known not published)",
+    )
 
     from schemas.config import ReleaseConfig
 
@@ -556,6 +592,10 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--seed", type=int, default=0)
     au.add_argument("--json", action="store_true")
 
+    from evaluation.membership import add_parser as add_audit_release_parser
+
+    add_audit_release_parser(sub)
+
     from pipeline.sampling_cli import register as register_sampling
 
     COMMANDS.update(register_sampling(sub))
@@ -571,6 +611,7 @@ COMMANDS = {
     "account": cmd_account,
     "evaluate": cmd_evaluate,
     "audit": cmd_audit,
+    "audit-release": cmd_audit_release,
 }
 
 

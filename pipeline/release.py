@@ -325,17 +325,14 @@ def run_release(
         "relation": relation_key(cfg.mechanism, cfg.mode),
         "epsilon": cfg.epsilon,
         "delta": cfg.delta,
-        "output": cfg.output,
+        "output": publish.check_output_path(cfg.output),  # one spelling, whatever the working directory
     }
     section = ledger.reserve(cfg.dataset_id, request, cfg.budget_cap)  # before any data is read
     guarded = (*protect, cfg.ledger)  # a release never writes over its ledger
     try:
         manifest = _release(cfg, options, files, stages, eval_input, guarded, section, t0)
     except BaseException as err:
-        if getattr(err, "published", False) and getattr(err, "manifest", None) is not None:
-            _record(ledger, cfg.dataset_id, run, err.manifest)  # visible already: it must be on the ledger
-        else:
-            ledger.cancel(cfg.dataset_id, run)
+        _settle(ledger, cfg.dataset_id, run, request["output"], err)
         raise
     if not _record(ledger, cfg.dataset_id, run, manifest):
         err = ReleaseError(
@@ -346,6 +343,24 @@ def run_release(
         err.published = True
         raise err
     return manifest
+
+
+def _settle(ledger, dataset_id: str, run: str, output: str, err: BaseException) -> None:
+    """The reservation of a run that raised, decided by what OUTPUT holds (not by where the exception came from: an
+    interrupt can land after the release became visible): recorded if OUTPUT's manifest names the run, removed if
+    it does not. Anything that goes wrong here (a second interrupt, an unreachable ledger, an unreadable OUTPUT)
+    leaves the reservation, which keeps counting at the target epsilon, and the original error stands."""
+    from storage.ledger import published_manifest
+
+    try:
+        ours, _ = published_manifest(output, run)
+        if ours is not None:
+            err.published = True
+            ledger.record(dataset_id, run, ours)
+        else:
+            ledger.cancel(dataset_id, run)
+    except BaseException as inner:  # noqa: BLE001 - never hide the release's own error
+        log.error("stage=ledger run=%s: reservation left as it is (%s: %s)", run, type(inner).__name__, inner)
 
 
 def _record(ledger, dataset_id: str, run: str, manifest: dict) -> bool:
@@ -433,7 +448,6 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
         publish.abandon(target)
         if target.published:
             err.published = True  # the CLI must not say "nothing was published"
-            err.manifest = manifest  # the ledger records what became visible
         raise
     log.info(
         "stage=done output=%s rows=%d epsilon=%s seconds=%.1f",

@@ -140,7 +140,12 @@ def _compose_fixed_events(claims: Sequence[Claim]) -> tuple[float, float]:
     """(epsilon, delta) of published fixed releases composed from their events (RDP), or the sum where that fails."""
     delta = sum(c.delta for c in claims)
     summed = sum(c.epsilon for c in claims)
-    events = [release_events_from_json(c.events) for c in claims]
+    events = []
+    for c in claims:
+        try:
+            events.append(release_events_from_json(c.events))
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise LedgerError(f"ledger: run {c.run}: malformed privacy events ({type(err).__name__})") from None
     if any(e.adaptive for e in events):  # fixed mode has no adaptive stage; never expected
         return summed, delta
     total = np.sum(np.stack([_release_rdp(e) for e in events]), axis=0)

@@ -178,7 +178,11 @@ class ReleaseConfig(BaseModel):
         ),
     )
     dataset_id: Optional[str] = Field(
-        None, min_length=1, max_length=200, description="with --ledger: the name under which releases compose"
+        None,
+        min_length=1,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$",
+        description="with --ledger: the name under which releases compose (letters, digits and . _ / : -)",
     )
     budget_cap: Optional[float] = Field(
         None, gt=0, description="with --ledger: refuse a release that would take the dataset's epsilon past this"

@@ -190,6 +190,22 @@ def _lock_path(out: str) -> str:
     return os.path.join(parent, f".{name}.dpcda-lock")
 
 
+def output_busy(output: str) -> bool:
+    """True while a release to the local OUTPUT holds its lock (a run is under way); False on GCS (no lock)."""
+    out = check_output_path(output)
+    if is_remote(out) or not os.path.exists(_lock_path(out)):
+        return False
+    fd = os.open(_lock_path(out), os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
 def _prepare_local(out: str, overwrite: bool) -> Target:
     parent = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(parent):
@@ -446,9 +462,13 @@ def _publish_gcs(target: Target, manifest: dict, text: str) -> None:
             text, content_type="application/json", if_generation_match=target.generation
         )
     except gexc.PreconditionFailed:
-        raise PublishError(
-            f"{target.output}: another release was published there while this job ran; nothing was published"
-        ) from None
+        # The client retries an upload whose response was lost; its retry then fails the precondition although the
+        # first attempt wrote the object. Ours if the stored manifest is ours, to the byte.
+        current = bucket.get_blob(f"{prefix}/{MANIFEST}")
+        if current is None or current.download_as_bytes() != text.encode():
+            raise PublishError(
+                f"{target.output}: another release was published there while this job ran; nothing was published"
+            ) from None
     target.published = True
     old = target.old_manifest
     if old is not None:

@@ -156,6 +156,26 @@ def _store_life_cycle(ledger):
     with pytest.raises(LedgerError, match="over the budget cap"):
         ledger.reserve("ds", _request("r3", eps=7.0), cap=10.0)
     assert [e["run"] for e in ledger.entries("ds")] == ["r1"]
+    with pytest.raises(LedgerError, match="do not compose"):
+        ledger.reserve("ds", _request("p1", eps=1.0, mode="poisson"), cap=None)
+    # idempotent: a reserve or record retried after a lost response changes nothing twice
+    ledger.reserve("ds", _request("r4", eps=1.0), cap=10.0)
+    ledger.reserve("ds", _request("r4", eps=1.0), cap=10.0)
+    ledger.record("ds", "r4", _manifest(fixed_events(sizes=(70,)), 0.9))
+    ledger.record("ds", "r4", _manifest(fixed_events(sizes=(70,)), 0.9))
+    assert [(e["run"], e["state"]) for e in ledger.entries("ds")] == [("r1", "published"), ("r4", "published")]
+    ledger.cancel("ds", "r4")  # never removes a published entry
+    assert len(ledger.entries("ds")) == 2
+    # a stored cap: a release's --budget-cap can lower it, never raise it
+    ledger.set_cap("other", 9.5)
+    with pytest.raises(LedgerError, match="over the budget cap 9.5"):
+        ledger.reserve("other", _request("o2", eps=1.0), cap=100.0)
+    with pytest.raises(LedgerError, match="positive"):
+        ledger.set_cap("other", -1.0)
+    (other,) = summary(ledger, "other")
+    assert other["budget_cap"] == 9.5 and [e["run"] for e in other["releases"]] == ["o1"]
+    ledger.cancel("ds", "r4")
+    ledger._transact("ds", lambda es: ([e for e in es if e["run"] != "r4"], None))
     (ds,) = summary(ledger, "ds")
     assert ds["composed"]["epsilon"] == pytest.approx(
         compose([published("r1", fixed_events(sizes=(70,)), eps=3.9)]).epsilon
@@ -163,7 +183,7 @@ def _store_life_cycle(ledger):
 
 
 def test_sqlite_life_cycle(tmp_path):
-    _store_life_cycle(open_ledger(str(tmp_path / "ledger.db")))
+    _store_life_cycle(open_ledger(str(tmp_path / "ledger.db"), create=True))
 
 
 def test_sqlite_refuses_what_is_not_a_ledger(tmp_path):
@@ -172,7 +192,10 @@ def test_sqlite_refuses_what_is_not_a_ledger(tmp_path):
     with pytest.raises(LedgerError, match="not a ledger"):
         open_ledger(str(bad))
     with pytest.raises(LedgerError, match="does not exist"):
-        open_ledger(str(tmp_path / "missing" / "ledger.db"))
+        open_ledger(str(tmp_path / "missing" / "ledger.db"), create=True)
+    with pytest.raises(LedgerError, match="ledger init"):  # a mistyped path never starts an empty budget
+        open_ledger(str(tmp_path / "typo.db"))
+    assert not (tmp_path / "typo.db").exists()
 
 
 def _race_worker(path, run, barrier, results):
@@ -187,7 +210,7 @@ def _race_worker(path, run, barrier, results):
 
 def test_sqlite_race_only_one_of_two_passes_a_cap_that_fits_one(tmp_path):
     path = str(tmp_path / "ledger.db")
-    SqliteLedger(path)
+    SqliteLedger(path, create=True)
     ctx = multiprocessing.get_context("fork")
     for attempt in range(5):  # several rounds: the outcome must never be two passes
         barrier, results = ctx.Barrier(4), ctx.Queue()
@@ -206,8 +229,11 @@ def test_sqlite_race_only_one_of_two_passes_a_cap_that_fits_one(tmp_path):
 
 @pytest.mark.gcs
 def test_gcs_life_cycle_and_race(gcs):
-    _store_life_cycle(open_ledger(f"{gcs}/ledgers/privacy.json"))
+    with pytest.raises(LedgerError, match="ledger init"):
+        open_ledger(f"{gcs}/ledgers/privacy.json")
+    _store_life_cycle(open_ledger(f"{gcs}/ledgers/privacy.json", create=True))
     uri = f"{gcs}/ledgers/race.json"
+    open_ledger(uri, create=True)
     outcomes, barrier = [], threading.Barrier(4)
 
     def worker(run):
@@ -229,7 +255,7 @@ def test_gcs_life_cycle_and_race(gcs):
 
 
 def test_resolve_records_a_published_run_and_drops_a_dead_one(tmp_path):
-    ledger = open_ledger(str(tmp_path / "ledger.db"))
+    ledger = open_ledger(str(tmp_path / "ledger.db"), create=True)
     out = tmp_path / "rel"
     out.mkdir()
     ledger.reserve("ds", {**_request("live"), "output": str(out)}, cap=None)
@@ -265,9 +291,13 @@ def test_three_releases_against_a_cap_that_fits_two(tmp_path):
     corrupt.mkdir()
     (corrupt / "part-0.parquet").write_bytes(b"PAR1 this is not a parquet file PAR1")  # reading it would fail
     ledger = str(tmp_path / "ledger.db")
+    common = ["--epsilon", 4, "--ledger", ledger, "--dataset-id", "toy"]
+    missing = run_cli("release", "--input", good, "--output", tmp_path / "rel0", *common)
+    assert missing.returncode == 2 and "ledger init" in missing.stderr.strip().splitlines()[-1]
+    assert run_cli("ledger", "init", "--ledger", ledger).returncode == 0
     # cap 9: the first two fit (3.99, then 3.99 + 4 <= 9); the two compose to about 5.57, and the third is checked at
     # 5.57 + 4 > 9 before its data is read (docs/privacy.md: the check counts a new release at its full target)
-    common = ["--epsilon", 4, "--ledger", ledger, "--dataset-id", "toy", "--budget-cap", 9]
+    assert run_cli("ledger", "cap", "--ledger", ledger, "--dataset-id", "toy", "--epsilon", 9).returncode == 0
     for i in (1, 2):
         res = run_cli("release", "--input", good, "--output", tmp_path / f"rel{i}", *common)
         assert res.returncode == 0, res.stderr
@@ -296,6 +326,7 @@ def test_a_release_that_fails_leaves_no_entry(tmp_path):
     x, y = make_dataset(n_per_class=3, num_classes=2, dim=8)  # 3 records per class < l = 4: refused by the plan
     inp = write_dataset(tmp_path / "in", x, y)
     ledger = str(tmp_path / "ledger.db")
+    open_ledger(ledger, create=True)
     res = run_cli(
         "release", "--input", inp, "--output", tmp_path / "rel", "--epsilon", 2, "--ledger", ledger,
         "--dataset-id", "toy",
@@ -304,6 +335,7 @@ def test_a_release_that_fails_leaves_no_entry(tmp_path):
     assert open_ledger(ledger).entries() == []
     (tmp_path / "out").mkdir()
     inside = str(tmp_path / "out" / "ledger.db")
+    open_ledger(inside, create=True)
     res = run_cli(
         "release", "--input", inp, "--output", tmp_path / "out", "--epsilon", 2, "--ledger", inside,
         "--dataset-id", "toy",
@@ -319,6 +351,19 @@ def test_a_release_that_fails_leaves_no_entry(tmp_path):
         (["--dataset-id", "x"], "dataset_id: only used with --ledger"),
         (["--budget-cap", "3"], "budget_cap: only used with --ledger"),
         (["--ledger", "L.db", "--dataset-id", "x", "--seed", "1"], "TEST seed"),
+        (["--ledger", "L.db", "--dataset-id", " x"], "dataset_id"),
+        (
+            [
+                "--ledger",
+                "L.db",
+                "--dataset-id",
+                "x",
+                "--normalization",
+                "exact",
+                "--i-understand-exact-normalization-is-not-dp",
+            ],
+            "not end-to-end DP",
+        ),
     ],
 )
 def test_ledger_flags_are_checked_before_work(tmp_path, flags, message):
@@ -329,3 +374,93 @@ def test_ledger_flags_are_checked_before_work(tmp_path, flags, message):
         "--ledger", tmp_path / "L.db", "--dataset-id", "x",
     )  # fmt: skip
     assert res.returncode == 2 and "give --epsilon" in res.stderr
+
+
+# ---------------------------------------------------------------- failures around the publish
+
+
+def _small_release_config(tmp_path, ledger):
+    from schemas.config import load_config
+
+    x, y = make_dataset(n_per_class=30, num_classes=2, dim=8)
+    inp = write_dataset(tmp_path / "in", x, y)
+    return load_config(
+        None,
+        {"input": inp, "output": str(tmp_path / "rel"), "epsilon": 3.0, "ledger": ledger, "dataset_id": "toy"},
+    )
+
+
+def test_an_interrupt_after_the_publish_still_records_the_release(tmp_path, monkeypatch):
+    from pipeline.release import run_release
+    from storage import publish
+    from tests.conftest import BEAM_ARGS
+
+    ledger = str(tmp_path / "ledger.db")
+    open_ledger(ledger, create=True)
+    real = publish.publish
+
+    def publish_then_interrupt(target, manifest):
+        real(target, manifest)
+        raise KeyboardInterrupt()  # e.g. SIGINT while the old release is removed
+
+    monkeypatch.setattr(publish, "publish", publish_then_interrupt)
+    with pytest.raises(KeyboardInterrupt) as err:
+        run_release(_small_release_config(tmp_path, ledger), BEAM_ARGS)
+    assert getattr(err.value, "published", False)
+    (entry,) = open_ledger(ledger).entries("toy")
+    assert entry["state"] == "published" and entry["events"]["mode"] == "fixed"
+    manifest = json.loads((tmp_path / "rel" / "manifest.json").read_text())
+    assert manifest["ledger"]["run"] == entry["run"]
+
+
+def test_a_ledger_that_cannot_record_leaves_the_reservation_and_says_the_release_is_out(tmp_path, monkeypatch):
+    from pipeline.release import ReleaseError, run_release
+    from storage import ledger as ledger_mod
+    from tests.conftest import BEAM_ARGS
+
+    ledger = str(tmp_path / "ledger.db")
+    open_ledger(ledger, create=True)
+
+    def broken(self, *a, **k):
+        raise LedgerError("ledger: unreachable")
+
+    monkeypatch.setattr(ledger_mod.Ledger, "record", broken)
+    with pytest.raises(ReleaseError, match="WAS published") as err:
+        run_release(_small_release_config(tmp_path, ledger), BEAM_ARGS)
+    assert err.value.published
+    assert [e["state"] for e in open_ledger(ledger).entries("toy")] == ["pending"]  # counted at the target
+
+
+def test_resolve_never_drops_on_ambiguity_and_waits_for_a_live_run(tmp_path):
+    import fcntl
+    import os
+
+    from storage.publish import _lock_path, check_output_path
+
+    ledger = open_ledger(str(tmp_path / "ledger.db"), create=True)
+    out = tmp_path / "rel"
+    out.mkdir()
+    ledger.reserve("ds", {**_request("old"), "output": check_output_path(str(out))}, cap=None)
+    later = {**_manifest(fixed_events(sizes=(70,)), 1.0), "ledger": {"run": "someone-else"}}
+    later["created_at"] = (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=1)).isoformat()
+    (out / "manifest.json").write_text(json.dumps(later))
+    with pytest.raises(LedgerError, match="--drop"):  # published and then replaced? it cannot tell: it refuses
+        resolve(ledger, "ds", "old", force=True)
+    fd = os.open(_lock_path(str(out)), os.O_CREAT | os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(LedgerError, match="holds its lock"):
+            resolve(ledger, "ds", "old", force=True, drop=True)
+    finally:
+        os.close(fd)
+    assert resolve(ledger, "ds", "old", force=True, drop=True) == "dropped"
+    later["created_at"] = "2000-01-01T00:00:00+00:00"  # a release older than the reservation: nothing of ours
+    (out / "manifest.json").write_text(json.dumps(later))
+    ledger.reserve("ds", {**_request("new"), "output": check_output_path(str(out))}, cap=None)
+    assert resolve(ledger, "ds", "new", force=True) == "dropped"
+
+
+def test_malformed_events_end_in_a_ledger_error():
+    bad = Claim("x", "fixed", "fixed", 1.0, DELTA, {"mode": "fixed", "per_class": [{"type": "MixingEvent"}]})
+    with pytest.raises(LedgerError, match="malformed"):
+        compose([bad])
