@@ -134,6 +134,8 @@ def mix_class(
     lowpass: Optional[tuple[Sequence[int], int]] = None,
     soft_labels: bool = False,
     denoise: Optional[tuple[Sequence[int], float]] = None,
+    basis: Optional[np.ndarray] = None,
+    clip: float = 1.0,
 ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """Yield (chunk, float32 features, labels) for class ``class_index``; ``chunks`` limits which chunks.
 
@@ -141,8 +143,14 @@ def mix_class(
     sigma)`` blurs it (post-processing, ``mechanisms.postprocess``).
     ``soft_labels``: labels are the float32 (rows, K) scores e_k + N(0, sigma_y^2 I) instead of their argmax
     (the same draws: the argmax of the scores is the hard label the same key gives).
+    ``basis`` (d x K, a DP-PCA basis, ``mechanisms.dppca``): records are mixed as V^T x (norms kept below ``clip``'s
+    margin), the noise is K-dimensional, and each row is mapped back, V z, before the other post-processing.
     """
     dev = torch.device(device) if not isinstance(device, torch.device) else device
+    if basis is not None:
+        from mechanisms.dppca import project_rows
+
+        features = project_rows(features, basis, clip)
     order = canonical_order(features)  # sampled positions refer to this order: the input's row order is irrelevant
     x = torch.from_numpy(np.ascontiguousarray(features, np.float64)).to(dev)  # no copy for float64 input on the CPU
     order_t = torch.from_numpy(order).to(dev)
@@ -162,7 +170,7 @@ def mix_class(
             sampling_rate=rate,
             order=order_t,
         )
-        feats = out.astype(np.float32)
+        feats = (out @ basis.T if basis is not None else out).astype(np.float32)
         if post is not None:
             feats = post(feats)
         # Labels draw from their own stream: soft scores publish their noise almost verbatim.

@@ -39,9 +39,17 @@ def mix_dataset(
     chunks=None,
     lowpass: Optional[tuple[Sequence[int], int]] = None,
     denoise: Optional[tuple[Sequence[int], float]] = None,
+    basis: Optional[np.ndarray] = None,
+    clip: float = 1.0,
 ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    """Yield (chunk, float32 features (rows, d), float32 label scores (rows, K)) for the whole dataset."""
+    """Yield (chunk, float32 features (rows, d), float32 label scores (rows, K)) for the whole dataset.
+
+    ``basis``: a DP-PCA basis, as in ``mechanisms.dpcda.mix_class``."""
     dev = torch.device(device) if not isinstance(device, torch.device) else device
+    if basis is not None:
+        from mechanisms.dppca import project_rows
+
+        features = project_rows(features, basis, clip)
     labels = np.asarray(labels, np.int64)
     if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
         raise ValueError(f"labels must lie in [0, {num_classes})")
@@ -71,7 +79,8 @@ def mix_dataset(
         counts = np.zeros((rows, num_classes), np.float64)
         row_of = np.repeat(np.arange(rows), np.diff(np.append(offsets, len(flat))))
         np.add.at(counts, (row_of, y[flat]), 1.0)
-        feats = NoiseStream(key, "dpmix-noise", chunk).gaussian(means, sigma_x).astype(np.float32)
+        feats = NoiseStream(key, "dpmix-noise", chunk).gaussian(means, sigma_x)
+        feats = (feats @ basis.T if basis is not None else feats).astype(np.float32)
         scores = NoiseStream(key, "dpmix-label", chunk).gaussian(counts / mixing_order, sigma_y)
         if post is not None:
             feats = post(feats)

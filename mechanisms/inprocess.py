@@ -40,6 +40,23 @@ def release_in_process(
         normalize_into(out, rows, plan.mean, plan.std, plan.clip, plan.bounds)
         return out
 
+    basis = None
+    if plan.pca_components:
+        from mechanisms.dppca import CovarianceCombiner, dp_basis
+
+        comb = CovarianceCombiner(plan.clip)
+        acc = comb.create()
+        for start in range(0, len(y), BLOCK_ROWS):
+            acc = comb.add(acc, normalized(x[start : start + BLOCK_ROWS]))
+        basis = dp_basis(
+            acc,
+            dim=plan.feature_dim,
+            components=plan.pca_components,
+            clip=plan.clip,
+            noise_std=plan.pca_noise_std,
+            key=key,
+        )
+
     feats, labels, scores = [], [], []
     if plan.mechanism == "dpcda":
         for k in range(plan.num_classes):
@@ -59,6 +76,8 @@ def release_in_process(
                 lowpass=plan.lowpass,
                 denoise=plan.denoise_spec,
                 soft_labels=cfg.soft_labels,
+                basis=basis,
+                clip=plan.clip,
             ):
                 feats.append(f)
                 (scores if cfg.soft_labels else labels).append(lab)
@@ -80,6 +99,8 @@ def release_in_process(
             device=device,
             lowpass=plan.lowpass,
             denoise=plan.denoise_spec,
+            basis=basis,
+            clip=plan.clip,
         ):
             feats.append(f)
             scores.append(sc)

@@ -74,6 +74,9 @@ class ReleasePlan:
     denoise: Optional[float] = None  # post-processing: Gaussian blur of this std (pixels) on image rows
     image_shape: Optional[tuple[int, ...]] = None  # of the rows, for the post-processing
     mixing_paths: tuple[str, ...] = ()  # per group (dpcda: class; dpmix: the dataset): 'memory' or 'join'
+    pca_components: Optional[int] = None  # K of a DP-PCA projection (mechanisms.dppca)
+    pca_noise_std: Optional[float] = None  # of the covariance's upper triangle, in quantized units
+    pca_share: Optional[float] = None
     join_block_rows: int = 0  # R of the join path (mechanisms.joinmix)
 
     @property
@@ -283,6 +286,7 @@ def build_plan(
             f"epsilon={REFERENCE_EPSILON:g}; the epsilon below is what the whole release spends."
         )
 
+    mixing_path = "memory" if cfg.projection else cfg.mixing_path  # the join path has no DP-PCA projection yet
     # Class sizes: public in fixed mode, a DP histogram in poisson mode.
     where = f"{cfg.input}: column '{cfg.label_column}'"
     budget_bytes = cfg.max_class_bytes or default_class_budget()
@@ -303,7 +307,7 @@ def build_plan(
             )
         groups = [rows] if cfg.mechanism == "dpmix" else counts
         paths = (
-            choose_mixing_paths(groups, dim, budget_bytes, cfg.mixing_path, where=where, exact=True)
+            choose_mixing_paths(groups, dim, budget_bytes, mixing_path, where=where, exact=True)
             if cfg.mechanism in ("dpcda", "dpmix")
             else ()
         )
@@ -335,7 +339,7 @@ def build_plan(
             if cfg.mechanism == "dpmix"
             else dp_sizes + 6 * hist.noise_std
         )
-        paths = choose_mixing_paths(grouped, dim, budget_bytes, cfg.mixing_path, where=where, exact=False)
+        paths = choose_mixing_paths(grouped, dim, budget_bytes, mixing_path, where=where, exact=False)
         sizes, n_public = dp_sizes, float(max(dp_sizes.sum(), 1))
         caveats.append(
             "poisson mode: q_k, T_k and sigma_x are chosen from the DP class histogram; the histogram is "
@@ -384,6 +388,19 @@ def build_plan(
         )
 
     check_statistics(mean, std, cfg.feature_bounds, c)
+    pca_std = None
+    if cfg.projection is not None:  # the DP-PCA covariance: a Gaussian release of its own share (mechanisms.dppca)
+        if cfg.pca_components >= dim:
+            raise PlanError(f"projection: K={cfg.pca_components} must be below the feature dimension d={dim}")
+        pca_ev = calibrate_gaussian(
+            mode,
+            name="pca_covariance",
+            sensitivity=dp_stats.covariance_sensitivity(dim, mode),
+            target_epsilon=cfg.pca_budget_share * budget,
+            delta=acc_delta,
+        )
+        shared.append(pca_ev)
+        pca_std = pca_ev.noise_std
     mech = cfg.mechanism
     N = rows if mode == "fixed" else int(n_public)
     T = cfg.samples or N
@@ -432,8 +449,10 @@ def build_plan(
     sigma_y = ratio * sigma_x if mech == "dpmix" else cfg.sigma_y
     per_group = tuple(events(sigma_x))
     out_dim = projection[0] if projection else dim
+    mixed_dim = cfg.pca_components or out_dim  # with a DP-PCA projection the noise is drawn in K dimensions
     gaussian_draws = (
-        T_total * out_dim * (sigma_x > 0)
+        T_total * mixed_dim * (sigma_x > 0)
+        + dim * (dim + 1) // 2 * (pca_std is not None)
         + T_total * K * (sigma_y > 0)
         + 2 * dim * (cfg.normalization == "dp")
         + K * (mode == "poisson")
@@ -499,6 +518,9 @@ def build_plan(
         denoise=cfg.denoise,
         image_shape=resolve_image_shape(cfg, dim) if cfg.denoise else None,
         mixing_paths=paths,
+        pca_components=cfg.pca_components,
+        pca_noise_std=pca_std,
+        pca_share=cfg.pca_budget_share if pca_std is not None else None,
         join_block_rows=join_block_rows(dim, cfg.join_block_rows) if "join" in paths else 0,
     )
 

@@ -74,6 +74,17 @@ def postprocessing(plan) -> PostProcessing | None:
     )
 
 
+def projection_section(plan):
+    if not plan.pca_components:
+        return None
+    return {
+        "method": "dp-pca",
+        "components": plan.pca_components,
+        "covariance_noise_std": plan.pca_noise_std,
+        "epsilon_share": plan.pca_share,
+    }
+
+
 def mechanism_section(cfg, plan):
     """The manifest's ``mechanism``: one model per mechanism (a discriminated union on ``name``)."""
     worst = plan.accounting.worst_class_event
@@ -99,6 +110,7 @@ def mechanism_section(cfg, plan):
             chunk_rows=cfg.chunk_rows,
             postprocessing=postprocessing(plan),
             mixing_paths=list(plan.mixing_paths),
+            projection=projection_section(plan),
             **common,
         )
     if plan.mechanism == "local":
@@ -126,6 +138,7 @@ def mechanism_section(cfg, plan):
         chunk_rows=cfg.chunk_rows,
         postprocessing=postprocessing(plan),
         mixing_paths=list(plan.mixing_paths),
+        projection=projection_section(plan),
         **common,
     )
 

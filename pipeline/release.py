@@ -38,7 +38,7 @@ from transforms.join import MixByJoin
 from transforms.mix import MixDataset, MixWithinClass, PerturbRecords
 from transforms.normalize import NormalizeAndClip, NormalizeDataset
 from transforms.read import ReadShards
-from transforms.stats import ComputeGlobalStats
+from transforms.stats import ComputeDpBasis, ComputeGlobalStats
 from transforms.table import DecodeTable
 from transforms.write import WriteDraftManifest, WriteSynthetic
 
@@ -113,6 +113,7 @@ def build_pipeline(
         if cfg.mechanism in ("dpcda", "dpmix") and cfg.mixing_path != "memory"
         else None
     )
+    basis = blocks | "ComputeDpBasis" >> ComputeDpBasis(plan, key) if cfg.projection else None
     if cfg.mechanism == "dpcda":
         synthetic = (
             blocks
@@ -120,7 +121,13 @@ def build_pipeline(
             | "NormalizeAndClip" >> NormalizeAndClip(plan)
             | "MixWithinClass"
             >> MixWithinClass(
-                plan, key, device=cfg.device, chunk_rows=cfg.chunk_rows, soft_labels=cfg.soft_labels, **common
+                plan,
+                key,
+                device=cfg.device,
+                chunk_rows=cfg.chunk_rows,
+                soft_labels=cfg.soft_labels,
+                basis_pcoll=basis,
+                **common,
             )
         )
     elif cfg.mechanism == "dpmix":
@@ -130,7 +137,8 @@ def build_pipeline(
             >> beam.Filter(lambda _b, p: p.mixing_paths[0] == "memory", beam.pvalue.AsSingleton(plan))
             | "GroupDataset" >> GroupDataset()
             | "NormalizeDataset" >> NormalizeDataset(plan)
-            | "MixDataset" >> MixDataset(plan, key, device=cfg.device, chunk_rows=cfg.chunk_rows, **common)
+            | "MixDataset"
+            >> MixDataset(plan, key, device=cfg.device, chunk_rows=cfg.chunk_rows, basis_pcoll=basis, **common)
         )
     else:
         synthetic = blocks | "PerturbRecords" >> PerturbRecords(plan, key, **common)

@@ -89,3 +89,37 @@ def class_histogram(counts: np.ndarray, *, noise_std: float, stream: NoiseStream
     """DP class counts N_k_hat: Gaussian noise, rounded, floored at 0 (post-processing)."""
     noisy = stream.gaussian(np.asarray(counts, np.float64), noise_std)
     return np.maximum(np.rint(noisy), 0).astype(np.int64)
+
+
+# ---------------------------------------------------------------- DP-PCA: the covariance of clipped rows
+
+COV_QUANTUM_BITS = 16  # a clipped row's coordinates are rounded to multiples of clip / 2^16
+
+
+def covariance_quantize(x: np.ndarray, clip: float) -> np.ndarray:
+    """Rows of L2 norm <= ``clip`` as integers (float64 holding exact ints): round(x 2^16 / clip), |q_i| <= 2^16."""
+    return np.rint(np.asarray(x, np.float64) * (2.0**COV_QUANTUM_BITS / clip))
+
+
+def covariance_sensitivity(dim: int, mode: str) -> float:
+    """L2 sensitivity of the upper triangle (diagonal included) of sum_i q_i q_i^T, in quantized units.
+
+    A quantized row has norm at most 2^16 + sqrt(d)/2 (rounding moves each coordinate by at most 1/2); its outer
+    product's upper triangle has L2 norm at most ||q q^T||_F = ||q||^2. Add/remove changes the sum by one outer
+    product; replace-one by the difference of two, at most twice that. The sums are exact integers
+    (``mechanisms.dppca``), so this holds in the bits.
+    """
+    one = (2.0**COV_QUANTUM_BITS + math.sqrt(dim) / 2.0) ** 2
+    return one * (2.0 if mode == "fixed" else 1.0)
+
+
+def dp_covariance(sum_qq: np.ndarray, clip: float, *, noise_std: float, stream: NoiseStream) -> np.ndarray:
+    """The symmetric DP release of sum_i x_i x_i^T (x units): exact quantized sums plus Gaussian noise of std
+    ``noise_std`` (quantized units) on each entry of the upper triangle, mirrored below the diagonal."""
+    d = sum_qq.shape[0]
+    iu = np.triu_indices(d)
+    upper = stream.gaussian(np.asarray(sum_qq, np.float64)[iu], noise_std)
+    out = np.zeros((d, d), np.float64)
+    out[iu] = upper
+    out.T[iu] = upper
+    return out * (clip / 2.0**COV_QUANTUM_BITS) ** 2

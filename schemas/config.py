@@ -96,6 +96,15 @@ class ReleaseConfig(BaseModel):
     histogram_budget_share: float = Field(
         0.01, gt=0, lt=1, description=("share of epsilon (and of delta) for the class counts in poisson mode")
     )
+    projection: Optional[str] = Field(
+        None,
+        pattern=r"^dp-pca:[1-9][0-9]*$",
+        description=(
+            "dp-pca:K (dpcda, dpmix): mix in the K-dimensional basis of a DP-PCA of the clipped rows (its own share "
+            "of the budget, pca_budget_share); noise only in K dimensions, rows mapped back (docs/privacy.md)"
+        ),
+    )
+    pca_budget_share: float = Field(0.1, gt=0, lt=0.5, description="share of epsilon for the DP-PCA covariance")
     min_std: float = Field(0.01, gt=0, description="std floor, as a fraction of the feature range")
 
     soft_labels: bool = Field(
@@ -368,8 +377,18 @@ class ReleaseConfig(BaseModel):
             )
         if self.membership_audit and not self.eval_input:
             raise ValueError("membership_audit: needs --eval-input (the held-out real rows)")
-        if self.normalization_budget_share + self.histogram_budget_share >= 0.5:
-            raise ValueError("normalization_budget_share: the statistics may take under half the budget")
+        pca = self.pca_budget_share if self.projection else 0.0
+        if self.normalization_budget_share + self.histogram_budget_share + pca >= 0.5:
+            raise ValueError(
+                "normalization_budget_share: the statistics (with pca_budget_share) may take under half the budget"
+            )
+        if self.projection is not None:
+            if self.mechanism not in ("dpcda", "dpmix"):
+                raise ValueError(f"projection: a DP-PCA basis is for the mixing mechanisms, not {self.mechanism}")
+            if self.mixing_path == "join":
+                raise ValueError("projection: not available on the join mixing path yet; use --mixing-path memory")
+            if self.table is not None:
+                raise ValueError("projection: for image and vector rows; a table's encoded columns are not projected")
         return self
 
     def _check_table(self) -> None:
@@ -394,6 +413,11 @@ class ReleaseConfig(BaseModel):
     @property
     def reproducible(self) -> bool:
         return self.seed is not None
+
+    @property
+    def pca_components(self) -> Optional[int]:
+        """K of ``projection: dp-pca:K`` (None without a projection)."""
+        return int(self.projection.split(":", 1)[1]) if self.projection else None
 
     @property
     def writes_soft_labels(self) -> bool:

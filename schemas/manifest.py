@@ -72,6 +72,12 @@ class DpcdaMechanism(_Frozen):
     sampling_rates: list[float] = Field(description="l/N_k (fixed) or q_k = l/N_k_hat (poisson), per class")
     chunk_rows: int
     postprocessing: Optional[PostProcessing] = None
+    projection: Optional[dict] = Field(
+        None,
+        description="with --projection dp-pca:K: the DP-PCA basis the records were mixed in (components K, the "
+        "covariance's noise std in units of (clip / 2^16)^2, its epsilon share); the covariance is the "
+        "pca_covariance component of privacy",
+    )
     mixing_paths: Optional[list[str]] = Field(
         None,
         description="which path mixed each class: 'memory' (one worker) or 'join' (plan-and-join, "
@@ -98,6 +104,12 @@ class DpmixMechanism(_Frozen):
     sampling_rate: float
     chunk_rows: int
     postprocessing: Optional[PostProcessing] = None
+    projection: Optional[dict] = Field(
+        None,
+        description="with --projection dp-pca:K: the DP-PCA basis the records were mixed in (components K, the "
+        "covariance's noise std in units of (clip / 2^16)^2, its epsilon share); the covariance is the "
+        "pca_covariance component of privacy",
+    )
     mixing_paths: Optional[list[str]] = Field(
         None,
         description="which path mixed each group (one: the dataset): 'memory' (one worker) or 'join' (plan-and-join, "

@@ -59,7 +59,7 @@ class _MixFn(beam.DoFn):
         check_build(self.expected_build)
         self.device = pick_device(self.device_pref)
 
-    def process(self, element, plan, key):
+    def process(self, element, plan, key, basis=None):
         k, x = element
         start = time.time()
         for chunk, feats, labels in mix_class(
@@ -78,6 +78,8 @@ class _MixFn(beam.DoFn):
             lowpass=plan.lowpass,
             denoise=plan.denoise_spec,
             soft_labels=self.soft_labels,
+            basis=basis,
+            clip=plan.clip,
         ):
             self.rows_written.inc(len(labels))
             yield finite_table(feats, labels, self.fc, self.lc, soft=self.soft_labels, where=f"class {k}")
@@ -112,7 +114,7 @@ class _MixDatasetFn(beam.DoFn):
         check_build(self.expected_build)
         self.device = pick_device(self.device_pref)
 
-    def process(self, element, plan, key):
+    def process(self, element, plan, key, basis=None):
         _, (x, y) = element
         for _, feats, scores in mix_dataset(
             x,
@@ -129,6 +131,8 @@ class _MixDatasetFn(beam.DoFn):
             device=self.device,
             lowpass=plan.lowpass,
             denoise=plan.denoise_spec,
+            basis=basis,
+            clip=plan.clip,
         ):
             self.rows_written.inc(len(scores))
             yield finite_table(feats, scores, self.fc, self.lc, soft=True, where="dataset")
@@ -176,14 +180,15 @@ class MixDataset(beam.PTransform):
         features_column="features",
         label_column="label",
         expected_build=None,
+        basis_pcoll=None,
     ):
         super().__init__()
-        self.plan, self.key = plan_pcoll, key_pcoll
+        self.plan, self.key, self.basis = plan_pcoll, key_pcoll, basis_pcoll
         self.fn = _MixDatasetFn(device, chunk_rows, features_column, label_column, expected_build)
 
     def expand(self, dataset):
         return dataset | "MixDataset" >> beam.ParDo(
-            self.fn, beam.pvalue.AsSingleton(self.plan), beam.pvalue.AsSingleton(self.key)
+            self.fn, beam.pvalue.AsSingleton(self.plan), beam.pvalue.AsSingleton(self.key), *_basis_side(self.basis)
         )
 
 
@@ -215,12 +220,18 @@ class MixWithinClass(beam.PTransform):
         label_column="label",
         soft_labels=False,
         expected_build=None,
+        basis_pcoll=None,
     ):
         super().__init__()
-        self.plan, self.key = plan_pcoll, key_pcoll
+        self.plan, self.key, self.basis = plan_pcoll, key_pcoll, basis_pcoll
         self.fn = _MixFn(device, chunk_rows, features_column, label_column, soft_labels, expected_build)
 
     def expand(self, classes):
         return classes | "Mix" >> beam.ParDo(
-            self.fn, beam.pvalue.AsSingleton(self.plan), beam.pvalue.AsSingleton(self.key)
+            self.fn, beam.pvalue.AsSingleton(self.plan), beam.pvalue.AsSingleton(self.key), *_basis_side(self.basis)
         )
+
+
+def _basis_side(basis_pcoll) -> tuple:
+    """The DP-PCA basis as a side input (transforms.stats.ComputeDpBasis), or nothing without a projection."""
+    return () if basis_pcoll is None else (beam.pvalue.AsSingleton(basis_pcoll),)

@@ -1,10 +1,14 @@
-"""ComputeGlobalStats: Block -> FirstPass (class counts and feature moments, exact and private)."""
+"""ComputeGlobalStats: Block -> FirstPass (class counts and feature moments, exact and private).
+ComputeDpBasis: Block -> the DP-PCA basis (d x K float64) of the plan's projection, or None without one."""
 
 from __future__ import annotations
 
 import apache_beam as beam
+import numpy as np
 
 from mechanisms.combiners import FirstPassCombiner
+from mechanisms.dppca import CovarianceCombiner, dp_basis
+from mechanisms.plan import normalize_into
 
 
 class FirstPassCombineFn(beam.CombineFn):
@@ -35,3 +39,65 @@ class ComputeGlobalStats(beam.PTransform):
 
     def expand(self, blocks):
         return blocks | "FirstPass" >> beam.CombineGlobally(FirstPassCombineFn(self.bounds))
+
+
+class CovarianceCombineFn(beam.CombineFn):
+    """Thin Beam wrapper of ``CovarianceCombiner``; its inputs are already z-scored and clipped rows."""
+
+    def __init__(self):
+        self.core = None
+
+    def create_accumulator(self):
+        return None
+
+    def add_input(self, acc, element):
+        rows, clip = element
+        core = CovarianceCombiner(clip)
+        return core.add(acc if acc is not None else core.create(), rows)
+
+    def merge_accumulators(self, accs):
+        accs = [a for a in accs if a is not None]
+        return CovarianceCombiner(1.0).merge(accs) if accs else None
+
+    def extract_output(self, acc):
+        return acc
+
+
+def _normalized_rows(block, plan):
+    if not plan.pca_components or not len(block):
+        return
+    out = np.empty(block.features.shape, np.float64)
+    normalize_into(out, block.features, plan.mean, plan.std, plan.clip, plan.bounds)
+    yield out, plan.clip
+
+
+def _basis(acc, plan, key):
+    if not plan.pca_components:
+        return None
+    from mechanisms.dppca import CovarianceSum
+
+    return dp_basis(
+        acc if acc is not None else CovarianceSum(),
+        dim=plan.feature_dim,
+        components=plan.pca_components,
+        clip=plan.clip,
+        noise_std=plan.pca_noise_std,
+        key=key,
+    )
+
+
+class ComputeDpBasis(beam.PTransform):
+    """Block -> one DP-PCA basis (d x K) from the plan's statistics and noise, or None (no projection)."""
+
+    def __init__(self, plan_pcoll, key_pcoll):
+        super().__init__()
+        self.plan, self.key = plan_pcoll, key_pcoll
+
+    def expand(self, blocks):
+        plan = beam.pvalue.AsSingleton(self.plan)
+        return (
+            blocks
+            | "NormalizeForPca" >> beam.FlatMap(_normalized_rows, plan)
+            | "Covariance" >> beam.CombineGlobally(CovarianceCombineFn())
+            | "DpBasis" >> beam.Map(_basis, plan, beam.pvalue.AsSingleton(self.key))
+        )

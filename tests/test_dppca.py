@@ -1,0 +1,146 @@
+"""DP-PCA projection for mixing (mechanisms.dppca, --projection dp-pca:K): exact sums, the sensitivity in the bits,
+the basis, mixing in K dimensions, and the release's accounting."""
+
+from __future__ import annotations
+
+import glob
+import json
+import pickle
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from mechanisms.dpcda import mix_class
+from mechanisms.dppca import CovarianceCombiner, dp_basis, project_rows
+from privacy import dp_stats
+from privacy.events import CLIP_MARGIN
+from privacy.noise import key_from_test_seed
+from tests.conftest import make_dataset, run_cli, write_dataset
+
+KEY = key_from_test_seed(2)
+
+
+def clipped_rows(n, d, clip=1.0, seed=0):
+    x = np.random.default_rng(seed).normal(size=(n, d))
+    return x * (clip * (1 - CLIP_MARGIN) / np.linalg.norm(x, axis=1, keepdims=True))
+
+
+def test_covariance_sums_are_exact_and_split_invariant():
+    x = clipped_rows(500, 7, clip=2.5)
+    comb = CovarianceCombiner(2.5)
+    one = comb.add(comb.create(), x)
+    q = dp_stats.covariance_quantize(x, 2.5).astype(np.int64)
+    exact = np.array(
+        [[int(sum(int(a) * int(b) for a, b in zip(q[:, i], q[:, j]))) for j in range(7)] for i in range(7)]
+    )
+    np.testing.assert_array_equal(one.sum_qq, exact)
+    parts = [comb.add(comb.create(), x[a:b]) for a, b in ((0, 13), (13, 300), (300, 500))]
+    merged = comb.merge(pickle.loads(pickle.dumps(p)) for p in parts)  # accumulators travel pickled
+    np.testing.assert_array_equal(merged.sum_qq, exact)
+    assert merged.rows == 500
+
+
+def test_one_record_moves_the_quantized_upper_triangle_by_at_most_the_sensitivity():
+    d, clip = 30, 1.0
+    worst = 0.0
+    for seed in range(200):
+        x = clipped_rows(2, d, clip, seed)
+        x[1] = -x[0] if seed % 2 else x[1]  # opposite rows: the largest replace-one change
+        q = dp_stats.covariance_quantize(x, clip)
+        iu = np.triu_indices(d)
+        one = np.linalg.norm(np.outer(q[0], q[0])[iu])
+        swap = np.linalg.norm((np.outer(q[0], q[0]) - np.outer(q[1], q[1]))[iu])
+        worst = max(worst, one / dp_stats.covariance_sensitivity(d, "poisson"))
+        worst = max(worst, swap / dp_stats.covariance_sensitivity(d, "fixed"))
+    assert worst <= 1.0
+
+
+def test_the_basis_spans_the_top_directions_without_noise_and_is_orthonormal():
+    rng = np.random.default_rng(1)
+    d, K = 12, 3
+    directions = np.linalg.qr(rng.normal(size=(d, K)))[0]
+    x = rng.normal(size=(2000, K)) * [3.0, 2.0, 1.5] @ directions.T + 0.05 * rng.normal(size=(2000, d))
+    x /= np.maximum(1.0, np.linalg.norm(x, axis=1, keepdims=True)) / (1 - CLIP_MARGIN)
+    comb = CovarianceCombiner(1.0)
+    V = dp_basis(comb.add(comb.create(), x), dim=d, components=K, clip=1.0, noise_std=0.0, key=KEY)
+    np.testing.assert_allclose(V.T @ V, np.eye(K), atol=1e-12)
+    overlap = np.linalg.svd(directions.T @ V, compute_uv=False)  # cosines of the principal angles
+    assert overlap.min() > 0.99
+    noisy = dp_basis(comb.add(comb.create(), x), dim=d, components=K, clip=1.0, noise_std=5e8, key=KEY)
+    np.testing.assert_allclose(noisy.T @ noisy, np.eye(K), atol=1e-12)
+
+
+def test_projected_rows_stay_inside_the_clip_and_mixed_rows_lie_in_the_basis():
+    d, K = 10, 3
+    V = np.linalg.qr(np.random.default_rng(3).normal(size=(d, K)))[0]
+    x = clipped_rows(200, d, clip=1.0)
+    z = project_rows(x, V * (1 + 1e-9), clip=1.0)  # a slightly inflated basis must still not push a row past c
+    assert np.linalg.norm(z, axis=1).max() <= 1.0 * (1 - CLIP_MARGIN)
+    rows = np.concatenate(
+        [
+            f
+            for _, f, _ in mix_class(
+                x,
+                key=KEY,
+                class_index=0,
+                num_classes=1,
+                mode="fixed",
+                mixing_order=4,
+                sigma_x=0.3,
+                samples=50,
+                chunk_rows=16,
+                basis=V,
+                clip=1.0,
+            )
+        ]
+    )
+    residual = rows - (rows @ V) @ V.T
+    assert np.abs(residual).max() < 1e-5  # float32 rows in span(V): no noise in the d - K other directions
+
+
+def test_a_release_with_a_projection_accounts_the_covariance_and_releases_rows_of_rank_k(tmp_path):
+    x, y = make_dataset(n_per_class=40, num_classes=3, dim=16)
+    inp = write_dataset(tmp_path / "in", x, y)
+    res = run_cli(
+        "release",
+        "--input",
+        inp,
+        "--output",
+        tmp_path / "rel",
+        "--epsilon",
+        4,
+        "--seed",
+        1,
+        "--projection",
+        "dp-pca:3",
+        "--mixing-order",
+        2,
+    )
+    assert res.returncode == 0, res.stderr
+    m = json.loads((tmp_path / "rel" / "manifest.json").read_text())
+    assert m["privacy"]["epsilon"] <= 4.0
+    assert m["privacy"]["components"]["pca_covariance"] > 0
+    assert m["mechanism"]["projection"]["components"] == 3
+    assert m["privacy"]["events"]["shared"][1]["name"] == "pca_covariance"
+    t = pq.read_table(sorted(glob.glob(str(tmp_path / "rel" / "synthetic" / "*.parquet"))))
+    rows = np.stack(t.column("features").to_numpy(zero_copy_only=False)).astype(np.float64)
+    s = np.linalg.svd(rows, compute_uv=False)
+    assert s[3] < 1e-5 * s[0]  # every row in one 3-dimensional subspace
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--mechanism", "local", "--mixing-order", 1, "--projection", "dp-pca:3"], "mixing mechanisms"),
+        (["--projection", "dp-pca:3", "--mixing-path", "join"], "join mixing path"),
+        (["--projection", "pca:3"], "projection"),
+        (["--projection", "dp-pca:16"], "must be below the feature dimension"),
+    ],
+)
+def test_bad_projections_are_refused_in_one_line(tmp_path, flags, message):
+    x, y = make_dataset(n_per_class=10, num_classes=2, dim=16)
+    inp = write_dataset(tmp_path / "in", x, y)
+    res = run_cli("release", "--input", inp, "--output", tmp_path / "rel", "--epsilon", 4, *flags)
+    last = res.stderr.strip().splitlines()[-1]
+    assert res.returncode == 2 and last.startswith("dpcda: error:") and message in last, res.stderr
