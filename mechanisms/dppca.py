@@ -19,11 +19,13 @@ from typing import Optional
 
 import numpy as np
 
+from mechanisms.plan import PlanError
 from privacy import dp_stats
 from privacy.events import CLIP_MARGIN
 from privacy.noise import NoiseStream
 
-BLOCK_ROWS = 1 << 16  # rows per exact float64 product: 2^16 rows x 2^34 per product < 2^53
+BLOCK_ROWS = 1 << 16  # rows per exact float64 product: 2^16 rows x 2^32 per product < 2^53
+MAX_ROWS = dp_stats.COV_MAX_SUM >> (2 * dp_stats.COV_QUANTUM_BITS)  # rows whose sums stay below 2^62 in int64
 
 
 @dataclasses.dataclass
@@ -44,6 +46,8 @@ class CovarianceCombiner:
         return CovarianceSum()
 
     def add(self, acc: CovarianceSum, x: np.ndarray) -> CovarianceSum:
+        if acc.rows + len(x) >= MAX_ROWS:
+            raise PlanError(f"projection: more than {MAX_ROWS} rows; the exact covariance sums would overflow")
         total = acc.sum_qq
         for start in range(0, len(x), BLOCK_ROWS):
             q = dp_stats.covariance_quantize(x[start : start + BLOCK_ROWS], self.clip)
@@ -57,6 +61,8 @@ class CovarianceCombiner:
             if a.sum_qq is not None:
                 out.sum_qq = a.sum_qq.copy() if out.sum_qq is None else out.sum_qq + a.sum_qq
             out.rows += a.rows
+        if out.rows >= MAX_ROWS:  # int64 would wrap past 2^63 (the plan refuses this on public counts first)
+            raise PlanError(f"projection: more than {MAX_ROWS} rows; the exact covariance sums would overflow")
         return out
 
 

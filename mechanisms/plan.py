@@ -155,7 +155,7 @@ def class_bytes(rows: float, dim: int) -> float:
     return float(rows) * (12 * dim + 8)
 
 
-def check_class_memory(sizes, dim: int, budget: int, *, where: str, exact: bool) -> None:
+def check_class_memory(sizes, dim: int, budget: int, *, where: str, exact: bool, why: str = "") -> None:
     for k, n in enumerate(sizes):
         need = class_bytes(n, dim)
         if need > budget:
@@ -163,7 +163,11 @@ def check_class_memory(sizes, dim: int, budget: int, *, where: str, exact: bool)
             raise PlanError(
                 f"{where}: class {k} needs about {need / 2**30:.2f} GiB ({size} at d={dim}), more than "
                 f"max_class_bytes={budget / 2**30:.2f} GiB, the limit of the in-memory mixer (one class "
-                f"on one worker); use --mixing-path auto or join, or raise --max-class-bytes on bigger workers"
+                + (
+                    f"on one worker); {why}"
+                    if why
+                    else "on one worker); use --mixing-path auto or join, or raise --max-class-bytes on bigger workers"
+                )
             )
 
 
@@ -179,11 +183,13 @@ def join_block_rows(dim: int, requested: int = 0) -> int:
     return 1 << (rows.bit_length() - 1)
 
 
-def choose_mixing_paths(sizes, dim: int, budget: int, path: str, *, where: str, exact: bool) -> tuple[str, ...]:
+def choose_mixing_paths(
+    sizes, dim: int, budget: int, path: str, *, where: str, exact: bool, why: str = ""
+) -> tuple[str, ...]:
     """'memory' or 'join' for each group. ``sizes`` are public (fixed: exact class sizes; poisson: DP sizes plus a
     margin), so the choice is too; auto sends a group to the join path where it would not fit one worker."""
     if path == "memory":
-        check_class_memory(sizes, dim, budget, where=where, exact=exact)
+        check_class_memory(sizes, dim, budget, where=where, exact=exact, why=why)
         return ("memory",) * len(sizes)
     if path == "join":
         return ("join",) * len(sizes)
@@ -287,6 +293,11 @@ def build_plan(
         )
 
     mixing_path = "memory" if cfg.projection else cfg.mixing_path  # the join path has no DP-PCA projection yet
+    why = (
+        "the DP-PCA projection mixes in memory only; raise --max-class-bytes on bigger workers"
+        if cfg.projection
+        else ""
+    )
     # Class sizes: public in fixed mode, a DP histogram in poisson mode.
     where = f"{cfg.input}: column '{cfg.label_column}'"
     budget_bytes = cfg.max_class_bytes or default_class_budget()
@@ -307,7 +318,7 @@ def build_plan(
             )
         groups = [rows] if cfg.mechanism == "dpmix" else counts
         paths = (
-            choose_mixing_paths(groups, dim, budget_bytes, mixing_path, where=where, exact=True)
+            choose_mixing_paths(groups, dim, budget_bytes, mixing_path, where=where, exact=True, why=why)
             if cfg.mechanism in ("dpcda", "dpmix")
             else ()
         )
@@ -339,7 +350,7 @@ def build_plan(
             if cfg.mechanism == "dpmix"
             else dp_sizes + 6 * hist.noise_std
         )
-        paths = choose_mixing_paths(grouped, dim, budget_bytes, mixing_path, where=where, exact=False)
+        paths = choose_mixing_paths(grouped, dim, budget_bytes, mixing_path, where=where, exact=False, why=why)
         sizes, n_public = dp_sizes, float(max(dp_sizes.sum(), 1))
         caveats.append(
             "poisson mode: q_k, T_k and sigma_x are chosen from the DP class histogram; the histogram is "
@@ -392,6 +403,9 @@ def build_plan(
     if cfg.projection is not None:  # the DP-PCA covariance: a Gaussian release of its own share (mechanisms.dppca)
         if cfg.pca_components >= dim:
             raise PlanError(f"projection: K={cfg.pca_components} must be below the feature dimension d={dim}")
+        bound = rows if mode == "fixed" else n_public + 6 * (adaptive[0][0].noise_std * math.sqrt(K) if adaptive else 0)
+        if bound * 2.0 ** (2 * dp_stats.COV_QUANTUM_BITS) >= dp_stats.COV_MAX_SUM:  # decided on public counts
+            raise PlanError("projection: the DP-PCA covariance takes at most 2^30 rows (exact int64 sums)")
         pca_ev = calibrate_gaussian(
             mode,
             name="pca_covariance",

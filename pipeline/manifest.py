@@ -166,6 +166,8 @@ def noise_section(plan) -> Noise:
         "labels": plan.sigma_y,
         "normalization": plan.normalization_noise_std,
         "class_histogram": plan.histogram_noise_std,
+        # in units of (clip / 2^16)^2, as the covariance sums are (privacy.dp_stats.dp_covariance)
+        "pca_covariance": plan.pca_noise_std,
     }
     return Noise(
         generator=noise.GENERATOR, sampler=noise.SAMPLER, grids={k: noise.grid_for(s) for k, s in sigmas.items() if s}

@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from privacy.noise import NoiseStream
+from privacy.noise import NoiseStream, grid_for
 
 GRID = 2.0**-20
 SUM_QUANTUM = 2.0**-16  # per-record contributions are multiples of this; sums stay exact below 2^37 records
@@ -113,12 +113,36 @@ def covariance_sensitivity(dim: int, mode: str) -> float:
     return one * (2.0 if mode == "fixed" else 1.0)
 
 
+COV_MAX_SUM = 2**62  # |sum of q_i q_j| stays below this in int64 (checked on the public row count by the plan)
+
+
 def dp_covariance(sum_qq: np.ndarray, clip: float, *, noise_std: float, stream: NoiseStream) -> np.ndarray:
     """The symmetric DP release of sum_i x_i x_i^T (x units): exact quantized sums plus Gaussian noise of std
-    ``noise_std`` (quantized units) on each entry of the upper triangle, mirrored below the diagonal."""
+    ``noise_std`` (quantized units) on each entry of the upper triangle, mirrored below the diagonal.
+
+    The int64 sums can pass 2^53, where float64 stops being exact. Each is split on the noise grid g (a power of two):
+    S = g a + r with 0 <= r < g, so r is exact in float64; the sampler releases g round((r + sigma Z) / g) (exact, on
+    the grid), and g a is added back: the same distribution as g round((S + sigma Z) / g), computed without rounding
+    S. Turning the noisy sum into float64 afterwards is post-processing."""
     d = sum_qq.shape[0]
     iu = np.triu_indices(d)
-    upper = stream.gaussian(np.asarray(sum_qq, np.float64)[iu], noise_std)
+    exact = np.asarray(sum_qq, np.int64)[iu]
+    if noise_std > 0:
+        g = grid_for(noise_std)
+        if g >= 1:
+            step = int(g)
+            cells = exact // step  # floor: r = exact - step * cells in [0, step)
+            rest = (exact - cells * step).astype(np.float64)
+            noisy = stream.gaussian(rest, noise_std)  # multiples of g
+            upper = cells.astype(np.float64) * g + noisy
+        else:  # a grid finer than 1: the integer sums lie on it; only float64's range matters
+            if np.abs(exact).max(initial=0) >= 2**53:
+                from privacy.accounting import AccountingError
+
+                raise AccountingError("projection: covariance sums this large need a larger noise std; lower epsilon")
+            upper = stream.gaussian(exact.astype(np.float64), noise_std)
+    else:
+        upper = exact.astype(np.float64)
     out = np.zeros((d, d), np.float64)
     out[iu] = upper
     out.T[iu] = upper

@@ -15,7 +15,7 @@ from mechanisms.dpcda import mix_class
 from mechanisms.dppca import CovarianceCombiner, dp_basis, project_rows
 from privacy import dp_stats
 from privacy.events import CLIP_MARGIN
-from privacy.noise import key_from_test_seed
+from privacy.noise import NoiseStream, key_from_test_seed
 from tests.conftest import make_dataset, run_cli, write_dataset
 
 KEY = key_from_test_seed(2)
@@ -42,18 +42,49 @@ def test_covariance_sums_are_exact_and_split_invariant():
 
 
 def test_one_record_moves_the_quantized_upper_triangle_by_at_most_the_sensitivity():
-    d, clip = 30, 1.0
-    worst = 0.0
-    for seed in range(200):
-        x = clipped_rows(2, d, clip, seed)
-        x[1] = -x[0] if seed % 2 else x[1]  # opposite rows: the largest replace-one change
-        q = dp_stats.covariance_quantize(x, clip)
-        iu = np.triu_indices(d)
-        one = np.linalg.norm(np.outer(q[0], q[0])[iu])
-        swap = np.linalg.norm((np.outer(q[0], q[0]) - np.outer(q[1], q[1]))[iu])
-        worst = max(worst, one / dp_stats.covariance_sensitivity(d, "poisson"))
-        worst = max(worst, swap / dp_stats.covariance_sensitivity(d, "fixed"))
-    assert worst <= 1.0
+    """Worst cases: full-norm rows whose coordinates all round up, and two orthogonal ones (a replacement)."""
+    iu_norm = lambda m, d: np.linalg.norm(m[np.triu_indices(d)])  # noqa: E731
+    for d in (2, 9, 30):
+        ratios = []
+        for seed in range(50):
+            rng = np.random.default_rng(seed)
+            x = np.abs(rng.normal(size=d))
+            x *= (1 - CLIP_MARGIN) / np.linalg.norm(x)
+            # push every coordinate to just above a half step, so that rint rounds each one up
+            steps = np.floor(x * 2**16) + 0.5 + 1e-6
+            x = np.minimum(steps / 2**16, x + 0.5 / 2**16)
+            x *= (1 - CLIP_MARGIN) / max(np.linalg.norm(x), 1.0)
+            y = np.zeros(d)
+            y[np.argmin(x)] = -(1 - CLIP_MARGIN)  # nearly orthogonal, full norm, on one coordinate
+            q, p = dp_stats.covariance_quantize(np.stack([x, y]), 1.0)
+            for row in (q, p):  # add/remove: one outer product (largest when the row sits on one coordinate)
+                ratios.append(iu_norm(np.outer(row, row), d) / dp_stats.covariance_sensitivity(d, "poisson"))
+            swap = iu_norm(np.outer(q, q) - np.outer(p, p), d)  # replace-one (the bound 2 ||q||^2 is loose here)
+            assert swap <= dp_stats.covariance_sensitivity(d, "fixed")
+        assert max(ratios) <= 1.0
+        assert max(ratios) > 0.99  # a row on one coordinate reaches the bound: a smaller sensitivity would fail
+
+
+def test_covariance_sums_stay_exact_across_blocks():
+    x = clipped_rows((1 << 16) + 77, 3)  # more than one exact float64 block
+    comb = CovarianceCombiner(1.0)
+    got = comb.add(comb.create(), x).sum_qq
+    q = dp_stats.covariance_quantize(x, 1.0).astype(np.int64).astype(object)
+    np.testing.assert_array_equal(got, (q.T @ q).astype(np.int64))
+
+
+def test_large_sums_are_noised_without_rounding_them_first():
+    key = key_from_test_seed(5)
+    small = np.array([[3 * 2**40 + 12345, 7], [7, 2**45 + 99]], np.int64)
+    iu = np.triu_indices(2)
+    sigma = 1e6
+    split = dp_stats.dp_covariance(small, 2.0**16, noise_std=sigma, stream=NoiseStream(key, "pca"))
+    direct = NoiseStream(key, "pca").gaussian(small[iu].astype(np.float64), sigma)
+    np.testing.assert_array_equal(split[iu], direct)  # the split draws exactly what the sampler draws on S itself
+    big = np.array([[2**60 + 3, 5], [5, 2**58 + 1]], np.int64)  # beyond float64's exact integers
+    out = dp_stats.dp_covariance(big, 2.0**16, noise_std=sigma, stream=NoiseStream(key, "pca"))[iu]
+    noise = [float(int(round(o)) - int(b)) for o, b in zip(out, big[iu])]
+    assert max(abs(n) for n in noise) < 10 * sigma + 2**8  # float64's spacing at 2^60 is 2^8
 
 
 def test_the_basis_spans_the_top_directions_without_noise_and_is_orthonormal():
@@ -123,6 +154,16 @@ def test_a_release_with_a_projection_accounts_the_covariance_and_releases_rows_o
     assert m["privacy"]["components"]["pca_covariance"] > 0
     assert m["mechanism"]["projection"]["components"] == 3
     assert m["privacy"]["events"]["shared"][1]["name"] == "pca_covariance"
+    # the covariance's noise, recomputed independently: a Gaussian of std / replace-one sensitivity spends its share
+    import dp_accounting
+    from dp_accounting import pld
+
+    from privacy.accounting import accountant_delta
+
+    z = m["mechanism"]["projection"]["covariance_noise_std"] / dp_stats.covariance_sensitivity(16, "fixed")
+    acc = pld.PLDAccountant(dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=1e-4)
+    eps = acc.compose(dp_accounting.GaussianDpEvent(z)).get_epsilon(accountant_delta(1e-5))
+    assert 0.9 * 0.4 <= eps <= 0.4 * 1.001  # pca_budget_share 0.1 of epsilon 4
     t = pq.read_table(sorted(glob.glob(str(tmp_path / "rel" / "synthetic" / "*.parquet"))))
     rows = np.stack(t.column("features").to_numpy(zero_copy_only=False)).astype(np.float64)
     s = np.linalg.svd(rows, compute_uv=False)
