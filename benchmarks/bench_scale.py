@@ -136,6 +136,7 @@ def fashion_rows(runs: int, work: str, data: str) -> list[str]:
             f"{np.mean(walls):.0f} |"
         )
         print(lines[-1], file=sys.stderr, flush=True)
+        write([], lines, out=OUT_PATH[0])
     return lines
 
 
