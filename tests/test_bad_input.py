@@ -162,7 +162,8 @@ SUBPROCESS_CASES = {
     "truncated-parquet": (_truncated_parquet, [], False),
     "truncated-tfrecord": (_truncated_tfrecord, [], False),
     "wrong-width-shard": (_narrower_shard, [], False),
-    "class-too-large": (_class_too_large, ["--max-class-bytes", str(CLASS_BYTES - 1)], True),
+    # refused on the in-memory path only (auto sends the class to the join path: tests/test_join.py)
+    "class-too-large": (_class_too_large, ["--max-class-bytes", str(CLASS_BYTES - 1), "--mixing-path", "memory"], True),
 }
 
 
