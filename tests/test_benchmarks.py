@@ -76,6 +76,7 @@ def test_tiny_sweep_writes_table_csv_and_plot(tmp_path, capsys):
     assert all(0.0 <= float(r["synthetic_val_accuracy"]) <= 1.0 for r in rows)
 
 
+@pytest.mark.slow  # ~18 s: two tiny sweeps (the fast tier keeps test_tiny_sweep_writes_table_csv_and_plot)
 @pytest.mark.skipif(not os.path.exists(FASHION), reason="Debian's dataset-fashion-mnist is not installed")
 def test_best_cell_of_each_column_gets_its_extra_releases(tmp_path):
     main(
@@ -109,6 +110,7 @@ def test_best_cell_of_each_column_gets_its_extra_releases(tmp_path):
     assert [r["runs"] for r in rows.values() if r is not best] == ["1"]
 
 
+@pytest.mark.slow  # ~20 s: a sweep, then a resumed one
 def test_resume_keeps_finished_cells_and_runs_the_rest(tmp_path):
     base = [
         "--limit",

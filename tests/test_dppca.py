@@ -171,17 +171,23 @@ def test_a_release_with_a_projection_accounts_the_covariance_and_releases_rows_o
 
 
 @pytest.mark.parametrize(
-    "flags, message",
+    "fields, message",
     [
-        (["--mechanism", "local", "--mixing-order", 1, "--projection", "dp-pca:3"], "mixing mechanisms"),
-        (["--projection", "dp-pca:3", "--mixing-path", "join"], "join mixing path"),
-        (["--projection", "pca:3"], "projection"),
-        (["--projection", "dp-pca:16"], "must be below the feature dimension"),
+        ({"mechanism": "local", "mixing_order": 1, "projection": "dp-pca:3"}, "mixing mechanisms"),
+        ({"projection": "dp-pca:3", "mixing_path": "join"}, "join mixing path"),
+        ({"projection": "pca:3"}, "projection"),
     ],
 )
-def test_bad_projections_are_refused_in_one_line(tmp_path, flags, message):
+def test_bad_projections_are_refused(fields, message):
+    from schemas.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, {"input": "in/*.parquet", "output": "out", "epsilon": 4.0, **fields})
+
+
+def test_a_projection_as_wide_as_the_rows_is_refused_in_one_line(tmp_path):
     x, y = make_dataset(n_per_class=10, num_classes=2, dim=16)
     inp = write_dataset(tmp_path / "in", x, y)
-    res = run_cli("release", "--input", inp, "--output", tmp_path / "rel", "--epsilon", 4, *flags)
+    res = run_cli("release", "--input", inp, "--output", tmp_path / "rel", "--epsilon", 4, "--projection", "dp-pca:16")
     last = res.stderr.strip().splitlines()[-1]
-    assert res.returncode == 2 and last.startswith("dpcda: error:") and message in last, res.stderr
+    assert res.returncode == 2 and last.startswith("dpcda: error:") and "below the feature dimension" in last

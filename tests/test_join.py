@@ -283,7 +283,13 @@ def test_join_release_states_its_path_and_keeps_the_privacy_numbers(tmp_path):
     a, b = _rows(tmp_path / "mem"), _rows(tmp_path / "join")
     assert a.shape == b.shape == (120, 13)
     assert np.bincount(b[:, -1].astype(int)).tolist() == [40, 40, 40]
-    # auto: a class over the memory budget goes to the join path instead of being refused
+
+
+@pytest.mark.slow
+def test_auto_sends_a_class_over_the_budget_to_the_join_path(tmp_path):
+    x, y = make_dataset(n_per_class=40, num_classes=3, dim=12)
+    inp = write_dataset(tmp_path / "in", x, y, shards=3)
+    common = ["--input", inp, "--epsilon", 3, "--seed", 4, "--chunk-rows", 16]
     auto = run_cli("release", *common, "--output", tmp_path / "auto", "--max-class-bytes", 2000)
     assert auto.returncode == 0, auto.stderr
     assert json.loads((tmp_path / "auto" / "manifest.json").read_text())["mechanism"]["mixing_paths"] == ["join"] * 3
@@ -294,7 +300,11 @@ def test_join_release_states_its_path_and_keeps_the_privacy_numbers(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "extra", [["--mode", "poisson", "--num-classes", 3], ["--mechanism", "dpmix", "--num-classes", 3]]
+    "extra",
+    [
+        ["--mode", "poisson", "--num-classes", 3],
+        pytest.param(["--mechanism", "dpmix", "--num-classes", 3], marks=pytest.mark.slow),
+    ],
 )
 def test_join_release_is_the_same_on_every_runner(tmp_path, extra):
     x, y = make_dataset(n_per_class=30, num_classes=3, dim=8)

@@ -7,6 +7,7 @@ import datetime
 import json
 import math
 import multiprocessing
+import re
 import threading
 
 import dp_accounting
@@ -131,8 +132,15 @@ def test_check_budget_names_spent_and_requested():
 
 
 def _request(run, eps=4.0, mode="fixed"):
-    return {"run": run, "mechanism": "dpcda", "mode": mode, "relation": mode, "epsilon": eps, "delta": DELTA,
-            "output": f"/nowhere/{run}"}  # fmt: skip
+    return {
+        "run": run,
+        "mechanism": "dpcda",
+        "mode": mode,
+        "relation": mode,
+        "epsilon": eps,
+        "delta": DELTA,
+        "output": f"/nowhere/{run}",
+    }
 
 
 def _manifest(events: ReleaseEvents, eps: float) -> dict:
@@ -195,6 +203,9 @@ def test_sqlite_refuses_what_is_not_a_ledger(tmp_path):
         open_ledger(str(tmp_path / "missing" / "ledger.db"), create=True)
     with pytest.raises(LedgerError, match="ledger init"):  # a mistyped path never starts an empty budget
         open_ledger(str(tmp_path / "typo.db"))
+    from pipeline.cli import main
+
+    assert main(["ledger", "show", "--ledger", str(tmp_path / "typo.db")]) == 2  # one line, exit 2
     assert not (tmp_path / "typo.db").exists()
 
 
@@ -284,7 +295,7 @@ def test_resolve_records_a_published_run_and_drops_a_dead_one(tmp_path):
 # ---------------------------------------------------------------- through the release job
 
 
-def test_three_releases_against_a_cap_that_fits_two(tmp_path):
+def test_three_releases_against_a_cap_that_fits_two(tmp_path, capsys):
     x, y = make_dataset(n_per_class=60, num_classes=3, dim=16)
     good = write_dataset(tmp_path / "in", x, y)
     corrupt = tmp_path / "corrupt"
@@ -292,8 +303,6 @@ def test_three_releases_against_a_cap_that_fits_two(tmp_path):
     (corrupt / "part-0.parquet").write_bytes(b"PAR1 this is not a parquet file PAR1")  # reading it would fail
     ledger = str(tmp_path / "ledger.db")
     common = ["--epsilon", 4, "--ledger", ledger, "--dataset-id", "toy"]
-    missing = run_cli("release", "--input", good, "--output", tmp_path / "rel0", *common)
-    assert missing.returncode == 2 and "ledger init" in missing.stderr.strip().splitlines()[-1]
     assert run_cli("ledger", "init", "--ledger", ledger).returncode == 0
     # cap 9: the first two fit (3.99, then 3.99 + 4 <= 9); the two compose to about 5.57, and the third is checked at
     # 5.57 + 4 > 9 before its data is read (docs/privacy.md: the check counts a new release at its full target)
@@ -318,8 +327,11 @@ def test_three_releases_against_a_cap_that_fits_two(tmp_path):
     expected = _independent_rdp_epsilon(events, 2 * DELTA * (1 - SAMPLER_DELTA_SHARE))
     assert ds["composed"]["epsilon"] == pytest.approx(expected, rel=1e-9)
     assert ds["composed"]["epsilon"] < sum(m["privacy"]["epsilon"] for m in manifests)
-    text = run_cli("ledger", "show", "--ledger", ledger)
-    assert "dataset toy: 2 release(s)" in text.stdout and "composed: eps" in text.stdout
+    from pipeline.cli import main
+
+    assert main(["ledger", "show", "--ledger", ledger]) == 0  # the text form, in-process
+    out = capsys.readouterr().out
+    assert "dataset toy: 2 release(s), budget cap 9" in out and "composed: eps" in out
 
 
 def test_a_release_that_fails_leaves_no_entry(tmp_path):
@@ -328,52 +340,75 @@ def test_a_release_that_fails_leaves_no_entry(tmp_path):
     ledger = str(tmp_path / "ledger.db")
     open_ledger(ledger, create=True)
     res = run_cli(
-        "release", "--input", inp, "--output", tmp_path / "rel", "--epsilon", 2, "--ledger", ledger,
-        "--dataset-id", "toy",
-    )  # fmt: skip
+        "release",
+        "--input",
+        inp,
+        "--output",
+        tmp_path / "rel",
+        "--epsilon",
+        2,
+        "--ledger",
+        ledger,
+        "--dataset-id",
+        "toy",
+    )
     assert res.returncode == 2 and "fewer than mixing_order" in res.stderr
     assert open_ledger(ledger).entries() == []
     (tmp_path / "out").mkdir()
     inside = str(tmp_path / "out" / "ledger.db")
     open_ledger(inside, create=True)
     res = run_cli(
-        "release", "--input", inp, "--output", tmp_path / "out", "--epsilon", 2, "--ledger", inside,
-        "--dataset-id", "toy",
-    )  # fmt: skip
+        "release",
+        "--input",
+        inp,
+        "--output",
+        tmp_path / "out",
+        "--epsilon",
+        2,
+        "--ledger",
+        inside,
+        "--dataset-id",
+        "toy",
+    )
     assert res.returncode == 2 and "lies inside the output" in res.stderr, res.stderr
     assert open_ledger(inside).entries() == []
 
 
 @pytest.mark.parametrize(
-    "flags, message",
+    "fields, message",
     [
-        (["--ledger", "L.db"], "dataset_id: required with --ledger"),
-        (["--dataset-id", "x"], "dataset_id: only used with --ledger"),
-        (["--budget-cap", "3"], "budget_cap: only used with --ledger"),
-        (["--ledger", "L.db", "--dataset-id", "x", "--seed", "1"], "TEST seed"),
-        (["--ledger", "L.db", "--dataset-id", " x"], "dataset_id"),
+        ({"ledger": "L.db"}, "dataset_id: required with --ledger"),
+        ({"dataset_id": "x"}, "dataset_id: only used with --ledger"),
+        ({"budget_cap": 3}, "budget_cap: only used with --ledger"),
+        ({"ledger": "L.db", "dataset_id": "x", "seed": 1}, "TEST seed"),
+        ({"ledger": "L.db", "dataset_id": " x"}, "dataset_id"),
         (
-            [
-                "--ledger",
-                "L.db",
-                "--dataset-id",
-                "x",
-                "--normalization",
-                "exact",
-                "--i-understand-exact-normalization-is-not-dp",
-            ],
+            {"ledger": "L.db", "dataset_id": "x", "normalization": "exact", "allow_exact_normalization": True},
             "not end-to-end DP",
         ),
+        ({"ledger": "L.db", "dataset_id": "x", "epsilon": None, "sigma_x": 1.0}, "give --epsilon"),
     ],
 )
-def test_ledger_flags_are_checked_before_work(tmp_path, flags, message):
-    res = run_cli("release", "--input", tmp_path / "none.parquet", "--output", tmp_path / "o", "--epsilon", 1, *flags)
-    assert res.returncode == 2 and message in res.stderr, res.stderr
+def test_ledger_fields_are_checked_before_work(fields, message):
+    from schemas.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(None, {"input": "in/*.parquet", "output": "out", "epsilon": 1.0, **fields})
+
+
+def test_a_ledger_field_error_is_one_line_on_the_command_line(tmp_path):
     res = run_cli(
-        "release", "--input", tmp_path / "none.parquet", "--output", tmp_path / "o", "--sigma-x", 1,
-        "--ledger", tmp_path / "L.db", "--dataset-id", "x",
-    )  # fmt: skip
-    assert res.returncode == 2 and "give --epsilon" in res.stderr
+        "release",
+        "--input",
+        tmp_path / "none.parquet",
+        "--output",
+        tmp_path / "o",
+        "--epsilon",
+        1,
+        "--ledger",
+        tmp_path / "L.db",
+    )
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].startswith("dpcda: error: dataset_id")
 
 
 # ---------------------------------------------------------------- failures around the publish

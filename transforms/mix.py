@@ -78,8 +78,7 @@ class _MixFn(beam.DoFn):
             lowpass=plan.lowpass,
             denoise=plan.denoise_spec,
             soft_labels=self.soft_labels,
-            basis=basis,
-            clip=plan.clip,
+            **_projection(plan, basis),
         ):
             self.rows_written.inc(len(labels))
             yield finite_table(feats, labels, self.fc, self.lc, soft=self.soft_labels, where=f"class {k}")
@@ -90,6 +89,11 @@ class _MixFn(beam.DoFn):
             self.device,
             time.time() - start,
         )
+
+
+def _projection(plan, basis) -> dict:
+    """The DP-PCA basis and the clip it keeps projected rows inside, for the mixers (nothing without a basis)."""
+    return {} if basis is None else {"basis": basis, "clip": plan.clip}
 
 
 def finite_table(feats, labels, fc, lc, *, soft, where):
@@ -131,8 +135,7 @@ class _MixDatasetFn(beam.DoFn):
             device=self.device,
             lowpass=plan.lowpass,
             denoise=plan.denoise_spec,
-            basis=basis,
-            clip=plan.clip,
+            **_projection(plan, basis),
         ):
             self.rows_written.inc(len(scores))
             yield finite_table(feats, scores, self.fc, self.lc, soft=True, where="dataset")
