@@ -55,7 +55,8 @@ class CovarianceCombiner:
             total = part if total is None else total + part
         return CovarianceSum(total, acc.rows + len(x))
 
-    def merge(self, accs) -> CovarianceSum:
+    @staticmethod
+    def merge(accs) -> CovarianceSum:
         out = CovarianceSum()
         for a in accs:
             if a.sum_qq is not None:

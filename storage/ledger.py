@@ -19,6 +19,7 @@ set to the generation that was read, and a writer that lost the race reads again
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import datetime
 import json
@@ -82,16 +83,18 @@ def claim_of(entry: dict) -> Claim:
     )
 
 
-class Ledger:
+class Ledger(abc.ABC):
     """Reserve, record, cancel and list releases; subclasses supply one atomic read-modify-write."""
 
     uri: str
 
+    @abc.abstractmethod
     def _transact(self, dataset_id: str, fn: Transaction):
-        raise NotImplementedError
+        """Runs ``fn`` on the dataset's entries and stores what it returns, atomically; returns fn's result."""
 
+    @abc.abstractmethod
     def entries(self, dataset_id: Optional[str] = None) -> list[dict]:
-        raise NotImplementedError
+        """Every entry (of ``dataset_id``), in the order they were written."""
 
     def reserve(self, dataset_id: str, request: dict, cap: Optional[float]) -> dict:
         """Composes the history with ``request`` (run, mechanism, mode, relation, epsilon, delta, output) and writes
@@ -300,22 +303,20 @@ class GcsLedger(Ledger):
         with _gcs_errors(self.uri):
             for attempt in range(GCS_ATTEMPTS):
                 read = self._read()
-                if read is None:
-                    time.sleep(random.uniform(0.05, 0.2) * (1 + attempt))
-                    continue
-                everything, generation = read
-                mine = [e for e in everything if e["dataset_id"] == dataset_id]
-                new, result = fn([dict(e) for e in mine])
-                others = [e for e in everything if e["dataset_id"] != dataset_id]
-                text = json.dumps({"format": FORMAT, "entries": [*others, *new]}, indent=1, allow_nan=False)
-                try:
-                    self.bucket.blob(self.name).upload_from_string(
-                        text, content_type="application/json", if_generation_match=generation
-                    )
-                    return result
-                except gexc.PreconditionFailed:  # another writer got there first (or our own retried write did:
-                    # fn is idempotent, so deciding again on what is there now is right either way)
-                    time.sleep(random.uniform(0.05, 0.2) * (1 + attempt))  # back-off jitter (no private data)
+                if read is not None:
+                    everything, generation = read
+                    mine = [e for e in everything if e["dataset_id"] == dataset_id]
+                    new, result = fn([dict(e) for e in mine])
+                    others = [e for e in everything if e["dataset_id"] != dataset_id]
+                    text = json.dumps({"format": FORMAT, "entries": [*others, *new]}, indent=1, allow_nan=False)
+                    try:
+                        self.bucket.blob(self.name).upload_from_string(
+                            text, content_type="application/json", if_generation_match=generation
+                        )
+                        return result
+                    except gexc.PreconditionFailed:  # another writer got there first (or our own retried write
+                        pass  # did: fn is idempotent, so deciding again on what is there now is right either way)
+                _pause(attempt)
         raise LedgerError(f"ledger {self.uri}: still contended after {GCS_ATTEMPTS} attempts; try again")
 
     def entries(self, dataset_id: Optional[str] = None) -> list[dict]:
@@ -323,12 +324,14 @@ class GcsLedger(Ledger):
             for attempt in range(GCS_ATTEMPTS):
                 read = self._read()
                 if read is not None:
-                    everything = read[0]
-                    break
-                time.sleep(random.uniform(0.05, 0.2) * (1 + attempt))
-            else:
-                raise LedgerError(f"ledger {self.uri}: still changing after {GCS_ATTEMPTS} reads; try again")
-        return [e for e in everything if dataset_id is None or e["dataset_id"] == dataset_id]
+                    return [e for e in read[0] if dataset_id is None or e["dataset_id"] == dataset_id]
+                _pause(attempt)
+        raise LedgerError(f"ledger {self.uri}: still changing after {GCS_ATTEMPTS} reads; try again")
+
+
+def _pause(attempt: int) -> None:
+    """Back-off with jitter before reading the ledger object again (no private data involved)."""
+    time.sleep(random.uniform(0.05, 0.2) * (1 + attempt))
 
 
 @contextlib.contextmanager

@@ -7,7 +7,7 @@ import apache_beam as beam
 import numpy as np
 
 from mechanisms.combiners import FirstPassCombiner
-from mechanisms.dppca import CovarianceCombiner, dp_basis
+from mechanisms.dppca import CovarianceCombiner, CovarianceSum, dp_basis
 from mechanisms.plan import normalize_into
 
 
@@ -42,22 +42,17 @@ class ComputeGlobalStats(beam.PTransform):
 
 
 class CovarianceCombineFn(beam.CombineFn):
-    """Thin Beam wrapper of ``CovarianceCombiner``; its inputs are already z-scored and clipped rows."""
-
-    def __init__(self):
-        self.core = None
+    """Thin Beam wrapper of ``CovarianceCombiner``; its inputs are (z-scored and clipped rows, the clip)."""
 
     def create_accumulator(self):
-        return None
+        return CovarianceSum()
 
     def add_input(self, acc, element):
         rows, clip = element
-        core = CovarianceCombiner(clip)
-        return core.add(acc if acc is not None else core.create(), rows)
+        return CovarianceCombiner(clip).add(acc, rows)
 
     def merge_accumulators(self, accs):
-        accs = [a for a in accs if a is not None]
-        return CovarianceCombiner(1.0).merge(accs) if accs else None
+        return CovarianceCombiner.merge(accs)
 
     def extract_output(self, acc):
         return acc
@@ -74,10 +69,8 @@ def _normalized_rows(block, plan):
 def _basis(acc, plan, key):
     if not plan.pca_components:
         return None
-    from mechanisms.dppca import CovarianceSum
-
     return dp_basis(
-        acc if acc is not None else CovarianceSum(),
+        acc,
         dim=plan.feature_dim,
         components=plan.pca_components,
         clip=plan.clip,
