@@ -1,8 +1,8 @@
 """One in-process release: the pipeline's own cores in a plain loop, no Beam (benchmarks and reproductions).
 
 The same functions the Beam stages call (``FirstPassCombiner``, ``build_plan``, ``normalize_into``, and each
-mechanism's synthesis: ``mix_class``, ``mix_dataset``, ``perturb_block``), so a number measured here is a number
-of the product. Holds the whole dataset in memory; the pipeline is what scales.
+mechanism's synthesis: ``mix_class``, ``mix_dataset``, ``perturb_block``, p3gm's ``fit`` and ``sample_rows``), so a
+number measured here is a number of the product. Holds the whole dataset in memory; the pipeline is what scales.
 """
 
 from __future__ import annotations
@@ -28,9 +28,17 @@ def first_pass(x: np.ndarray, y: np.ndarray, bounds=(0.0, 1.0)) -> FirstPass:
 
 
 def release_in_process(
-    x: np.ndarray, y: np.ndarray, cfg: ReleaseConfig, key: bytes, *, first: Optional[FirstPass] = None, device="cpu"
+    x: np.ndarray,
+    y: np.ndarray,
+    cfg: ReleaseConfig,
+    key: bytes,
+    *,
+    first: Optional[FirstPass] = None,
+    device="cpu",
+    progress=None,
 ) -> tuple[np.ndarray, np.ndarray, ReleasePlan, Optional[np.ndarray]]:
-    """(features float32, hard labels, plan, label scores or None) of one release of (x, y) under ``cfg``."""
+    """(features float32, hard labels, plan, label scores or None) of one release of (x, y) under ``cfg``.
+    ``progress(step, steps, loss)``: p3gm's training progress."""
     first = first if first is not None else first_pass(x, y, cfg.feature_bounds)
     plan = build_plan(first, cfg, key)
     y = np.asarray(y, np.int64)
@@ -105,6 +113,17 @@ def release_in_process(
             feats.append(f)
             scores.append(sc)
             labels.append(sc.argmax(axis=1))
+    elif plan.mechanism == "p3gm":
+        from mechanisms.p3gm import fit, sample_rows
+        from transforms.p3gm import p3gm_spec
+
+        spec = p3gm_spec(plan)
+        model = fit(normalized(x), y, basis, plan.clip, spec, key, device, progress=progress)
+        for chunk in range(-(-plan.samples_total // cfg.chunk_rows)):
+            rows = min(cfg.chunk_rows, plan.samples_total - chunk * cfg.chunk_rows)
+            f, lab = sample_rows(model, spec, rows=rows, chunk=chunk, key=key, clip=plan.clip, device=device)
+            feats.append(f)
+            labels.append(lab)
     else:
         projection = None
         if plan.projection is not None:

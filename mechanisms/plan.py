@@ -21,9 +21,9 @@ import numpy as np
 from mechanisms.combiners import FirstPass
 from privacy import dp_stats
 from privacy.accounting import Accounting, ReleaseEvents, account, accountant_delta, adaptive_epsilon, relation_key
-from privacy.calibration import calibrate_gaussian, calibrate_noise
+from privacy.calibration import calibrate_alone, calibrate_gaussian, calibrate_noise
 from privacy.errors import DpcdaError
-from privacy.events import CLIP_MARGIN, DpmixEvent, MixingEvent, PerturbEvent
+from privacy.events import CLIP_MARGIN, DpmixEvent, DpSgdEvent, IteratedGaussianEvent, MixingEvent, PerturbEvent
 from privacy.noise import NoiseStream
 from schemas.config import MAX_SAMPLES_PER_INPUT_ROW, ReleaseConfig
 from storage.paths import open_file
@@ -36,6 +36,26 @@ REFERENCE_EPSILON = 10.0
 
 class PlanError(DpcdaError, ValueError):
     """The data and config cannot make a release (e.g. a class smaller than l in fixed mode)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class P3gmPlan:
+    """What p3gm's fitting needs (all public or DP): the DP-EM noise and the DP-SGD schedule (mechanisms.p3gm)."""
+
+    latent_dim: int
+    components: int
+    em_iterations: int
+    em_noise_std: float  # on every coordinate of the EM sufficient statistics (sensitivity em_sensitivity)
+    em_sensitivity: float
+    em_share: float
+    sampling_rate: Fraction  # q = batch / N_hat, exact
+    steps: int
+    noise_multiplier: float  # z: the noise std on the sum of clipped gradients is z * grad_clip
+    grad_clip: float
+    lr: float
+    hidden: int
+    epochs: float
+    batch: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +98,7 @@ class ReleasePlan:
     pca_noise_std: Optional[float] = None  # of the covariance's upper triangle, in quantized units
     pca_share: Optional[float] = None
     join_block_rows: int = 0  # R of the join path (mechanisms.joinmix)
+    p3gm: Optional[P3gmPlan] = None
 
     @property
     def join_groups(self) -> tuple[int, ...]:
@@ -85,7 +106,7 @@ class ReleasePlan:
 
     def group_records(self, g: int) -> int:
         """Exact records of group g (private: the join path's index range)."""
-        return int(sum(self.class_rows)) if self.mechanism == "dpmix" else int(self.class_rows[g])
+        return int(sum(self.class_rows)) if self.mechanism in ("dpmix", "p3gm") else int(self.class_rows[g])
 
     def group_samples(self, g: int) -> int:
         return self.samples_total if self.mechanism == "dpmix" else self.samples_per_class
@@ -292,10 +313,13 @@ def build_plan(
             f"epsilon={REFERENCE_EPSILON:g}; the epsilon below is what the whole release spends."
         )
 
-    mixing_path = "memory" if cfg.projection else cfg.mixing_path  # the join path has no DP-PCA projection yet
+    # the join path has no DP-PCA projection yet; p3gm fits on one worker
+    mixing_path = "memory" if cfg.projection or cfg.mechanism == "p3gm" else cfg.mixing_path
     why = (
         "the DP-PCA projection mixes in memory only; raise --max-class-bytes on bigger workers"
         if cfg.projection
+        else "p3gm fits its model on one worker; raise --max-class-bytes on bigger workers"
+        if cfg.mechanism == "p3gm"
         else ""
     )
     # Class sizes: public in fixed mode, a DP histogram in poisson mode.
@@ -347,7 +371,7 @@ def build_plan(
         # decided on the DP counts (plus 6 noise sds), never on the exact ones: whether the job stops is public
         grouped = (
             [dp_sizes.sum() + 6 * hist.noise_std * math.sqrt(K)]
-            if cfg.mechanism == "dpmix"
+            if cfg.mechanism in ("dpmix", "p3gm")
             else dp_sizes + 6 * hist.noise_std
         )
         paths = choose_mixing_paths(grouped, dim, budget_bytes, mixing_path, where=where, exact=False, why=why)
@@ -400,9 +424,10 @@ def build_plan(
 
     check_statistics(mean, std, cfg.feature_bounds, c)
     pca_std = None
-    if cfg.projection is not None:  # the DP-PCA covariance: a Gaussian release of its own share (mechanisms.dppca)
+    if cfg.pca_components is not None:  # the DP-PCA covariance: a Gaussian release of its own share (mechanisms.dppca)
         if cfg.pca_components >= dim:
-            raise PlanError(f"projection: K={cfg.pca_components} must be below the feature dimension d={dim}")
+            what = "p3gm_latent_dim" if cfg.mechanism == "p3gm" else "projection"
+            raise PlanError(f"{what}: K={cfg.pca_components} must be below the feature dimension d={dim}")
         bound = rows if mode == "fixed" else n_public + 6 * (adaptive[0][0].noise_std * math.sqrt(K) if adaptive else 0)
         if bound * 2.0 ** (2 * dp_stats.COV_QUANTUM_BITS) >= dp_stats.COV_MAX_SUM:  # decided on public counts
             raise PlanError("projection: the DP-PCA covariance takes at most 2^30 rows (exact int64 sums)")
@@ -454,14 +479,19 @@ def build_plan(
         T_total = T_k * K
     else:
         T_k, T_total = 0, T
-    if cfg.sigma_x is not None:
+    p3gm = None
+    if mech == "p3gm":
+        p3gm, em_event, sgd_event = _p3gm_events(cfg, dim, K, N, shared, rest_budget, acc_delta, budget)
+        shared.append(em_event)
+        sigma_x = 0.0
+    elif cfg.sigma_x is not None:
         sigma_x = float(cfg.sigma_x)
     else:
         # dpcda: the smallest class sets sigma_x (epsilon falls as N_k rises); account() re-checks every class
         smallest = (lambda sigma: [min(events(sigma), key=lambda e: e.class_size)]) if mech == "dpcda" else events
         sigma_x = calibrate_noise(mode, smallest, target_epsilon=rest_budget, delta=acc_delta, shared=shared, scale=c)
     sigma_y = ratio * sigma_x if mech == "dpmix" else cfg.sigma_y
-    per_group = tuple(events(sigma_x))
+    per_group = (sgd_event,) if mech == "p3gm" else tuple(events(sigma_x))
     out_dim = projection[0] if projection else dim
     mixed_dim = cfg.pca_components or out_dim  # with a DP-PCA projection the noise is drawn in K dimensions
     gaussian_draws = (
@@ -470,6 +500,7 @@ def build_plan(
         + T_total * K * (sigma_y > 0)
         + 2 * dim * (cfg.normalization == "dp")
         + K * (mode == "poisson")
+        + (_p3gm_draws(p3gm, dim, K) if p3gm is not None else 0)
     )
     binomial_draws = T_total * (mode == "poisson")
     acc = account(
@@ -487,8 +518,15 @@ def build_plan(
     if cfg.epsilon is not None and acc.epsilon > cfg.epsilon:
         raise AssertionError(f"calibration overshot: {acc.epsilon} > {cfg.epsilon}")  # never expected
     end_to_end = cfg.normalization != "exact" and math.isfinite(acc.epsilon)
-    if sigma_x == 0:
+    if sigma_x == 0 and mech != "p3gm":
         caveats.append("sigma_x = 0: no noise on the features; epsilon is infinite.")
+    if mech == "p3gm":
+        caveats[1] = (
+            "p3gm: the released rows and labels are sampled from a model whose every fitted quantity is DP (the "
+            "DP-PCA basis, the DP-EM mixture prior, the VAE trained with DP-SGD): sampling is post-processing."
+        )
+        if not math.isfinite(acc.epsilon):
+            caveats.append("sigma_x = 0: p3gm was fitted without noise or clipping; epsilon is infinite.")
     if mech == "dpmix":
         caveats[1] = (
             "DPMix: rows mix records of every class, so the labels are released as noisy one-hot means "
@@ -536,7 +574,65 @@ def build_plan(
         pca_noise_std=pca_std,
         pca_share=cfg.pca_budget_share if pca_std is not None else None,
         join_block_rows=join_block_rows(dim, cfg.join_block_rows) if "join" in paths else 0,
+        p3gm=p3gm,
     )
+
+
+def _p3gm_events(cfg: ReleaseConfig, dim: int, K: int, n_hat: int, shared: list, rest_budget, acc_delta, budget):
+    """p3gm's DP-EM and DP-SGD: EM's noise spends its own share alone; the DP-SGD noise multiplier is then
+    calibrated so that everything (statistics, DP-PCA, DP-EM, DP-SGD) composes to the rest of the target."""
+    from mechanisms.p3gm import em_sensitivity
+
+    n = max(int(n_hat), 1)
+    rate = Fraction(min(cfg.p3gm_batch, n), n)
+    steps = max(1, math.ceil(cfg.p3gm_epochs / rate))
+    sens = em_sensitivity()
+    em_std = z = 0.0  # sigma_x 0: no noise, the non-private reference (epsilon infinite)
+    if cfg.sigma_x != 0:
+        em_std = sens * calibrate_alone(
+            lambda z: IteratedGaussianEvent("dp_em", cfg.p3gm_em_iterations, z * sens, sens),
+            name="dp_em",
+            target_epsilon=cfg.p3gm_em_budget_share * budget,
+            delta=acc_delta,
+        )
+    em = IteratedGaussianEvent("dp_em", cfg.p3gm_em_iterations, em_std, sens)
+    if cfg.sigma_x != 0:
+        z = calibrate_noise(
+            cfg.mode,
+            lambda s: [DpSgdEvent("dp_sgd", rate, steps, s)],
+            target_epsilon=rest_budget,
+            delta=acc_delta,
+            shared=[*shared, em],
+        )
+    plan = P3gmPlan(
+        latent_dim=cfg.p3gm_latent_dim,
+        components=cfg.p3gm_components,
+        em_iterations=cfg.p3gm_em_iterations,
+        em_noise_std=em_std,
+        em_sensitivity=sens,
+        em_share=cfg.p3gm_em_budget_share,
+        sampling_rate=rate,
+        steps=steps,
+        noise_multiplier=z,
+        grad_clip=cfg.p3gm_grad_clip if z > 0 else math.inf,
+        lr=cfg.p3gm_lr,
+        hidden=cfg.p3gm_hidden,
+        epochs=cfg.p3gm_epochs,
+        batch=cfg.p3gm_batch,
+    )
+    return plan, em, DpSgdEvent("dp_sgd", rate, steps, z)
+
+
+def p3gm_parameters(dim: int, K: int, latent: int, hidden: int) -> int:
+    """Weights and biases of p3gm's encoder [d, h, d'] and decoder [d', h, d + K]."""
+    return dim * hidden + hidden + hidden * latent + latent + latent * hidden + hidden + hidden * (dim + K) + dim + K
+
+
+def _p3gm_draws(p: P3gmPlan, dim: int, K: int) -> int:
+    """Gaussian draws that carry privacy noise: one per parameter per DP-SGD step, the EM statistics per iteration."""
+    sgd = p.steps * p3gm_parameters(dim, K, p.latent_dim, p.hidden) * (p.noise_multiplier > 0)
+    em = p.em_iterations * p.components * (1 + 2 * p.latent_dim) * (p.em_noise_std > 0)
+    return sgd + em
 
 
 def _normalized64(

@@ -237,13 +237,20 @@ def cmd_release(args, beam_args) -> int:
                 "rows": manifest["output"]["rows"],
                 "epsilon": p["epsilon"],
                 "delta": p["delta"],
-                "sigma_x": manifest["mechanism"]["sigma_x"],
+                **_noise_summary(manifest["mechanism"]),
                 "end_to_end_dp": p["end_to_end_dp"],
                 **({"accuracy": manifest["utility"]["accuracy_mean"]} if manifest.get("utility") else {}),
             }
         )
     )
     return 0
+
+
+def _noise_summary(mechanism: dict) -> dict:
+    """The release's headline noise: sigma_x, or p3gm's DP-SGD noise multiplier."""
+    if "sigma_x" in mechanism:
+        return {"sigma_x": mechanism["sigma_x"]}
+    return {"noise_multiplier": mechanism["dp_sgd"]["noise_multiplier"]}
 
 
 def cmd_prepare(args, _beam_args) -> int:
@@ -380,6 +387,10 @@ def cmd_account(args, _beam_args) -> int:
 
     if (args.epsilon is None) == (args.sigma_x is None):
         raise CalibrationError("give exactly one of --epsilon or --sigma-x")
+    if args.mechanism == "p3gm":
+        return _account_p3gm(args)
+    if args.samples_per_class is None and args.mechanism in ("dpcda", "dpmix"):
+        raise CalibrationError(f"{args.mechanism}: give --samples-per-class")
     mech, mode = args.mechanism, args.mode
     if mech in ("local", "randproj") and mode != "fixed":
         raise CalibrationError(f"mode: {mech} offers mode fixed only")
@@ -444,6 +455,73 @@ def cmd_account(args, _beam_args) -> int:
         for k, v in out.items():
             print(f"{k:>22}: {v:.6g}" if isinstance(v, float) and math.isfinite(v) else f"{k:>22}: {v}")
     return 0
+
+
+def _account_p3gm(args) -> int:
+    """p3gm's whole chain as a release would plan it for a dataset of N rows, d features and K classes: the plan's own
+    calibration runs on public stand-ins for the data (N spread over the classes, zero feature sums): nothing here is
+    computed a second way."""
+    import numpy as np
+
+    from mechanisms.combiners import FirstPass
+    from mechanisms.plan import build_plan
+    from privacy.calibration import CalibrationError
+    from privacy.noise import fresh_key
+    from schemas.config import ReleaseConfig
+
+    if args.feature_dim is None or args.num_classes is None:
+        raise CalibrationError("p3gm: give --feature-dim d and --num-classes K (the covariance and model sizes)")
+    if args.sigma_x not in (None, 0):
+        raise CalibrationError("p3gm: --sigma-x takes 0 only (no noise); give --epsilon")
+    n, d, K = args.class_size, args.feature_dim, args.num_classes
+    knobs = {k: getattr(args, k) for k in P3GM_KNOBS if getattr(args, k, None) is not None}
+    cfg = ReleaseConfig(
+        input="(account)",
+        output="(account)",
+        mechanism="p3gm",
+        epsilon=args.epsilon,
+        sigma_x=args.sigma_x,
+        delta=args.delta,
+        clip=args.clip,
+        num_classes=K,
+        **knobs,
+    )
+    first = FirstPass(
+        count=n,
+        sum_qu=np.zeros(d, np.int64),
+        sum_qv=np.zeros(d, np.int64),
+        class_counts=np.array([n // K + (k < n % K) for k in range(K)], np.int64),
+    )
+    plan = build_plan(first, cfg, fresh_key())
+    acc, p = plan.accounting, plan.p3gm
+    out = {
+        "mechanism": "p3gm",
+        "mode": plan.mode,
+        "epsilon": acc.epsilon,
+        "delta": args.delta,
+        "target_epsilon": args.epsilon,
+        "accountant": acc.accountant,
+        "neighbouring_relation": acc.relation,
+        "pca_covariance_noise_std": plan.pca_noise_std,
+        "em_noise_std": p.em_noise_std,
+        "em_sensitivity": p.em_sensitivity,
+        "sgd_noise_multiplier": p.noise_multiplier,
+        "sgd_sampling_rate": float(p.sampling_rate),
+        "sgd_steps": p.steps,
+        "components": acc.components,
+        "cross_check": acc.cross_check,
+        "delta_breakdown": acc.delta_breakdown,
+        "note": "N_hat here is N itself; a release plans with the DP count (q and the steps may differ slightly)",
+    }
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        for k, v in out.items():
+            print(f"{k:>24}: {v:.6g}" if isinstance(v, float) and math.isfinite(v) else f"{k:>24}: {v}")
+    return 0
+
+
+P3GM_KNOBS = ("p3gm_latent_dim", "p3gm_components", "p3gm_em_iterations", "p3gm_epochs", "p3gm_batch")
 
 
 def cmd_evaluate(args, _beam_args) -> int:
@@ -544,26 +622,34 @@ def build_parser() -> argparse.ArgumentParser:
         name: field.get_default() for name, field in ReleaseConfig.model_fields.items() if not field.is_required()
     }  # account and audit share the release's defaults
     acc = sub.add_parser("account", allow_abbrev=False, help="calibrate or account one group's synthesis without data")
-    acc.add_argument("--mechanism", choices=["dpcda", "dpmix", "local", "randproj"], default=defaults["mechanism"])
+    acc.add_argument(
+        "--mechanism", choices=["dpcda", "dpmix", "local", "randproj", "p3gm"], default=defaults["mechanism"]
+    )
     acc.add_argument("--mode", choices=["fixed", "poisson"], default=defaults["mode"])
     acc.add_argument(
         "--class-size",
         type=int,
         required=True,
-        help="N_k for dpcda; the dataset size N for dpmix; any size for local/randproj",
+        help="N_k for dpcda; the dataset size N for dpmix and p3gm; any size for local/randproj",
     )
     acc.add_argument(
         "--samples-per-class",
         type=int,
-        required=True,
-        help="T_k for dpcda; T, the rows in total, for dpmix (ignored by local/randproj)",
+        default=None,
+        help="T_k for dpcda; T, the rows in total, for dpmix (ignored by local/randproj/p3gm)",
     )
     acc.add_argument("--mixing-order", type=int, default=defaults["mixing_order"])
     acc.add_argument("--clip", type=float, default=defaults["clip"])
     acc.add_argument(
         "--label-noise-ratio", type=float, default=defaults["label_noise_ratio"], help="dpmix: sigma_y / sigma_x"
     )
-    acc.add_argument("--feature-dim", type=int, default=None, help="randproj: d")
+    acc.add_argument("--feature-dim", type=int, default=None, help="randproj, p3gm: d")
+    acc.add_argument("--num-classes", type=int, default=None, help="p3gm: K")
+    for knob in P3GM_KNOBS:
+        kind = float if knob == "p3gm_epochs" else int
+        acc.add_argument(
+            "--" + knob.replace("_", "-"), type=kind, default=None, help=f"p3gm (default {defaults[knob]})"
+        )
     acc.add_argument("--projection-dim", type=int, default=defaults["projection_dim"])
     acc.add_argument("--projection-seed", type=int, default=defaults["projection_seed"])
     acc.add_argument("--epsilon", type=float)
@@ -580,7 +666,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, default=0, help="first training seed (runs use seed .. seed+R-1)")
 
     au = sub.add_parser("audit", allow_abbrev=False, help="empirical lower bound on epsilon for a configuration")
-    au.add_argument("--mechanism", choices=["dpcda", "dpmix", "local", "randproj"], default=defaults["mechanism"])
+    au.add_argument(
+        "--mechanism",
+        choices=["dpcda", "dpmix", "local", "randproj", "p3gm"],
+        default=defaults["mechanism"],
+        help="p3gm: its DP-SGD step (--mixing-order is the expected batch, --samples-per-class the steps)",
+    )
     au.add_argument("--mode", choices=["fixed", "poisson"], default=defaults["mode"])
     au.add_argument("--mixing-order", type=int, default=defaults["mixing_order"])
     au.add_argument("--label-noise-ratio", type=float, default=defaults["label_noise_ratio"])

@@ -19,6 +19,7 @@ from schemas.manifest import (
     Noise,
     Normalization,
     Output,
+    P3gmMechanism,
     PostProcessing,
     Privacy,
     RandprojMechanism,
@@ -113,6 +114,8 @@ def mechanism_section(cfg, plan):
             projection=projection_section(plan),
             **common,
         )
+    if plan.mechanism == "p3gm":
+        return p3gm_section(plan)
     if plan.mechanism == "local":
         return LocalMechanism(
             name="local", class_sizes=list(plan.public_class_sizes), postprocessing=postprocessing(plan), **common
@@ -143,6 +146,40 @@ def mechanism_section(cfg, plan):
     )
 
 
+def p3gm_section(plan) -> P3gmMechanism:
+    p = plan.p3gm
+    return P3gmMechanism(
+        name="p3gm",
+        mode=plan.mode,
+        clip=plan.clip,
+        num_classes=plan.num_classes,
+        samples_total=plan.samples_total,
+        dataset_size_dp=int(sum(plan.dp_class_sizes)) if plan.dp_class_sizes else None,
+        latent_dim=p.latent_dim,
+        pca_covariance_noise_std=plan.pca_noise_std,
+        pca_epsilon_share=plan.pca_share,
+        em={
+            "components": p.components,
+            "iterations": p.em_iterations,
+            "noise_std": p.em_noise_std,
+            "sensitivity": p.em_sensitivity,
+            "epsilon_share": p.em_share,
+        },
+        dp_sgd={
+            "sampling_rate": float(p.sampling_rate),
+            "steps": p.steps,
+            "noise_multiplier": p.noise_multiplier,
+            "clip": finite(p.grad_clip),
+            "lr": p.lr,
+            "epochs": p.epochs,
+            "expected_batch": p.batch,
+            "hidden": p.hidden,
+        },
+        sampling="z from the DP mixture prior, the row = the decoder's feature means, the label = the argmax of "
+        "its label scores (mechanisms.p3gm)",
+    )
+
+
 def paper_epsilon(plan) -> float | None:
     """Seed 000's Theorem 1 for this release's sigmas, as written: informational, never the guarantee (DP-CDA only)."""
     from evaluation.paper import theorem1_epsilon
@@ -168,6 +205,14 @@ def noise_section(plan) -> Noise:
         "class_histogram": plan.histogram_noise_std,
         # in units of (clip / 2^16)^2, as the covariance sums are (privacy.dp_stats.dp_covariance)
         "pca_covariance": plan.pca_noise_std,
+        **(
+            {
+                "dp_em": plan.p3gm.em_noise_std,
+                "dp_sgd": plan.p3gm.noise_multiplier * plan.p3gm.grad_clip if plan.p3gm.noise_multiplier else 0,
+            }
+            if plan.p3gm
+            else {}
+        ),
     }
     return Noise(
         generator=noise.GENERATOR, sampler=noise.SAMPLER, grids={k: noise.grid_for(s) for k, s in sigmas.items() if s}

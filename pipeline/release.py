@@ -37,6 +37,7 @@ from transforms.group import GroupByClass, GroupDataset
 from transforms.join import MixByJoin
 from transforms.mix import MixDataset, MixWithinClass, PerturbRecords
 from transforms.normalize import NormalizeAndClip, NormalizeDataset
+from transforms.p3gm import FitP3gm, SampleP3gm
 from transforms.read import ReadShards
 from transforms.stats import ComputeDpBasis, ComputeGlobalStats
 from transforms.table import DecodeTable
@@ -113,7 +114,7 @@ def build_pipeline(
         if cfg.mechanism in ("dpcda", "dpmix") and cfg.mixing_path != "memory"
         else None
     )
-    basis = blocks | "ComputeDpBasis" >> ComputeDpBasis(plan, key) if cfg.projection else None
+    basis = blocks | "ComputeDpBasis" >> ComputeDpBasis(plan, key) if cfg.pca_components else None
     if cfg.mechanism == "dpcda":
         synthetic = (
             blocks
@@ -139,6 +140,16 @@ def build_pipeline(
             | "NormalizeDataset" >> NormalizeDataset(plan)
             | "MixDataset"
             >> MixDataset(plan, key, device=cfg.device, chunk_rows=cfg.chunk_rows, basis_pcoll=basis, **common)
+        )
+    elif cfg.mechanism == "p3gm":
+        model = (
+            blocks
+            | "GroupDataset" >> GroupDataset()
+            | "NormalizeDataset" >> NormalizeDataset(plan)
+            | "FitP3gm" >> FitP3gm(plan, key, basis, device=cfg.device, expected_build=build)
+        )
+        synthetic = model | "SampleP3gm" >> SampleP3gm(
+            plan, key, chunk_rows=cfg.chunk_rows, device=cfg.device, **common
         )
     else:
         synthetic = blocks | "PerturbRecords" >> PerturbRecords(plan, key, **common)

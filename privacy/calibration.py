@@ -71,10 +71,25 @@ def calibrate_gaussian(
 ) -> GaussianStatsEvent:
     """A Gaussian stats release spending ``target_epsilon`` alone.
 
-    Searched with the PLD accountant, exact for a lone Gaussian: RDP over a finite list of orders has an epsilon
-    floor near log(1/delta) / max order, which would make small shares unreachable. ``sensitivity`` is already the
-    one the mode's relation implies, so the Gaussian's privacy loss is that of a shift by one noise multiplier in
-    either mode; dp_accounting's PLD ``REPLACE_ONE`` would double the shift again, so the add/remove PLD is used.
+    ``sensitivity`` is already the one the mode's relation implies, so the Gaussian's privacy loss is that of a shift
+    by one noise multiplier in either mode (``calibrate_alone``).
+    """
+    z = calibrate_alone(
+        lambda z: GaussianStatsEvent(name, z * sensitivity, sensitivity),
+        name=name,
+        target_epsilon=target_epsilon,
+        delta=delta,
+    )
+    return GaussianStatsEvent(name, z * sensitivity, sensitivity)
+
+
+def calibrate_alone(make_event, *, name: str, target_epsilon: float, delta: float) -> float:
+    """Smallest noise multiplier z (within LOG_TOL) such that ``make_event(z)`` alone spends ``target_epsilon``.
+
+    For events whose privacy loss is a Gaussian shift in either relation (statistics with the relation's own
+    sensitivity, DP-EM's iterations). Searched with the PLD accountant, exact for Gaussians: RDP over a finite list
+    of orders has an epsilon floor near log(1/delta) / max order, which would make small shares unreachable;
+    dp_accounting's PLD ``REPLACE_ONE`` would double the shift again, so the add/remove PLD is used.
     """
 
     def relation_acc():
@@ -83,7 +98,7 @@ def calibrate_gaussian(
     lo, hi = math.log(0.05), math.log(1e6)
 
     def event(x: float) -> dp_accounting.DpEvent:
-        return GaussianStatsEvent(name, math.exp(x) * sensitivity, sensitivity).to_dp_event()
+        return make_event(math.exp(x)).to_dp_event()
 
     def eps_at(x: float) -> float:
         return relation_acc().compose(event(x)).get_epsilon(delta)
@@ -94,19 +109,17 @@ def calibrate_gaussian(
             f"multiplier {math.exp(hi):.3g}; raise epsilon or the share"
         )
     if eps_at(lo) <= target_epsilon:
-        z = math.exp(lo)
-    else:
-        z = math.exp(
-            dp_accounting.calibrate_dp_mechanism(
-                relation_acc,
-                event,
-                target_epsilon,
-                delta,
-                bracket_interval=dp_accounting.ExplicitBracketInterval(lo, hi),
-                tol=LOG_TOL,
-            )
+        return math.exp(lo)
+    return math.exp(
+        dp_accounting.calibrate_dp_mechanism(
+            relation_acc,
+            event,
+            target_epsilon,
+            delta,
+            bracket_interval=dp_accounting.ExplicitBracketInterval(lo, hi),
+            tol=LOG_TOL,
         )
-    return GaussianStatsEvent(name, z * sensitivity, sensitivity)
+    )
 
 
 def calibrate_noise(

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from fractions import Fraction
 from typing import Optional, Sequence
 
 import dp_accounting
@@ -47,11 +48,28 @@ from dp_accounting.rdp import rdp_privacy_accountant
 
 from privacy.accounting import RDP_ORDERS, RELATION_WORDS, SAMPLER_DELTA_SHARE, ReleaseEvents
 from privacy.errors import DpcdaError
-from privacy.events import DpmixEvent, GaussianStatsEvent, MixingEvent, NonPrivateEvent, PerturbEvent
+from privacy.events import (
+    DpmixEvent,
+    DpSgdEvent,
+    GaussianStatsEvent,
+    IteratedGaussianEvent,
+    MixingEvent,
+    NonPrivateEvent,
+    PerturbEvent,
+)
 from privacy.noise import sampler_delta
 
 EVENT_TYPES = {
-    cls.__name__: cls for cls in (MixingEvent, DpmixEvent, PerturbEvent, GaussianStatsEvent, NonPrivateEvent)
+    cls.__name__: cls
+    for cls in (
+        MixingEvent,
+        DpmixEvent,
+        PerturbEvent,
+        GaussianStatsEvent,
+        NonPrivateEvent,
+        IteratedGaussianEvent,
+        DpSgdEvent,
+    )
 }
 FAMILY = {"fixed": "replace-one", "poisson": "add/remove"}
 
@@ -64,7 +82,9 @@ class LedgerError(DpcdaError, RuntimeError):
 
 
 def event_to_json(event) -> dict:
-    return {"type": type(event).__name__, **dataclasses.asdict(event)}
+    """Exact rates (``Fraction``) are written as "p/q" strings, so they read back exactly."""
+    fields = {k: str(v) if isinstance(v, Fraction) else v for k, v in dataclasses.asdict(event).items()}
+    return {"type": type(event).__name__, **fields}
 
 
 def event_from_json(data: dict):
@@ -72,7 +92,13 @@ def event_from_json(data: dict):
     if cls is None:
         raise LedgerError(f"ledger: unknown privacy event type {data.get('type')!r}")
     names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in data.items() if k in names})
+    fields = {k: v for k, v in data.items() if k in names}
+    if cls is DpSgdEvent:
+        try:
+            fields["sampling_rate"] = Fraction(str(fields["sampling_rate"]))
+        except (KeyError, ValueError, ZeroDivisionError):
+            raise LedgerError(f"ledger: a DpSgdEvent without a valid sampling_rate: {data!r}") from None
+    return cls(**fields)
 
 
 def release_events_to_json(events: ReleaseEvents) -> dict:

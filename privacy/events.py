@@ -196,4 +196,62 @@ class PerturbEvent:
         return _gaussian(self.noise_multiplier)
 
 
-Event = MixingEvent | DpmixEvent | PerturbEvent | GaussianStatsEvent | NonPrivateEvent
+def _rate_up(exact: Fraction) -> float:
+    """A sampling rate as a float for the accountant, rounded up (never below the rate the sampler uses)."""
+    q = float(exact)
+    return math.nextafter(q, 2.0) if Fraction(q) < exact else q
+
+
+@dataclasses.dataclass(frozen=True)
+class IteratedGaussianEvent:
+    """``iterations`` adaptive Gaussian releases of the same bounded statistics (DP-EM's sufficient statistics).
+
+    Each iteration adds N(0, noise_std^2) to every coordinate of statistics of L2 sensitivity ``sensitivity`` under
+    add/remove: one Gaussian of multiplier ``noise_std / sensitivity``, self-composed ``iterations`` times (the
+    later iterations may depend on the earlier outputs: composition covers that).
+    """
+
+    name: str
+    iterations: int
+    noise_std: float
+    sensitivity: float
+
+    @property
+    def noise_multiplier(self) -> float:
+        return self.noise_std / self.sensitivity
+
+    def to_dp_event(self) -> dp_accounting.DpEvent:
+        if self.iterations == 0:
+            return dp_accounting.NoOpDpEvent()
+        gauss = _gaussian(self.noise_multiplier)
+        if isinstance(gauss, dp_accounting.NonPrivateDpEvent):
+            return gauss
+        return dp_accounting.SelfComposedDpEvent(gauss, self.iterations)
+
+
+@dataclasses.dataclass(frozen=True)
+class DpSgdEvent:
+    """``steps`` steps of DP-SGD under add/remove: each step's batch holds every record independently with
+    probability ``sampling_rate`` (Poisson sampling, as the sampler in ``mechanisms.dpsgd`` draws it), the
+    per-example gradients are clipped to L2 norm C and summed, and N(0, (noise_multiplier C)^2 I) is added.
+    """
+
+    name: str
+    sampling_rate: Fraction
+    steps: int
+    noise_multiplier: float
+    component = "dp_sgd"
+
+    def to_dp_event(self) -> dp_accounting.DpEvent:
+        if self.steps == 0:
+            return dp_accounting.NoOpDpEvent()
+        gauss = _gaussian(self.noise_multiplier)
+        if isinstance(gauss, dp_accounting.NonPrivateDpEvent):
+            return gauss
+        one = dp_accounting.PoissonSampledDpEvent(_rate_up(Fraction(self.sampling_rate)), gauss)
+        return dp_accounting.SelfComposedDpEvent(one, self.steps)
+
+
+Event = (
+    MixingEvent | DpmixEvent | PerturbEvent | GaussianStatsEvent | NonPrivateEvent | IteratedGaussianEvent | DpSgdEvent
+)

@@ -35,11 +35,12 @@ class ReleaseConfig(BaseModel):
     features_column: str = Field("features", description="name of the features column")
     label_column: str = Field("label", description="name of the label column")
 
-    mechanism: Literal["dpcda", "dpmix", "local", "randproj"] = Field(
+    mechanism: Literal["dpcda", "dpmix", "local", "randproj", "p3gm"] = Field(
         "dpcda",
         description=(
             "dpcda: class-centric mixing (seed 000); dpmix: mixing across the whole dataset, labels included "
-            "(seed 001); local: each record plus noise; randproj: each record randomly projected, plus noise"
+            "(seed 001); local: each record plus noise; randproj: each record randomly projected, plus noise; "
+            "p3gm: a generative model (seed 004: DP-PCA, DP-EM prior, VAE trained with DP-SGD), rows sampled from it"
         ),
     )
     mode: Literal["fixed", "poisson"] = Field(
@@ -105,6 +106,15 @@ class ReleaseConfig(BaseModel):
         ),
     )
     pca_budget_share: float = Field(0.1, gt=0, lt=0.5, description="share of epsilon for the DP-PCA covariance")
+    p3gm_latent_dim: int = Field(10, ge=1, le=1000, description="p3gm: d', the DP-PCA dimension of the latent space")
+    p3gm_components: int = Field(3, ge=1, le=100, description="p3gm: Gaussians in the DP-EM mixture prior")
+    p3gm_em_iterations: int = Field(20, ge=1, le=1000, description="p3gm: DP-EM iterations (each one accounted)")
+    p3gm_em_budget_share: float = Field(0.1, gt=0, lt=0.5, description="p3gm: share of epsilon for DP-EM alone")
+    p3gm_epochs: float = Field(4.0, gt=0, le=1000, description="p3gm: DP-SGD epochs (steps = epochs / q)")
+    p3gm_batch: int = Field(300, ge=1, le=1 << 20, description="p3gm: expected DP-SGD batch, q N_hat (Poisson)")
+    p3gm_lr: float = Field(1e-3, gt=0, le=10, description="p3gm: Adam learning rate of the VAE")
+    p3gm_grad_clip: float = Field(1.0, gt=0, le=1e6, description="p3gm: C, the per-example gradient clip norm")
+    p3gm_hidden: int = Field(1000, ge=1, le=100000, description="p3gm: hidden width of the encoder and decoder")
     min_std: float = Field(0.01, gt=0, description="std floor, as a fraction of the feature range")
 
     soft_labels: bool = Field(
@@ -227,6 +237,11 @@ class ReleaseConfig(BaseModel):
             and data.get("mixing_order") is None
         ):
             data = {**data, "mixing_order": 1}
+        if isinstance(data, dict) and data.get("mechanism") == "p3gm":
+            if data.get("mode") is None:  # the generative model is accounted under add/remove only
+                data = {**data, "mode": "poisson"}
+            if data.get("mixing_order") is None:
+                data = {**data, "mixing_order": 1}
         if isinstance(data, dict) and data.get("table") is not None and data.get("num_classes") is None:
             table = data["table"]
             cats = None
@@ -351,8 +366,10 @@ class ReleaseConfig(BaseModel):
             raise ValueError("lowpass/denoise: randproj rows are projections, not images")
         if self.mechanism == "dpmix" and self.num_classes is None:
             raise ValueError("num_classes: required with dpmix (the width of the released label scores)")
-        if self.mechanism != "dpcda" and self.sigma_y:
+        if self.mechanism in ("dpmix", "local", "randproj") and self.sigma_y:
             raise ValueError("sigma_y: dpcda only (dpmix sets it from --label-noise-ratio)")
+        if self.mechanism == "p3gm":
+            self._check_p3gm()
         if self.table is not None:
             self._check_table()
         if self.ledger is not None and self.dataset_id is None:
@@ -377,10 +394,13 @@ class ReleaseConfig(BaseModel):
             )
         if self.membership_audit and not self.eval_input:
             raise ValueError("membership_audit: needs --eval-input (the held-out real rows)")
-        pca = self.pca_budget_share if self.projection else 0.0
-        if self.normalization_budget_share + self.histogram_budget_share + pca >= 0.5:
+        pca = self.pca_budget_share if self.projection or self.mechanism == "p3gm" else 0.0
+        em = self.p3gm_em_budget_share if self.mechanism == "p3gm" else 0.0
+        if self.normalization_budget_share + self.histogram_budget_share + pca + em >= 0.5:
             raise ValueError(
-                "normalization_budget_share: the statistics (with pca_budget_share) may take under half the budget"
+                "normalization_budget_share: the statistics (with pca_budget_share"
+                + (" and p3gm_em_budget_share" if em else "")
+                + ") may take under half the budget"
             )
         if self.projection is not None:
             if self.mechanism not in ("dpcda", "dpmix"):
@@ -390,6 +410,26 @@ class ReleaseConfig(BaseModel):
             if self.table is not None:
                 raise ValueError("projection: for image and vector rows; a table's encoded columns are not projected")
         return self
+
+    def _check_p3gm(self) -> None:
+        if self.mode != "poisson":
+            raise ValueError(
+                "mode: p3gm trains with Poisson-sampled DP-SGD, accounted under add/remove only (mode poisson, the "
+                "default for p3gm)"
+            )
+        if self.epsilon is None and self.sigma_x != 0:
+            raise ValueError("epsilon: p3gm calibrates its noise to a target epsilon (sigma_x 0: no noise, no privacy)")
+        if self.mixing_order != 1:
+            raise ValueError("mixing_order: p3gm does not mix records (leave it out)")
+        for name in ("projection", "lowpass", "denoise", "image_shape", "table"):
+            if getattr(self, name) is not None:
+                raise ValueError(f"{name}: not available with p3gm")
+        if self.soft_labels:
+            raise ValueError("soft_labels: p3gm generates one label per row (the argmax of its label scores)")
+        if self.mixing_path == "join":
+            raise ValueError("mixing_path: p3gm fits its model on one worker (the in-memory path)")
+        if self.sigma_y:
+            raise ValueError("sigma_y: dpcda only")
 
     def _check_table(self) -> None:
         if self.input_format == "tfrecord":
@@ -416,7 +456,9 @@ class ReleaseConfig(BaseModel):
 
     @property
     def pca_components(self) -> Optional[int]:
-        """K of ``projection: dp-pca:K`` (None without a projection)."""
+        """K of ``projection: dp-pca:K``, or p3gm's latent dimension (None otherwise)."""
+        if self.mechanism == "p3gm":
+            return self.p3gm_latent_dim
         return int(self.projection.split(":", 1)[1]) if self.projection else None
 
     @property

@@ -147,6 +147,31 @@ class RandprojMechanism(_Frozen):
     class_sizes: list[int]
 
 
+class P3gmMechanism(_Frozen):
+    """P3GM (seed 004): DP-PCA encoder mean, DP-EM mixture prior, VAE trained with DP-SGD; rows sampled from it."""
+
+    name: Literal["p3gm"]
+    mode: Literal["poisson"]
+    clip: float = Field(description="c: the L2 clip of the z-scored rows (the model sees rows / c, norm <= 1)")
+    num_classes: int
+    samples_total: int
+    dataset_size_dp: Optional[int] = Field(None, description="DP estimate of N (sets q)")
+    latent_dim: int = Field(description="d': the DP-PCA dimension, the encoder's fixed mean")
+    pca_covariance_noise_std: Optional[float] = Field(
+        None, description="std of the covariance's noise, in units of (clip / 2^16)^2 (pca_covariance component)"
+    )
+    pca_epsilon_share: float
+    em: dict = Field(
+        description="DP-EM of the mixture prior: components, iterations, the noise std on every coordinate of the "
+        "sufficient statistics, their L2 sensitivity, its epsilon share (dp_em component)"
+    )
+    dp_sgd: dict = Field(
+        description="DP-SGD of the VAE: Poisson sampling rate q, steps, noise multiplier z (noise std z C on the sum "
+        "of clipped gradients), clip C, learning rate, epochs, expected batch, hidden width (dp_sgd component)"
+    )
+    sampling: str = Field(description="how the released rows are drawn from the fitted model (post-processing)")
+
+
 def _mechanism_name(value) -> str:
     """The union's tag; manifests written before the mechanism family have none and are DP-CDA."""
     if isinstance(value, dict):
@@ -158,7 +183,8 @@ Mechanism = Annotated[
     Annotated[DpcdaMechanism, Tag("dpcda")]
     | Annotated[DpmixMechanism, Tag("dpmix")]
     | Annotated[LocalMechanism, Tag("local")]
-    | Annotated[RandprojMechanism, Tag("randproj")],
+    | Annotated[RandprojMechanism, Tag("randproj")]
+    | Annotated[P3gmMechanism, Tag("p3gm")],
     Discriminator(_mechanism_name),
 ]
 
