@@ -19,14 +19,16 @@ L2 norm ``clip (1 - CLIP_MARGIN)``; the DP-PCA basis V (d x d', orthonormal colu
    is FIXED to the projection (P3GM's point: the latent mean is sqrt(d') xhat_i); the encoder [d, hidden, d'] (ReLU)
    outputs only the log-variance; the decoder [d', hidden, d + K] (ReLU) outputs the feature means (unit-variance
    Gaussian likelihood on the rows scaled by sqrt(d) / clip, so coordinates are about unit size: a public rescaling)
-   and K label logits (cross-entropy with y, weighted ``label_weight``). The KL term is the single-sample Monte Carlo
-   estimate log q(z|x) - log p_MoG(z) at the reparametrised z = mu + sigma eps. Per step t: the Poisson batch
-   (``mechanisms.dpsgd.poisson_batch``, stream ("p3gm-batch", t)); eps from ("p3gm-eps", t) (given the batch, its
+   and K label logits (cross-entropy with y, weighted ``label_weight_for``). The KL term is the single-sample
+   Monte Carlo estimate log q(z|x) - log p_MoG(z) at the reparametrised z = mu + sigma eps. Per step t: the Poisson
+   batch (``mechanisms.dpsgd.poisson_batch``, stream ("p3gm-batch", t)); eps from ("p3gm-eps", t) (given the batch, its
    records' eps are iid N(0, I) whatever their order, so each record's gradient is a function of that record and of
    randomness independent of the data, as the DP-SGD analysis allows); per-example gradients of ALL parameters,
    clipped to ``grad_clip`` (``clip_factors``) and summed in float64; N(0, (z C)^2) on every coordinate
    (``noisy_sum``, stream ("p3gm-sgd", t)); an empty batch still gets its noise. Dividing by the public
-   ``expected_batch`` and Adam's step are post-processing.
+   ``expected_batch`` and Adam's step are post-processing. The start is public (PyTorch's default init drawn from
+   the public stream ``public_key("p3gm-init", 0)``), and by default (``decoder_start`` "pca") the decoder's feature
+   output starts as the DP-PCA reconstruction V V^T x (``pca_decoder``: a function of V, post-processing).
 4. Sampling (``sample_rows``, post-processing of the DP prior and decoder): component by exact inversion of 53-bit
    uniforms, z from that Gaussian, features = the decoder's feature means mapped back to the rows' units and clipped
    to norm ``clip``, label = argmax of the label logits; stream ("p3gm-sample", chunk), so a retried bundle redraws
@@ -38,17 +40,19 @@ bias gradient g_i. One backward of the summed loss to the pre-activations gives 
 on another's pre-activations: no batch statistics anywhere); the squared norms sum_l ||g_il||^2 (||a_il||^2 + 1)
 and the clipped sums (f G)^T A are computed in float64 from the float32 G and A.
 
-Floats. EM: each record's contribution (r (1 - CLIP_MARGIN), r xhat, r xhat^2) is computed in float64 and truncated
-toward zero to multiples of 2^-EM_QUANTUM_BITS (never growing any block's norm: each stays below 1 in the bits),
-then summed as exact int64; the sums (< 2^53 quanta for fewer than ``MAX_EM_ROWS`` rows) are exact float64 centres
-for ``NoiseStream.gaussian``. DP-SGD: products of float32 values are exact in float64, the float64 norms are within
-a relative d 2^-52 of the exact ones, and the margin CLIP_MARGIN in ``clip_factors`` absorbs that and the float64
+Floats. EM: each record's contribution (r', r' xhat, r' xhat^2), r' = r (1 - CLIP_MARGIN), is computed in float64,
+truncated toward zero to multiples of 2^-EM_QUANTUM_BITS (never growing any block's norm: each stays below 1 in the
+bits), then summed as exact int64; the sums (< 2^53 quanta for fewer than ``MAX_EM_ROWS`` rows) are exact float64
+centres for ``NoiseStream.gaussian``. DP-SGD: products of float32 values are exact in float64, the float64 norms are
+within a relative d 2^-52 of the exact ones, and the margin CLIP_MARGIN in ``clip_factors`` absorbs that and the float64
 summation of the batch (``mechanisms.dpsgd``). We assume, as every DP-SGD implementation does, that the float32
 forward and backward of one row do not depend on which other rows share its batch (row-wise ops only).
 
 Randomness. Nothing here calls torch's or numpy's generators: every draw touching private data is a
 ``privacy.noise.NoiseStream`` under the run key; the weight initialisation and the EM start are public draws
-(``public_key``), the same in every run.
+(``public_key``), the same in every run. The noise draws that carry privacy are one per parameter per DP-SGD step and
+K (1 + 2 d') per EM iteration (what the plan counts for the sampler's delta). The loss handed to ``progress`` is
+computed from private rows and is NOT DP: it is for logs that only those who may see the rows read.
 """
 
 from __future__ import annotations
@@ -108,12 +112,13 @@ class P3gmSpec:
     grad_clip: float = 1.0
     lr: float = 1e-3
     num_classes: int = 10
-    label_weight: float = 1.0
+    # The cross-entropy's weight; None: sqrt(d) (``label_weight_for``).
+    label_weight: Optional[float] = None
     # The public divisor of the noisy gradient sum (q N_hat, e.g. the configured batch). None: 1. Adam is invariant
     # to it (it only rescales Adam's epsilon, 1e-8, far below the noise), so it never needs the private N.
     expected_batch: Optional[float] = None
     # "public": the public start only; "pca": the decoder starts as the DP-PCA reconstruction (``pca_decoder``).
-    decoder_start: str = "public"
+    decoder_start: str = "pca"
 
     def __post_init__(self):
         for name in ("latent_dim", "components", "hidden", "num_classes"):
@@ -123,6 +128,8 @@ class P3gmSpec:
             if int(getattr(self, name)) < 0:
                 raise ValueError(f"P3gmSpec.{name} must be at least 0, got {getattr(self, name)}")
         for name in ("em_noise_std", "noise_multiplier", "label_weight"):
+            if getattr(self, name) is None:
+                continue
             v = float(getattr(self, name))
             if not (v >= 0 and math.isfinite(v)):
                 raise ValueError(f"P3gmSpec.{name} must be finite and >= 0, got {v}")
@@ -291,6 +298,14 @@ def pca_decoder(state: dict, basis: np.ndarray, spec: P3gmSpec) -> dict:
     return out
 
 
+def label_weight_for(spec: P3gmSpec, dim: int) -> float:
+    """The label term's weight: ``spec.label_weight``, or sqrt(d) by default. Under clipping only the direction of
+    an example's gradient counts; the reconstruction's gradient at the output has d coordinates of about unit size
+    (norm about sqrt(d)), the cross-entropy's has norm at most sqrt(2), so sqrt(d) keeps the labels from drowning.
+    (Fashion-MNIST, 12,000 rows, 200 DP steps: weight 1 gave 0.55 LogisticRegression accuracy, 10 0.69, 50 0.70.)"""
+    return math.sqrt(dim) if spec.label_weight is None else float(spec.label_weight)
+
+
 def feature_scale(dim: int, clip: float) -> float:
     """Rows enter the network multiplied by sqrt(d) / clip (about unit-size coordinates)."""
     return math.sqrt(dim) / float(clip)
@@ -388,11 +403,12 @@ def train_vae(
         start = pca_decoder(start, np.asarray(basis, np.float64), spec)
     params = {k: torch.tensor(v, device=dev, requires_grad=True) for k, v in start.items()}
     order = list(params.values())
-    opt = torch.optim.Adam(order, lr=float(spec.lr))
+    opt = torch.optim.Adam(order, lr=float(spec.lr), fused=True)  # fused: one kernel per tensor (7x faster on CPU)
     xt = torch.as_tensor(np.asarray(x, np.float64) * feature_scale(d, clip), dtype=torch.float32, device=dev)
     mut = torch.as_tensor(np.asarray(xhat, np.float64) * latent_scale(spec.latent_dim), dtype=torch.float32, device=dev)
     yt = torch.as_tensor(np.asarray(y, np.int64), device=dev)
     prior_t = _prior_tensors(prior, spec.latent_dim, dev)
+    label_weight = label_weight_for(spec, d)
     divisor = float(spec.expected_batch) if spec.expected_batch is not None else 1.0
     rate = Fraction(spec.sampling_rate)
     for step in range(spec.steps):
@@ -406,7 +422,7 @@ def train_vae(
             torch.as_tensor(eps, dtype=torch.float32, device=dev),
             yt[idx],
             prior_t,
-            float(spec.label_weight),
+            label_weight,
             float(spec.grad_clip),
         )
         flat = noisy_sum(total, spec.sgd_noise_std, NoiseStream(key, "p3gm-sgd", step)) / divisor

@@ -183,9 +183,9 @@ def test_dp_sgd_is_deterministic_in_the_key():
     xhat = x @ basis
     prior = p3gm.fit_prior(xhat, spec(), KEY)
     s = spec()
-    a = p3gm.train_vae(x, y, xhat, prior, s, KEY, "cpu", clip=1.0)
-    b = p3gm.train_vae(x, y, xhat, prior, s, KEY, "cpu", clip=1.0)
-    c = p3gm.train_vae(x, y, xhat, prior, s, OTHER, "cpu", clip=1.0)
+    a = p3gm.train_vae(x, y, xhat, prior, s, KEY, "cpu", clip=1.0, basis=basis)
+    b = p3gm.train_vae(x, y, xhat, prior, s, KEY, "cpu", clip=1.0, basis=basis)
+    c = p3gm.train_vae(x, y, xhat, prior, s, OTHER, "cpu", clip=1.0, basis=basis)
     assert all(np.array_equal(a[k], b[k]) for k in a)
     assert all(not np.array_equal(a[k], c[k]) for k in a)
 
@@ -197,35 +197,41 @@ def test_an_empty_batch_still_gets_its_noise():
     rate = Fraction(1, 10**9)
     assert len(poisson_batch(NoiseStream(KEY, "p3gm-batch", 0), 5, rate)) == 0
     s = spec(sampling_rate=rate, steps=1, noise_multiplier=1.5, lr=1e-3)
-    init = p3gm.init_state(x.shape[1], s)
-    trained = p3gm.train_vae(x, y, xhat, prior, s, KEY, "cpu", clip=1.0)
+    init = p3gm.pca_decoder(p3gm.init_state(x.shape[1], s), basis, s)  # the default decoder_start
+    trained = p3gm.train_vae(x, y, xhat, prior, s, KEY, "cpu", clip=1.0, basis=basis)
     total = sum(v.size for v in init.values())
     noise = NoiseStream(KEY, "p3gm-sgd", 0).gaussian(np.zeros(total), 1.5)
     moved = np.concatenate([(trained[k].astype(np.float64) - init[k]).reshape(-1) for k in p3gm.PARAM_NAMES])
     # Adam's first step from a zero state is -lr * sign(gradient): here the gradient is the noise alone.
     np.testing.assert_allclose(moved, -1e-3 * np.sign(noise), rtol=1e-3, atol=1e-7)
     quiet = p3gm.train_vae(
-        x, y, xhat, prior, spec(sampling_rate=rate, steps=1, noise_multiplier=0.0), KEY, "cpu", clip=1.0
+        x, y, xhat, prior, spec(sampling_rate=rate, steps=1, noise_multiplier=0.0), KEY, "cpu", clip=1.0, basis=basis
     )
     assert all(np.array_equal(quiet[k], init[k]) for k in init)  # no rows, no noise: nothing moves
 
 
 def _mean_loss(state, x, y, xhat, prior, s, clip=1.0):
+    """The training objective (the per-example loss averaged over the rows and 20 eps draws; test randomness)."""
     d = x.shape[1]
     params = {k: torch.as_tensor(v) for k, v in state.items()}
     xt = torch.as_tensor(x * p3gm.feature_scale(d, clip), dtype=torch.float32)
     mu = torch.as_tensor(xhat * p3gm.latent_scale(s.latent_dim), dtype=torch.float32)
+    eps = np.random.default_rng(0).normal(size=(20, *mu.shape))
+    prior_t = p3gm._prior_tensors(prior, s.latent_dim, "cpu")
     with torch.no_grad():
-        loss, _ = p3gm.per_example_loss(
-            params,
-            xt,
-            mu,
-            torch.zeros_like(mu),
-            torch.as_tensor(y),
-            p3gm._prior_tensors(prior, s.latent_dim, "cpu"),
-            1.0,
-        )
-    return float(loss.mean())
+        losses = [
+            p3gm.per_example_loss(
+                params,
+                xt,
+                mu,
+                torch.as_tensor(e, dtype=torch.float32),
+                torch.as_tensor(y),
+                prior_t,
+                p3gm.label_weight_for(s, d),
+            )[0].mean()
+            for e in eps
+        ]
+    return float(np.mean(losses))
 
 
 def test_without_noise_the_loss_falls():
@@ -236,10 +242,10 @@ def test_without_noise_the_loss_falls():
     )
     prior = p3gm.fit_prior(xhat, s, KEY)
     seen = []
-    state = p3gm.train_vae(x, y, xhat, prior, s, KEY, "cpu", clip=1.0, progress=lambda *a: seen.append(a))
-    before = _mean_loss(p3gm.init_state(x.shape[1], s), x, y, xhat, prior, s)
+    state = p3gm.train_vae(x, y, xhat, prior, s, KEY, "cpu", clip=1.0, basis=basis, progress=lambda *a: seen.append(a))
+    before = _mean_loss(p3gm.pca_decoder(p3gm.init_state(x.shape[1], s), basis, s), x, y, xhat, prior, s)
     after = _mean_loss(state, x, y, xhat, prior, s)
-    assert after < 0.7 * before
+    assert after < 0.5 * before
     assert [a[0] for a in seen] == [50, 100, 150] and all(a[1] == 150 for a in seen)
 
 
@@ -296,3 +302,21 @@ def test_fit_and_spec_refuse_bad_inputs():
     with pytest.raises(ValueError, match="sampling_rate"):
         spec(sampling_rate=Fraction(0))
     assert spec(noise_multiplier=0.0, grad_clip=math.inf).sgd_noise_std == 0.0
+
+
+def test_pca_decoder_start_reconstructs_through_the_basis():
+    rng = np.random.default_rng(5)
+    d, dl = 9, 3
+    basis, _ = np.linalg.qr(rng.normal(size=(d, dl)))
+    s = spec(latent_dim=dl, hidden=10, num_classes=4, decoder_start="pca")
+    state = p3gm.pca_decoder(p3gm.init_state(d, s), basis, s)
+    x = clipped_rows(20, d, clip=2.0)
+    u = (x @ basis) / 2.0 * p3gm.latent_scale(dl)  # the latent means
+    means, logits = p3gm.decode(state, u, dim=d, device="cpu")
+    recon = means.numpy().astype(np.float64) / p3gm.feature_scale(d, 2.0)
+    np.testing.assert_allclose(recon, x @ basis @ basis.T, atol=1e-5)
+    assert logits.shape == (20, 4)
+    with pytest.raises(ValueError, match="hidden"):
+        p3gm.pca_decoder(p3gm.init_state(d, spec(latent_dim=dl, hidden=5)), basis, spec(latent_dim=dl, hidden=5))
+    with pytest.raises(ValueError, match="decoder_start"):
+        spec(decoder_start="zeros")
