@@ -607,7 +607,7 @@ def json_safe(value):
 def run_audit_cli(args) -> int:
     """``dpcda audit``: prints the result; exit status 1 when the bound exceeds the accounted epsilon."""
     result = run_audit(
-        mode=args.mode,
+        mode="poisson" if args.mechanism == "p3gm" else args.mode,  # p3gm is add/remove only
         mixing_order=args.mixing_order,
         epsilon=args.epsilon,
         delta=args.delta,
@@ -646,6 +646,10 @@ def audit_section(
             mechanism="p3gm",
         )
         result["note"] = AUDIT_NOTE
+        result["scope"] = (
+            "one DP-SGD step at the release's noise multiplier with the canary in every batch (q = 1); the release's "
+            "own q, step count and network are not exercised"
+        )
         return json_safe(result)
     l = int(mech["mixing_order"])
     result = run_audit(

@@ -37,10 +37,12 @@ def poisson_batch(stream: NoiseStream, n: int, rate: Fraction) -> np.ndarray:
 
 
 def clip_factors(norms: torch.Tensor, clip: float) -> torch.Tensor:
-    """float64 per-example factors min(1, C (1 - CLIP_MARGIN) / norm) for float64 per-example gradient norms."""
+    """float64 per-example factors min(1, C (1 - CLIP_MARGIN) / norm) for float64 per-example gradient norms; 0 for
+    a norm that is not finite (the caller must then zero that example's gradient, since inf * 0 is NaN)."""
     norms = norms.to(torch.float64)
     limit = float(clip) * (1.0 - CLIP_MARGIN)
-    return torch.clamp(limit / torch.clamp(norms, min=1e-300), max=1.0)
+    factors = torch.clamp(limit / torch.clamp(norms, min=1e-300), max=1.0)
+    return torch.where(torch.isfinite(norms), factors, 0.0)  # a non-finite gradient is dropped (caller zeroes it)
 
 
 def noisy_sum(grad_sum: torch.Tensor, noise_std: float, stream: NoiseStream) -> torch.Tensor:

@@ -364,11 +364,12 @@ def ghost_clipped_sum(params: dict, x, mu, eps, y, prior_t, label_weight: float,
     for a, g in zip(acts, grads):
         sq += torch.linalg.vecdot(g, g) * (torch.linalg.vecdot(a, a) + 1.0)
     norms = torch.sqrt(sq)
-    factors = clip_factors(norms, clip)
+    factors = clip_factors(norms, clip)  # 0 where a norm is not finite: that example contributes nothing
+    keep = factors > 0
     parts = []
     for a, g in zip(acts, grads):
-        gf = g * factors[:, None]
-        parts += [(gf.T @ a).reshape(-1), gf.sum(dim=0)]
+        gf = torch.where(keep[:, None], g, 0.0) * torch.where(keep, factors, 0.0)[:, None]
+        parts += [(gf.T @ torch.where(keep[:, None], a, 0.0)).reshape(-1), gf.sum(dim=0)]
     return torch.cat(parts), norms, loss.detach()
 
 

@@ -111,7 +111,13 @@ class ReleaseConfig(BaseModel):
     p3gm_em_iterations: int = Field(20, ge=1, le=1000, description="p3gm: DP-EM iterations (each one accounted)")
     p3gm_em_budget_share: float = Field(0.1, gt=0, lt=0.5, description="p3gm: share of epsilon for DP-EM alone")
     p3gm_epochs: float = Field(4.0, gt=0, le=1000, description="p3gm: DP-SGD epochs (steps = epochs / q)")
-    p3gm_batch: int = Field(300, ge=1, le=1 << 20, description="p3gm: expected DP-SGD batch, q N_hat (Poisson)")
+    p3gm_batch: int = Field(
+        300,
+        ge=1,
+        le=1 << 14,
+        description="p3gm: expected DP-SGD batch, q N_hat (Poisson; at most 2^14, so the float64 batch sum keeps "
+        "inside the clip margin)",
+    )
     p3gm_lr: float = Field(1e-3, gt=0, le=10, description="p3gm: Adam learning rate of the VAE")
     p3gm_grad_clip: float = Field(1.0, gt=0, le=1e6, description="p3gm: C, the per-example gradient clip norm")
     p3gm_hidden: int = Field(1000, ge=1, le=100000, description="p3gm: hidden width of the encoder and decoder")
@@ -430,6 +436,11 @@ class ReleaseConfig(BaseModel):
             raise ValueError("mixing_path: p3gm fits its model on one worker (the in-memory path)")
         if self.sigma_y:
             raise ValueError("sigma_y: dpcda only")
+        if self.p3gm_hidden < 2 * self.p3gm_latent_dim:
+            raise ValueError(
+                f"p3gm_hidden: at least 2 x p3gm_latent_dim = {2 * self.p3gm_latent_dim} (the decoder starts as the "
+                "DP-PCA reconstruction through its hidden layer)"
+            )
 
     def _check_table(self) -> None:
         if self.input_format == "tfrecord":

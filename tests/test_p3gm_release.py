@@ -42,6 +42,8 @@ def _flags(knobs: dict) -> list:
         ({"soft_labels": True}, "soft_labels"),
         ({"mixing_path": "join"}, "one worker"),
         ({"p3gm_em_budget_share": 0.4}, "under half the budget"),
+        ({"p3gm_hidden": 10, "p3gm_latent_dim": 8}, "p3gm_hidden"),
+        ({"p3gm_batch": 1 << 15}, "p3gm_batch"),
     ],
 )
 def test_bad_p3gm_configs_are_refused(fields, message):
@@ -195,3 +197,12 @@ def test_the_dp_sgd_audit_finds_no_violation_and_catches_a_false_claim():
         mechanism="p3gm", mode="poisson", mixing_order=2, class_size=2, sigma_x=0.3, claimed_epsilon=0.5, trials=2000
     )
     assert bad["violation"] and bad["empirical_epsilon_lower_bound"] > 0.5
+
+
+def test_a_non_finite_gradient_is_dropped_not_propagated():
+    import torch
+
+    from mechanisms.dpsgd import clip_factors
+
+    f = clip_factors(torch.tensor([0.5, 4.0, float("inf"), float("nan")], dtype=torch.float64), 1.0)
+    assert f[0] == 1.0 and 0 < f[1] < 0.25 and f[2] == 0 and f[3] == 0

@@ -56,8 +56,8 @@ class _FitFn(beam.DoFn):
         start = time.time()
         spec = p3gm_spec(plan)
 
-        def progress(step, steps, loss):
-            log.info("stage=p3gm step=%d/%d loss=%.4f seconds=%.1f", step, steps, loss, time.time() - start)
+        def progress(step, steps, _loss):  # the loss is a statistic of private rows (not DP): never logged
+            log.info("stage=p3gm step=%d/%d seconds=%.1f", step, steps, time.time() - start)
 
         model = fit(x, y, basis, plan.clip, spec, key, self.device, progress=progress)
         log.info("stage=p3gm fitted steps=%d device=%s seconds=%.1f", spec.steps, self.device, time.time() - start)
