@@ -114,10 +114,9 @@ def release_in_process(
             scores.append(sc)
             labels.append(sc.argmax(axis=1))
     elif plan.mechanism == "p3gm":
-        from mechanisms.p3gm import fit, sample_rows
-        from transforms.p3gm import p3gm_spec
+        from mechanisms.p3gm import fit, sample_rows, spec_from_plan
 
-        spec = p3gm_spec(plan)
+        spec = spec_from_plan(plan)
         model = fit(normalized(x), y, basis, plan.clip, spec, key, device, progress=progress)
         for chunk in range(-(-plan.samples_total // cfg.chunk_rows)):
             rows = min(cfg.chunk_rows, plan.samples_total - chunk * cfg.chunk_rows)

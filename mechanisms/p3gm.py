@@ -498,3 +498,22 @@ def sample_rows(
     norms = np.linalg.norm(feats, axis=1, keepdims=True)
     feats *= np.minimum(1.0, float(clip) / np.maximum(norms, 1e-300))
     return feats.astype(np.float32), logits.argmax(dim=1).cpu().numpy().astype(np.int64)
+
+
+def spec_from_plan(plan) -> P3gmSpec:
+    """The public settings of the fit, from a release plan (``mechanisms.plan.P3gmPlan``)."""
+    p = plan.p3gm
+    return P3gmSpec(
+        latent_dim=p.latent_dim,
+        components=p.components,
+        em_iterations=p.em_iterations,
+        hidden=p.hidden,
+        em_noise_std=p.em_noise_std,
+        sampling_rate=p.sampling_rate,
+        steps=p.steps,
+        noise_multiplier=p.noise_multiplier,
+        grad_clip=p.grad_clip,
+        lr=p.lr,
+        num_classes=plan.num_classes,
+        expected_batch=p.batch,
+    )

@@ -302,7 +302,7 @@ def test_auto_sends_a_class_over_the_budget_to_the_join_path(tmp_path):
 @pytest.mark.parametrize(
     "extra",
     [
-        ["--mode", "poisson", "--num-classes", 3],
+        pytest.param(["--mode", "poisson", "--num-classes", 3], marks=pytest.mark.slow),
         pytest.param(["--mechanism", "dpmix", "--num-classes", 3], marks=pytest.mark.slow),
     ],
 )

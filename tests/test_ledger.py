@@ -295,6 +295,7 @@ def test_resolve_records_a_published_run_and_drops_a_dead_one(tmp_path):
 # ---------------------------------------------------------------- through the release job
 
 
+@pytest.mark.slow  # three releases through the job (about 26 s); the refusal logic is covered in-process above
 def test_three_releases_against_a_cap_that_fits_two(tmp_path, capsys):
     x, y = make_dataset(n_per_class=60, num_classes=3, dim=16)
     good = write_dataset(tmp_path / "in", x, y)

@@ -15,30 +15,10 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from mechanisms.device import pick_device
+from mechanisms.p3gm import spec_from_plan
 from transforms.mix import check_build, finite_table
 
 log = logging.getLogger(__name__)
-
-
-def p3gm_spec(plan):
-    """The public settings of ``mechanisms.p3gm`` from the plan."""
-    from mechanisms.p3gm import P3gmSpec
-
-    p = plan.p3gm
-    return P3gmSpec(
-        latent_dim=p.latent_dim,
-        components=p.components,
-        em_iterations=p.em_iterations,
-        hidden=p.hidden,
-        em_noise_std=p.em_noise_std,
-        sampling_rate=p.sampling_rate,
-        steps=p.steps,
-        noise_multiplier=p.noise_multiplier,
-        grad_clip=p.grad_clip,
-        lr=p.lr,
-        num_classes=plan.num_classes,
-        expected_batch=p.batch,
-    )
 
 
 class _FitFn(beam.DoFn):
@@ -54,7 +34,7 @@ class _FitFn(beam.DoFn):
 
         _, (x, y) = element
         start = time.time()
-        spec = p3gm_spec(plan)
+        spec = spec_from_plan(plan)
 
         def progress(step, steps, _loss):  # the loss is a statistic of private rows (not DP): never logged
             log.info("stage=p3gm step=%d/%d seconds=%.1f", step, steps, time.time() - start)
@@ -84,7 +64,7 @@ class _SampleFn(beam.DoFn):
 
         chunk, rows = element
         feats, labels = sample_rows(
-            model, p3gm_spec(plan), rows=rows, chunk=chunk, key=key, clip=plan.clip, device=self.device
+            model, spec_from_plan(plan), rows=rows, chunk=chunk, key=key, clip=plan.clip, device=self.device
         )
         self.rows_written.inc(len(labels))
         yield finite_table(feats, labels, self.fc, self.lc, soft=False, where=f"p3gm chunk {chunk}")
