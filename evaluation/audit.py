@@ -331,6 +331,32 @@ def _dpsgd_scores(
     return llr.sum(axis=1)
 
 
+def _score_game(scores: dict, half: int, delta: float) -> dict:
+    """The game's verdict figures: a threshold chosen on the first ``half`` trials of D and D', FP and FN measured on
+    the rest, their one-sided Clopper-Pearson upper bounds (a union bound: both hold with CONFIDENCE) and the epsilon
+    lower bound they imply."""
+    alpha = (1.0 - CONFIDENCE) / 2  # two one-sided intervals, union bound
+    threshold, direction = choose_threshold(scores["D"][:half], scores["D'"][:half], delta, alpha)
+    eval_d, eval_dp = scores["D"][half:], scores["D'"][half:]
+    fp_count, fn_count = _error_counts(eval_d, eval_dp, np.array([threshold]), direction)
+    n_d, n_dp = len(eval_d), len(eval_dp)
+    fp_upper = float(clopper_pearson_upper(fp_count, n_dp, alpha)[0])
+    fn_upper = float(clopper_pearson_upper(fn_count, n_d, alpha)[0])
+    return {
+        "empirical_epsilon_lower_bound": float(epsilon_lower_bound(fp_upper, fn_upper, delta)),
+        "confidence": CONFIDENCE,
+        "max_detectable_epsilon": max_detectable_epsilon(n_d, n_dp, delta, alpha),
+        "empirical_epsilon_point_estimate": float(epsilon_lower_bound(fp_count[0] / n_dp, fn_count[0] / n_d, delta)),
+        "fp": float(fp_count[0] / n_dp),
+        "fn": float(fn_count[0] / n_d),
+        "fp_upper": fp_upper,
+        "fn_upper": fn_upper,
+        "threshold": threshold,
+        "guess_d_when": "above" if direction > 0 else "below",
+        "evaluation_trials": n_d,
+    }
+
+
 def run_audit(
     *,
     mode: str,
@@ -479,15 +505,7 @@ def run_audit(
                 tag=name,
                 projection=projection,
             )
-    alpha = (1.0 - CONFIDENCE) / 2  # two one-sided intervals, union bound
-    threshold, direction = choose_threshold(scores["D"][:half], scores["D'"][:half], delta, alpha)
-    eval_d, eval_dp = scores["D"][half:], scores["D'"][half:]
-    fp_count, fn_count = _error_counts(eval_d, eval_dp, np.array([threshold]), direction)
-    n_d, n_dp = len(eval_d), len(eval_dp)
-    fp_upper = float(clopper_pearson_upper(fp_count, n_dp, alpha)[0])
-    fn_upper = float(clopper_pearson_upper(fn_count, n_d, alpha)[0])
-    bound = float(epsilon_lower_bound(fp_upper, fn_upper, delta))
-    point = float(epsilon_lower_bound(fp_count[0] / n_dp, fn_count[0] / n_d, delta))
+    game = _score_game(scores, half, delta)
     noiseless = noiseless_privacy(d, mode=mode, mixing_order=mixing_order, clip=clip)
     return {
         "mechanism": mechanism,
@@ -506,21 +524,11 @@ def run_audit(
         "target_epsilon": epsilon,
         "accounted_epsilon": accounted,
         "claimed_epsilon": claimed,
-        "empirical_epsilon_lower_bound": bound,
-        "confidence": CONFIDENCE,
-        "max_detectable_epsilon": max_detectable_epsilon(n_d, n_dp, delta, alpha),
-        "empirical_epsilon_point_estimate": point,
-        "violation": bool(bound > claimed),
-        "fp": float(fp_count[0] / n_dp),
-        "fn": float(fn_count[0] / n_d),
-        "fp_upper": fp_upper,
-        "fn_upper": fn_upper,
-        "threshold": threshold,
-        "guess_d_when": "above" if direction > 0 else "below",
+        **game,
+        "violation": bool(game["empirical_epsilon_lower_bound"] > claimed),
         "statistic": "log-likelihood ratio" if sigma_x > 0 else "largest projection on the canary",
         "trials": trials,
         "selection_trials": half,
-        "evaluation_trials": n_d,
         "noiseless_privacy_epsilon": noiseless["epsilon"],
         "noiseless_privacy": noiseless,
         "device": dev.type,
@@ -709,14 +717,7 @@ def _run_dpsgd_audit(
         for name, g in grads.items()
     }
     half = trials // 2
-    alpha = (1.0 - CONFIDENCE) / 2
-    threshold, direction = choose_threshold(scores["D"][:half], scores["D'"][:half], delta, alpha)
-    eval_d, eval_dp = scores["D"][half:], scores["D'"][half:]
-    fp_count, fn_count = _error_counts(eval_d, eval_dp, np.array([threshold]), direction)
-    n_d, n_dp = len(eval_d), len(eval_dp)
-    fp_upper = float(clopper_pearson_upper(fp_count, n_dp, alpha)[0])
-    fn_upper = float(clopper_pearson_upper(fn_count, n_d, alpha)[0])
-    bound = float(epsilon_lower_bound(fp_upper, fn_upper, delta))
+    game = _score_game(scores, half, delta)
     return {
         "mechanism": "p3gm",
         "mode": "poisson",
@@ -734,19 +735,10 @@ def _run_dpsgd_audit(
         "target_epsilon": epsilon,
         "accounted_epsilon": accounted,
         "claimed_epsilon": claimed,
-        "empirical_epsilon_lower_bound": bound,
-        "confidence": CONFIDENCE,
-        "max_detectable_epsilon": max_detectable_epsilon(n_d, n_dp, delta, alpha),
-        "empirical_epsilon_point_estimate": float(epsilon_lower_bound(fp_count[0] / n_dp, fn_count[0] / n_d, delta)),
-        "violation": bool(bound > claimed),
-        "fp": float(fp_count[0] / n_dp),
-        "fn": float(fn_count[0] / n_d),
-        "fp_upper": fp_upper,
-        "fn_upper": fn_upper,
-        "threshold": threshold,
+        **game,
+        "violation": bool(game["empirical_epsilon_lower_bound"] > claimed),
         "statistic": "log-likelihood ratio" if z > 0 else "largest projection on the canary",
         "trials": trials,
         "selection_trials": half,
-        "evaluation_trials": n_d,
         "wall_seconds": time.time() - t0,
     }

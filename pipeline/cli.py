@@ -449,12 +449,16 @@ def cmd_account(args, _beam_args) -> int:
         "delta_breakdown": acc.delta_breakdown,
         "note": "synthesis only; a release also spends the statistics' share (see the manifest)",
     }
-    if args.json:
-        print(json.dumps(out, indent=2))
-    else:
-        for k, v in out.items():
-            print(f"{k:>22}: {v:.6g}" if isinstance(v, float) and math.isfinite(v) else f"{k:>22}: {v}")
+    _print_account(out, args.json, width=22)
     return 0
+
+
+def _print_account(out: dict, as_json: bool, *, width: int) -> None:
+    if as_json:
+        print(json.dumps(out, indent=2))
+        return
+    for k, v in out.items():
+        print(f"{k:>{width}}: {v:.6g}" if isinstance(v, float) and math.isfinite(v) else f"{k:>{width}}: {v}")
 
 
 def _account_p3gm(args) -> int:
@@ -513,11 +517,7 @@ def _account_p3gm(args) -> int:
         "delta_breakdown": acc.delta_breakdown,
         "note": "N_hat here is N itself; a release plans with the DP count (q and the steps may differ slightly)",
     }
-    if args.json:
-        print(json.dumps(out, indent=2))
-    else:
-        for k, v in out.items():
-            print(f"{k:>24}: {v:.6g}" if isinstance(v, float) and math.isfinite(v) else f"{k:>24}: {v}")
+    _print_account(out, args.json, width=24)
     return 0
 
 

@@ -33,6 +33,12 @@ def _gaussian(noise_multiplier: float) -> dp_accounting.DpEvent:
     return dp_accounting.GaussianDpEvent(noise_multiplier)
 
 
+def _rate_up(exact: Fraction) -> float:
+    """A sampling rate as a float for the accountant, rounded up (never below the rate the sampler uses)."""
+    q = float(exact)
+    return math.nextafter(q, 2.0) if Fraction(q) < exact else q
+
+
 @dataclasses.dataclass(frozen=True)
 class MixingEvent:
     """``samples`` synthetic rows of one class, each the mean of ``mixing_order`` records plus noise.
@@ -66,9 +72,7 @@ class MixingEvent:
     @property
     def sampling_rate(self) -> float:
         """q as a float for the accountant, rounded up (never below the rate the mixer uses)."""
-        exact = self.exact_sampling_rate
-        q = float(exact)
-        return math.nextafter(q, 2.0) if Fraction(q) < exact else q
+        return _rate_up(self.exact_sampling_rate)
 
     def to_dp_event(self) -> dp_accounting.DpEvent:
         if self.samples == 0:
@@ -156,9 +160,7 @@ class DpmixEvent:
 
     @property
     def sampling_rate(self) -> float:
-        exact = self.exact_sampling_rate
-        q = float(exact)
-        return math.nextafter(q, 2.0) if Fraction(q) < exact else q
+        return _rate_up(self.exact_sampling_rate)
 
     def to_dp_event(self) -> dp_accounting.DpEvent:
         if self.samples == 0:
@@ -194,12 +196,6 @@ class PerturbEvent:
 
     def to_dp_event(self) -> dp_accounting.DpEvent:
         return _gaussian(self.noise_multiplier)
-
-
-def _rate_up(exact: Fraction) -> float:
-    """A sampling rate as a float for the accountant, rounded up (never below the rate the sampler uses)."""
-    q = float(exact)
-    return math.nextafter(q, 2.0) if Fraction(q) < exact else q
 
 
 @dataclasses.dataclass(frozen=True)
