@@ -15,15 +15,18 @@ order; blocks are added in int64.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Optional
 
 import numpy as np
 
+from mechanisms import rowwise
 from mechanisms.plan import PlanError
 from privacy import dp_stats
 from privacy.events import CLIP_MARGIN
-from privacy.noise import NoiseStream
+from privacy.noise import NoiseStream, public_key
 
+PROJECT_BLOCK = 1024  # rows per projection product (a fixed shape: mechanisms.rowwise)
 BLOCK_ROWS = 1 << 16  # rows per exact float64 product: 2^16 rows x 2^32 per product < 2^53
 MAX_ROWS = dp_stats.COV_MAX_SUM >> (2 * dp_stats.COV_QUANTUM_BITS)  # rows whose sums stay below 2^62 in int64
 
@@ -79,11 +82,38 @@ def dp_basis(acc: CovarianceSum, *, dim: int, components: int, clip: float, nois
 
 def project_rows(x: np.ndarray, basis: np.ndarray, clip: float) -> np.ndarray:
     """V^T x per row, each row's norm kept at most ``clip (1 - CLIP_MARGIN)`` (float error of the product scaled
-    away): the mixer's sensitivity argument (``mechanisms.dpcda``) then holds for the projected rows unchanged."""
-    z = np.asarray(x, np.float64) @ basis
+    away): the mixer's sensitivity argument (``mechanisms.dpcda``) then holds for the projected rows unchanged.
+
+    Computed on zero-padded blocks of exactly ``PROJECT_BLOCK`` rows (``mechanisms.rowwise``), so a record's
+    projection has the same bits whatever the other rows and their number; the position invariance of that block
+    shape is checked once per basis shape (``RowDependenceError`` if it fails)."""
+    x = np.asarray(x, np.float64)
+    basis = np.asarray(basis, np.float64)
+    check_projection(x.shape[1], basis.shape[1])
+    out = np.empty((len(x), basis.shape[1]), np.float64)
+    for start, stop in rowwise.blocks(len(x), PROJECT_BLOCK):
+        out[start:stop] = _project_block(rowwise.pad_rows(x[start:stop], PROJECT_BLOCK), basis, clip)[0][: stop - start]
+    return out
+
+
+def _project_block(xb: np.ndarray, basis: np.ndarray, clip: float) -> tuple[np.ndarray]:
+    z = xb @ basis
     limit = clip * (1.0 - CLIP_MARGIN)
     norms = np.linalg.norm(z, axis=1)
     over = norms > limit
     if np.any(over):
         z[over] *= (limit / norms[over])[:, None]
-    return z
+    return (z,)
+
+
+@functools.lru_cache(maxsize=None)
+def check_projection(dim: int, components: int) -> None:
+    """Position invariance of ``_project_block`` at this shape, on public random rows and a public random basis."""
+    stream = NoiseStream(public_key("rowwise-check", 0), "projection", dim, components)
+    u = stream.uniform_int(1 << 53, PROJECT_BLOCK * dim + dim * components).astype(np.float64) / float(1 << 53) - 0.5
+    xb = u[: PROJECT_BLOCK * dim].reshape(PROJECT_BLOCK, dim)
+    basis = u[PROJECT_BLOCK * dim :].reshape(dim, components)
+    clip = float(np.median(np.linalg.norm(xb @ basis, axis=1)))  # about half the rows take the scaling branch
+    rowwise.check_position_invariance(
+        lambda a: _project_block(a, basis, clip), [xb], what=f"projection onto {components} of {dim} dimensions"
+    )

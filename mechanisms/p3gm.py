@@ -45,8 +45,11 @@ truncated toward zero to multiples of 2^-EM_QUANTUM_BITS (never growing any bloc
 bits), then summed as exact int64; the sums (< 2^53 quanta for fewer than ``MAX_EM_ROWS`` rows) are exact float64
 centres for ``NoiseStream.gaussian``. DP-SGD: products of float32 values are exact in float64, the float64 norms are
 within a relative d 2^-52 of the exact ones, and the margin CLIP_MARGIN in ``clip_factors`` absorbs that and the float64
-summation of the batch (``mechanisms.dpsgd``). We assume, as every DP-SGD implementation does, that the float32
-forward and backward of one row do not depend on which other rows share its batch (row-wise ops only).
+summation of the batch (``mechanisms.dpsgd``). That one row's float32 forward and backward do not depend on which
+other rows share its batch is made true rather than assumed (``mechanisms.rowwise``): the projection, the EM
+contributions and the DP-SGD passes run on zero-padded blocks of fixed shapes (SGD_BLOCK rows; the Linear layers at
+widths of at least ``rowwise.MIN_WIDTH``), and the position of a row in its block is checked not to matter
+(``check_shapes`` before any row is read, ``check_sgd_block`` and the cached checks again in the fit).
 
 Randomness. Nothing here calls torch's or numpy's generators: every draw touching private data is a
 ``privacy.noise.NoiseStream`` under the run key; the weight initialisation and the EM start are public draws
@@ -58,6 +61,7 @@ computed from private rows and is NOT DP: it is for logs that only those who may
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from fractions import Fraction
 from typing import Callable, Optional
@@ -66,14 +70,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mechanisms.dppca import project_rows
+from mechanisms import rowwise
+from mechanisms.dppca import check_projection, project_rows
 from mechanisms.dpsgd import clip_factors, noisy_sum, poisson_batch
 from privacy.events import CLIP_MARGIN
 from privacy.noise import NoiseStream, public_key
 
 EM_QUANTUM_BITS = 24  # EM contributions are multiples of 2^-24 (each coordinate at most 1 in size)
 MAX_EM_ROWS = 1 << 29  # the EM sums then stay below 2^53 quanta: exact in float64
-EM_BLOCK_ROWS = 1 << 16
+SGD_BLOCK = 64  # rows per DP-SGD forward and backward (a fixed shape: mechanisms.rowwise)
+EM_BLOCK_ROWS = 4096  # rows per contribution block (a fixed shape: mechanisms.rowwise)
 WEIGHT_FLOOR = 1e-3  # mixture weights after the M-step (then renormalised)
 VAR_FLOOR = 1e-4  # per-coordinate variance of a component, in xhat units (xhat in the unit ball)
 LOGVAR_RANGE = (-12.0, 4.0)  # the encoder's log-variance (latent units), clamped
@@ -202,23 +208,38 @@ def _log_responsibilities(xhat: np.ndarray, prior: MogPrior) -> np.ndarray:
 def em_statistics(xhat: np.ndarray, prior: MogPrior) -> np.ndarray:
     """The exact statistics one DP-EM iteration releases, float64 (K + 2 K d'): S0, then S1 and S2 row-major.
 
-    Each record's contribution is truncated toward zero onto the 2^-EM_QUANTUM_BITS grid and summed as int64."""
+    Each record's contribution is truncated toward zero onto the 2^-EM_QUANTUM_BITS grid and summed as int64. The
+    contributions are computed on zero-padded blocks of exactly EM_BLOCK_ROWS rows (``mechanisms.rowwise``; the
+    padding is dropped before the sums), so a record's contribution has the same bits whatever the other rows."""
     n, dim = xhat.shape
     if n >= MAX_EM_ROWS:
         raise ValueError(f"p3gm: DP-EM sums more than {MAX_EM_ROWS} rows; its exact sums would overflow float64")
     K = len(prior.weights)
+    _check_em(K, dim)
+    total = np.zeros(K + 2 * K * dim, np.int64)
+    for start, stop in rowwise.blocks(n, EM_BLOCK_ROWS):
+        q = _em_contributions(rowwise.pad_rows(xhat[start:stop], EM_BLOCK_ROWS), prior)[0]
+        total += q[: stop - start].sum(axis=0)
+    return total.astype(np.float64) / float(1 << EM_QUANTUM_BITS)
+
+
+def _em_contributions(xb: np.ndarray, prior: MogPrior) -> tuple[np.ndarray]:
+    """int64 (rows, K + 2 K d') per-record contributions (r', r' xhat, r' xhat^2) in quanta; r' = r (1 - margin)."""
     scale = float(1 << EM_QUANTUM_BITS)
-    s0 = np.zeros(K, np.int64)
-    s1 = np.zeros((K, dim), np.int64)
-    s2 = np.zeros((K, dim), np.int64)
-    for start in range(0, n, EM_BLOCK_ROWS):
-        xb = xhat[start : start + EM_BLOCK_ROWS]
-        r = np.exp(_log_responsibilities(xb, prior)) * (1.0 - CLIP_MARGIN)  # sum_k r_ik < 1 in the bits
-        s0 += np.trunc(r * scale).astype(np.int64).sum(axis=0)
-        rx = r[:, :, None] * xb[:, None, :]
-        s1 += np.trunc(rx * scale).astype(np.int64).sum(axis=0)
-        s2 += np.trunc(rx * xb[:, None, :] * scale).astype(np.int64).sum(axis=0)
-    return np.concatenate([s0, s1.reshape(-1), s2.reshape(-1)]).astype(np.float64) / scale
+    r = np.exp(_log_responsibilities(xb, prior)) * (1.0 - CLIP_MARGIN)  # sum_k r_ik < 1 in the bits
+    rx = r[:, :, None] * xb[:, None, :]
+    parts = [r, rx.reshape(len(xb), -1), (rx * xb[:, None, :]).reshape(len(xb), -1)]
+    return (np.trunc(np.concatenate(parts, axis=1) * scale).astype(np.int64),)
+
+
+@functools.lru_cache(maxsize=None)
+def _check_em(components: int, dim: int) -> None:
+    """Position invariance of ``_em_contributions`` at this shape: public rows in the unit ball, a public prior."""
+    stream = NoiseStream(public_key("rowwise-check", 0), "em", components, dim)
+    u = stream.uniform_int(1 << 53, EM_BLOCK_ROWS * dim).astype(np.float64) / float(1 << 53) - 0.5
+    xb = _into_ball(u.reshape(EM_BLOCK_ROWS, dim) * (2.0 / math.sqrt(dim)))
+    prior = _public_start(components, dim)
+    rowwise.check_position_invariance(lambda a: _em_contributions(a, prior), [xb], what="p3gm DP-EM")
 
 
 def m_step(stats: np.ndarray, *, components: int, dim: int, noise_std: float) -> MogPrior:
@@ -333,14 +354,14 @@ def per_example_loss(params: dict, x, mu, eps, y, prior_t, label_weight: float):
     """(loss (B,), [(input, pre-activation)] of the four Linear layers in ``PARAM_NAMES`` order).
 
     ``x`` rows at the network's scale, ``mu`` the fixed latent means, ``eps`` (B, d') standard normal."""
-    s1 = F.linear(x, params["enc1.weight"], params["enc1.bias"])
+    s1 = rowwise.linear(x, params["enc1.weight"], params["enc1.bias"])
     h1 = torch.relu(s1)
-    s2 = F.linear(h1, params["enc2.weight"], params["enc2.bias"])
+    s2 = rowwise.linear(h1, params["enc2.weight"], params["enc2.bias"])
     logvar = torch.clamp(s2, *LOGVAR_RANGE)
     z = mu + torch.exp(0.5 * logvar) * eps
-    s3 = F.linear(z, params["dec1.weight"], params["dec1.bias"])
+    s3 = rowwise.linear(z, params["dec1.weight"], params["dec1.bias"])
     h3 = torch.relu(s3)
-    s4 = F.linear(h3, params["dec2.weight"], params["dec2.bias"])
+    s4 = rowwise.linear(h3, params["dec2.weight"], params["dec2.bias"])
     d = x.shape[-1]
     recon = 0.5 * ((s4[:, :d] - x) ** 2).sum(dim=1)
     ce = F.cross_entropy(s4[:, d:], y, reduction="none")
@@ -349,28 +370,74 @@ def per_example_loss(params: dict, x, mu, eps, y, prior_t, label_weight: float):
     return recon + label_weight * ce + kl, [(x, s1), (h1, s2), (z, s3), (h3, s4)]
 
 
-def ghost_clipped_sum(params: dict, x, mu, eps, y, prior_t, label_weight: float, clip: float):
-    """(float64 flat sum of the per-example gradients clipped to ``clip`` in ``PARAM_NAMES`` order, float64
-    per-example gradient norms, float32 per-example losses), by ghost clipping (see the module docstring)."""
-    dev = x.device
-    if len(y) == 0:
-        total = sum(int(p.numel()) for p in params.values())
-        return torch.zeros(total, dtype=torch.float64, device=dev), torch.zeros(0, dtype=torch.float64), torch.zeros(0)
+def _block_terms(params: dict, x, mu, eps, y, prior_t, label_weight: float):
+    """One block's per-row terms: (losses, [float64 layer inputs], [float64 pre-activation gradients], float64
+    per-example gradient norms), every one of them a per-row array (first axis the rows)."""
     loss, layers = per_example_loss(params, x, mu, eps, y, prior_t, label_weight)
     grads = torch.autograd.grad(loss.sum(), [s for _, s in layers])
     acts = [a.detach().to(torch.float64) for a, _ in layers]
     grads = [g.detach().to(torch.float64) for g in grads]
-    sq = torch.zeros(len(y), dtype=torch.float64, device=dev)
+    sq = torch.zeros(len(y), dtype=torch.float64, device=x.device)
     for a, g in zip(acts, grads):
         sq += torch.linalg.vecdot(g, g) * (torch.linalg.vecdot(a, a) + 1.0)
-    norms = torch.sqrt(sq)
-    factors = clip_factors(norms, clip)  # 0 where a norm is not finite: that example contributes nothing
-    keep = factors > 0
-    parts = []
-    for a, g in zip(acts, grads):
-        gf = torch.where(keep[:, None], g, 0.0) * torch.where(keep, factors, 0.0)[:, None]
-        parts += [(gf.T @ torch.where(keep[:, None], a, 0.0)).reshape(-1), gf.sum(dim=0)]
-    return torch.cat(parts), norms, loss.detach()
+    return loss.detach(), acts, grads, torch.sqrt(sq)
+
+
+def ghost_clipped_sum(params: dict, x, mu, eps, y, prior_t, label_weight: float, clip: float):
+    """(float64 flat sum of the per-example gradients clipped to ``clip`` in ``PARAM_NAMES`` order, float64
+    per-example gradient norms, float32 per-example losses), by ghost clipping (see the module docstring).
+
+    The batch runs in zero-padded blocks of exactly SGD_BLOCK rows (``mechanisms.rowwise``); padded rows get factor 0,
+    so a record's terms have the same bits whatever the batch's size and other records (``check_sgd_block``)."""
+    dev = x.device
+    total = torch.zeros(sum(int(p.numel()) for p in params.values()), dtype=torch.float64, device=dev)
+    norms_out, losses_out = [], []
+    for start, stop in rowwise.blocks(len(y), SGD_BLOCK):
+        real = stop - start
+        pad = [rowwise.pad_rows(t[start:stop], SGD_BLOCK) for t in (x, mu, eps, y)]
+        loss, acts, grads, norms = _block_terms(params, *pad, prior_t, label_weight)
+        factors = clip_factors(norms, clip)  # 0 where a norm is not finite: that example contributes nothing
+        factors[real:] = 0.0  # the padding contributes nothing
+        keep = factors > 0
+        parts = []
+        for a, g in zip(acts, grads):
+            gf = torch.where(keep[:, None], g, 0.0) * factors[:, None]
+            parts += [(gf.T @ torch.where(keep[:, None], a, 0.0)).reshape(-1), gf.sum(dim=0)]
+        total += torch.cat(parts)
+        norms_out.append(norms[:real])
+        losses_out.append(loss[:real])
+    if not norms_out:
+        return total, torch.zeros(0, dtype=torch.float64), torch.zeros(0)
+    return total, torch.cat(norms_out), torch.cat(losses_out)
+
+
+def check_sgd_block(params: dict, dim: int, spec: P3gmSpec, prior_t) -> None:
+    """Position invariance of ``_block_terms`` at SGD_BLOCK rows on this device and thread count, with the given
+    (public) weights and public random rows; once per shape, device and thread count."""
+    dev = next(iter(params.values())).device
+    key = (dim, spec.hidden, spec.latent_dim, spec.num_classes, str(dev), torch.get_num_threads())
+    if key in _CHECKED_SGD:
+        return
+    stream = NoiseStream(public_key("rowwise-check", 0), "p3gm-sgd", *key[:4])
+    u = stream.uniform_int(1 << 53, SGD_BLOCK * (dim + 2 * spec.latent_dim)).astype(np.float64) / float(1 << 53)
+    u = (u - 0.5).reshape(SGD_BLOCK, -1) * 2.0
+    as_t = lambda a, dt=torch.float32: torch.as_tensor(np.ascontiguousarray(a), dtype=dt, device=dev)  # noqa: E731
+    inputs = [
+        as_t(u[:, :dim] * math.sqrt(3.0)),
+        as_t(u[:, dim : dim + spec.latent_dim]),
+        as_t(u[:, dim + spec.latent_dim :] * 2.0),
+        as_t(stream.uniform_int(spec.num_classes, SGD_BLOCK), torch.int64),
+    ]
+
+    def terms(x, mu, eps, y):
+        loss, acts, grads, norms = _block_terms(params, x, mu, eps, y, prior_t, 1.0)
+        return [loss, *acts, *grads, norms]
+
+    rowwise.check_position_invariance(terms, inputs, what="p3gm DP-SGD")
+    _CHECKED_SGD.add(key)
+
+
+_CHECKED_SGD: set = set()
 
 
 # ---------------------------------------------------------------- DP-SGD
@@ -410,6 +477,7 @@ def train_vae(
     yt = torch.as_tensor(np.asarray(y, np.int64), device=dev)
     prior_t = _prior_tensors(prior, spec.latent_dim, dev)
     label_weight = label_weight_for(spec, d)
+    check_sgd_block(params, d, spec, prior_t)
     divisor = float(spec.expected_batch) if spec.expected_batch is not None else 1.0
     rate = Fraction(spec.sampling_rate)
     for step in range(spec.steps):
@@ -465,6 +533,26 @@ def fit(
     prior = fit_prior(xhat, spec, key)
     state = train_vae(x, y, xhat, prior, spec, key, device, clip=clip, basis=basis, progress=progress)
     return P3gmModel(prior=prior, state=state)
+
+
+def check_shapes(*, dim: int, num_classes: int, latent_dim: int, components: int, hidden: int, device) -> None:
+    """Every fixed-shape position check of a fit (projection, DP-EM, DP-SGD) on public stand-ins, before any row is
+    read: raises ``rowwise.RowDependenceError`` for shapes whose per-record arithmetic depends on the batch."""
+    spec = P3gmSpec(
+        em_noise_std=0.0,
+        sampling_rate=Fraction(1),
+        steps=0,
+        noise_multiplier=0.0,
+        latent_dim=latent_dim,
+        components=components,
+        hidden=hidden,
+        num_classes=num_classes,
+    )
+    dev = torch.device(device)
+    check_projection(dim, latent_dim)
+    _check_em(components, latent_dim)
+    params = {k: torch.tensor(v, device=dev, requires_grad=True) for k, v in init_state(dim, spec).items()}
+    check_sgd_block(params, dim, spec, _prior_tensors(_public_start(components, latent_dim), latent_dim, dev))
 
 
 def sample_latent(prior: MogPrior, rows: int, stream: NoiseStream) -> np.ndarray:

@@ -29,6 +29,7 @@ _KNOWN = (
     "AuditError",
     "SchemaError",
     "RiskError",
+    "RowDependenceError",
     "LedgerError",
     "FeasibilityError",
     "PrivateSamplingError",

@@ -417,6 +417,22 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
         )
         if eval_dim != dim:
             raise InputError(f"{eval_input}: test rows have width {eval_dim}, the input has {dim}")
+    if cfg.pca_components is not None:  # fixed-shape per-record arithmetic, checked on public stand-ins (rowwise)
+        from mechanisms.dppca import check_projection
+
+        check_projection(dim, cfg.pca_components)
+    if cfg.mechanism == "p3gm":
+        from mechanisms.device import pick_device
+        from mechanisms.p3gm import check_shapes
+
+        check_shapes(
+            dim=dim,
+            num_classes=cfg.num_classes,
+            latent_dim=cfg.p3gm_latent_dim,
+            components=cfg.p3gm_components,
+            hidden=cfg.p3gm_hidden,
+            device=pick_device(cfg.device),
+        )
     if _is_dataflow(options):
         local = [p for p in (cfg.input, cfg.output, eval_input, cfg.normalization_file) if p and not is_remote(p)]
         if local:

@@ -1,0 +1,190 @@
+"""Per-record arithmetic at fixed shapes (mechanisms.rowwise): a record's computed contribution has the same bits
+whatever the other records, their number and the record's position, for the DP-PCA projection, DP-EM and DP-SGD.
+
+These are the bits the sensitivity arguments need (docs/privacy.md, "Sensitivity in the bits"): add or remove one
+record and every OTHER record's contribution must stay exactly what it was.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mechanisms import p3gm, rowwise
+from mechanisms.dppca import PROJECT_BLOCK, project_rows
+from pipeline.cli import _KNOWN
+from privacy.events import CLIP_MARGIN
+
+KEY = bytes(range(32))
+
+
+def unit_rows(n, d, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, d))
+    return x * ((1 - CLIP_MARGIN) / np.linalg.norm(x, axis=1, keepdims=True))
+
+
+def basis(d, k, seed=1):
+    q, _ = np.linalg.qr(np.random.default_rng(seed).normal(size=(d, k)))
+    return q
+
+
+# ---------------------------------------------------------------- the check itself
+
+
+def test_the_check_passes_a_row_wise_function_and_refuses_a_position_dependent_one():
+    x = np.random.default_rng(0).normal(size=(64, 5))
+    rowwise.check_position_invariance(lambda a: (np.tanh(a) * 3.0,), [x], what="rows")
+    position = np.arange(64)[:, None] * 2.0**-50  # row p gets p ulps-worth more: bits depend on the position
+    with pytest.raises(rowwise.RowDependenceError, match="depends on its position in a block of 64 rows"):
+        rowwise.check_position_invariance(lambda a: (a * (1.0 + position),), [x], what="rows")
+    # a dependence on the neighbours (a running sum) is caught too
+    with pytest.raises(rowwise.RowDependenceError):
+        rowwise.check_position_invariance(lambda a: (np.cumsum(a, axis=0),), [x], what="rows")
+    assert "RowDependenceError" in _KNOWN  # the CLI prints it as one line
+
+
+def test_pad_rows_and_blocks():
+    a = np.ones((3, 2), np.float32)
+    p = rowwise.pad_rows(a, 5)
+    assert p.shape == (5, 2) and p.dtype == np.float32 and (p[3:] == 0).all() and (p[:3] == 1).all()
+    t = rowwise.pad_rows(torch.ones(3, dtype=torch.int64), 4)
+    assert t.tolist() == [1, 1, 1, 0]
+    assert rowwise.blocks(130, 64) == [(0, 64), (64, 128), (128, 130)] and rowwise.blocks(0, 64) == []
+    with pytest.raises(ValueError):
+        rowwise.pad_rows(a, 2)
+
+
+def test_wide_linear_is_f_linear_with_its_gradients():
+    rng = np.random.default_rng(3)
+    for k, n in ((784, 1000), (1000, 10), (10, 1000), (6, 8)):
+        x = torch.tensor(rng.normal(size=(64, k)), dtype=torch.float64, requires_grad=True)
+        w = torch.tensor(rng.normal(size=(n, k)), dtype=torch.float64, requires_grad=True)
+        b = torch.tensor(rng.normal(size=n), dtype=torch.float64, requires_grad=True)
+        g = torch.tensor(rng.normal(size=(64, n)), dtype=torch.float64)
+        ours = rowwise.linear(x, w, b)
+        ref = F.linear(x, w, b)
+        torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12)
+        got = torch.autograd.grad(ours, [x, w, b], g)
+        want = torch.autograd.grad(ref, [x, w, b], g)
+        for a, e in zip(got, want):
+            torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+
+
+# ---------------------------------------------------------------- projection
+
+
+@pytest.mark.parametrize("k", [2, 10, 32])
+def test_a_records_projection_has_the_same_bits_in_any_dataset(k):
+    x = unit_rows(2 * PROJECT_BLOCK + 300, 50)
+    v = basis(50, k)
+    full = project_rows(x, v, 1.0)
+    for n in (1, 2, 3, 7, 16, PROJECT_BLOCK - 1, PROJECT_BLOCK, PROJECT_BLOCK + 1):
+        assert np.array_equal(project_rows(x[:n], v, 1.0), full[:n]), n
+    perm = np.random.default_rng(5).permutation(len(x))
+    assert np.array_equal(project_rows(x[perm], v, 1.0), full[perm])  # every record moved to another position
+    assert (np.linalg.norm(full, axis=1) <= 1.0 - CLIP_MARGIN).all()
+
+
+# ---------------------------------------------------------------- DP-EM
+
+
+def test_em_statistics_add_one_record_exactly():
+    """stats(D + r) - stats(D) is exactly stats({r}), and with r at every kind of position (block edges included)."""
+    xhat = unit_rows(p3gm.EM_BLOCK_ROWS + 40, 10, seed=2) * 0.9
+    prior = p3gm._public_start(3, 10)
+    r = xhat[-1:]
+    alone = p3gm.em_statistics(r, prior)
+    for n in (0, 1, 5, p3gm.EM_BLOCK_ROWS - 1, p3gm.EM_BLOCK_ROWS):
+        rest = xhat[:n]
+        base = p3gm.em_statistics(rest, prior)
+        for where in sorted({0, n // 2, n}):
+            with_r = np.concatenate([rest[:where], r, rest[where:]])
+            assert np.array_equal(p3gm.em_statistics(with_r, prior) - base, alone), (n, where)
+
+
+# ---------------------------------------------------------------- DP-SGD
+
+
+def _network(d, hidden, latent, classes):
+    s = p3gm.P3gmSpec(
+        em_noise_std=0.0,
+        sampling_rate=Fraction(1),
+        steps=0,
+        noise_multiplier=0.0,
+        latent_dim=latent,
+        components=3,
+        hidden=hidden,
+        num_classes=classes,
+    )
+    params = {k: torch.tensor(v, requires_grad=True) for k, v in p3gm.init_state(d, s).items()}
+    prior_t = p3gm._prior_tensors(p3gm._public_start(3, latent), latent, "cpu")
+    return s, params, prior_t
+
+
+@pytest.mark.parametrize("d, hidden, latent, classes", [(784, 1000, 10, 10), (6, 8, 2, 3), (23, 100, 10, 2)])
+def test_a_records_gradient_norm_and_loss_have_the_same_bits_in_any_batch(d, hidden, latent, classes):
+    s, params, prior_t = _network(d, hidden, latent, classes)
+    p3gm.check_sgd_block(params, d, s, prior_t)  # the shapes pass the position check on this machine
+    rng = np.random.default_rng(4)
+    n = 150
+    x = torch.tensor(rng.normal(size=(n, d)), dtype=torch.float32)
+    mu = torch.tensor(rng.normal(size=(n, latent)), dtype=torch.float32)
+    eps = torch.tensor(rng.normal(size=(n, latent)), dtype=torch.float32)
+    y = torch.tensor(rng.integers(0, classes, n))
+    _, norms, losses = p3gm.ghost_clipped_sum(params, x, mu, eps, y, prior_t, 3.0, 1.0)
+    assert norms.shape == (n,) and losses.shape == (n,)
+    for idx in ([0], [5, 0], [149, 3, 0], list(range(64)), list(range(65)), list(range(n))[::-1]):
+        i = torch.tensor(idx)
+        _, nb, lb = p3gm.ghost_clipped_sum(params, x[i], mu[i], eps[i], y[i], prior_t, 3.0, 1.0)
+        assert torch.equal(nb, norms[i]) and torch.equal(lb, losses[i]), idx
+
+
+def test_adding_a_record_moves_the_clipped_sum_by_its_own_clipped_gradient():
+    s, params, prior_t = _network(40, 64, 10, 4)
+    rng = np.random.default_rng(6)
+    n = 100
+    x = torch.tensor(rng.normal(size=(n, 40)), dtype=torch.float32)
+    mu = torch.tensor(rng.normal(size=(n, 10)), dtype=torch.float32)
+    eps = torch.tensor(rng.normal(size=(n, 10)), dtype=torch.float32)
+    y = torch.tensor(rng.integers(0, 4, n))
+    clip = 0.5
+    without, _, _ = p3gm.ghost_clipped_sum(params, x[1:], mu[1:], eps[1:], y[1:], prior_t, 3.0, clip)
+    total, _, _ = p3gm.ghost_clipped_sum(params, x, mu, eps, y, prior_t, 3.0, clip)
+    alone, _, _ = p3gm.ghost_clipped_sum(params, x[:1], mu[:1], eps[:1], y[:1], prior_t, 3.0, clip)
+    assert float(torch.linalg.vector_norm(alone)) <= clip * (1 - CLIP_MARGIN / 2)
+    torch.testing.assert_close(total - without, alone, rtol=0, atol=1e-12)  # float64 summation error only
+
+
+def test_a_release_refuses_shapes_that_fail_the_check_before_reading_rows(tmp_path, monkeypatch):
+    """The launcher runs the fit's checks on public stand-ins: a failing check is one line, nothing written."""
+    from pipeline import release
+    from schemas.config import load_config
+    from tests.conftest import make_dataset, write_dataset
+
+    feats, labels = make_dataset(n_per_class=10, num_classes=3, dim=8)
+    write_dataset(tmp_path / "in", feats, labels, shards=1)
+
+    def refuse(*a, **k):
+        raise rowwise.RowDependenceError("p3gm DP-SGD: refused for the test")
+
+    monkeypatch.setattr(p3gm, "check_shapes", refuse)
+    cfg = load_config(
+        None,
+        {
+            "input": str(tmp_path / "in" / "*.parquet"),
+            "output": str(tmp_path / "out"),
+            "epsilon": 4.0,
+            "mechanism": "p3gm",
+            "num_classes": 3,
+            "p3gm_latent_dim": 3,
+            "p3gm_hidden": 16,
+        },
+    )
+    with pytest.raises(rowwise.RowDependenceError, match="refused for the test"):
+        release.run_release(cfg, ["--runner=DirectRunner", "--direct_running_mode=in_memory"])
+    assert not (tmp_path / "out").exists()
