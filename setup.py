@@ -22,6 +22,7 @@ setup(
         "tqdm>=4.60",
         "mpmath>=1.3",
         "scipy>=1.10",
+        "threadpoolctl>=3.1",  # one BLAS thread for the per-record projection (mechanisms/rowwise.py)
         "daqp>=0.11",  # dense QP of seed 002's private sampling
         # torch is installed separately (a CPU wheel pinned in requirements.txt; CUDA in the Dockerfile)
     ],

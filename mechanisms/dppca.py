@@ -91,8 +91,10 @@ def project_rows(x: np.ndarray, basis: np.ndarray, clip: float) -> np.ndarray:
     basis = np.asarray(basis, np.float64)
     check_projection(x.shape[1], basis.shape[1])
     out = np.empty((len(x), basis.shape[1]), np.float64)
-    for start, stop in rowwise.blocks(len(x), PROJECT_BLOCK):
-        out[start:stop] = _project_block(rowwise.pad_rows(x[start:stop], PROJECT_BLOCK), basis, clip)[0][: stop - start]
+    with rowwise.one_blas_thread():
+        for start, stop in rowwise.blocks(len(x), PROJECT_BLOCK):
+            block = rowwise.pad_rows(x[start:stop], PROJECT_BLOCK)
+            out[start:stop] = _project_block(block, basis, clip)[0][: stop - start]
     return out
 
 
@@ -108,12 +110,14 @@ def _project_block(xb: np.ndarray, basis: np.ndarray, clip: float) -> tuple[np.n
 
 @functools.lru_cache(maxsize=None)
 def check_projection(dim: int, components: int) -> None:
-    """Position invariance of ``_project_block`` at this shape, on public random rows and a public random basis."""
+    """Position invariance of ``_project_block`` at this shape (on one BLAS thread, as ``project_rows`` runs it), on
+    public random rows and a public random basis: ``rowwise.TRIALS`` blocks."""
     stream = NoiseStream(public_key("rowwise-check", 0), "projection", dim, components)
-    u = stream.uniform_int(1 << 53, PROJECT_BLOCK * dim + dim * components).astype(np.float64) / float(1 << 53) - 0.5
-    xb = u[: PROJECT_BLOCK * dim].reshape(PROJECT_BLOCK, dim)
-    basis = u[PROJECT_BLOCK * dim :].reshape(dim, components)
+    u = stream.uniform_int(1 << 53, (PROJECT_BLOCK + components) * dim).astype(np.float64) / float(1 << 53) - 0.5
+    xb, basis = u[: PROJECT_BLOCK * dim].reshape(PROJECT_BLOCK, dim), u[PROJECT_BLOCK * dim :].reshape(dim, components)
     clip = float(np.median(np.linalg.norm(xb @ basis, axis=1)))  # about half the rows take the scaling branch
-    rowwise.check_position_invariance(
-        lambda a: _project_block(a, basis, clip), [xb], what=f"projection onto {components} of {dim} dimensions"
-    )
+    trials = rowwise.rolled_trials([xb])
+    with rowwise.one_blas_thread():
+        rowwise.check_position_invariance(
+            lambda a: _project_block(a, basis, clip), trials, what=f"projection onto {components} of {dim} dimensions"
+        )

@@ -47,9 +47,10 @@ centres for ``NoiseStream.gaussian``. DP-SGD: products of float32 values are exa
 within a relative d 2^-52 of the exact ones, and the margin CLIP_MARGIN in ``clip_factors`` absorbs that and the float64
 summation of the batch (``mechanisms.dpsgd``). That one row's float32 forward and backward do not depend on which
 other rows share its batch is made true rather than assumed (``mechanisms.rowwise``): the projection, the EM
-contributions and the DP-SGD passes run on zero-padded blocks of fixed shapes (SGD_BLOCK rows; the Linear layers at
-widths of at least ``rowwise.MIN_WIDTH``), and the position of a row in its block is checked not to matter
-(``check_shapes`` before any row is read, ``check_sgd_block`` and the cached checks again in the fit).
+contributions and the DP-SGD passes run on zero-padded blocks of fixed shapes (SGD_BLOCK rows; Linear widths padded to
+multiples of ``rowwise.WIDTH_MULTIPLE``; the projection on one BLAS thread), and the position of a row in its block
+is checked not to matter (``check_shapes`` before any row is read, ``check_sgd_block`` and the cached checks again in
+the fit).
 
 Randomness. Nothing here calls torch's or numpy's generators: every draw touching private data is a
 ``privacy.noise.NoiseStream`` under the run key; the weight initialisation and the EM start are public draws
@@ -71,6 +72,7 @@ import torch
 import torch.nn.functional as F
 
 from mechanisms import rowwise
+from mechanisms.dpcda import canonical_order
 from mechanisms.dppca import check_projection, project_rows
 from mechanisms.dpsgd import clip_factors, noisy_sum, poisson_batch
 from privacy.events import CLIP_MARGIN
@@ -223,23 +225,25 @@ def em_statistics(xhat: np.ndarray, prior: MogPrior) -> np.ndarray:
     return total.astype(np.float64) / float(1 << EM_QUANTUM_BITS)
 
 
-def _em_contributions(xb: np.ndarray, prior: MogPrior) -> tuple[np.ndarray]:
-    """int64 (rows, K + 2 K d') per-record contributions (r', r' xhat, r' xhat^2) in quanta; r' = r (1 - margin)."""
+def _em_contributions(xb: np.ndarray, prior: MogPrior) -> tuple[np.ndarray, np.ndarray]:
+    """(int64 per-record contributions in quanta, the float64 values they truncate), both (rows, K + 2 K d'):
+    (r', r' xhat, r' xhat^2), r' = r (1 - CLIP_MARGIN)."""
     scale = float(1 << EM_QUANTUM_BITS)
     r = np.exp(_log_responsibilities(xb, prior)) * (1.0 - CLIP_MARGIN)  # sum_k r_ik < 1 in the bits
     rx = r[:, :, None] * xb[:, None, :]
-    parts = [r, rx.reshape(len(xb), -1), (rx * xb[:, None, :]).reshape(len(xb), -1)]
-    return (np.trunc(np.concatenate(parts, axis=1) * scale).astype(np.int64),)
+    values = np.concatenate([r, rx.reshape(len(xb), -1), (rx * xb[:, None, :]).reshape(len(xb), -1)], axis=1)
+    return np.trunc(values * scale).astype(np.int64), values
 
 
 @functools.lru_cache(maxsize=None)
 def _check_em(components: int, dim: int) -> None:
-    """Position invariance of ``_em_contributions`` at this shape: public rows in the unit ball, a public prior."""
+    """Position invariance of ``_em_contributions`` at this shape (the floats before truncation too, where a
+    difference would hide): public rows in the unit ball, a public prior, ``rowwise.TRIALS`` rolled blocks."""
     stream = NoiseStream(public_key("rowwise-check", 0), "em", components, dim)
     u = stream.uniform_int(1 << 53, EM_BLOCK_ROWS * dim).astype(np.float64) / float(1 << 53) - 0.5
-    xb = _into_ball(u.reshape(EM_BLOCK_ROWS, dim) * (2.0 / math.sqrt(dim)))
+    trials = rowwise.rolled_trials([_into_ball(u.reshape(EM_BLOCK_ROWS, dim) * (2.0 / math.sqrt(dim)))])
     prior = _public_start(components, dim)
-    rowwise.check_position_invariance(lambda a: _em_contributions(a, prior), [xb], what="p3gm DP-EM")
+    rowwise.check_position_invariance(lambda a: _em_contributions(a, prior), trials, what="p3gm DP-EM")
 
 
 def m_step(stats: np.ndarray, *, components: int, dim: int, noise_std: float) -> MogPrior:
@@ -413,27 +417,31 @@ def ghost_clipped_sum(params: dict, x, mu, eps, y, prior_t, label_weight: float,
 
 def check_sgd_block(params: dict, dim: int, spec: P3gmSpec, prior_t) -> None:
     """Position invariance of ``_block_terms`` at SGD_BLOCK rows on this device and thread count, with the given
-    (public) weights and public random rows; once per shape, device and thread count."""
+    (public) weights and ``rowwise.TRIALS`` rolled blocks of public random rows; once per shape, device, threads."""
     dev = next(iter(params.values())).device
-    key = (dim, spec.hidden, spec.latent_dim, spec.num_classes, str(dev), torch.get_num_threads())
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else ""
+    shapes = tuple((k, tuple(v.shape), str(v.dtype)) for k, v in params.items())
+    priors = tuple((tuple(t.shape), str(t.dtype)) for t in prior_t)
+    key = (dim, spec.latent_dim, spec.num_classes, shapes, priors, SGD_BLOCK, str(dev), name, torch.get_num_threads())
     if key in _CHECKED_SGD:
         return
-    stream = NoiseStream(public_key("rowwise-check", 0), "p3gm-sgd", *key[:4])
+    stream = NoiseStream(public_key("rowwise-check", 0), "p3gm-sgd", dim, spec.latent_dim, spec.num_classes)
+    as_t = lambda a, dt=torch.float32: torch.as_tensor(np.ascontiguousarray(a), dtype=dt, device=dev)  # noqa: E731
     u = stream.uniform_int(1 << 53, SGD_BLOCK * (dim + 2 * spec.latent_dim)).astype(np.float64) / float(1 << 53)
     u = (u - 0.5).reshape(SGD_BLOCK, -1) * 2.0
-    as_t = lambda a, dt=torch.float32: torch.as_tensor(np.ascontiguousarray(a), dtype=dt, device=dev)  # noqa: E731
-    inputs = [
+    block = [
         as_t(u[:, :dim] * math.sqrt(3.0)),
         as_t(u[:, dim : dim + spec.latent_dim]),
         as_t(u[:, dim + spec.latent_dim :] * 2.0),
         as_t(stream.uniform_int(spec.num_classes, SGD_BLOCK), torch.int64),
     ]
+    trials = rowwise.rolled_trials(block)
 
     def terms(x, mu, eps, y):
         loss, acts, grads, norms = _block_terms(params, x, mu, eps, y, prior_t, 1.0)
         return [loss, *acts, *grads, norms]
 
-    rowwise.check_position_invariance(terms, inputs, what="p3gm DP-SGD")
+    rowwise.check_position_invariance(terms, trials, what="p3gm DP-SGD")
     _CHECKED_SGD.add(key)
 
 
@@ -529,6 +537,8 @@ def fit(
         raise ValueError(f"p3gm: basis must be (d, latent_dim) = ({x.shape[1]}, {spec.latent_dim}), got {basis.shape}")
     if len(y) and (y.min() < 0 or y.max() >= spec.num_classes):
         raise ValueError(f"p3gm: labels must lie in [0, {spec.num_classes})")
+    order = canonical_order(x, y)  # the rows' arrival order never changes the fit: a retried fit redraws the same model
+    x, y = x[order], y[order]
     xhat = project_rows(x, basis, clip) / float(clip)
     prior = fit_prior(xhat, spec, key)
     state = train_vae(x, y, xhat, prior, spec, key, device, clip=clip, basis=basis, progress=progress)

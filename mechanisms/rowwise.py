@@ -8,16 +8,18 @@ batch has 1, 3 or 300 rows (measured: torch ``F.linear`` at 1-3 rows, numpy ``X 
 ReLU, clamp or quantization can turn such a difference into a larger one.
 
 The fix here: every such computation runs on blocks of a FIXED number of rows (``pad_rows`` with zero rows, the
-padding then discarded or given weight 0), so the shapes never depend on the data. What remains is the position of a
-row inside its block (which other records share the batch decides it). BLAS kernels are data-oblivious (the sequence
-of floating-point operations that produces an output element depends on shapes and positions, never on values), so
-``check_position_invariance`` settles it for the shapes, device and thread count at hand: it computes a block of
-public random rows, and the same rows shifted by one position (and by half a block plus one), and requires every
-row's outputs to agree bit for bit. If position p and p + 1 always run the same operations, all positions do.
-Random inputs give different roundings to different operation orders with overwhelming probability, so a pass means
-the positions share one order. A failure refuses the fit (``RowDependenceError``) rather than weakening the claim.
-Measured on this project's CPU: torch blocks of 32 and 64 rows and numpy blocks of 16 to 4096 rows pass, with 1
-and 2 threads.
+padding then discarded or given weight 0), so the shapes never depend on the data; torch matmul widths are padded to
+multiples of 16 (``linear``), and numpy's products run on one BLAS thread (``one_blas_thread``: OpenBLAS splits work
+by its thread count, and at 3, 5, 6, 7 or 12 threads a row's bits depended on its position). What remains is the
+position of a row inside its block (which other records share the batch decides it). BLAS kernels are
+data-oblivious (the sequence of floating-point operations that produces an output element depends on shapes and
+positions, never on values), so ``check_position_invariance`` tests it for the shapes, device and thread count at
+hand: blocks of public random rows, each computed as it is and shifted by one position (and by half a block plus
+one), every row's outputs (floats before any quantization) required to agree bit for bit. If position p and p + 1
+always run the same operations, all positions do. One random row can miss an order difference that rounds the same
+way by chance (likely for a short sum), so each check runs ``TRIALS`` independent blocks; a pass is strong evidence,
+not a proof, and a failure refuses the release (``RowDependenceError``) rather than weakening the claim.
+Measured on this project's CPU: the default shapes pass with 1 and 2 threads.
 """
 
 from __future__ import annotations
@@ -51,6 +53,13 @@ def blocks(n: int, block: int):
     return [(s, min(s + block, n)) for s in range(0, n, block)]
 
 
+def one_blas_thread():
+    """Context manager: numpy's BLAS on one thread (threadpoolctl), so its partition of a product never varies."""
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1, user_api="blas")
+
+
 def _roll(a, shift: int):
     return torch.roll(a, shift, 0) if isinstance(a, torch.Tensor) else np.roll(a, shift, 0)
 
@@ -64,49 +73,63 @@ def _same_rows(a, b) -> np.ndarray:
     return same.all(axis=1)
 
 
-def check_position_invariance(
-    fn: Callable[..., Sequence], inputs: Sequence, *, what: str, shifts: Sequence[int] | None = None
-) -> None:
-    """Raise ``RowDependenceError`` unless ``fn(*inputs)`` (a block of rows; it returns a sequence of per-row arrays,
-    first axis the rows) gives every row the same bits when the block's rows are shifted (``shifts``, default 1 and
-    half a block plus one). ``inputs`` are public stand-ins of the block's shape and dtypes."""
+def check_position_invariance(fn: Callable[..., Sequence], trials: Sequence[Sequence], *, what: str) -> None:
+    """Raise ``RowDependenceError`` unless, for every block of ``trials`` (each a list of inputs, first axis the rows,
+    public stand-ins of the real block's shape and dtypes), ``fn(*block)`` (a sequence of per-row arrays) gives every
+    row the same bits when the block's rows are shifted by 1 and by half a block plus one.
+
+    Each trial tests every pair of neighbouring positions with one random row; a position-dependent order that
+    only sometimes rounds differently (a short sum, one number per row) can slip past one row, so callers pass many
+    blocks (``TRIALS``, e.g. ``rolled_trials``)."""
+    for inputs in trials:
+        rows = inputs[0].shape[0]
+        outs = fn(*inputs)
+        for shift in sorted({1 % rows, (rows // 2 + 1) % rows}):
+            moved = fn(*[_roll(a, shift) for a in inputs])
+            for k, (a, b) in enumerate(zip(outs, moved)):
+                ok = _same_rows(_roll(a, shift), b)
+                if not ok.all():
+                    raise RowDependenceError(
+                        f"{what}: on this device and thread count a record's output {k} depends on its position in a "
+                        f"block of {rows} rows ({int((~ok).sum())} rows changed bits when shifted by {shift}); the "
+                        "per-record sensitivity would not hold in the bits, so the release is refused"
+                    )
+
+
+TRIALS = 16  # public blocks per check
+
+
+def rolled_trials(inputs: Sequence, trials: int = TRIALS) -> list:
+    """``trials`` blocks from one block of public inputs, its rows rolled by 37 t positions in block t: every pair of
+    neighbouring positions is then tested with ``trials`` different rows, without drawing new ones."""
     rows = inputs[0].shape[0]
-    outs = fn(*inputs)
-    for shift in shifts if shifts is not None else sorted({1 % rows, (rows // 2 + 1) % rows}):
-        moved = fn(*[_roll(a, shift) for a in inputs])
-        for k, (a, b) in enumerate(zip(outs, moved)):
-            ok = _same_rows(_roll(a, shift), b)
-            if not ok.all():
-                raise RowDependenceError(
-                    f"{what}: on this device and thread count a record's output {k} depends on its position in a "
-                    f"block of {rows} rows ({int((~ok).sum())} rows changed bits when shifted by {shift}); the "
-                    "per-record sensitivity would not hold in the bits, so the fit is refused"
-                )
+    return [[_roll(a, (37 * t) % rows) for a in inputs] for t in range(trials)]
 
 
-MIN_WIDTH = 16  # matmul widths below this are zero-padded up to it (measured: narrower outputs break invariance)
+WIDTH_MULTIPLE = 16  # every matmul width is zero-padded up to a multiple of this (see _WideLinear)
 
 
-def _widen(a: torch.Tensor, dim: int, width: int) -> torch.Tensor:
-    extra = width - a.shape[dim]
+def _widen(a: torch.Tensor, dim: int) -> torch.Tensor:
+    extra = -a.shape[dim] % WIDTH_MULTIPLE
     if extra <= 0:
         return a
     return torch.cat([a, a.new_zeros(a.shape[:dim] + (extra,) + a.shape[dim + 1 :])], dim=dim)
 
 
 class _WideLinear(torch.autograd.Function):
-    """``x W^T + b`` whose matmuls (forward and the input gradient) never have a width below MIN_WIDTH: narrow
-    input or output widths are zero-padded (exact zeros add nothing) and the padding sliced off. On this project's
-    CPU the BLAS gives a row other bits at other positions in its block when an output width is small (10 latent or
-    label columns); at 16 and above it does not. ``check_position_invariance`` still decides on every machine."""
+    """``x W^T + b`` whose matmuls (forward and the input gradient) have widths that are multiples of WIDTH_MULTIPLE:
+    other widths are zero-padded (exact zeros add nothing) and the padding sliced off. On this project's CPU the BLAS
+    gives a row other bits at other positions in its block when a width is small (10 latent or label columns) or,
+    from 3 threads on, not a multiple of 4; at multiples of 16 no shape we tried did (1 to 8 threads).
+    ``check_position_invariance`` still decides on every machine."""
 
     generate_vmap_rule = True  # torch.func's per-sample gradients (the tests' reference) run through it too
 
     @staticmethod
     def forward(x, weight, bias):
         n, k = weight.shape
-        wp = _widen(_widen(weight, 0, MIN_WIDTH), 1, MIN_WIDTH)
-        out = _widen(x, 1, MIN_WIDTH) @ wp.T
+        wp = _widen(_widen(weight, 0), 1)
+        out = _widen(x, 1) @ wp.T
         return out[:, :n] + bias
 
     @staticmethod
@@ -120,8 +143,8 @@ class _WideLinear(torch.autograd.Function):
         n, k = weight.shape
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
-            wp = _widen(_widen(weight, 0, MIN_WIDTH), 1, MIN_WIDTH)
-            grad_x = (_widen(grad, 1, MIN_WIDTH) @ wp)[:, :k]
+            wp = _widen(_widen(weight, 0), 1)
+            grad_x = (_widen(grad, 1) @ wp)[:, :k]
         if ctx.needs_input_grad[1]:
             grad_w = grad.T @ x
         if ctx.needs_input_grad[2]:
@@ -130,5 +153,5 @@ class _WideLinear(torch.autograd.Function):
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for a 2-D block of rows, computed at widths of at least MIN_WIDTH."""
+    """``F.linear(x, weight, bias)`` for a 2-D block of rows, at widths that are multiples of WIDTH_MULTIPLE."""
     return _WideLinear.apply(x, weight, bias)

@@ -266,6 +266,17 @@ def test_sampling_is_deterministic_in_key_and_chunk():
     assert (np.linalg.norm(f1.astype(np.float64), axis=1) <= 1.0 + 1e-6).all()
 
 
+def test_the_fit_does_not_depend_on_the_rows_arrival_order():
+    """A retried fit (another worker, another shuffle) redraws exactly the same model from the same key."""
+    x, y, basis = toy_data(n=70)
+    s = spec()
+    a = p3gm.fit(x, y, basis, 1.0, s, KEY, "cpu")
+    perm = np.random.default_rng(9).permutation(len(y))
+    b = p3gm.fit(x[perm], y[perm], basis, 1.0, s, KEY, "cpu")
+    assert all(np.array_equal(a.state[k], b.state[k]) for k in a.state)
+    assert np.array_equal(a.prior.means, b.prior.means) and np.array_equal(a.prior.weights, b.prior.weights)
+
+
 def test_latent_components_follow_the_weights():
     prior = p3gm.MogPrior(
         weights=np.array([0.2, 0.8]), means=np.array([[-0.5, 0.0], [0.5, 0.0]]), variances=np.full((2, 2), 1e-4)

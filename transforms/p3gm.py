@@ -1,7 +1,8 @@
 """The p3gm stages (mechanisms.p3gm holds the logic).
 
 FitP3gm: (0, (z-scored clipped rows, labels)) + the DP-PCA basis -> the fitted model (DP-EM prior and the VAE trained
-with DP-SGD), on one worker (GPU when present). Everything it outputs is DP; from here on it is public.
+with DP-SGD), on one worker (GPU when present). Everything it outputs is DP; from here on it is public. The rows are
+put in a canonical order first, so a retried fit redraws the same model whatever order the shuffle delivered.
 SampleP3gm: the model -> pyarrow.Tables of T rows, chunk by chunk on any worker: sampling is post-processing, each
 chunk deterministic in (key, chunk) so a retried bundle redraws the same rows.
 """
