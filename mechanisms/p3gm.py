@@ -376,7 +376,10 @@ def per_example_loss(params: dict, x, mu, eps, y, prior_t, label_weight: float):
 
 def _block_terms(params: dict, x, mu, eps, y, prior_t, label_weight: float):
     """One block's per-row terms: (losses, [float64 layer inputs], [float64 pre-activation gradients], float64
-    per-example gradient norms), every one of them a per-row array (first axis the rows)."""
+    per-example gradient norms), every one of them a per-row array (first axis the rows). Only the pre-activations'
+    gradients are taken (ghost clipping needs no weight gradient), so the weights enter detached."""
+    params = {k: v.detach() for k, v in params.items()}
+    x = x.detach().requires_grad_(True)  # a graph to differentiate through (the gradient of x itself is never formed)
     loss, layers = per_example_loss(params, x, mu, eps, y, prior_t, label_weight)
     grads = torch.autograd.grad(loss.sum(), [s for _, s in layers])
     acts = [a.detach().to(torch.float64) for a, _ in layers]
@@ -394,25 +397,27 @@ def ghost_clipped_sum(params: dict, x, mu, eps, y, prior_t, label_weight: float,
     The batch runs in zero-padded blocks of exactly SGD_BLOCK rows (``mechanisms.rowwise``); padded rows get factor 0,
     so a record's terms have the same bits whatever the batch's size and other records (``check_sgd_block``)."""
     dev = x.device
-    total = torch.zeros(sum(int(p.numel()) for p in params.values()), dtype=torch.float64, device=dev)
-    norms_out, losses_out = [], []
-    for start, stop in rowwise.blocks(len(y), SGD_BLOCK):
-        real = stop - start
-        pad = [rowwise.pad_rows(t[start:stop], SGD_BLOCK) for t in (x, mu, eps, y)]
-        loss, acts, grads, norms = _block_terms(params, *pad, prior_t, label_weight)
-        factors = clip_factors(norms, clip)  # 0 where a norm is not finite: that example contributes nothing
-        factors[real:] = 0.0  # the padding contributes nothing
-        keep = factors > 0
-        parts = []
-        for a, g in zip(acts, grads):
-            gf = torch.where(keep[:, None], g, 0.0) * factors[:, None]
-            parts += [(gf.T @ torch.where(keep[:, None], a, 0.0)).reshape(-1), gf.sum(dim=0)]
-        total += torch.cat(parts)
-        norms_out.append(norms[:real])
-        losses_out.append(loss[:real])
-    if not norms_out:
+    n = len(y)
+    if n == 0:
+        total = torch.zeros(sum(int(p.numel()) for p in params.values()), dtype=torch.float64, device=dev)
         return total, torch.zeros(0, dtype=torch.float64), torch.zeros(0)
-    return total, torch.cat(norms_out), torch.cat(losses_out)
+    per_block = []
+    for start, stop in rowwise.blocks(n, SGD_BLOCK):
+        pad = [rowwise.pad_rows(t[start:stop], SGD_BLOCK) for t in (x, mu, eps, y)]
+        per_block.append(_block_terms(params, *pad, prior_t, label_weight))
+    # every row's terms are final here; what follows is the float64 sum over the batch (the clip margin covers it)
+    loss = torch.cat([b[0] for b in per_block])
+    acts = [torch.cat([b[1][i] for b in per_block]) for i in range(len(per_block[0][1]))]
+    grads = [torch.cat([b[2][i] for b in per_block]) for i in range(len(per_block[0][2]))]
+    norms = torch.cat([b[3] for b in per_block])
+    factors = clip_factors(norms, clip)  # 0 where a norm is not finite: that example contributes nothing
+    factors[n:] = 0.0  # the padding contributes nothing
+    keep = factors > 0
+    parts = []
+    for a, g in zip(acts, grads):
+        gf = torch.where(keep[:, None], g, 0.0) * factors[:, None]
+        parts += [(gf.T @ torch.where(keep[:, None], a, 0.0)).reshape(-1), gf.sum(dim=0)]
+    return torch.cat(parts), norms[:n], loss[:n]
 
 
 def check_sgd_block(params: dict, dim: int, spec: P3gmSpec, prior_t) -> None:

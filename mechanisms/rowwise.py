@@ -9,7 +9,7 @@ ReLU, clamp or quantization can turn such a difference into a larger one.
 
 The fix here: every such computation runs on blocks of a FIXED number of rows (``pad_rows`` with zero rows, the
 padding then discarded or given weight 0), so the shapes never depend on the data; torch matmul widths are padded to
-multiples of 16 (``linear``), and numpy's products run on one BLAS thread (``one_blas_thread``: OpenBLAS splits work
+multiples of 8 (``linear``), and numpy's products run on one BLAS thread (``one_blas_thread``: OpenBLAS splits work
 by its thread count, and at 3, 5, 6, 7 or 12 threads a row's bits depended on its position). What remains is the
 position of a row inside its block (which other records share the batch decides it). BLAS kernels are
 data-oblivious (the sequence of floating-point operations that produces an output element depends on shapes and
@@ -106,7 +106,7 @@ def rolled_trials(inputs: Sequence, trials: int = TRIALS) -> list:
     return [[_roll(a, (37 * t) % rows) for a in inputs] for t in range(trials)]
 
 
-WIDTH_MULTIPLE = 16  # every matmul width is zero-padded up to a multiple of this (see _WideLinear)
+WIDTH_MULTIPLE = 8  # every matmul width is zero-padded up to a multiple of this (see _WideLinear)
 
 
 def _widen(a: torch.Tensor, dim: int) -> torch.Tensor:
@@ -120,7 +120,8 @@ class _WideLinear(torch.autograd.Function):
     """``x W^T + b`` whose matmuls (forward and the input gradient) have widths that are multiples of WIDTH_MULTIPLE:
     other widths are zero-padded (exact zeros add nothing) and the padding sliced off. On this project's CPU the BLAS
     gives a row other bits at other positions in its block when a width is small (10 latent or label columns) or,
-    from 3 threads on, not a multiple of 4; at multiples of 16 no shape we tried did (1 to 8 threads).
+    from 3 threads on, not a multiple of 4; at multiples of 8 no shape we tried did (1 to 8 threads). A width that
+    is already a multiple (784 pixels, 1000 hidden units) is used as it is, without a copy.
     ``check_position_invariance`` still decides on every machine."""
 
     generate_vmap_rule = True  # torch.func's per-sample gradients (the tests' reference) run through it too
