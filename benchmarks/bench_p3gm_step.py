@@ -14,10 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from fractions import Fraction
 
@@ -66,34 +64,30 @@ def main(argv=None) -> None:
     if args.single:
         print(json.dumps({"seconds_per_step": one_run(args.steps, args.threads)}))
         return
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    trees = {"this tree": here}
-    tmp = None
+    # imported here: --single runs this file against another revision's tree, which may not have it
+    from benchmarks.paired import HERE, print_paired, revision_tree
+
     if args.compare_to:
-        tmp = tempfile.mkdtemp(prefix="bench-p3gm-step-")
-        ref = os.path.join(tmp, "ref")
-        subprocess.run(["git", "-C", here, "worktree", "add", "--detach", ref, args.compare_to], check=True)
-        trees = {args.compare_to: ref, "this tree": here}
-    times: dict[str, list[float]] = {name: [] for name in trees}
-    try:
-        for r in range(args.repeats):
-            for name, tree in trees.items():
-                times[name].append(_in_process(tree, args.steps, args.threads))
-                print(f"{name}: {times[name][-1]:.3f} s/step", file=sys.stderr, flush=True)
-    finally:
-        if tmp is not None:
-            subprocess.run(["git", "-C", here, "worktree", "remove", "--force", os.path.join(tmp, "ref")])
-            shutil.rmtree(tmp, ignore_errors=True)
-    first = sum(next(iter(times.values()))) / args.repeats
-    print(
-        f"\np3gm DP-SGD step, Fashion-MNIST shapes (60,000 x 784, hidden 1000, latent 10, expected batch 300), "
-        f"{args.threads} thread(s), {args.steps} steps per run, {args.repeats} alternating runs each\n"
+        with revision_tree(args.compare_to, "bench-p3gm-step-") as (ref, _):
+            times = _alternate({args.compare_to: ref, "this tree": HERE}, args)
+    else:
+        times = _alternate({"this tree": HERE}, args)
+    print_paired(
+        f"p3gm DP-SGD step, Fashion-MNIST shapes (60,000 x 784, hidden 1000, latent 10, expected batch 300), "
+        f"{args.threads} thread(s), {args.steps} steps per run, {args.repeats} alternating runs each",
+        times,
+        "s/step",
+        3,
     )
-    print("| tree | s/step (each run) | mean | / first |")
-    print("|---|---|---:|---:|")
-    for name, ts in times.items():
-        mean = sum(ts) / len(ts)
-        print(f"| {name} | {', '.join(f'{t:.3f}' for t in ts)} | {mean:.3f} | {mean / first:.2f} |")
+
+
+def _alternate(trees: dict[str, str], args) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {name: [] for name in trees}
+    for _ in range(args.repeats):
+        for name, tree in trees.items():
+            times[name].append(_in_process(tree, args.steps, args.threads))
+            print(f"{name}: {times[name][-1]:.3f} s/step", file=sys.stderr, flush=True)
+    return times
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ import sys
 import tempfile
 import time
 
+from benchmarks.paired import HERE, print_paired, revision_tree
+
 BARE = r"""
 import glob, os, sys, json
 import numpy as np, pyarrow.parquet as pq
@@ -72,15 +74,11 @@ def _release_cmd(train: str, out: str, epsilon: float) -> list[str]:
 
 def compare(rev: str, train: str, epsilon: float, repeats: int) -> None:
     """The in_memory Beam release from this tree and from git revision ``rev``, alternating."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    tmp = tempfile.mkdtemp(prefix="bench-release-")
-    ref_tree = os.path.join(tmp, "ref")
-    subprocess.run(["git", "-C", here, "worktree", "add", "--detach", ref_tree, rev], check=True, capture_output=True)
     train = os.path.abspath(train)
     times: dict[str, list[float]] = {rev: [], "this tree": []}
-    try:
+    with revision_tree(rev, "bench-release-") as (ref_tree, tmp):
         for r in range(repeats):
-            for name, tree in ((rev, ref_tree), ("this tree", here)):
+            for name, tree in ((rev, ref_tree), ("this tree", HERE)):
                 out = os.path.join(tmp, f"out-{r}-{len(times[name])}-{name.replace(' ', '_')}")
                 cwd = os.getcwd()
                 os.chdir(tree)  # python -m imports the package of the working directory first
@@ -91,19 +89,13 @@ def compare(rev: str, train: str, epsilon: float, repeats: int) -> None:
                 times[name].append(wall)
                 print(f"{name}: {wall:.1f} s, peak RSS {rss:.0f} MiB", file=sys.stderr, flush=True)
                 shutil.rmtree(out, ignore_errors=True)
-    finally:
-        subprocess.run(["git", "-C", here, "worktree", "remove", "--force", ref_tree], capture_output=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-    ref = sum(times[rev]) / len(times[rev])
-    print(
-        f"\nFull Fashion-MNIST release, Beam DirectRunner in_memory (60,000 rows, d = 784, l = 4, eps = "
-        f"{epsilon:g}), {os.cpu_count()} cores, {repeats} alternating runs each\n"
+    print_paired(
+        f"Full Fashion-MNIST release, Beam DirectRunner in_memory (60,000 rows, d = 784, l = 4, eps = {epsilon:g}), "
+        f"{os.cpu_count()} cores, {repeats} alternating runs each",
+        times,
+        "wall s",
+        1,
     )
-    print("| tree | wall s (each run) | mean | / reference |")
-    print("|---|---|---:|---:|")
-    for name, ts in times.items():
-        mean = sum(ts) / len(ts)
-        print(f"| {name} | {', '.join(f'{t:.1f}' for t in ts)} | {mean:.1f} | {mean / ref:.2f} |")
 
 
 def main(argv=None) -> None:
