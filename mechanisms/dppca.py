@@ -113,7 +113,7 @@ def check_projection(dim: int, components: int) -> None:
     """Position invariance of ``_project_block`` at this shape (on one BLAS thread, as ``project_rows`` runs it), on
     public random rows and a public random basis: ``rowwise.TRIALS`` blocks."""
     stream = NoiseStream(public_key("rowwise-check", 0), "projection", dim, components)
-    u = stream.uniform_int(1 << 53, (PROJECT_BLOCK + components) * dim).astype(np.float64) / float(1 << 53) - 0.5
+    u = stream.uniform((PROJECT_BLOCK + components) * dim) - 0.5
     xb, basis = u[: PROJECT_BLOCK * dim].reshape(PROJECT_BLOCK, dim), u[PROJECT_BLOCK * dim :].reshape(dim, components)
     clip = float(np.median(np.linalg.norm(xb @ basis, axis=1)))  # about half the rows take the scaling branch
     trials = rowwise.rolled_trials([xb])

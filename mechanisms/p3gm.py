@@ -240,7 +240,7 @@ def _check_em(components: int, dim: int) -> None:
     """Position invariance of ``_em_contributions`` at this shape (the floats before truncation too, where a
     difference would hide): public rows in the unit ball, a public prior, ``rowwise.TRIALS`` rolled blocks."""
     stream = NoiseStream(public_key("rowwise-check", 0), "em", components, dim)
-    u = stream.uniform_int(1 << 53, EM_BLOCK_ROWS * dim).astype(np.float64) / float(1 << 53) - 0.5
+    u = stream.uniform(EM_BLOCK_ROWS * dim) - 0.5
     trials = rowwise.rolled_trials([_into_ball(u.reshape(EM_BLOCK_ROWS, dim) * (2.0 / math.sqrt(dim)))])
     prior = _public_start(components, dim)
     rowwise.check_position_invariance(lambda a: _em_contributions(a, prior), trials, what="p3gm DP-EM")
@@ -284,7 +284,7 @@ def init_state(dim: int, spec: P3gmSpec) -> dict:
         shape = shapes[name]
         fan_in = shapes[name.replace("bias", "weight")][1]
         bound = 1.0 / math.sqrt(fan_in)
-        u = stream.uniform_int(1 << 53, int(np.prod(shape))).astype(np.float64) / float(1 << 53)
+        u = stream.uniform(int(np.prod(shape)))
         state[name] = ((2.0 * u - 1.0) * bound).astype(np.float32).reshape(shape)
     return state
 
@@ -432,8 +432,7 @@ def check_sgd_block(params: dict, dim: int, spec: P3gmSpec, prior_t) -> None:
         return
     stream = NoiseStream(public_key("rowwise-check", 0), "p3gm-sgd", dim, spec.latent_dim, spec.num_classes)
     as_t = lambda a, dt=torch.float32: torch.as_tensor(np.ascontiguousarray(a), dtype=dt, device=dev)  # noqa: E731
-    u = stream.uniform_int(1 << 53, SGD_BLOCK * (dim + 2 * spec.latent_dim)).astype(np.float64) / float(1 << 53)
-    u = (u - 0.5).reshape(SGD_BLOCK, -1) * 2.0
+    u = (stream.uniform(SGD_BLOCK * (dim + 2 * spec.latent_dim)) - 0.5).reshape(SGD_BLOCK, -1) * 2.0
     block = [
         as_t(u[:, :dim] * math.sqrt(3.0)),
         as_t(u[:, dim : dim + spec.latent_dim]),

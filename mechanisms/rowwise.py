@@ -111,7 +111,7 @@ WIDTH_MULTIPLE = 8  # every matmul width is zero-padded up to a multiple of this
 
 def _widen(a: torch.Tensor, dim: int) -> torch.Tensor:
     extra = -a.shape[dim] % WIDTH_MULTIPLE
-    if extra <= 0:
+    if not extra:
         return a
     return torch.cat([a, a.new_zeros(a.shape[:dim] + (extra,) + a.shape[dim + 1 :])], dim=dim)
 
@@ -128,7 +128,7 @@ class _WideLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(x, weight, bias):
-        n, k = weight.shape
+        n = weight.shape[0]
         wp = _widen(_widen(weight, 0), 1)
         out = _widen(x, 1) @ wp.T
         return out[:, :n] + bias

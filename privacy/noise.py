@@ -158,6 +158,10 @@ class NoiseStream:
             todo = todo[~ok]
         return out.reshape(shape)
 
+    def uniform(self, size) -> np.ndarray:
+        """float64 array of shape ``size``: k / 2^53 for k uniform on range(2^53) (``uniform_int``), in [0, 1)."""
+        return self.uniform_int(1 << 53, size).astype(np.float64) / float(1 << 53)
+
     def distinct(self, n: int, l: int, rows: int) -> np.ndarray:
         """(rows, l) int64: each row ``l`` distinct indices of range(n), a uniform l-subset in uniform order."""
         if not 0 <= l <= n:
