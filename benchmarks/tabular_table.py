@@ -15,8 +15,8 @@ test label, the floor). Writes benchmarks/results/tabular_<table>.{md,csv} and t
 clamped and binned in their declared bounds, 20 bins) and metrics. smartnoise-synth pins its own numpy and torch, so
 it runs from a venv of its own, created in DIR if missing (pip install smartnoise-synth==1.0.8 torch==2.13.0
 pyarrow), through benchmarks/smartnoise_runner.py; its output is cast to the input's Arrow schema and scored like
-ours. ``--resume`` keeps the cells already in the CSV files (e.g. ``--methods --smartnoise-venv DIR --resume`` adds
-only MST and AIM).
+ours. ``--resume`` keeps the cells already in the CSV files that have at least ``--runs`` releases (e.g. ``--methods
+--smartnoise-venv DIR --resume`` adds only MST and AIM).
 """
 
 from __future__ import annotations
@@ -110,7 +110,11 @@ def smartnoise_venv(path: str) -> str:
     return python
 
 
-def smartnoise_release(python: str, train, test, conf: dict, synth: str, eps: float, seed: int):
+class DidNotFinish(Exception):
+    """A smartnoise-synth release ran past the benchmark's time limit (``--smartnoise-timeout``)."""
+
+
+def smartnoise_release(python: str, train, test, conf: dict, synth: str, eps: float, seed: int, timeout=None):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -119,12 +123,15 @@ def smartnoise_release(python: str, train, test, conf: dict, synth: str, eps: fl
         pq.write_table(train, os.path.join(tmp, "train.parquet"))
         with open(os.path.join(tmp, "schema.json"), "w") as fh:
             json.dump(schema.model_dump(mode="json"), fh)
-        res = subprocess.run(
-            [python, os.path.join(HERE, "smartnoise_runner.py"), "--train", os.path.join(tmp, "train.parquet"),
-             "--schema", os.path.join(tmp, "schema.json"), "--synth", synth, "--epsilon", str(eps),
-             "--out", os.path.join(tmp, "out.parquet")],
-            capture_output=True, text=True,
-        )  # fmt: skip
+        try:
+            res = subprocess.run(
+                [python, os.path.join(HERE, "smartnoise_runner.py"), "--train", os.path.join(tmp, "train.parquet"),
+                 "--schema", os.path.join(tmp, "schema.json"), "--synth", synth, "--epsilon", str(eps),
+                 "--out", os.path.join(tmp, "out.parquet")],
+                capture_output=True, text=True, timeout=timeout,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise DidNotFinish(f"smartnoise {synth} did not finish in {timeout:g} s") from None
         if res.returncode:
             raise RuntimeError(f"smartnoise {synth} failed: {res.stderr[-2000:]}")
         out = pq.read_table(os.path.join(tmp, "out.parquet")).replace_schema_metadata(None)
@@ -154,6 +161,17 @@ def reference_rows(name, train, test, conf):
     ]  # fmt: skip
 
 
+def read_rows(path: str) -> list[dict]:
+    """The rows of a tabular_<table>.csv with their numbers parsed (blank where a cell has none)."""
+    with open(path) as fh:
+        rows = list(csv.DictReader(fh))
+    for r in rows:
+        for k in FIELDS[5:]:
+            r[k] = float(r[k]) if r[k] else ""
+        r["runs"] = int(r["runs"])
+    return rows
+
+
 def fmt(v, digits=4):
     return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
 
@@ -176,6 +194,10 @@ def write(name: str, rows: list[dict], out: str) -> None:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        if r["runs"] == 0:
+            stopped = f"did not finish in {r['seconds']:.0f} s"
+            lines.append(f"| {r['method']} | {r['epsilon']} |  | 0 | {stopped} | | | | | |")
+            continue
         acc = fmt(r["accuracy"]) + (f" +- {r['accuracy_std']:.4f}" if r["runs"] != 1 else "")
         lines.append(
             f"| {r['method']} | {r['epsilon']} | {r['l']} | {r['runs']} | {acc} | {fmt(r['roc_auc'])} | "
@@ -195,6 +217,7 @@ def plot(all_rows: dict, out: str) -> None:
 
     fig, axes = plt.subplots(1, len(all_rows), figsize=(5 * len(all_rows), 3.6), squeeze=False)
     for ax, (name, rows) in zip(axes[0], all_rows.items()):
+        rows = [r for r in rows if r["runs"]]  # a cell that did not finish has no bar (its table says so)
         labels = [f"{r['method']}\neps {r['epsilon']}" for r in rows]
         ax.barh(range(len(rows)), [r["accuracy"] for r in rows], xerr=[r["accuracy_std"] for r in rows])
         ax.set_yticks(range(len(rows)), labels, fontsize=6)
@@ -215,6 +238,12 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=OUT)
     ap.add_argument("--smartnoise-venv", default=None, help="also run smartnoise-synth MST and AIM from this venv")
     ap.add_argument("--smartnoise", nargs="+", default=list(SMARTNOISE), choices=SMARTNOISE, help="which of them")
+    ap.add_argument(
+        "--smartnoise-timeout",
+        type=float,
+        default=1800.0,
+        help="seconds one smartnoise-synth release may take; past it the cell is stated as not finished (default 1800)",
+    )
     args = ap.parse_args(argv)
     python = smartnoise_venv(args.smartnoise_venv) if args.smartnoise_venv else None
     methods = list(args.methods) + ([f"smartnoise {s}" for s in args.smartnoise] if python else [])
@@ -224,27 +253,34 @@ def main(argv=None) -> None:
         rows = reference_rows(name, train, test, conf)
         stem = os.path.join(args.out, f"tabular_{name}.csv")
         if args.resume and os.path.exists(stem):  # keep measured cells; the reference rows are recomputed
-            with open(stem) as fh:
-                kept = [r for r in csv.DictReader(fh) if r["epsilon"] != "inf"]
-            for r in kept:
-                for k in ("accuracy", "accuracy_std", "lr_accuracy", "column_distance", "correlation_gap", "seconds"):
-                    r[k] = float(r[k])
-                r["roc_auc"] = float(r["roc_auc"]) if r["roc_auc"] else ""
-                r["runs"] = int(r["runs"])
-            rows += kept
+            kept = [r for r in read_rows(stem) if r["epsilon"] != "inf"]
+            # a cell with fewer releases than --runs asks for is measured again (all of its releases)
+            rows += [r for r in kept if r["runs"] >= args.runs or r["method"] not in methods]
         done = {(r["method"], r["epsilon"]) for r in rows}
         for method in methods:
             for eps in args.eps:
                 if (method, f"{eps:g}") in done:
                     continue
                 figs, t0 = [], time.time()
-                for r in range(args.runs):
-                    seed = zlib.crc32(f"{name}/{method}/{eps}/{r}".encode()) % 1_000_000
-                    if method.startswith("smartnoise "):
-                        got, plan, l = smartnoise_release(python, train, test, conf, method.split()[1], eps, seed)
-                    else:
-                        got, plan, l = one_release(train, test, conf, METHODS[method], eps, seed)
-                    figs.append(got)
+                try:
+                    for r in range(args.runs):
+                        seed = zlib.crc32(f"{name}/{method}/{eps}/{r}".encode()) % 1_000_000
+                        if method.startswith("smartnoise "):
+                            synth = method.split()[1]
+                            got, plan, l = smartnoise_release(
+                                python, train, test, conf, synth, eps, seed, timeout=args.smartnoise_timeout
+                            )
+                        else:
+                            got, plan, l = one_release(train, test, conf, METHODS[method], eps, seed)
+                        figs.append(got)
+                except DidNotFinish as e:  # stated in the table as such (runs 0), measured again by --resume
+                    print(f"{name} {method} eps={eps:g}: {e}", flush=True)
+                    rows.append(
+                        {"table": name, "method": method, "epsilon": f"{eps:g}", "l": "", "runs": 0,
+                         "accuracy": "", "accuracy_std": "", "roc_auc": "", "lr_accuracy": "",
+                         "column_distance": "", "correlation_gap": "", "seconds": float(args.smartnoise_timeout)}
+                    )  # fmt: skip
+                    continue
                 acc = [f["accuracy"] for f in figs]
                 aucs = [f["roc_auc"] for f in figs if f["roc_auc"] is not None]
                 rows.append(
@@ -266,7 +302,11 @@ def main(argv=None) -> None:
                 print(f"{name} {method} eps={eps:g}: {rows[-1]['accuracy']:.4f}", flush=True)
         write(name, rows, args.out)
         all_rows[name] = rows
-    plot(all_rows, args.out)
+    for name in TABLES:  # the picture shows every table measured so far, not only this run's
+        stem = os.path.join(args.out, f"tabular_{name}.csv")
+        if name not in all_rows and os.path.exists(stem):
+            all_rows[name] = read_rows(stem)
+    plot({name: all_rows[name] for name in TABLES if name in all_rows}, args.out)
 
 
 if __name__ == "__main__":

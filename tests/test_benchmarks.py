@@ -169,3 +169,32 @@ def test_label_flip_rate_matches_the_mechanism(sigma_y):
     observed = float((labels != 3).mean())
     assert observed == pytest.approx(label_flip_rate(sigma_y, 10), abs=4e-3)
     assert label_flip_rate(0.0, 10) == 0.0
+
+
+def test_tabular_smartnoise_past_its_time_limit_is_stated_and_resume_measures_short_cells(tmp_path, monkeypatch):
+    from benchmarks import tabular_table
+
+    # a stand-in for smartnoise's venv python that never finishes
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nsleep 30\n")
+    fake.chmod(0o755)
+    out = tmp_path / "results"
+    out.mkdir()
+    # a measured MST cell with one release and an AIM cell with three, from an earlier run
+    row = {k: "" for k in tabular_table.FIELDS}
+    row.update(table="credit_data", epsilon="1", accuracy=0.7, accuracy_std=0.0, lr_accuracy=0.7, seconds=1.0)
+    with open(out / "tabular_credit_data.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=tabular_table.FIELDS)
+        w.writeheader()
+        w.writerow({**row, "method": "smartnoise mst", "runs": 1})
+        w.writerow({**row, "method": "smartnoise aim", "runs": 3})
+    monkeypatch.setattr(tabular_table, "smartnoise_venv", lambda path: str(fake))  # the venv exists: no pip
+    argv = ["--tables", "credit_data", "--eps", "1", "--methods", "--smartnoise-venv", str(tmp_path), "--resume"]
+    tabular_table.main([*argv, "--smartnoise-timeout", "0.5", "--out", str(out)])
+    rows = {r["method"]: r for r in tabular_table.read_rows(str(out / "tabular_credit_data.csv"))}
+    assert rows["smartnoise mst"]["runs"] == 0  # measured again (1 < 3 releases) and stopped at the limit
+    assert rows["smartnoise mst"]["accuracy"] == "" and rows["smartnoise mst"]["seconds"] == 0.5
+    assert rows["smartnoise aim"]["runs"] == 3 and rows["smartnoise aim"]["accuracy"] == 0.7  # kept
+    md = (out / "tabular_credit_data.md").read_text()
+    assert "| smartnoise mst | 1 |  | 0 | did not finish in 0 s |" in md
+    assert (out / "tabular.png").exists()
