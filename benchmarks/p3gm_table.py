@@ -9,7 +9,8 @@ CNN (seed 000 Table 1, ``--epochs``) is trained on the release and tested on the
 the release's statistics. Every release is a fresh noise key and a fresh training seed. The reference rows are read
 from the files other benchmarks wrote: ``dpsgd_classifier_fashion_mnist.csv`` (a DP-SGD classifier on the real rows)
 and ``projection_fashion_mnist.csv`` (``--projection dp-pca:K``). Writes ``benchmarks/results/p3gm_fashion_mnist.
-{md,csv}`` (rows appended as cells finish) and ``p3gm_samples.png`` (the first eps-1 release).
+{md,csv}`` (rows appended as cells finish) and ``p3gm_samples.png`` (the first eps-1 release; ``--samples`` redraws
+only the picture, from the same release).
 
 ``--timing`` runs ``dpcda release --mechanism p3gm`` (DirectRunner, in_memory) on the Parquet shards in a child
 process and writes ``p3gm_release_timing.md``: the wall time of each stage from the job's log and the peak RSS.
@@ -50,7 +51,8 @@ DEFAULT_CELLS = ["p3gm-eps1", "p3gm-eps10", "p3gm-nonoise", "dpcda-lp16-l16-eps1
 FIELDS = ["cell", "epsilon", "release", "accuracy", "fit_seconds", "seconds"]
 
 
-def run_cell(name, release, x, y, first, tx, ty, epochs, samples_png=None):
+def release_cell(name, release, x, y, first):
+    """(features, labels, plan) of release ``release`` of cell ``name``: the same rows every time it is asked for."""
     spec = CELLS[name]
     cfg = ReleaseConfig(input="in-process", output="in-process", num_classes=10, seed=release, **spec)
     t0 = time.time()
@@ -60,11 +62,21 @@ def run_cell(name, release, x, y, first, tx, ty, epochs, samples_png=None):
             print(f"  {name} release {release}: step {step}/{steps} loss {loss:.3f} ({time.time() - t0:.0f} s)")
 
     feats, labels, plan, _ = release_in_process(x, y, cfg, key_from_test_seed(release), first=first, progress=progress)
+    return feats, labels, plan
+
+
+def write_samples_png(path, feats, labels):
+    from evaluation.report import write_samples
+
+    write_samples(path, feats, labels, num_classes=10, input_shape=(1, 28, 28))
+
+
+def run_cell(name, release, x, y, first, tx, ty, epochs, samples_png=None):
+    t0 = time.time()
+    feats, labels, plan = release_cell(name, release, x, y, first)
     fit_seconds = time.time() - t0
     if samples_png:
-        from evaluation.report import write_samples
-
-        write_samples(samples_png, feats, labels, num_classes=10, input_shape=(1, 28, 28))
+        write_samples_png(samples_png, feats, labels)
     test = normalize(tx, plan.mean, plan.std, plan.clip, plan.bounds)
     res = train_and_score(
         feats,
@@ -221,9 +233,20 @@ def main(argv=None) -> int:
     ap.add_argument("--timing", action="store_true", help="time one full release through the Beam job instead")
     ap.add_argument("--data", default="data/fashion-mnist", help="--timing: folder of the Parquet shards")
     ap.add_argument("--epsilon", type=float, default=1.0, help="--timing: target epsilon")
+    ap.add_argument(
+        "--samples",
+        action="store_true",
+        help="only redraw p3gm_samples.png: the table's first eps-1 release again (the same rows), no evaluation",
+    )
     args = ap.parse_args(argv)
     if args.timing:
         return timing(args)
+    if args.samples:
+        x, y = load_fashion_mnist("train", args.source)
+        comb = FirstPassCombiner((0.0, 1.0))
+        feats, labels, _ = release_cell("p3gm-eps1", 0, x, y, comb.add(comb.create(), x, y))
+        write_samples_png(os.path.join(args.out, "p3gm_samples.png"), feats, labels)
+        return 0
     csv_path = os.path.join(args.out, "p3gm_fashion_mnist.csv")
     rows = _read(csv_path) if args.resume else []
     done = {(r["cell"], int(r["release"])) for r in rows}
