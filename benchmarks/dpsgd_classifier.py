@@ -26,10 +26,14 @@ as the evaluation uses it) with two changes DP-SGD forces:
   ``GroupNorm(min(32, C), C)``, the replacement Opacus' ``ModuleValidator.fix`` makes (32 and 64 channels: 32 groups);
 - dropout is off (p = 0).
 
-Per-example gradients: ``torch.func`` (``functional_call`` + ``vmap`` + ``grad``) in float32, micro-batch by
-micro-batch; their norms in float64, ``mechanisms.dpsgd.clip_factors``, and the clipped sum in float64 (each
-gradient cast to float64 before it is scaled and summed). The noisy sum is divided by the expected batch size B
-(public, so the update's sensitivity stays C / B) and SGD with momentum takes the step (post-processing).
+Per-example gradients: ``torch.func`` (``functional_call`` + ``vmap`` + ``grad``) in float32, on zero-padded
+micro-batches of exactly ``micro_batch`` rows (``mechanisms.rowwise``: the same rows alone in a block of 1 to 3 got
+other last bits than in a block of 128, so a record's gradient could depend on the batch's size), padded rows given
+clip factor 0; ``check_micro_batch`` refuses to train if a row's gradient depends on its position in the block
+(public random rows, once per shape and thread count); their norms in float64, ``mechanisms.dpsgd.clip_factors``, and
+the clipped sum in float64 (each gradient cast to float64 before it is scaled and summed). The noisy sum is divided
+by the expected batch size B (public, so the update's sensitivity stays C / B) and SGD with momentum takes the step
+(post-processing).
 
 Hyper-parameters. Start: Tramer and Boneh (2021, "Differentially Private Learning Needs Better Features"; the
 end-to-end CNN for Fashion-MNIST in their repository ftramer/Handcrafted-DP): SGD with momentum 0.9, clip C = 0.1,
@@ -66,11 +70,12 @@ from torch.func import functional_call, grad, vmap
 
 from evaluation.models import TableOneCNN
 from evaluation.train import RowScale, stratified_split
+from mechanisms import rowwise
 from mechanisms.dpsgd import clip_factors, noisy_sum, poisson_batch
 from privacy.accounting import ReleaseEvents, account, accountant_delta
 from privacy.calibration import calibrate_noise
 from privacy.events import MAX_ROW_RECORDS, DpSgdEvent
-from privacy.noise import NoiseStream, key_from_test_seed
+from privacy.noise import NoiseStream, key_from_test_seed, public_key
 from storage.shards import read_parquet
 
 STEM = "dpsgd_classifier_fashion_mnist"
@@ -112,7 +117,7 @@ class DpSgdParams:
     lr: float = 4.0
     momentum: float = 0.9
     clip: float = 0.1
-    micro_batch: int = 128  # per-example gradients computed this many at a time (memory only)
+    micro_batch: int = 128  # per-example gradients computed this many at a time (a fixed, padded shape)
 
     def __post_init__(self):
         if not (self.epochs > 0 and math.isfinite(self.epochs)):
@@ -167,18 +172,10 @@ def check_per_example(model: nn.Module) -> None:
 _COLUMNS = 4096  # per-example gradient columns cast to float64 at a time
 
 
-def clipped_grad_sum(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, clip: float, micro_batch: int
-) -> tuple[torch.Tensor, float]:
-    """(float64 flat sum over the rows of their per-example gradients clipped to ``clip``, summed float64 loss).
-
-    Per-example gradients by ``torch.func`` in float32; norms, clip factors and the sum in float64. The flat order is
-    ``model.named_parameters()``'s."""
+def _per_example(model: nn.Module):
+    """f(xb, yb) -> ([per-example float32 gradients, (b, numel) per parameter], float32 losses (b,)) by torch.func."""
     params = {k: v.detach() for k, v in model.named_parameters()}
     buffers = {k: v.detach() for k, v in model.named_buffers()}
-    total = sum(p.numel() for p in params.values())
-    out = torch.zeros(total, dtype=torch.float64)
-    loss_sum = 0.0
 
     def loss_one(p, b, xi, yi):
         logits = functional_call(model, (p, b), (xi.unsqueeze(0),))
@@ -186,25 +183,74 @@ def clipped_grad_sum(
         return loss, loss
 
     per_example = vmap(grad(loss_one, has_aux=True), in_dims=(None, None, 0, 0))
-    for start in range(0, len(y), micro_batch):
-        xb, yb = x[start : start + micro_batch], y[start : start + micro_batch]
+
+    def terms(xb, yb):
         grads, losses = per_example(params, buffers, xb, yb)
-        flat = [grads[k].reshape(len(yb), -1) for k in params]
+        return [grads[k].reshape(len(yb), -1) for k in params], losses
+
+    return terms
+
+
+def clipped_grad_sum(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, clip: float, micro_batch: int
+) -> tuple[torch.Tensor, float]:
+    """(float64 flat sum over the rows of their per-example gradients clipped to ``clip``, summed float64 loss).
+
+    Per-example gradients by ``torch.func`` in float32 on zero-padded micro-batches of exactly ``micro_batch`` rows
+    (``mechanisms.rowwise``: a row's gradient has the same bits whatever the batch's size; measured, the same rows
+    alone in a block of 1 to 3 got other last bits than in a block of 128), padded rows given clip factor 0; norms,
+    clip factors and the sum in float64. The flat order is ``model.named_parameters()``'s."""
+    terms = _per_example(model)
+    total = sum(p.numel() for p in model.parameters())
+    out = torch.zeros(total, dtype=torch.float64)
+    loss_sum = 0.0
+    for start, stop in rowwise.blocks(len(y), micro_batch):
+        n = stop - start
+        flat, losses = terms(rowwise.pad_rows(x[start:stop], micro_batch), rowwise.pad_rows(y[start:stop], micro_batch))
         # Column chunks keep each float64 copy small enough for the cache (3x faster than one big cast here).
-        sq = torch.zeros(len(yb), dtype=torch.float64)
+        sq = torch.zeros(micro_batch, dtype=torch.float64)
         for g in flat:
             for j in range(0, g.shape[1], _COLUMNS):
                 c = g[:, j : j + _COLUMNS].to(torch.float64)
                 sq += torch.linalg.vecdot(c, c)
-        factors = clip_factors(torch.sqrt(sq), clip)  # float64 (b,)
+        factors = clip_factors(torch.sqrt(sq), clip)  # float64 (b,); 0 where a norm is not finite
+        factors[n:] = 0.0  # the padding contributes nothing
+        keep = (factors > 0)[:, None]
         offset = 0
         for g in flat:
             for j in range(0, g.shape[1], _COLUMNS):
-                c = g[:, j : j + _COLUMNS].to(torch.float64)
+                c = torch.where(keep, g[:, j : j + _COLUMNS].to(torch.float64), 0.0)  # 0 * inf would be NaN
                 out[offset + j : offset + j + c.shape[1]] += factors @ c
             offset += g.shape[1]
-        loss_sum += float(losses.detach().to(torch.float64).sum())
+        loss_sum += float(losses[:n].detach().to(torch.float64).sum())
     return out, loss_sum
+
+
+def check_micro_batch(model: nn.Module, micro_batch: int, dim: int) -> None:
+    """``mechanisms.rowwise.check_position_invariance`` for the per-example gradients and losses of ``model`` on rows
+    of ``dim`` features at ``micro_batch`` rows on this thread count (public random rows and labels; once per shape
+    and thread count): raises ``RowDependenceError`` if a row's terms depend on its position in the block."""
+    shapes = tuple((k, tuple(v.shape), str(v.dtype)) for k, v in model.named_parameters())
+    num_classes = [m for m in model.modules() if isinstance(m, nn.Linear)][-1].out_features
+    key = (shapes, micro_batch, dim, torch.get_num_threads())
+    if key in _CHECKED:
+        return
+    stream = NoiseStream(public_key("rowwise-check", 0), "dpsgd-classifier", micro_batch, dim)
+    block = [
+        torch.as_tensor(stream.uniform(micro_batch * dim).reshape(micro_batch, dim), dtype=torch.float32),
+        torch.as_tensor(stream.uniform_int(num_classes, micro_batch), dtype=torch.int64),
+    ]
+    terms = _per_example(model)
+
+    def fn(xb, yb):
+        flat, losses = terms(xb, yb)
+        return [*flat, losses]
+
+    rowwise.check_position_invariance(fn, rowwise.rolled_trials(block), what="DP-SGD classifier")
+    _CHECKED.add(key)
+
+
+_CHECKED: set = set()
 
 
 def naive_clipped_grad_sum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, clip: float) -> torch.Tensor:
@@ -278,6 +324,7 @@ def train_dpsgd(
         raise ValueError(f"plan for {plan.rows} rows, got {n}")
     model = dp_cnn(init_seed) if model is None else model
     check_per_example(model)
+    check_micro_batch(model, params.micro_batch, x.shape[1])
     model.train()
     sizes = [p.numel() for _, p in model.named_parameters()]
     if sum(sizes) != plan.parameters:
