@@ -48,6 +48,7 @@ CELLS = {
     # the same ~800 steps at eps 1; seed 004's public MNIST script uses lot 1500)
     "p3gm-eps1-b1500-e20": dict(mechanism="p3gm", epsilon=1.0, p3gm_batch=1500, p3gm_epochs=20.0),
     "p3gm-eps1-b1500-e10": dict(mechanism="p3gm", epsilon=1.0, p3gm_batch=1500, p3gm_epochs=10.0),
+    "p3gm-eps10-b1500-e20": dict(mechanism="p3gm", epsilon=10.0, p3gm_batch=1500, p3gm_epochs=20.0),
     "p3gm-eps1-b1500-e20-d20": dict(
         mechanism="p3gm", epsilon=1.0, p3gm_batch=1500, p3gm_epochs=20.0, p3gm_latent_dim=20
     ),
@@ -166,6 +167,7 @@ def write_md(rows, path, command, out):
             "p3gm-eps1-b1500-e20": "P3GM, expected batch 1500, 20 epochs",
             "p3gm-eps1-b1500-e10": "P3GM, expected batch 1500, 10 epochs",
             "p3gm-eps1-b1500-e20-d20": "P3GM, expected batch 1500, 20 epochs, d' = 20",
+            "p3gm-eps10-b1500-e20": "P3GM, expected batch 1500, 20 epochs",
         }.get(name, name)
         lines.append(f"| {label} | {eps:.3g} | {n} | {s} | {each} | {fit:.0f} |")
     lines += reference_rows(out)
