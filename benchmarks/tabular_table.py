@@ -176,7 +176,7 @@ def fmt(v, digits=4):
     return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
 
 
-def write(name: str, rows: list[dict], out: str) -> None:
+def write(name: str, rows: list[dict], out: str, quiet: bool = False) -> None:
     stem = os.path.join(out, f"tabular_{name}")
     with open(stem + ".csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=FIELDS)
@@ -206,7 +206,8 @@ def write(name: str, rows: list[dict], out: str) -> None:
         )
     with open(stem + ".md", "w") as fh:
         fh.write("\n".join(lines) + "\n")
-    print("\n".join(lines), flush=True)
+    if not quiet:
+        print("\n".join(lines), flush=True)
 
 
 def plot(all_rows: dict, out: str) -> None:
@@ -280,6 +281,7 @@ def main(argv=None) -> None:
                          "accuracy": "", "accuracy_std": "", "roc_auc": "", "lr_accuracy": "",
                          "column_distance": "", "correlation_gap": "", "seconds": float(args.smartnoise_timeout)}
                     )  # fmt: skip
+                    write(name, rows, args.out, quiet=True)
                     continue
                 acc = [f["accuracy"] for f in figs]
                 aucs = [f["roc_auc"] for f in figs if f["roc_auc"] is not None]
@@ -300,6 +302,7 @@ def main(argv=None) -> None:
                     }
                 )
                 print(f"{name} {method} eps={eps:g}: {rows[-1]['accuracy']:.4f}", flush=True)
+                write(name, rows, args.out, quiet=True)  # after every cell: a run cut short keeps its cells
         write(name, rows, args.out)
         all_rows[name] = rows
     for name in TABLES:  # the picture shows every table measured so far, not only this run's
