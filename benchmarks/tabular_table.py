@@ -176,8 +176,13 @@ def fmt(v, digits=4):
     return f"{v:.{digits}f}" if isinstance(v, float) else str(v)
 
 
+def stem_of(out: str, name: str) -> str:
+    """benchmarks/results/tabular_<table> (add .csv or .md)."""
+    return os.path.join(out, f"tabular_{name}")
+
+
 def write(name: str, rows: list[dict], out: str, quiet: bool = False) -> None:
-    stem = os.path.join(out, f"tabular_{name}")
+    stem = stem_of(out, name)
     with open(stem + ".csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=FIELDS)
         w.writeheader()
@@ -252,9 +257,9 @@ def main(argv=None) -> None:
     for name in args.tables:
         train, test, conf = load(name)
         rows = reference_rows(name, train, test, conf)
-        stem = os.path.join(args.out, f"tabular_{name}.csv")
-        if args.resume and os.path.exists(stem):  # keep measured cells; the reference rows are recomputed
-            kept = [r for r in read_rows(stem) if r["epsilon"] != "inf"]
+        path = stem_of(args.out, name) + ".csv"
+        if args.resume and os.path.exists(path):  # keep measured cells; the reference rows are recomputed
+            kept = [r for r in read_rows(path) if r["epsilon"] != "inf"]
             # a cell with fewer releases than --runs asks for is measured again (all of its releases)
             rows += [r for r in kept if r["runs"] >= args.runs or r["method"] not in methods]
         done = {(r["method"], r["epsilon"]) for r in rows}
@@ -276,12 +281,10 @@ def main(argv=None) -> None:
                         figs.append(got)
                 except DidNotFinish as e:  # stated in the table as such (runs 0), measured again by --resume
                     print(f"{name} {method} eps={eps:g}: {e}", flush=True)
-                    rows.append(
-                        {"table": name, "method": method, "epsilon": f"{eps:g}", "l": "", "runs": 0,
-                         "accuracy": "", "accuracy_std": "", "roc_auc": "", "lr_accuracy": "",
-                         "column_distance": "", "correlation_gap": "", "seconds": float(args.smartnoise_timeout)}
-                    )  # fmt: skip
-                    write(name, rows, args.out, quiet=True)
+                    stopped = dict.fromkeys(FIELDS, "")
+                    stopped.update(table=name, method=method, epsilon=f"{eps:g}", runs=0)
+                    rows.append({**stopped, "seconds": float(args.smartnoise_timeout)})
+                    write(name, rows, args.out, quiet=True)  # after every cell: a run cut short keeps its cells
                     continue
                 acc = [f["accuracy"] for f in figs]
                 aucs = [f["roc_auc"] for f in figs if f["roc_auc"] is not None]
@@ -306,9 +309,9 @@ def main(argv=None) -> None:
         write(name, rows, args.out)
         all_rows[name] = rows
     for name in TABLES:  # the picture shows every table measured so far, not only this run's
-        stem = os.path.join(args.out, f"tabular_{name}.csv")
-        if name not in all_rows and os.path.exists(stem):
-            all_rows[name] = read_rows(stem)
+        path = stem_of(args.out, name) + ".csv"
+        if name not in all_rows and os.path.exists(path):
+            all_rows[name] = read_rows(path)
     plot({name: all_rows[name] for name in TABLES if name in all_rows}, args.out)
 
 
