@@ -259,26 +259,25 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.timing:
         return timing(args)
+    samples_png = os.path.join(args.out, "p3gm_samples.png")
+    x, y = load_fashion_mnist("train", args.source)
+    comb = FirstPassCombiner((0.0, 1.0))
+    first = comb.add(comb.create(), x, y)
     if args.samples:
-        x, y = load_fashion_mnist("train", args.source)
-        comb = FirstPassCombiner((0.0, 1.0))
-        feats, labels, _ = release_cell(SAMPLES_CELL, 0, x, y, comb.add(comb.create(), x, y))
-        write_samples_png(os.path.join(args.out, "p3gm_samples.png"), feats, labels)
+        feats, labels, _ = release_cell(SAMPLES_CELL, 0, x, y, first)
+        write_samples_png(samples_png, feats, labels)
         return 0
     csv_path = os.path.join(args.out, "p3gm_fashion_mnist.csv")
     rows = _read(csv_path) if args.resume else []
     done = {(r["cell"], int(r["release"])) for r in rows}
-    x, y = load_fashion_mnist("train", args.source)
     tx, ty = load_fashion_mnist("test", args.source)
-    comb = FirstPassCombiner((0.0, 1.0))
-    first = comb.add(comb.create(), x, y)
     command = "python -m benchmarks.p3gm_table " + " ".join(sys.argv[1:] if argv is None else argv)
     md = os.path.join(args.out, "p3gm_fashion_mnist.md")
     for release in range(args.runs):  # release-major: every cell gets its first release before any gets a second
         for name in args.cells:
             if (name, release) in done:
                 continue
-            png = os.path.join(args.out, "p3gm_samples.png") if (name, release) == (SAMPLES_CELL, 0) else None
+            png = samples_png if (name, release) == (SAMPLES_CELL, 0) else None
             row = run_cell(name, release, x, y, first, tx, ty, args.epochs, samples_png=png)
             print(f"{name} release {release}: accuracy {row['accuracy']:.4f} ({row['seconds']} s)", flush=True)
             rows.append(row)
