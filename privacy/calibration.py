@@ -95,21 +95,15 @@ def calibrate_alone(make_event, *, name: str, target_epsilon: float, delta: floa
     def relation_acc():
         return make_accountant("poisson", "pld")
 
-    lo, hi = math.log(0.05), math.log(1e6)
-
     def event(x: float) -> dp_accounting.DpEvent:
         return make_event(math.exp(x)).to_dp_event()
 
     def eps_at(x: float) -> float:
         return relation_acc().compose(event(x)).get_epsilon(delta)
 
-    if eps_at(hi) > target_epsilon:
-        raise CalibrationError(
-            f"{name}: epsilon share {target_epsilon:.3g} cannot be reached even with noise "
-            f"multiplier {math.exp(hi):.3g}; raise epsilon or the share"
-        )
-    if eps_at(lo) <= target_epsilon:
-        return math.exp(lo)
+    lo, hi = _alone_bracket(eps_at, target_epsilon, name)
+    if lo is None:
+        return math.exp(hi)  # the floor of the range already meets the target
     return math.exp(
         dp_accounting.calibrate_dp_mechanism(
             relation_acc,
@@ -120,6 +114,38 @@ def calibrate_alone(make_event, *, name: str, target_epsilon: float, delta: floa
             tol=LOG_TOL,
         )
     )
+
+
+# calibrate_alone searches z in [0.05, 1e6]. A PLD's size grows with its range of privacy losses, which is wide at
+# small z (a Gaussian at z = 0.05 takes about a second to discretize, at z = 1 a twentieth of that), so the bracket
+# is found by steps of 4x from z = 1 and the search only evaluates small z when the answer is there.
+ALONE_RANGE = (math.log(0.05), math.log(1e6))
+ALONE_START, ALONE_STEP = 0.0, math.log(4.0)
+
+
+def _alone_bracket(eps_at, target_epsilon: float, name: str) -> tuple[float | None, float]:
+    """(lo, hi) in log z with eps_at(lo) > target >= eps_at(hi), epsilon decreasing in z; (None, floor) when the
+    floor of the range already meets the target. Refuses a target that z = 1e6 cannot meet."""
+    floor, ceiling = ALONE_RANGE
+    x = ALONE_START
+    if eps_at(x) > target_epsilon:
+        while True:  # upwards, to the first feasible point
+            nxt = min(x + ALONE_STEP, ceiling)
+            if eps_at(nxt) <= target_epsilon:
+                return x, nxt
+            if nxt >= ceiling:
+                raise CalibrationError(
+                    f"{name}: epsilon share {target_epsilon:.3g} cannot be reached even with noise "
+                    f"multiplier {math.exp(ceiling):.3g}; raise epsilon or the share"
+                )
+            x = nxt
+    while True:  # downwards, to the first infeasible point
+        nxt = max(x - ALONE_STEP, floor)
+        if eps_at(nxt) > target_epsilon:
+            return nxt, x
+        if nxt <= floor:
+            return None, floor
+        x = nxt
 
 
 def calibrate_noise(

@@ -25,7 +25,7 @@ from privacy.accounting import (
     account,
     epsilon_of,
 )
-from privacy.calibration import CalibrationError, calibrate_gaussian, calibrate_sigma_x
+from privacy.calibration import CalibrationError, calibrate_alone, calibrate_gaussian, calibrate_sigma_x
 from privacy.events import GaussianStatsEvent, MixingEvent
 from privacy.noise import NoiseStream, fresh_key, key_from_test_seed
 
@@ -236,6 +236,48 @@ def test_calibrate_gaussian_small_shares_are_reached_not_floored(mode, target):
     got = acc.compose(ev.to_dp_event()).get_epsilon(DELTA)
     assert target * 0.98 <= got <= target
     assert ev.noise_multiplier < 1000  # e.g. 0.1 of epsilon needs z ~ 45, never ~ 6e4
+
+
+@pytest.mark.parametrize(
+    "target, k",
+    [(0.001, 1), (0.3, 1), (4.0, 1), (20.0, 1), (400.0, 1), (2.0, 20)],  # (400, 1): the floor z = 0.05 already meets it
+)
+def test_calibrate_alone_finds_the_optimum_of_the_whole_range(target, k):
+    """The stepped bracket is a speed-up only: the answer is still the smallest z in [0.05, 1e6] that meets the
+    target (within the search tolerance), never over it, for one Gaussian or k iterations of one."""
+
+    def make(z):
+        return _SelfComposed(GaussianStatsEvent("em", z, 1.0), k)
+
+    z = calibrate_alone(make, name="em", target_epsilon=target, delta=DELTA)
+
+    def acc():
+        return pld.PLDAccountant(
+            neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
+            value_discretization_interval=PLD_DISCRETIZATION,
+        )
+
+    def eps(z):
+        return acc().compose(make(z).to_dp_event()).get_epsilon(DELTA)
+
+    assert eps(z) <= target
+    if z == pytest.approx(0.05):  # the floor of the range
+        assert target == 400.0
+    else:  # the smallest feasible z within the search tolerance (epsilon falls as z grows)
+        assert eps(z * math.exp(-2e-3)) > target
+
+
+class _SelfComposed:
+    def __init__(self, ev, k):
+        self.ev, self.k = ev, k
+
+    def to_dp_event(self):
+        return dp_accounting.SelfComposedDpEvent(self.ev.to_dp_event(), self.k)
+
+
+def test_calibrate_alone_refuses_a_share_no_noise_can_meet():
+    with pytest.raises(CalibrationError, match="cannot be reached even with noise multiplier 1e"):
+        calibrate_alone(lambda z: GaussianStatsEvent("x", z, 1.0), name="x", target_epsilon=1e-9, delta=1e-12)
 
 
 @pytest.mark.parametrize("mode", ["fixed", "poisson"])
