@@ -165,10 +165,9 @@ def _suggest(flag: str) -> str:
 
 
 def cmd_release(args, beam_args) -> int:
-    from pipeline.release import run_release
     from schemas.config import ConfigError, load_config
 
-    unknown = unknown_beam_args(beam_args)
+    unknown = unknown_beam_args(beam_args) if beam_args else []
     if unknown:
         raise ConfigError(
             f"unknown option {unknown[0]}{_suggest(unknown[0])} (release options are listed by "
@@ -182,6 +181,8 @@ def cmd_release(args, beam_args) -> int:
         )
     overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config", "allow_exception_sampling")}
     cfg = load_config(args.config, overrides)
+    from pipeline.release import run_release  # after the checks above: a bad flag fails before torch is imported
+
     if not any(a.startswith("--runner") for a in beam_args):
         beam_args = DEFAULT_BEAM_ARGS + beam_args
     if not args.allow_exception_sampling:
