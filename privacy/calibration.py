@@ -126,9 +126,11 @@ ALONE_START, ALONE_STEP = 0.0, math.log(4.0)
 def _alone_bracket(eps_at, target_epsilon: float, name: str) -> tuple[float | None, float]:
     """(lo, hi) in log z with eps_at(lo) > target >= eps_at(hi), epsilon decreasing in z; (None, floor) when the
     floor of the range already meets the target. Refuses a target that z = 1e6 cannot meet."""
+    if math.isnan(target_epsilon) or target_epsilon <= 0:
+        raise CalibrationError(f"{name}: epsilon share must be positive, got {target_epsilon}")
     floor, ceiling = ALONE_RANGE
     x = ALONE_START
-    if eps_at(x) > target_epsilon:
+    if not eps_at(x) <= target_epsilon:  # written so that a NaN epsilon counts as over the target
         while True:  # upwards, to the first feasible point
             nxt = min(x + ALONE_STEP, ceiling)
             if eps_at(nxt) <= target_epsilon:
@@ -141,7 +143,7 @@ def _alone_bracket(eps_at, target_epsilon: float, name: str) -> tuple[float | No
             x = nxt
     while True:  # downwards, to the first infeasible point
         nxt = max(x - ALONE_STEP, floor)
-        if eps_at(nxt) > target_epsilon:
+        if not eps_at(nxt) <= target_epsilon:
             return nxt, x
         if nxt <= floor:
             return None, floor

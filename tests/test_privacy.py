@@ -240,7 +240,8 @@ def test_calibrate_gaussian_small_shares_are_reached_not_floored(mode, target):
 
 @pytest.mark.parametrize(
     "target, k",
-    [(0.001, 1), (0.3, 1), (4.0, 1), (20.0, 1), (400.0, 1), (2.0, 20)],  # (400, 1): the floor z = 0.05 already meets it
+    # (250, 1): the answer lies between the floor z = 0.05 and the first step below it; (400, 1): the floor meets it
+    [(0.001, 1), (0.3, 1), (4.0, 1), (250.0, 1), (400.0, 1), (2.0, 20)],
 )
 def test_calibrate_alone_finds_the_optimum_of_the_whole_range(target, k):
     """The stepped bracket is a speed-up only: the answer is still the smallest z in [0.05, 1e6] that meets the
@@ -278,6 +279,9 @@ class _SelfComposed:
 def test_calibrate_alone_refuses_a_share_no_noise_can_meet():
     with pytest.raises(CalibrationError, match="cannot be reached even with noise multiplier 1e"):
         calibrate_alone(lambda z: GaussianStatsEvent("x", z, 1.0), name="x", target_epsilon=1e-9, delta=1e-12)
+    for bad in (float("nan"), 0.0, -1.0):  # never the floor's little noise for a share that is not a number
+        with pytest.raises(CalibrationError, match="must be positive"):
+            calibrate_alone(lambda z: GaussianStatsEvent("x", z, 1.0), name="x", target_epsilon=bad, delta=1e-5)
 
 
 @pytest.mark.parametrize("mode", ["fixed", "poisson"])
