@@ -158,7 +158,6 @@ def test_a_p3gm_release_end_to_end(tmp_path):
     assert np.linalg.norm(feats, axis=1).max() <= mech["clip"] * 1.5  # the decoder's rows live in the clipped units
 
 
-@pytest.mark.slow  # ~25 s of PLD calibration (a release's plan runs the same calibration in the fast tier)
 def test_account_p3gm_prints_the_whole_chain_within_the_target():
     res = run_cli(
         "account",
