@@ -199,3 +199,14 @@ def test_tabular_smartnoise_past_its_time_limit_is_stated_and_resume_measures_sh
     md = (out / "tabular_credit_data.md").read_text()
     assert "| smartnoise mst | 1 |  | 0 | did not finish in 0 s |" in md
     assert (out / "tabular.png").exists()
+
+
+def test_calibration_benchmark_prints_the_time_and_the_noise_of_each_share(capsys):
+    from benchmarks.bench_calibration import main as bench_calibration
+
+    bench_calibration(["--targets", "0.5", "2"])
+    out = capsys.readouterr().out
+    rows = [ln for ln in out.splitlines() if ln.startswith("| 0.5 |") or ln.startswith("| 2 |")]
+    assert len(rows) == 2
+    z = float(rows[0].split("|")[3])
+    assert 6.9 < z < 7.2  # a Gaussian spending eps 0.5 at delta 1e-5 needs z near 7.03
