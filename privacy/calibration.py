@@ -52,41 +52,18 @@ def _search(mode: Mode, make_event, target_epsilon: float, delta: float) -> floa
             tol=tol,
         )
 
-    def meets(x: float) -> bool:  # written so that a NaN epsilon counts as over the target
-        return epsilon_of(mode, make_event(math.exp(x)), delta) <= target_epsilon
-
-    mine, step = ACCOUNTANT_BY_MODE[mode], math.log(1.5)
     upper = run("rdp-coarse", lo, hi, 1e-2)
     # The mode's accountant is tighter than coarse RDP, usually by less than 1.5x in sigma; where it is tighter
-    # still (small epsilon, tiny classes), the bracket steps down until its lower end misses the target. At a tiny
-    # delta the PLD is the looser one (it counts the tail mass it truncates, up to 1e-15 per composition, as
-    # delta): then neither end meets the target and the bracket steps up instead.
-    lower = upper - step
+    # still (small epsilon, tiny classes), the bracket steps down until its lower end misses the target.
+    lower = upper - math.log(1.5)
     for _ in range(6):
         try:
-            return math.exp(run(mine, lower, upper, LOG_TOL))
-        except ValueError:  # no sign change: both ends meet the target, or neither does
-            if not meets(upper):
-                return _step_up(upper, hi, step, meets, lambda a, b: run(mine, a, b, LOG_TOL), target_epsilon, delta)
-            if not meets(lower):
+            return math.exp(run(ACCOUNTANT_BY_MODE[mode], lower, upper, LOG_TOL))
+        except ValueError:  # no sign change: the lower end already meets the target
+            if epsilon_of(mode, make_event(math.exp(lower)), delta) > target_epsilon:
                 raise
-            upper, lower = lower, lower - step
+            upper, lower = lower, lower - math.log(1.5)
     return math.exp(upper)  # feasible (checked above): conservative by at most 1.5x
-
-
-def _step_up(x: float, hi: float, step: float, meets, search, target_epsilon: float, delta: float) -> float:
-    """exp of ``search(a, b)`` over the first bracket [a, b] above ``x`` (which misses the target) whose upper end
-    meets it, in steps of ``step`` up to ``hi``; refuses the target if ``hi`` misses it too."""
-    while True:
-        nxt = min(x + step, hi)
-        if meets(nxt):
-            return math.exp(search(x, nxt))
-        if nxt >= hi:
-            raise CalibrationError(
-                f"epsilon={target_epsilon} cannot be reached at delta={delta:.3g} even with noise {math.exp(hi):.3g}"
-                f" (the PLD accountant counts its truncated tails, up to 1e-15 per composition, as delta); raise delta"
-            )
-        x = nxt
 
 
 def calibrate_gaussian(

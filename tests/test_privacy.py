@@ -408,13 +408,3 @@ def test_risk_figures_survive_a_large_finite_epsilon_and_name_the_relation():
     assert "membership" in risk_figures(1.0, 1e-5, "add or remove one record (features and label)")["basis"]
     replace = risk_figures(1.0, 1e-5, "replace one record's features within the same class; class sizes are public")
     assert "NOT whether a record was in the input" in replace["basis"]
-
-
-def test_poisson_calibration_at_a_tiny_delta_steps_up_where_the_pld_is_looser_than_rdp():
-    """At delta 1e-13 the PLD (which counts its truncated tails as delta) misses the target where coarse RDP meets
-    it: the search steps up to a noise the PLD accepts instead of failing inside brentq (a ValueError and a
-    traceback before)."""
-    sigma = calibrate_sigma_x(
-        "poisson", class_sizes=[6000], samples_per_class=6000, mixing_order=4, clip=1.0, target_epsilon=4.0, delta=1e-13
-    )
-    assert epsilon_of("poisson", [MixingEvent("poisson", 6000, 6000, 4, 1.0, sigma)], 1e-13) <= 4.0
