@@ -11,7 +11,7 @@ from typing import Sequence
 
 import dp_accounting
 
-from privacy.accounting import ACCOUNTANT_BY_MODE, epsilon_of, make_accountant
+from privacy.accounting import ACCOUNTANT_BY_MODE, check_pld_delta, epsilon_of, make_accountant
 from privacy.errors import DpcdaError
 from privacy.events import Event, GaussianStatsEvent, MixingEvent, Mode
 
@@ -31,6 +31,8 @@ def _search(mode: Mode, make_event, target_epsilon: float, delta: float) -> floa
     orders, so its epsilon is never below the final accountant's) gives a feasible upper end; the
     mode's own accountant then searches just below it.
     """
+    if ACCOUNTANT_BY_MODE[mode] == "pld":
+        check_pld_delta(delta)
     lo, hi = LOG_BRACKET
     ceiling = epsilon_of(mode, make_event(math.exp(hi)), delta, accountant="rdp-coarse")
     if ceiling > target_epsilon:

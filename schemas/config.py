@@ -339,6 +339,16 @@ class ReleaseConfig(BaseModel):
             raise ValueError("epsilon: give a target epsilon (or an explicit sigma_x)")
         if self.epsilon is not None and self.sigma_x is not None:
             raise ValueError("epsilon and sigma_x: give one, not both")
+        if self.mode == "poisson" and self.epsilon is not None:
+            from privacy.accounting import PLD_MIN_DELTA, SAMPLER_DELTA_SHARE
+
+            least = PLD_MIN_DELTA / (1.0 - SAMPLER_DELTA_SHARE - self.histogram_budget_share)
+            if not self.delta >= least:
+                raise ValueError(
+                    f"delta: {self.delta:g} is below {least:.3g}, the least a poisson release can state: its PLD "
+                    f"accountant composes in float64 and is not accurate below {PLD_MIN_DELTA:g} (what is left "
+                    f"after the class counts' share); raise delta, or use --mode fixed (RDP)"
+                )
         if self.mode == "poisson" and self.sigma_x:
             raise ValueError(
                 "sigma_x: poisson mode chooses q_k and T_k from the DP class histogram, so its epsilon "

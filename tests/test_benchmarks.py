@@ -210,3 +210,14 @@ def test_calibration_benchmark_prints_the_time_and_the_noise_of_each_share(capsy
     assert len(rows) == 2
     z = float(rows[0].split("|")[3])
     assert 6.9 < z < 7.2  # a Gaussian spending eps 0.5 at delta 1e-5 needs z near 7.03
+
+
+def test_pld_resolution_benchmark_agrees_with_the_direct_convolution_at_a_large_delta(capsys):
+    from benchmarks.pld_resolution import main as pld_resolution
+
+    pld_resolution(["--config", "0.01", "400", "1.0"])
+    row = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| 0.01 | 400 |")]
+    assert len(row) == 1
+    cells = [c.strip() for c in row[0].strip("|").split("|")]
+    assert float(cells[3]) < 1e-9  # the FFT's absolute error in delta, at 400 compositions
+    assert abs(float(cells[5]) - 1.0) < 1e-3  # at delta 1e-6 the two agree

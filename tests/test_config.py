@@ -64,3 +64,11 @@ def test_image_shape_parses_and_needs_lowpass():
         load_config(None, {"input": "a", "output": "b", "epsilon": 1.0, "image_shape": "28,28"})
     with pytest.raises(ConfigError, match="lowpass"):
         load_config(None, {"input": "a", "output": "b", "epsilon": 1.0, "lowpass": 0})
+
+
+def test_a_poisson_release_below_the_pld_accountants_delta_floor_is_refused_before_work():
+    base = {"input": "x", "output": "y", "epsilon": 4.0, "num_classes": 10}
+    with pytest.raises(ConfigError, match=r"delta: 1e-09 is below 1\.01e-08, the least a poisson release can state"):
+        load_config(None, {**base, "mode": "poisson", "delta": 1e-9})
+    assert load_config(None, {**base, "mode": "poisson", "delta": 1.02e-8}).delta == 1.02e-8
+    assert load_config(None, {**base, "mode": "fixed", "delta": 1e-12}).delta == 1e-12  # RDP: no such floor

@@ -408,3 +408,19 @@ def test_risk_figures_survive_a_large_finite_epsilon_and_name_the_relation():
     assert "membership" in risk_figures(1.0, 1e-5, "add or remove one record (features and label)")["basis"]
     replace = risk_figures(1.0, 1e-5, "replace one record's features within the same class; class sizes are public")
     assert "NOT whether a record was in the input" in replace["basis"]
+
+
+def test_the_pld_accountant_refuses_a_delta_below_its_float64_resolution():
+    """Below about 1e-10 the PLD's epsilon is FFT round-off (at 1e-13 the calibration used to end in brentq's
+    ValueError); a poisson calibration or account below PLD_MIN_DELTA is refused in one line, fixed mode's RDP is not
+    limited."""
+    from privacy.accounting import PLD_MIN_DELTA, AccountingError
+
+    kw = dict(class_sizes=[6000], samples_per_class=6000, mixing_order=4, clip=1.0, target_epsilon=4.0)
+    for delta in (1e-13, PLD_MIN_DELTA * 0.99):
+        with pytest.raises(AccountingError, match="below 1e-08"):
+            calibrate_sigma_x("poisson", delta=delta, **kw)
+    with pytest.raises(AccountingError, match="below 1e-08"):
+        account(ReleaseEvents("poisson", (), (MixingEvent("poisson", 6000, 6000, 4, 1.0, 0.3),)), 1e-10)
+    sigma = calibrate_sigma_x("fixed", delta=1e-13, **kw)
+    assert epsilon_of("fixed", [MixingEvent("fixed", 6000, 6000, 4, 1.0, sigma)], 1e-13) <= 4.0
