@@ -1,6 +1,6 @@
 """How small a delta the PLD accountant resolves: dp_accounting's FFT composition against a direct convolution.
 
-    python -m benchmarks.pld_resolution                  # the default configurations (about a minute)
+    python -m benchmarks.pld_resolution                  # the default configurations (a minute or two)
     python -m benchmarks.pld_resolution --config 6.667e-5 60000 0.55
 
 The accountant of add/remove releases (``privacy.accounting.make_accountant("poisson")``) composes T Poisson-sampled
@@ -9,7 +9,8 @@ at ``PLD_DISCRETIZATION``) by direct convolution, whose summands are all non-neg
 relative only; its tails below 1e-40 are moved pessimistically (left tail to the lowest kept loss, right tail to
 infinity). For each configuration the table gives the largest |delta_fft - delta_ref| over epsilon in [0.05, 12],
 and, at each delta, the reference delta at the epsilon the FFT accountant reports, over delta: above 1 the reported
-(epsilon, delta) claims more than the pessimistic PLD supports. This is what ``PLD_MIN_DELTA`` rests on.
+(epsilon, delta) claims more than the pessimistic PLD supports. This is what ``PLD_MIN_DELTA`` and
+``PLD_DELTA_PER_COMPOSITION`` rest on.
 
 Reads dp_accounting's PMF internals (``_pmf_remove``, ``_probs``): a benchmark, not product code.
 """
@@ -30,8 +31,16 @@ from privacy.accounting import PLD_DISCRETIZATION, PLD_MIN_DELTA, make_accountan
 
 TAIL = 1e-40
 DELTAS = (1e-6, 1e-8, 1e-9, 1e-10, 1e-11, 1e-12)
-# (q, T, z): Fashion-MNIST-sized classes (6,000 rows, l = 4) and one class of 60,000, each at two noise levels
-CONFIGS = ((4 / 6000, 6000, 0.6), (4 / 6000, 6000, 1.0), (4 / 60000, 60000, 0.55), (4 / 60000, 60000, 0.9))
+# (q, T, z): Fashion-MNIST-sized classes (6,000 rows, l = 4) and one class of 60,000, each at two noise levels, and
+# larger T (l = 4) for how the round-off grows with the number of compositions
+CONFIGS = (
+    (4 / 6000, 6000, 0.6),
+    (4 / 6000, 6000, 1.0),
+    (4 / 60000, 60000, 0.55),
+    (4 / 60000, 60000, 0.9),
+    (4 / 200_000, 200_000, 0.55),
+    (4 / 2_000_000, 2_000_000, 0.55),
+)
 
 
 def _truncate(p: np.ndarray, offset: int, inf: float):

@@ -473,7 +473,7 @@ def _account_p3gm(args) -> int:
     from mechanisms.plan import build_plan
     from privacy.calibration import CalibrationError
     from privacy.noise import fresh_key
-    from schemas.config import ReleaseConfig
+    from schemas.config import load_config
 
     if args.feature_dim is None or args.num_classes is None:
         raise CalibrationError("p3gm: give --feature-dim d and --num-classes K (the covariance and model sizes)")
@@ -481,16 +481,19 @@ def _account_p3gm(args) -> int:
         raise CalibrationError("p3gm: --sigma-x takes 0 only (no noise); give --epsilon")
     n, d, K = args.class_size, args.feature_dim, args.num_classes
     knobs = {k: getattr(args, k) for k in P3GM_KNOBS if getattr(args, k, None) is not None}
-    cfg = ReleaseConfig(
-        input="(account)",
-        output="(account)",
-        mechanism="p3gm",
-        epsilon=args.epsilon,
-        sigma_x=args.sigma_x,
-        delta=args.delta,
-        clip=args.clip,
-        num_classes=K,
-        **knobs,
+    cfg = load_config(  # load_config: a field error is one line (ConfigError), not pydantic's traceback
+        None,
+        dict(
+            input="(account)",
+            output="(account)",
+            mechanism="p3gm",
+            epsilon=args.epsilon,
+            sigma_x=args.sigma_x,
+            delta=args.delta,
+            clip=args.clip,
+            num_classes=K,
+            **knobs,
+        ),
     )
     first = FirstPass(
         count=n,

@@ -87,20 +87,53 @@ class AccountingError(DpcdaError, ValueError):
 
 
 # dp_accounting's PLD composes by FFT in float64, and the round-off lands on the delta it reports as an absolute error
-# of about 7e-13 (6,000 compositions) to 8e-12 (60,000), measured against a direct convolution of the same pessimistic
-# PMFs (benchmarks/pld_resolution.py); below about 1e-10 its epsilon is round-off (negative deltas and infinity
-# masses, epsilon zig-zagging as the noise grows). At 1e-8 the error stays under 0.1 % of delta for 60,000
-# compositions. Where the PLD is the accountant of record (add/remove, poisson mode) a smaller delta is refused;
-# fixed mode's RDP has no such floor.
+# that grows about linearly with the number of compositions n, about 1.2e-16 n: 7e-13 at 6,000, 8e-12 at 60,000,
+# 2e-10 at 2,000,000, measured against a direct convolution of the same pessimistic PMFs (benchmarks/pld_resolution.py);
+# below that its epsilon is round-off (negative deltas and infinity masses, epsilon zig-zagging as the noise grows).
+# Where the PLD is the accountant of record (add/remove, poisson mode) its delta must be at least
+# max(PLD_MIN_DELTA, PLD_DELTA_PER_COMPOSITION n): the error then stays under about 0.1 % of delta. Fixed mode's RDP
+# has no such floor.
 PLD_MIN_DELTA = 1e-8
+PLD_DELTA_PER_COMPOSITION = 2e-13  # 1,000 x the measured round-off per composition, with margin
 
 
-def check_pld_delta(delta: float) -> None:
-    """Refuses a delta the PLD accountant cannot resolve in float64 (``PLD_MIN_DELTA``)."""
-    if not delta >= PLD_MIN_DELTA:
+def compositions(event: dp_accounting.DpEvent) -> int:
+    """How many mechanisms the PLD composes for ``event`` (self-compositions multiply, compositions add)."""
+    if isinstance(event, dp_accounting.SelfComposedDpEvent):
+        return event.count * compositions(event.event)
+    if isinstance(event, dp_accounting.ComposedDpEvent):
+        return sum(compositions(e) for e in event.events)
+    return 1
+
+
+def pld_least_delta(events: Sequence[Event]) -> float:
+    """The least accountant delta the PLD resolves for ``events`` composed (see PLD_MIN_DELTA)."""
+    n = sum(compositions(e.to_dp_event()) for e in events)
+    return max(PLD_MIN_DELTA, PLD_DELTA_PER_COMPOSITION * n)
+
+
+def round_up(x: float, digits: int = 3) -> float:
+    """``x`` rounded up to ``digits`` significant digits, with room for the last bit (for a stated least value)."""
+    unit = 10.0 ** (math.floor(math.log10(x)) - digits + 1)
+    return math.ceil(x * (1 + 1e-9) / unit) * unit
+
+
+def check_pld_delta(delta: float, events: Sequence[Event], stated: Optional[float] = None) -> None:
+    """Refuses an accountant ``delta`` the PLD cannot resolve in float64 for ``events`` (none for a non-private
+    claim). ``stated``: the release's delta, of which ``delta`` is the accountant's share, for the message."""
+    dp_events = [e.to_dp_event() for e in events]
+    if any(isinstance(e, dp_accounting.NonPrivateDpEvent) for e in dp_events):
+        return  # epsilon is infinite: no PLD number is claimed
+    least = pld_least_delta(events)
+    if not delta >= least:
+        n = sum(compositions(e) for e in dp_events)
+        what = (
+            f"delta: {stated:g} is below {round_up(least * stated / delta):g}"
+            if stated
+            else f"delta: the accountant's share {delta:.6g} is below {least:.3g}"
+        )
         raise AccountingError(
-            f"delta={delta:.3g} for the PLD accountant is below {PLD_MIN_DELTA:g}: its float64 composition is not "
-            f"accurate there; raise delta, or use mode fixed (RDP)"
+            f"{what}, the least the PLD accountant resolves in float64 for {n} composed mechanisms; raise delta"
         )
 
 
@@ -158,7 +191,8 @@ def account(
     name = ACCOUNTANT_BY_MODE[mode]
     acc_delta = accountant_delta(delta, [d for _, d in events.adaptive])
     if name == "pld":
-        check_pld_delta(acc_delta)
+        for ev in _distinct(events.per_class) or [None]:
+            check_pld_delta(acc_delta, [*events.shared, *([ev] if ev else [])], stated=delta)
     worst = None
     eps = epsilon_of(mode, events.shared, acc_delta) if events.shared else 0.0
     for ev in _distinct(events.per_class):

@@ -32,7 +32,7 @@ def _search(mode: Mode, make_event, target_epsilon: float, delta: float) -> floa
     mode's own accountant then searches just below it.
     """
     if ACCOUNTANT_BY_MODE[mode] == "pld":
-        check_pld_delta(delta)
+        check_pld_delta(delta, make_event(1.0))
     lo, hi = LOG_BRACKET
     ceiling = epsilon_of(mode, make_event(math.exp(hi)), delta, accountant="rdp-coarse")
     if ceiling > target_epsilon:

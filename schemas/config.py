@@ -340,14 +340,16 @@ class ReleaseConfig(BaseModel):
         if self.epsilon is not None and self.sigma_x is not None:
             raise ValueError("epsilon and sigma_x: give one, not both")
         if self.mode == "poisson" and self.epsilon is not None:
-            from privacy.accounting import PLD_MIN_DELTA, SAMPLER_DELTA_SHARE
+            from privacy.accounting import PLD_MIN_DELTA, SAMPLER_DELTA_SHARE, accountant_delta, round_up
 
-            least = PLD_MIN_DELTA / (1.0 - SAMPLER_DELTA_SHARE - self.histogram_budget_share)
-            if not self.delta >= least:
+            share = self.histogram_budget_share
+            if not accountant_delta(self.delta, [share * self.delta]) >= PLD_MIN_DELTA:  # the plan's own arithmetic
+                least = round_up(PLD_MIN_DELTA / (1.0 - SAMPLER_DELTA_SHARE - share))
                 raise ValueError(
-                    f"delta: {self.delta:g} is below {least:.3g}, the least a poisson release can state: its PLD "
-                    f"accountant composes in float64 and is not accurate below {PLD_MIN_DELTA:g} (what is left "
-                    f"after the class counts' share); raise delta, or use --mode fixed (RDP)"
+                    f"delta: {self.delta:g} is below {least:.3g}, the least a poisson release can state (its PLD "
+                    f"accountant composes in float64 and does not resolve less than {PLD_MIN_DELTA:g} after the "
+                    f"class counts' share); raise delta"
+                    + ("" if self.mechanism == "p3gm" else ", or use --mode fixed (RDP)")
                 )
         if self.mode == "poisson" and self.sigma_x:
             raise ValueError(

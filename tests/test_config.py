@@ -68,7 +68,15 @@ def test_image_shape_parses_and_needs_lowpass():
 
 def test_a_poisson_release_below_the_pld_accountants_delta_floor_is_refused_before_work():
     base = {"input": "x", "output": "y", "epsilon": 4.0, "num_classes": 10}
-    with pytest.raises(ConfigError, match=r"delta: 1e-09 is below 1\.01e-08, the least a poisson release can state"):
+    with pytest.raises(ConfigError, match=r"delta: 1e-09 is below 1\.02e-08, the least a poisson release can state"):
         load_config(None, {**base, "mode": "poisson", "delta": 1e-9})
     assert load_config(None, {**base, "mode": "poisson", "delta": 1.02e-8}).delta == 1.02e-8
+    # the check is the plan's own arithmetic: a delta a hair above 1e-8 / (1 - share) in real numbers, whose
+    # accountant share rounds below 1e-8, is refused here and not after the data is read
+    near = {**base, "mode": "poisson", "histogram_budget_share": 0.4}
+    with pytest.raises(ConfigError, match=r"below 1\.67e-08"):
+        load_config(None, {**near, "delta": 1.666669444449074e-08})
+    assert load_config(None, {**near, "delta": 1.67e-08}).delta == 1.67e-08
+    with pytest.raises(ConfigError, match=r"raise delta\)?$"):  # p3gm is add/remove only: no 'use --mode fixed'
+        load_config(None, {**base, "mechanism": "p3gm", "mode": "poisson", "delta": 1e-9})
     assert load_config(None, {**base, "mode": "fixed", "delta": 1e-12}).delta == 1e-12  # RDP: no such floor

@@ -190,6 +190,18 @@ def test_account_p3gm_needs_the_model_sizes():
     assert res.returncode == 2 and "--feature-dim" in res.stderr.strip().splitlines()[-1]
 
 
+def test_account_p3gm_reports_a_bad_field_in_one_line():
+    """The account command builds p3gm's config through load_config: a field error is one line, not a traceback."""
+    base = ("account", "--mechanism", "p3gm", "--class-size", 600, "--feature-dim", 20, "--num-classes", 3)
+    for extra, needle in (
+        (("--epsilon", 1, "--delta", 1e-9), "delta: 1e-09 is below"),
+        (("--epsilon", 1, "--p3gm-latent-dim", 600), "p3gm_latent_dim"),
+    ):
+        res = run_cli(*base, *extra)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+        assert needle in res.stderr.strip().splitlines()[-1]
+
+
 def test_the_dp_sgd_audit_finds_no_violation_and_catches_a_false_claim():
     from evaluation.audit import run_audit
 
