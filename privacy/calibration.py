@@ -103,6 +103,11 @@ def calibrate_alone(make_event, *, name: str, target_epsilon: float, delta: floa
     def eps_at(x: float) -> float:
         return relation_acc().compose(event(x)).get_epsilon(delta)
 
+    if not delta >= ALONE_MIN_DELTA:
+        raise CalibrationError(
+            f"{name}: its share of delta, {delta:.3g}, is below {ALONE_MIN_DELTA:g}, where the PLD of a lone Gaussian "
+            f"drops tail mass of that order and calls for many times the noise; raise delta"
+        )
     lo, hi = _alone_bracket(eps_at, target_epsilon, name)
     if lo is None:
         return math.exp(hi)  # the floor of the range already meets the target
@@ -122,6 +127,10 @@ def calibrate_alone(make_event, *, name: str, target_epsilon: float, delta: floa
 # small z (a Gaussian at z = 0.05 takes about a second to discretize, at z = 1 a twentieth of that), so the bracket
 # is found by steps of 4x from z = 1 and the search only evaluates small z when the answer is there.
 ALONE_RANGE = (math.log(0.05), math.log(1e6))
+# A lone Gaussian's PLD matches the exact (analytic) Gaussian curve to 0.1 % in z down to delta 1e-14; near 1e-15 its
+# truncated tails reach delta and at 3e-16 it asks for 40x the noise (tests/test_privacy.py measures both), so a share
+# below 1e-14 is refused rather than silently drowned.
+ALONE_MIN_DELTA = 1e-14
 ALONE_START, ALONE_STEP = 0.0, math.log(4.0)
 
 

@@ -430,3 +430,21 @@ def test_the_pld_accountant_refuses_a_delta_below_its_float64_resolution():
     assert free.epsilon == math.inf
     sigma = calibrate_sigma_x("fixed", delta=1e-13, **kw)
     assert epsilon_of("fixed", [MixingEvent("fixed", 6000, 6000, 4, 1.0, sigma)], 1e-13) <= 4.0
+
+
+def test_a_lone_gaussian_share_is_exact_to_1e_14_and_refused_below():
+    """The PLD of one Gaussian matches the analytic curve (dp_accounting's GaussianPrivacyLoss) down to 1e-14; at
+    3e-16 its truncated tails reach delta and it would ask for tens of times the noise: such a share is refused."""
+    from dp_accounting.pld import common
+    from dp_accounting.pld.privacy_loss_mechanism import GaussianPrivacyLoss
+
+    def exact(delta):
+        params = common.DifferentialPrivacyParameters(1.0, delta)
+        return GaussianPrivacyLoss.from_privacy_guarantee(params, sensitivity=1.0).standard_deviation
+
+    ev = calibrate_gaussian("fixed", name="normalization", sensitivity=1.0, target_epsilon=1.0, delta=1e-14)
+    assert 1.0 <= ev.noise_multiplier / exact(1e-14) < 1.002
+    acc = pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
+    assert acc.compose(GaussianStatsEvent("x", 2 * exact(3e-16), 1.0).to_dp_event()).get_epsilon(3e-16) > 1.0
+    with pytest.raises(CalibrationError, match=r"normalization: its share of delta, 3e-16, is below 1e-14"):
+        calibrate_gaussian("fixed", name="normalization", sensitivity=1.0, target_epsilon=1.0, delta=3e-16)
