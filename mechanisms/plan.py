@@ -489,7 +489,9 @@ def build_plan(
     else:
         # dpcda: the smallest class sets sigma_x (epsilon falls as N_k rises); account() re-checks every class
         smallest = (lambda sigma: [min(events(sigma), key=lambda e: e.class_size)]) if mech == "dpcda" else events
-        sigma_x = calibrate_noise(mode, smallest, target_epsilon=rest_budget, delta=acc_delta, shared=shared, scale=c)
+        sigma_x = calibrate_noise(
+            mode, smallest, target_epsilon=rest_budget, delta=acc_delta, shared=shared, scale=c, stated_delta=delta
+        )
     sigma_y = ratio * sigma_x if mech == "dpmix" else cfg.sigma_y
     per_group = (sgd_event,) if mech == "p3gm" else tuple(events(sigma_x))
     out_dim = projection[0] if projection else dim
@@ -603,6 +605,7 @@ def _p3gm_events(cfg: ReleaseConfig, dim: int, K: int, n_hat: int, shared: list,
             target_epsilon=rest_budget,
             delta=acc_delta,
             shared=[*shared, em],
+            stated_delta=cfg.delta,
         )
     plan = P3gmPlan(
         latent_dim=cfg.p3gm_latent_dim,

@@ -427,7 +427,12 @@ def cmd_account(args, _beam_args) -> int:
     sigma = args.sigma_x
     if sigma is None:
         sigma = calibrate_noise(
-            mode, events, target_epsilon=args.epsilon, delta=accountant_delta(args.delta), scale=args.clip
+            mode,
+            events,
+            target_epsilon=args.epsilon,
+            delta=accountant_delta(args.delta),
+            scale=args.clip,
+            stated_delta=args.delta,
         )
     evs = tuple(events(sigma))
     acc = account(ReleaseEvents(mode, (), evs), args.delta, relation=relation_key(mech, mode))

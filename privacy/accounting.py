@@ -128,7 +128,7 @@ def check_pld_delta(delta: float, events: Sequence[Event], stated: Optional[floa
     if not delta >= least:
         n = sum(compositions(e) for e in dp_events)
         what = (
-            f"delta: {stated:g} is below {round_up(least * stated / delta):g}"
+            f"delta: {stated:g} is below {round_up(least * stated / delta * 1.01):g}"  # 1 %: n may be a DP count
             if stated
             else f"delta: the accountant's share {delta:.6g} is below {least:.3g}"
         )

@@ -24,7 +24,7 @@ class CalibrationError(DpcdaError, ValueError):
     """The target cannot be met (e.g. the shared events alone exceed it)."""
 
 
-def _search(mode: Mode, make_event, target_epsilon: float, delta: float) -> float:
+def _search(mode: Mode, make_event, target_epsilon: float, delta: float, stated: float | None = None) -> float:
     """Smallest exp(x) with epsilon(make_event(exp(x))) <= target, within LOG_TOL in x.
 
     Two stages, both through ``dp_accounting.calibrate_dp_mechanism``: a coarse RDP search (fewer
@@ -32,7 +32,7 @@ def _search(mode: Mode, make_event, target_epsilon: float, delta: float) -> floa
     mode's own accountant then searches just below it.
     """
     if ACCOUNTANT_BY_MODE[mode] == "pld":
-        check_pld_delta(delta, make_event(1.0))
+        check_pld_delta(delta, make_event(1.0), stated=stated)
     lo, hi = LOG_BRACKET
     ceiling = epsilon_of(mode, make_event(math.exp(hi)), delta, accountant="rdp-coarse")
     if ceiling > target_epsilon:
@@ -105,7 +105,7 @@ def calibrate_alone(make_event, *, name: str, target_epsilon: float, delta: floa
 
     if not delta >= ALONE_MIN_DELTA:
         raise CalibrationError(
-            f"{name}: its share of delta, {delta:.3g}, is below {ALONE_MIN_DELTA:g}, where the PLD of a lone Gaussian "
+            f"{name}: its share of delta, {delta:.6g}, is below {ALONE_MIN_DELTA:g}, where the PLD of a lone Gaussian "
             f"drops tail mass of that order and calls for many times the noise; raise delta"
         )
     lo, hi = _alone_bracket(eps_at, target_epsilon, name)
@@ -162,11 +162,19 @@ def _alone_bracket(eps_at, target_epsilon: float, name: str) -> tuple[float | No
 
 
 def calibrate_noise(
-    mode: Mode, make_events, *, target_epsilon: float, delta: float, shared: Sequence[Event] = (), scale: float = 1.0
+    mode: Mode,
+    make_events,
+    *,
+    target_epsilon: float,
+    delta: float,
+    shared: Sequence[Event] = (),
+    scale: float = 1.0,
+    stated_delta: float | None = None,
 ) -> float:
     """Smallest s * ``scale`` such that ``[*shared, *make_events(s * scale)]`` spends at most ``target_epsilon``.
 
-    Mechanism-agnostic: ``make_events(sigma)`` returns the mechanism's events at noise ``sigma``.
+    Mechanism-agnostic: ``make_events(sigma)`` returns the mechanism's events at noise ``sigma``. ``delta`` is the
+    accountant's; ``stated_delta``, the release's (of which ``delta`` is a share), only words a refusal.
     """
     if target_epsilon is None or target_epsilon <= 0 or not math.isfinite(target_epsilon):
         raise CalibrationError(f"epsilon must be a positive finite number, got {target_epsilon}")
@@ -175,7 +183,7 @@ def calibrate_noise(
             f"the statistics releases alone spend epsilon {epsilon_of(mode, shared, delta):.4g} "
             f">= target {target_epsilon}; lower their budget share"
         )
-    return _search(mode, lambda s: [*shared, *make_events(s * scale)], target_epsilon, delta) * scale
+    return _search(mode, lambda s: [*shared, *make_events(s * scale)], target_epsilon, delta, stated_delta) * scale
 
 
 def calibrate_sigma_x(
@@ -188,6 +196,7 @@ def calibrate_sigma_x(
     target_epsilon: float,
     delta: float,
     shared: Sequence[Event] = (),
+    stated_delta: float | None = None,
 ) -> float:
     """Smallest sigma_x such that every class's (shared ∘ mixing) epsilon is <= the target.
 
@@ -206,5 +215,5 @@ def calibrate_sigma_x(
     def make(s_over_c: float):
         return [*shared, MixingEvent(mode, size, samples_per_class, mixing_order, clip, s_over_c * clip)]
 
-    sigma = _search(mode, make, target_epsilon, delta) * clip
+    sigma = _search(mode, make, target_epsilon, delta, stated_delta) * clip
     return sigma

@@ -351,6 +351,16 @@ class ReleaseConfig(BaseModel):
                     f"class counts' share); raise delta"
                     + ("" if self.mechanism == "p3gm" else ", or use --mode fixed (RDP)")
                 )
+        if self.mode == "fixed" and self.epsilon is not None and (self.normalization == "dp" or self.projection):
+            from privacy.accounting import SAMPLER_DELTA_SHARE, round_up
+            from privacy.calibration import ALONE_MIN_DELTA
+
+            if not self.delta * (1.0 - SAMPLER_DELTA_SHARE) >= ALONE_MIN_DELTA:  # the statistics' share of delta
+                raise ValueError(
+                    f"delta: {self.delta:g} is below {round_up(ALONE_MIN_DELTA / (1.0 - SAMPLER_DELTA_SHARE)):g}, the "
+                    f"least the DP statistics can be calibrated at (one Gaussian's PLD is exact down to "
+                    f"{ALONE_MIN_DELTA:g}); raise delta"
+                )
         if self.mode == "poisson" and self.sigma_x:
             raise ValueError(
                 "sigma_x: poisson mode chooses q_k and T_k from the DP class histogram, so its epsilon "

@@ -80,3 +80,7 @@ def test_a_poisson_release_below_the_pld_accountants_delta_floor_is_refused_befo
     with pytest.raises(ConfigError, match=r"raise delta\)?$"):  # p3gm is add/remove only: no 'use --mode fixed'
         load_config(None, {**base, "mechanism": "p3gm", "mode": "poisson", "delta": 1e-9})
     assert load_config(None, {**base, "mode": "fixed", "delta": 1e-12}).delta == 1e-12  # RDP: no such floor
+    # fixed mode's DP statistics are one Gaussian, calibrated alone: exact down to 1e-14 (after the sampler's share)
+    with pytest.raises(ConfigError, match=r"delta: 1e-14 is below 1\.01e-14, the least the DP statistics"):
+        load_config(None, {**base, "mode": "fixed", "delta": 1e-14})
+    assert load_config(None, {**base, "mode": "fixed", "delta": 1e-20, "sigma_x": 0.5, "epsilon": None}).delta == 1e-20
