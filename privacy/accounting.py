@@ -106,12 +106,6 @@ def compositions(event: dp_accounting.DpEvent) -> int:
     return 1
 
 
-def pld_least_delta(events: Sequence[Event]) -> float:
-    """The least accountant delta the PLD resolves for ``events`` composed (see PLD_MIN_DELTA)."""
-    n = sum(compositions(e.to_dp_event()) for e in events)
-    return max(PLD_MIN_DELTA, PLD_DELTA_PER_COMPOSITION * n)
-
-
 def round_up(x: float, digits: int = 3) -> float:
     """``x`` rounded up to ``digits`` significant digits, with room for the last bit (for a stated least value)."""
     unit = 10.0 ** (math.floor(math.log10(x)) - digits + 1)
@@ -124,9 +118,9 @@ def check_pld_delta(delta: float, events: Sequence[Event], stated: Optional[floa
     dp_events = [e.to_dp_event() for e in events]
     if any(isinstance(e, dp_accounting.NonPrivateDpEvent) for e in dp_events):
         return  # epsilon is infinite: no PLD number is claimed
-    least = pld_least_delta(events)
+    n = sum(compositions(e) for e in dp_events)
+    least = max(PLD_MIN_DELTA, PLD_DELTA_PER_COMPOSITION * n)
     if not delta >= least:
-        n = sum(compositions(e) for e in dp_events)
         what = (
             f"delta: {stated:g} is below {round_up(least * stated / delta * 1.01):g}"  # 1 %: n may be a DP count
             if stated
@@ -191,8 +185,8 @@ def account(
     name = ACCOUNTANT_BY_MODE[mode]
     acc_delta = accountant_delta(delta, [d for _, d in events.adaptive])
     if name == "pld":
-        for ev in _distinct(events.per_class) or [None]:
-            check_pld_delta(acc_delta, [*events.shared, *([ev] if ev else [])], stated=delta)
+        for group in [[*events.shared, ev] for ev in _distinct(events.per_class)] or [events.shared]:
+            check_pld_delta(acc_delta, group, stated=delta)
     worst = None
     eps = epsilon_of(mode, events.shared, acc_delta) if events.shared else 0.0
     for ev in _distinct(events.per_class):

@@ -352,10 +352,10 @@ class ReleaseConfig(BaseModel):
                     + ("" if self.mechanism == "p3gm" else ", or use --mode fixed (RDP)")
                 )
         if self.mode == "fixed" and self.epsilon is not None and (self.normalization == "dp" or self.projection):
-            from privacy.accounting import SAMPLER_DELTA_SHARE, round_up
+            from privacy.accounting import SAMPLER_DELTA_SHARE, accountant_delta, round_up
             from privacy.calibration import ALONE_MIN_DELTA
 
-            if not self.delta * (1.0 - SAMPLER_DELTA_SHARE) >= ALONE_MIN_DELTA:  # the statistics' share of delta
+            if not accountant_delta(self.delta) >= ALONE_MIN_DELTA:  # the statistics' share: the plan's arithmetic
                 raise ValueError(
                     f"delta: {self.delta:g} is below {round_up(ALONE_MIN_DELTA / (1.0 - SAMPLER_DELTA_SHARE)):g}, the "
                     f"least the DP statistics can be calibrated at (one Gaussian's PLD is exact down to "
