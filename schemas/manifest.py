@@ -227,8 +227,9 @@ class Privacy(_Frozen):
     cross_check: dict[str, Optional[float]] = Field(default_factory=dict)
     delta_breakdown: dict[str, float] = Field(
         description=(
-            "where delta goes: the accountant's share, adaptive stages accounted alone (poisson: class_histogram) and "
-            "the noise sampler's finite-precision bound; the sum is at most delta"
+            "where delta goes: the accountant's share, adaptive stages accounted alone (poisson: class_histogram), "
+            "the noise sampler's finite-precision bound and, where the PLD is the accountant, the share set aside for "
+            "its float64 round-off (pld_roundoff); the sum is at most delta"
         )
     )
     noise: Noise

@@ -18,6 +18,7 @@ from mechanisms.combiners import FirstPassCombiner
 from privacy import dp_stats
 from privacy.accounting import (
     PLD_DISCRETIZATION,
+    PLD_ROUNDOFF_SHARE,
     RDP_ORDERS,
     SAMPLER_DELTA_SHARE,
     AccountingError,
@@ -81,7 +82,10 @@ def test_epsilon_equals_direct_dp_accounting_poisson_with_shared_events():
         )
     )
     ours = account(ReleaseEvents("poisson", (stats, hist), evs), DELTA)
-    assert ours.epsilon == pytest.approx(acc.get_epsilon(DELTA * (1 - SAMPLER_DELTA_SHARE)), rel=1e-9)
+    # the PLD's epsilon is read at its delta less the share reserved for the FFT's round-off
+    reserved = DELTA * (1 - SAMPLER_DELTA_SHARE) * (1 - PLD_ROUNDOFF_SHARE)
+    assert ours.epsilon == pytest.approx(acc.get_epsilon(reserved), rel=1e-9)
+    assert ours.epsilon > acc.get_epsilon(DELTA * (1 - SAMPLER_DELTA_SHARE))  # the reserve is spent, not skipped
     assert ours.worst_class_event == evs[0]
     assert set(ours.components) == {"normalization", "class_histogram", "mixing"}
     assert ours.cross_check["rdp"] >= ours.epsilon * 0.95  # RDP is looser than PLD, never far tighter
@@ -98,11 +102,17 @@ def test_adaptive_histogram_is_accounted_alone_and_added():
     alone = pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
     alone.compose(dp_accounting.GaussianDpEvent(40.0))
     rest = account(ReleaseEvents("poisson", (), (mix,)), DELTA - hist_delta / (1 - SAMPLER_DELTA_SHARE))
-    assert ours.components["class_histogram"] == pytest.approx(alone.get_epsilon(hist_delta), rel=1e-12)
-    assert ours.epsilon == pytest.approx(alone.get_epsilon(hist_delta) + rest.epsilon, rel=1e-9)
+    hist_eps = alone.get_epsilon(hist_delta * (1 - PLD_ROUNDOFF_SHARE))
+    assert ours.components["class_histogram"] == pytest.approx(hist_eps, rel=1e-12)
+    assert ours.epsilon == pytest.approx(hist_eps + rest.epsilon, rel=1e-9)
     parts = ours.delta_breakdown
-    assert set(parts) == {"accountant", "class_histogram", "sampler"}
+    assert set(parts) == {"accountant", "pld_roundoff", "class_histogram", "sampler"}
     assert sum(parts.values()) <= DELTA and 0 < parts["sampler"] < 1e-20
+    # the PLD read the accountant's and the histogram's epsilons below their deltas: the rest is the round-off's share
+    assert parts["class_histogram"] == pytest.approx(hist_delta * (1 - PLD_ROUNDOFF_SHARE), rel=1e-12)
+    assert parts["pld_roundoff"] == pytest.approx(
+        PLD_ROUNDOFF_SHARE / (1 - PLD_ROUNDOFF_SHARE) * (parts["accountant"] + parts["class_histogram"]), rel=1e-12
+    )
 
 
 def test_sampler_delta_that_does_not_fit_is_refused():
@@ -448,3 +458,16 @@ def test_a_lone_gaussian_share_is_exact_to_1e_14_and_refused_below():
     assert acc.compose(GaussianStatsEvent("x", 2 * exact(3e-16), 1.0).to_dp_event()).get_epsilon(3e-16) > 1.0
     with pytest.raises(CalibrationError, match=r"normalization: its share of delta, 3e-16, is below 1e-14"):
         calibrate_gaussian("fixed", name="normalization", sensitivity=1.0, target_epsilon=1.0, delta=3e-16)
+
+
+def test_the_pld_accountant_sets_its_round_off_share_aside_both_ways():
+    """make_accountant's PLD reads epsilon at delta (1 - PLD_ROUNDOFF_SHARE), and its get_delta is the inverse."""
+    from privacy.accounting import make_accountant
+
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.0)), 400
+    )
+    ours = make_accountant("poisson").compose(event)
+    raw = pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION).compose(event)
+    assert ours.get_epsilon(1e-6) == raw.get_epsilon(1e-6 * (1 - PLD_ROUNDOFF_SHARE)) > raw.get_epsilon(1e-6)
+    assert ours.get_delta(2.0) == pytest.approx(raw.get_delta(2.0) / (1 - PLD_ROUNDOFF_SHARE), rel=1e-15)
