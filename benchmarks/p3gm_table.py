@@ -56,6 +56,8 @@ CELLS = {
     ),
     # a larger batch usually takes a larger step: Adam's lr at 3x seed 004's 1e-3, the batch-1500 default otherwise
     "p3gm-eps1-b1500-e20-lr3e-3": dict(mechanism="p3gm", epsilon=1.0, p3gm_batch=1500, p3gm_epochs=20.0, p3gm_lr=3e-3),
+    # twice the batch and twice the epochs: the same ~800 steps, each mean gradient with half the noise
+    "p3gm-eps1-b3000-e40": dict(mechanism="p3gm", epsilon=1.0, p3gm_batch=3000, p3gm_epochs=40.0),
     "dpcda-lp16-l16-eps1": dict(mechanism="dpcda", epsilon=1.0, mixing_order=16, lowpass=16),
     "dpcda-lp16-l16-eps10": dict(mechanism="dpcda", epsilon=10.0, mixing_order=16, lowpass=16),
 }
@@ -176,6 +178,7 @@ def write_md(rows, path, command, out):
             "p3gm-eps1-b1500-e10": "P3GM, expected batch 1500, 10 epochs",
             "p3gm-eps1-b1500-e20-d20": "P3GM, expected batch 1500, 20 epochs, d' = 20",
             "p3gm-eps1-b1500-e20-lr3e-3": "P3GM, expected batch 1500, 20 epochs, lr 3e-3",
+            "p3gm-eps1-b3000-e40": "P3GM, expected batch 3000, 40 epochs",
             "p3gm-eps10-b1500-e20": "P3GM, expected batch 1500, 20 epochs (the default)",
         }.get(name, name)
         lines.append(f"| {label} | {eps:.3g} | {n} | {s} | {each} | {fit:.0f} |")
