@@ -58,8 +58,8 @@ CELLS = {
     "p3gm-eps1-b1500-e20-lr3e-3": dict(mechanism="p3gm", epsilon=1.0, p3gm_batch=1500, p3gm_epochs=20.0, p3gm_lr=3e-3),
     # twice the batch and twice the epochs: the same ~800 steps, each mean gradient with half the noise
     "p3gm-eps1-b3000-e40": dict(mechanism="p3gm", epsilon=1.0, p3gm_batch=3000, p3gm_epochs=40.0),
-    # DP-PCA at 30 % of eps 1 instead of 10 %: at 10 % the noise matrix's spectral norm (about 2 z sqrt(d)) is of the
-    # order of the 10th eigenvalue of the clipped rows' covariance sum, so the basis the VAE and prior start from is noisy
+    # DP-PCA at 30 % of eps 1 instead of 10 %: at 10 % the noise matrix's spectral norm (about 2 z sqrt(d)) may reach
+    # the 10th eigenvalue of the clipped rows' covariance sum, a noisy basis for the VAE and the prior to start from
     "p3gm-eps1-pca30": dict(mechanism="p3gm", epsilon=1.0, p3gm_batch=1500, p3gm_epochs=20.0, pca_budget_share=0.3),
     "dpcda-lp16-l16-eps1": dict(mechanism="dpcda", epsilon=1.0, mixing_order=16, lowpass=16),
     "dpcda-lp16-l16-eps10": dict(mechanism="dpcda", epsilon=10.0, mixing_order=16, lowpass=16),
