@@ -11,6 +11,12 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# scripts/test.sh runs one pytest-xdist worker per core: each worker, and the CLI processes it starts, then takes its
+# share of the cores' threads instead of all of them (set before any test imports torch; an explicit setting wins).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 BEAM_ARGS = ["--runner=DirectRunner", "--direct_running_mode=in_memory"]
 
 
