@@ -207,10 +207,8 @@ def main(argv=None) -> None:
         )
         # after every cell, so a run cut short keeps its cells: rerun with --resume
         write_outputs(rows, args.out, time.time() - t_all, device, quick=args.quick, name=args.name, quiet=True)
-    best_runs = args.best_runs or runs
-    for (cal, eps), row in sorted(best_cells(rows).items()):
-        if row["runs"] >= best_runs:
-            continue
+
+    def extend(row: dict, eps: str) -> dict:
         cal_name = "-" if row["calibration"] == "none (eps=inf)" else row["calibration"]
         extra = run_cell(
             cal_name,
@@ -228,13 +226,22 @@ def main(argv=None) -> None:
             ref,
         )
         merged = merge_runs(row, extra)
-        rows[rows.index(row)] = merged
         print(
             f"best of {row['calibration']} eps={eps}: l={row['l']} now {merged['runs']} releases, "
             f"{merged['mean']:.4f}+-{merged['std']:.4f}",
             flush=True,
         )
-        write_outputs(rows, args.out, time.time() - t_all, device, quick=args.quick, name=args.name, quiet=True)
+        return merged
+
+    best_runs = args.best_runs or runs
+    complete_best_cells(
+        rows,
+        best_runs,
+        extend,
+        lambda: write_outputs(
+            rows, args.out, time.time() - t_all, device, quick=args.quick, name=args.name, quiet=True
+        ),
+    )
     write_outputs(rows, args.out, time.time() - t_all, device, quick=args.quick, name=args.name)
 
 
@@ -289,6 +296,21 @@ def run_cell(cal, label, eps, l, run_ids, x, y, first, tx, ty, epochs, device, r
         "device": dev_name,
         "accuracies": " ".join(f"{a:.4f}" for a in accs),
     }
+
+
+def complete_best_cells(rows: list, best_runs: int, extend, save=lambda: None) -> None:
+    """Gives each column's best cell ``best_runs`` releases (``extend(row, eps)`` returns the row with them), in place.
+
+    More releases can lower a best cell's mean below another cell of its column, which is then the best with fewer
+    releases: the best is taken again until every column's best has them (each pass completes one cell for good).
+    """
+    while True:
+        todo = [(key, row) for key, row in sorted(best_cells(rows).items()) if row["runs"] < best_runs]
+        if not todo:
+            return
+        (_, eps), row = todo[0]
+        rows[rows.index(row)] = extend(row, eps)
+        save()
 
 
 def best_cells(rows) -> dict:
