@@ -30,7 +30,7 @@ from dp_accounting import pld
 from dp_accounting.pld import pld_pmf
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
-from privacy.accounting import PLD_DELTA_PER_COMPOSITION, PLD_DISCRETIZATION, PLD_MIN_DELTA, make_accountant
+from privacy.accounting import PLD_DISCRETIZATION, PLD_MIN_DELTA, make_accountant, pld_least_delta
 
 TAIL = 1e-40
 DELTAS = (1e-6, 1e-8, 1e-9, 1e-10, 1e-11, 1e-12)
@@ -112,7 +112,7 @@ def measure(q: float, steps: int, z: float) -> dict:
     fft = np.array([pld.PLDAccountant.get_delta(acc, e) for e in grid])  # dp_accounting's own, unreserved
     ref = np.array([max(delta_at(c, e) for c in curves) for e in grid])
     ratios = {}
-    floor = max(PLD_MIN_DELTA, PLD_DELTA_PER_COMPOSITION * steps)  # the least delta the product accepts for T steps
+    floor = pld_least_delta(steps)  # the least delta the product accepts for T steps
     for d in (floor, *DELTAS):
         eps = acc.get_epsilon(d)
         ratios[d] = max(delta_at(c, eps) for c in curves) / d if math.isfinite(eps) else float("nan")

@@ -112,16 +112,15 @@ class AccountingError(DpcdaError, ValueError):
 # 2e-10 at 2,000,000, measured against a direct convolution of the same pessimistic PMFs (benchmarks/pld_resolution.py);
 # below that its epsilon is round-off (negative deltas and infinity masses, epsilon zig-zagging as the noise grows).
 # Where the PLD is the accountant of record (add/remove, poisson mode) its delta must be at least
-# max(PLD_MIN_DELTA, PLD_DELTA_PER_COMPOSITION n), so that PLD_ROUNDOFF_PER_COMPOSITION n, the round-off with a margin,
-# fits in the share PLD_ROUNDOFF_SHARE of delta that the accountant sets aside for it (RoundoffReservingPLDAccountant).
+# max(PLD_MIN_DELTA, PLD_DELTA_PER_COMPOSITION n) (pld_least_delta), so that 2e-16 n, the round-off with a margin, fits
+# in the share PLD_ROUNDOFF_SHARE of delta that the accountant sets aside for it (RoundoffReservingPLDAccountant).
 # Fixed mode's RDP has no such floor. A Gaussian accounted alone (statistics, the class histogram, DP-EM's shares) is
 # not held to this floor: the reserve (1e-3 of its delta) may be smaller than its round-off, but its PLD, truncated
 # tails included, is pessimistic against dp_accounting's exact GaussianPrivacyLoss down to delta 1e-14
 # (tests/test_privacy.py), below which such a share is refused (privacy.calibration.ALONE_MIN_DELTA).
 PLD_MIN_DELTA = 1e-8
 PLD_ROUNDOFF_SHARE = 1e-3
-PLD_DELTA_PER_COMPOSITION = 2e-13
-PLD_ROUNDOFF_PER_COMPOSITION = PLD_DELTA_PER_COMPOSITION * PLD_ROUNDOFF_SHARE  # 2e-16: the measured 1.2e-16, a margin
+PLD_DELTA_PER_COMPOSITION = 2e-13  # 2e-16 (the measured 1.2e-16 with a margin) / PLD_ROUNDOFF_SHARE
 
 
 def compositions(event: dp_accounting.DpEvent) -> int:
@@ -131,6 +130,11 @@ def compositions(event: dp_accounting.DpEvent) -> int:
     if isinstance(event, dp_accounting.ComposedDpEvent):
         return sum(compositions(e) for e in event.events)
     return 1
+
+
+def pld_least_delta(n: int) -> float:
+    """The least delta the PLD accountant resolves for ``n`` composed mechanisms (see PLD_MIN_DELTA)."""
+    return max(PLD_MIN_DELTA, PLD_DELTA_PER_COMPOSITION * n)
 
 
 def round_up(x: float, digits: int = 3) -> float:
@@ -146,7 +150,7 @@ def check_pld_delta(delta: float, events: Sequence[Event], stated: Optional[floa
     if any(isinstance(e, dp_accounting.NonPrivateDpEvent) for e in dp_events):
         return  # epsilon is infinite: no PLD number is claimed
     n = sum(compositions(e) for e in dp_events)
-    least = max(PLD_MIN_DELTA, PLD_DELTA_PER_COMPOSITION * n)
+    least = pld_least_delta(n)
     if not delta >= least:
         what = (
             f"delta: {stated:g} is below {round_up(least * stated / delta * 1.01):g}"  # 1 %: n may be a DP count
