@@ -185,6 +185,10 @@ def main(argv=None) -> None:
     ref = paper_reference()
     rows = []
     t_all = time.time()
+
+    def save(quiet: bool = True) -> None:  # after every cell, so a run cut short keeps its cells: rerun with --resume
+        write_outputs(rows, args.out, time.time() - t_all, device, quick=args.quick, name=args.name, quiet=quiet)
+
     cells = [(c, e, l) for e in args.eps for c in (["-"] if e == "inf" else args.calibrations) for l in ls]
     done = load_done(args, runs, epochs, len(y)) if args.resume else {}
     wanted = {("none (eps=inf)" if c == "-" else c, e, l) for c, e, l in cells}
@@ -205,8 +209,7 @@ def main(argv=None) -> None:
             f"synthetic-val={row['synthetic_val_accuracy']:.3f} {row['seconds']:.1f}s",
             flush=True,
         )
-        # after every cell, so a run cut short keeps its cells: rerun with --resume
-        write_outputs(rows, args.out, time.time() - t_all, device, quick=args.quick, name=args.name, quiet=True)
+        save()
 
     def extend(row: dict, eps: str) -> dict:
         cal_name = "-" if row["calibration"] == "none (eps=inf)" else row["calibration"]
@@ -234,15 +237,8 @@ def main(argv=None) -> None:
         return merged
 
     best_runs = args.best_runs or runs
-    complete_best_cells(
-        rows,
-        best_runs,
-        extend,
-        lambda: write_outputs(
-            rows, args.out, time.time() - t_all, device, quick=args.quick, name=args.name, quiet=True
-        ),
-    )
-    write_outputs(rows, args.out, time.time() - t_all, device, quick=args.quick, name=args.name)
+    complete_best_cells(rows, best_runs, extend, save)
+    save(quiet=False)
 
 
 def run_cell(cal, label, eps, l, run_ids, x, y, first, tx, ty, epochs, device, ref) -> dict:
