@@ -3,10 +3,12 @@
     python -m benchmarks.pca_spectrum                          # K = 10 (p3gm's d'), eps 1 and 10, shares 5-40 %
     python -m benchmarks.pca_spectrum --k 32 --eps 10 --shares 0.1
 
-The covariance DP-PCA releases is the sum of x x^T over the rows, each z-scored and clipped to L2 norm 1 (here with
-the exact mean and std: a diagnostic of the basis, not a release). Its noise is the one the plan calibrates for the
+The covariance DP-PCA releases is the sum of x x^T over the rows, each z-scored and clipped to L2 norm 1
+(``mechanisms.plan.normalize``, here with the exact mean and std: a diagnostic of the basis, not a release), summed
+exactly by the product's ``mechanisms.dppca.CovarianceCombiner``. Its noise is the one the plan calibrates for the
 share (``privacy.calibration.calibrate_gaussian`` with ``privacy.dp_stats.covariance_sensitivity``, add/remove, the
-accountant's delta of a release at 1e-5), drawn from a public noise stream as a symmetric matrix. For each (eps,
+accountant's delta of a release at 1e-5), drawn by the product's ``privacy.dp_stats.dp_covariance`` from a public
+noise stream. For each (eps,
 share) the table gives the noise's spectral norm, the K-th eigenvalue of the exact sum beside it, and the fraction of
 the exact top-K variance that the noisy top-K basis captures, over ``--draws`` noise draws (1.0: the exact basis).
 """
@@ -17,6 +19,8 @@ import argparse
 
 import numpy as np
 
+from mechanisms.dppca import CovarianceCombiner, CovarianceSum
+from mechanisms.plan import normalize
 from pipeline.prepare import FASHION_MNIST_DIR, load_fashion_mnist
 from privacy import dp_stats
 from privacy.accounting import accountant_delta
@@ -24,14 +28,19 @@ from privacy.calibration import calibrate_gaussian
 from privacy.noise import NoiseStream, public_key
 
 
-def clipped_covariance_sum(x: np.ndarray) -> np.ndarray:
-    z = (x - x.mean(0)) / np.maximum(x.std(0), 1e-3)
-    z /= np.maximum(np.linalg.norm(z, axis=1, keepdims=True), 1.0)
-    return z.T @ z
+def covariance_sum(x: np.ndarray) -> CovarianceSum:
+    """The exact covariance sum of the rows z-scored (exact statistics) and clipped to norm 1, as DP-PCA sums it."""
+    rows = normalize(x, x.mean(0), np.maximum(x.std(0), 1e-3), 1.0, (float(x.min()), float(x.max())))
+    comb = CovarianceCombiner(1.0)
+    return comb.add(comb.create(), rows)
+
+
+def x_units(acc: CovarianceSum) -> np.ndarray:
+    return acc.sum_qq * 2.0 ** (-2 * dp_stats.COV_QUANTUM_BITS)
 
 
 def noise_std(dim: int, epsilon: float, delta: float) -> float:
-    """The per-entry noise std of the released covariance sum, in x units (clip 1)."""
+    """The per-entry noise std of the released covariance sum, in the quantized units DP-PCA draws it in."""
     ev = calibrate_gaussian(
         "poisson",
         name="pca_covariance",
@@ -39,20 +48,17 @@ def noise_std(dim: int, epsilon: float, delta: float) -> float:
         target_epsilon=epsilon,
         delta=accountant_delta(delta),
     )
-    return ev.noise_std / 2.0 ** (2 * dp_stats.COV_QUANTUM_BITS)
+    return ev.noise_std
 
 
-def captured(cov: np.ndarray, std: float, k: int, stream: NoiseStream) -> tuple[float, float]:
-    """(fraction of the exact top-k variance the noisy top-k basis captures, the noise's spectral norm)."""
-    d = cov.shape[0]
-    iu = np.triu_indices(d)
-    noise = np.zeros((d, d))
-    noise[iu] = stream.gaussian(np.zeros(len(iu[0])), std)
-    noise.T[iu] = noise[iu]
-    _, vecs = np.linalg.eigh(cov + noise)
+def captured(acc: CovarianceSum, std: float, k: int, stream: NoiseStream) -> tuple[float, float]:
+    """(fraction of the exact top-k variance the noisy top-k basis captures, the noise's spectral norm, x units)."""
+    cov = x_units(acc)
+    noisy = dp_stats.dp_covariance(acc.sum_qq, 1.0, noise_std=std, stream=stream)
+    _, vecs = np.linalg.eigh(noisy)
     basis = vecs[:, -k:]
     exact = np.linalg.eigvalsh(cov)[::-1][:k].sum()
-    return float(np.trace(basis.T @ cov @ basis) / exact), float(np.abs(np.linalg.eigvalsh(noise)).max())
+    return float(np.trace(basis.T @ cov @ basis) / exact), float(np.abs(np.linalg.eigvalsh(noisy - cov)).max())
 
 
 def main(argv=None) -> None:
@@ -67,8 +73,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     x, _ = load_fashion_mnist("train", args.source)
     x = x[: args.limit].astype(np.float64)
-    cov = clipped_covariance_sum(x)
-    ev = np.linalg.eigvalsh(cov)[::-1]
+    acc = covariance_sum(x)
+    ev = np.linalg.eigvalsh(x_units(acc))[::-1]
     print(f"Fashion-MNIST, {len(x)} rows, d = {x.shape[1]}; top eigenvalues of the clipped covariance sum:")
     print("  " + ", ".join(f"{v:.0f}" for v in ev[: max(args.k, 12)]))
     print()
@@ -78,12 +84,13 @@ def main(argv=None) -> None:
         for share in args.shares:
             std = noise_std(x.shape[1], share * eps, args.delta)
             runs = [
-                captured(cov, std, args.k, NoiseStream(public_key("pca-spectrum", i), f"{eps:g}", f"{share:g}"))
+                captured(acc, std, args.k, NoiseStream(public_key("pca-spectrum", i), f"{eps:g}", f"{share:g}"))
                 for i in range(args.draws)
             ]
             frac = ", ".join(f"{f:.3f}" for f, _ in runs)
             norm = np.mean([n for _, n in runs])
-            print(f"| {eps:g} | {share:g} | {std:.1f} | {norm:.0f} | {ev[args.k - 1]:.0f} | {frac} |", flush=True)
+            std_x = std * 2.0 ** (-2 * dp_stats.COV_QUANTUM_BITS)
+            print(f"| {eps:g} | {share:g} | {std_x:.1f} | {norm:.0f} | {ev[args.k - 1]:.0f} | {frac} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -229,19 +229,22 @@ def test_pld_resolution_benchmark_agrees_with_the_direct_convolution_at_a_large_
 
 def test_pca_spectrum_measures_the_basis_a_share_of_epsilon_buys():
     from benchmarks.pca_spectrum import captured, noise_std
+    from mechanisms.dppca import CovarianceCombiner
     from privacy.noise import NoiseStream, public_key
 
     rng = np.random.default_rng(0)  # public test data: 3 strong directions in 40 dimensions, rows of norm <= 1
     rows = rng.normal(size=(4000, 40)) * np.r_[np.full(3, 1.0), np.full(37, 0.05)]
     rows /= np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1.0)
-    cov = rows.T @ rows
+    comb = CovarianceCombiner(1.0)
+    acc = comb.add(comb.create(), rows)
+    unit = 2.0**32  # the noise std is in the quantized units of the exact sums (privacy.dp_stats)
 
     def stream():
         return NoiseStream(public_key("test-pca-spectrum", 0), "t")
 
-    exact, _ = captured(cov, 1e-6, 3, stream())
+    exact, _ = captured(acc, 1e-6 * unit, 3, stream())
     assert exact == pytest.approx(1.0, abs=1e-9)
-    frac, norm = captured(cov, 200.0, 3, stream())
+    frac, norm = captured(acc, 200.0 * unit, 3, stream())
     assert frac < 0.5 and 2 * 200 * np.sqrt(40) * 0.7 < norm < 2 * 200 * np.sqrt(40) * 1.3
     assert noise_std(40, 1.0, 1e-5) > noise_std(40, 3.0, 1e-5) > 0  # more epsilon, less noise
 
