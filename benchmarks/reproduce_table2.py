@@ -3,6 +3,7 @@
     python -m benchmarks.reproduce_table2 --runs 3         # full sweep (GPU: l = 1..512, eps inf/20/10, 3 calibrations)
     python -m benchmarks.reproduce_table2 --quick          # CPU-sized: 3000 train rows, l in {1, 4, 16}, 1 seed
     ... --resume                                           # keep finished cells (results are written after each)
+    ... --resume --merge OTHER.csv                         # and take the cells of a run split off under another --name
 
 For each (calibration, eps, l) it runs the real code paths in-process: first-pass statistics
 (``mechanisms.combiners``), the Calibrate stage (``mechanisms.plan.build_plan``), z-score + clip, per-class mixing
@@ -163,12 +164,22 @@ def main(argv=None) -> None:
         help="keep the cells already in the output CSV (same epochs and rows) and run only the missing ones",
     )
     ap.add_argument(
+        "--merge",
+        nargs="+",
+        default=[],
+        metavar="CSV",
+        help="with --resume: also take the cells of these tables (runs split by --calibrations/--eps/--ls, e.g. one "
+        "per core, under other --name)",
+    )
+    ap.add_argument(
         "--best-runs",
         type=int,
         default=None,
         help="releases for each column's best cell (extra runs after the sweep; default: as many as --runs)",
     )
     args = ap.parse_args(argv)
+    if args.merge and not args.resume:
+        ap.error("--merge takes the cells of other tables into this one: give --resume too")
     for name in args.calibrations:
         parse_calibration(name)
     runs = args.runs or (1 if args.quick else 5)
@@ -363,10 +374,18 @@ def cell_seed(eps: str, l: int) -> int:
 
 
 def load_done(args, runs, epochs, train_rows) -> dict:
-    """Cells already in the output CSV (for --resume); it must hold this protocol (runs, epochs, training rows)."""
-    path = output_stem(args.out, args.quick, args.name) + ".csv"
-    if not os.path.exists(path):
-        return {}
+    """Cells already in the output CSV (for --resume) and in the ``--merge`` CSVs, all of this protocol (runs, epochs,
+    training rows); a cell in several files is taken from the one with the most releases."""
+    done = {}
+    for path in [output_stem(args.out, args.quick, args.name) + ".csv", *args.merge]:
+        if path in args.merge or os.path.exists(path):
+            for key, row in read_cells(path, runs, epochs, train_rows).items():
+                if key not in done or row["runs"] > done[key]["runs"]:
+                    done[key] = row
+    return done
+
+
+def read_cells(path: str, runs: int, epochs: int, train_rows: int) -> dict:
     done = {}
     with open(path) as fh:
         for row in csv.DictReader(fh):

@@ -267,3 +267,25 @@ def test_table2_best_cells_are_completed_again_when_a_new_release_demotes_the_be
     assert calls == [("fixed", "10", 8), ("fixed", "10", 4)]  # the poisson column's best already had 3 releases
     best = best_cells(rows)
     assert best[("fixed", "10")]["l"] == 4 and all(b["runs"] == 3 for b in best.values())
+
+
+def test_table2_resume_merges_the_cells_of_split_runs(tmp_path):
+    import argparse
+
+    from benchmarks.reproduce_table2 import load_done
+    from tests.conftest import ROOT
+
+    with open(ROOT / "benchmarks" / "results" / "table2_fashion_mnist.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    a, b = rows[:50], rows[49:]  # one cell in both files, with fewer releases in the first
+    a[-1] = {**a[-1], "runs": "1"}
+    for name, part in (("main", a), ("other", b)):
+        with open(tmp_path / f"{name}.csv", "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(part)
+    args = argparse.Namespace(out=str(tmp_path), quick=False, name="main", merge=[str(tmp_path / "other.csv")])
+    done = load_done(args, 1, 5, 60000)
+    assert len(done) == len(rows)
+    key = (rows[49]["calibration"], rows[49]["epsilon"], int(rows[49]["l"]))
+    assert done[key]["runs"] == int(rows[49]["runs"]) > 1  # the file with more releases wins
