@@ -2,6 +2,7 @@
 
     python -m benchmarks.reproduce_table3 --resume                      # Fashion-MNIST and digits, the full grid
     python -m benchmarks.reproduce_table3 --datasets digits --eps 10    # a quick look (digits is tiny)
+    ... --resume --merge OTHER.csv                                      # and take the cells of a run split off (--out)
 
 Rows are (mechanism, variant): DP-CDA fixed and poisson, each plain and low-passed; DPMix plain and with seed 001's
 denoising (a Gaussian blur of std 1 pixel before training; post-processing); local perturbation; random projection
@@ -139,8 +140,18 @@ def main(argv=None) -> None:
     ap.add_argument("--source", default=FASHION_MNIST_DIR)
     ap.add_argument("--limit", type=int, default=None, help="first N training rows")
     ap.add_argument("--out", default=OUT)
-    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--resume", action="store_true", help="keep the cells already in the output CSV")
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        default=[],
+        metavar="CSV",
+        help="with --resume: also take the cells of these tables (runs split by --eps/--variants, e.g. one per core, "
+        "under another --out)",
+    )
     args = ap.parse_args(argv)
+    if args.merge and not args.resume:
+        ap.error("--merge takes the cells of other tables into this one: give --resume too")
     ref = paper_reference()
     for dataset in args.datasets:
         x, y, tx, ty, lowpass = load(dataset, args.source)
@@ -149,11 +160,10 @@ def main(argv=None) -> None:
         epochs = args.epochs or (5 if dataset == "fashion-mnist" else 20)
         first = first_pass(x, y)
         stem = os.path.join(args.out, f"table3_{dataset.replace('-', '_')}")
-        done = {}
-        if args.resume and os.path.exists(stem + ".csv"):
-            with open(stem + ".csv") as fh:
-                done = {(r["mechanism"], r["variant"], r["epsilon"]): r for r in csv.DictReader(fh)}
+        done = load_done([stem + ".csv", *args.merge], dataset) if args.resume else {}
         rows = list(done.values())
+        if rows:  # the merged table (and the md in today's layout) before any new cell
+            write(rows, stem, dataset)
         for eps in args.eps:
             for mech, variant, fields in VARIANTS:
                 if args.variants and f"{mech}/{variant}" not in args.variants:
@@ -239,8 +249,39 @@ def main(argv=None) -> None:
                 write(rows, stem, dataset)
 
 
+def load_done(paths, dataset: str) -> dict:
+    """The cells already measured in these CSVs (those that exist), keyed by (mechanism, variant, eps); a cell in
+    several files is taken from the one with the most releases."""
+    done = {}
+    for path in paths:
+        if not os.path.exists(path):
+            continue
+        with open(path) as fh:
+            for row in csv.DictReader(fh):
+                if row["dataset"] != dataset:
+                    raise SystemExit(f"--resume/--merge: {path} holds {row['dataset']}, not {dataset}")
+                key = (row["mechanism"], row["variant"], row["epsilon"])
+                if key not in done or int(row["runs"]) > int(done[key]["runs"]):
+                    done[key] = row
+    return done
+
+
+def table_order(rows) -> list:
+    """Rows by epsilon (largest first) and then in the order of VARIANTS, whatever order they were measured in."""
+    rank = {(m, v): i for i, (m, v, _) in enumerate(VARIANTS)}
+    return sorted(rows, key=lambda r: (-float(r["epsilon"]), rank.get((r["mechanism"], r["variant"]), len(rank))))
+
+
+CHANCE_FACTOR = 2  # a cell is called "at or near chance" below this many times the chance accuracy
+
+
+def near_chance(rows, num_classes: int = 10) -> list:
+    return [r for r in rows if float(r["mean"]) < CHANCE_FACTOR / num_classes]
+
+
 def write(rows, stem: str, dataset: str) -> None:
     os.makedirs(os.path.dirname(stem), exist_ok=True)
+    rows = table_order(rows)
     with open(stem + ".csv.tmp", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(FIELDS))
         w.writeheader()
@@ -263,8 +304,20 @@ def write(rows, stem: str, dataset: str) -> None:
             f"| {r['mechanism']} | {r['variant']} | {r['epsilon']} | {r['l']} | {float(r['mean']):.4f} +- "
             f"{float(r['std']):.4f} ({r['runs']}) | {r['searched']} | {paper} |"
         )
-    with open(stem + ".md", "w") as fh:
+    low = near_chance(rows)
+    lines += [
+        "",
+        f"At or near chance (mean below {CHANCE_FACTOR} x 0.10): "
+        + (
+            "; ".join(f"{r['mechanism']}/{r['variant']} at eps {r['epsilon']} ({float(r['mean']):.4f})" for r in low)
+            if low
+            else "none"
+        )
+        + ".",
+    ]
+    with open(stem + ".md.tmp", "w") as fh:
         fh.write("\n".join(lines) + "\n")
+    os.replace(stem + ".md.tmp", stem + ".md")
     import matplotlib
 
     matplotlib.use("Agg")

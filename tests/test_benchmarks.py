@@ -289,3 +289,27 @@ def test_table2_resume_merges_the_cells_of_split_runs(tmp_path):
     assert len(done) == len(rows)
     key = (rows[49]["calibration"], rows[49]["epsilon"], int(rows[49]["l"]))
     assert done[key]["runs"] == int(rows[49]["runs"]) > 1  # the file with more releases wins
+
+
+def test_table3_split_runs_merge_into_one_table_in_the_variants_order(tmp_path):
+    from benchmarks import reproduce_table3 as t3
+
+    common = ["--datasets", "digits", "--ls", "4", "--runs", "1", "--epochs", "1", "--limit", "400"]
+    t3.main([*common, "--eps", "10", "--variants", "local/plain", "--out", str(tmp_path / "a")])
+    t3.main([*common, "--eps", "20", "10", "--variants", "dpcda/fixed", "--out", str(tmp_path / "b")])
+    with pytest.raises(SystemExit):  # --merge without --resume would drop the cells it names
+        t3.main([*common, "--out", str(tmp_path / "a"), "--merge", str(tmp_path / "b" / "table3_digits.csv")])
+    other = str(tmp_path / "b" / "table3_digits.csv")
+    # everything asked for is measured already: the merge runs no release and writes the joined table
+    t3.main(
+        [*common, "--eps", "20", "10", "--variants", "dpcda/fixed"]
+        + ["--out", str(tmp_path / "a"), "--resume", "--merge", other]
+    )
+    with open(tmp_path / "a" / "table3_digits.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [(r["mechanism"], r["epsilon"]) for r in rows] == [("dpcda", "20"), ("dpcda", "10"), ("local", "10")]
+    assert all(0.0 <= float(r["mean"]) <= 1.0 and r["runs"] == "1" for r in rows)
+    md = (tmp_path / "a" / "table3_digits.md").read_text()
+    assert md.count("| dpcda | fixed |") == 2 and "At or near chance (mean below 2 x 0.10): " in md
+    low = t3.near_chance([{**rows[0], "mean": "0.12"}, rows[1]])
+    assert low[0]["mean"] == "0.12" and len(low) == 1 + (float(rows[1]["mean"]) < 0.2)
