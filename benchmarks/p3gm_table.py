@@ -69,8 +69,9 @@ SAMPLES_CELL = "p3gm-eps1-b1500-e20"  # the README's picture: release 0 of the d
 FIELDS = ["cell", "epsilon", "release", "accuracy", "fit_seconds", "seconds"]
 
 
-def release_cell(name, release, x, y, first):
-    """(features, labels, plan) of release ``release`` of cell ``name``: the same rows every time it is asked for."""
+def release_cell(name, release, x, y, first, on_model=None):
+    """(features, labels, plan) of release ``release`` of cell ``name``: the same rows every time it is asked for.
+    ``on_model``: as ``release_in_process``'s (p3gm's fitted model)."""
     spec = CELLS[name]
     cfg = ReleaseConfig(input="in-process", output="in-process", num_classes=10, seed=release, **spec)
     t0 = time.time()
@@ -79,14 +80,18 @@ def release_cell(name, release, x, y, first):
         if step % 200 == 0 or step == steps:
             print(f"  {name} release {release}: step {step}/{steps} loss {loss:.3f} ({time.time() - t0:.0f} s)")
 
-    feats, labels, plan, _ = release_in_process(x, y, cfg, key_from_test_seed(release), first=first, progress=progress)
+    feats, labels, plan, _ = release_in_process(
+        x, y, cfg, key_from_test_seed(release), first=first, progress=progress, on_model=on_model
+    )
     return feats, labels, plan
 
 
-def write_samples_png(path, feats, labels):
+def write_samples_png(path, feats, labels, plan):
+    """The samples grid in pixel units, through the release's own statistics (``evaluation.report.to_pixels``)."""
     from evaluation.report import write_samples
 
-    write_samples(path, feats, labels, num_classes=10, input_shape=(1, 28, 28))
+    norm = {"mean": plan.mean, "std": plan.std, "clip": plan.clip, "feature_bounds": plan.bounds}
+    write_samples(path, feats, labels, num_classes=10, input_shape=(1, 28, 28), norm=norm)
 
 
 def run_cell(name, release, x, y, first, tx, ty, epochs, samples_png=None):
@@ -94,7 +99,7 @@ def run_cell(name, release, x, y, first, tx, ty, epochs, samples_png=None):
     feats, labels, plan = release_cell(name, release, x, y, first)
     fit_seconds = time.time() - t0
     if samples_png:
-        write_samples_png(samples_png, feats, labels)
+        write_samples_png(samples_png, feats, labels, plan)
     test = normalize(tx, plan.mean, plan.std, plan.clip, plan.bounds)
     res = train_and_score(
         feats,
@@ -274,8 +279,8 @@ def main(argv=None) -> int:
     comb = FirstPassCombiner((0.0, 1.0))
     first = comb.add(comb.create(), x, y)
     if args.samples:
-        feats, labels, _ = release_cell(SAMPLES_CELL, 0, x, y, first)
-        write_samples_png(samples_png, feats, labels)
+        feats, labels, plan = release_cell(SAMPLES_CELL, 0, x, y, first)
+        write_samples_png(samples_png, feats, labels, plan)
         return 0
     csv_path = os.path.join(args.out, "p3gm_fashion_mnist.csv")
     rows = _read(csv_path) if args.resume else []

@@ -52,6 +52,16 @@ def _as_image(row: np.ndarray, shape: Optional[Sequence[int]]) -> np.ndarray:
     return np.pad(row, (0, width * math.ceil(d / width) - d), constant_values=np.nan).reshape(-1, width)
 
 
+def to_pixels(rows: np.ndarray, norm: dict) -> np.ndarray:
+    """Released rows (z-scored, scaled to L2 norm at most c) shown in the input's units: mean + std * row * sqrt(d) / c,
+    cut to the feature bounds. sqrt(d) is the norm a z-scored row has on average (d coordinates of unit variance), a
+    public display scale; the statistics are the release's own (``normalization.json``). Post-processing only."""
+    rows = np.asarray(rows, np.float64)
+    mean, std = (np.asarray(norm[k], np.float64) for k in ("mean", "std"))
+    lo, hi = norm["feature_bounds"]
+    return np.clip(mean + std * rows * (math.sqrt(rows.shape[-1]) / float(norm["clip"])), lo, hi)
+
+
 def write_samples(
     path: str,
     features: np.ndarray,
@@ -62,10 +72,17 @@ def write_samples(
     input_shape: Optional[Sequence[int]] = None,
     seed: int = 0,
     class_names: Optional[Sequence[str]] = None,
+    norm: Optional[dict] = None,
 ) -> str:
     """Grid of synthetic rows (seed 000 Fig. 1): one row per class, its mean over all its synthetic rows
-    first (noise averages out there; post-processing of released rows only), then ``per_class`` samples."""
+    first (noise averages out there; post-processing of released rows only), then ``per_class`` samples.
+
+    ``norm`` (the release's normalization: mean, std, clip, feature_bounds): rows are drawn in the input's units
+    (``to_pixels``) on the bounds' fixed grey scale. Without it each image is drawn as released, z-scored, on its own
+    grey scale, where the near-constant border pixels (tiny std) dominate."""
     plt = _pyplot()
+    if norm is not None:
+        features = to_pixels(features, norm)
     rng = np.random.default_rng(seed)
     cols = per_class + 1
     fig, axes = plt.subplots(num_classes, cols, figsize=(cols * 0.9 + 0.8, num_classes * 0.9 + 0.4), squeeze=False)
@@ -81,17 +98,25 @@ def write_samples(
                 spine.set_visible(False)
             if j < len(shown):
                 img = _as_image(np.asarray(shown[j], np.float32), input_shape)
-                if img.ndim == 3:  # colour: each image scaled to [0, 1] for display
+                scale = {}
+                if norm is not None:
+                    lo, hi = norm["feature_bounds"]
+                    img = (img - lo) / (hi - lo)
+                    scale = dict(vmin=0.0, vmax=1.0)
+                elif img.ndim == 3:  # colour: each image scaled to [0, 1] for display
                     lo, hi = np.nanmin(img), np.nanmax(img)
                     img = (img - lo) / (hi - lo + 1e-12)
-                ax.imshow(img, cmap="gray", interpolation="nearest")
+                ax.imshow(img, cmap="gray", interpolation="nearest", **scale)
             if k == 0:
                 ax.set_title("class mean" if j == 0 else f"sample {j}", fontsize=7)
             if j == 0:
                 ax.set_ylabel(
                     class_names[k] if class_names else str(k), rotation=0, ha="right", va="center", fontsize=8
                 )
-    fig.suptitle("synthetic rows per class", fontsize=9)
+    fig.suptitle(
+        "synthetic rows per class" + (" (input units: mean + std x row x sqrt(d) / c)" if norm is not None else ""),
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
@@ -130,13 +155,20 @@ def write_all(
     *,
     input_shape: Optional[Sequence[int]] = None,
     extra: Optional[dict] = None,
+    norm: Optional[dict] = None,
 ) -> dict:
-    """Writes report.json, samples.png and curves.png into ``out_dir``; returns their paths."""
+    """Writes report.json, samples.png and curves.png into ``out_dir``; returns their paths. ``norm``: as
+    ``write_samples``'s."""
     os.makedirs(out_dir, exist_ok=True)
     shape = input_shape if input_shape is not None and len(input_shape) == 3 else None
     paths = {
         "samples": write_samples(
-            os.path.join(out_dir, SAMPLES), train_x, train_y, num_classes=result["num_classes"], input_shape=shape
+            os.path.join(out_dir, SAMPLES),
+            train_x,
+            train_y,
+            num_classes=result["num_classes"],
+            input_shape=shape,
+            norm=norm,
         ),
         "curves": write_curves(os.path.join(out_dir, CURVES), result["curves"]),
     }

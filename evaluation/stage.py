@@ -182,7 +182,13 @@ def run_evaluation(
     local_dir = tempfile.mkdtemp(prefix="dpcda-eval-") if remote else out_dir
     try:
         paths = report_mod.write_all(
-            local_dir, result, syn.features, syn.labels, input_shape=result["input_shape"], extra=extra
+            local_dir,
+            result,
+            syn.features,
+            syn.labels,
+            input_shape=result["input_shape"],
+            extra=extra,
+            norm=norm if projection is None else None,  # projected rows have no input units to show
         )
         if remote:
             for p in paths.values():

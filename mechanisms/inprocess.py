@@ -36,9 +36,11 @@ def release_in_process(
     first: Optional[FirstPass] = None,
     device="cpu",
     progress=None,
+    on_model=None,
 ) -> tuple[np.ndarray, np.ndarray, ReleasePlan, Optional[np.ndarray]]:
     """(features float32, hard labels, plan, label scores or None) of one release of (x, y) under ``cfg``.
-    ``progress(step, steps, loss)``: p3gm's training progress."""
+    ``progress(step, steps, loss)``: p3gm's training progress; ``on_model(model, spec)``: p3gm's fitted model, before
+    sampling (benchmarks that sample one fit several ways)."""
     first = first if first is not None else first_pass(x, y, cfg.feature_bounds)
     plan = build_plan(first, cfg, key)
     y = np.asarray(y, np.int64)
@@ -118,6 +120,8 @@ def release_in_process(
 
         spec = spec_from_plan(plan)
         model = fit(normalized(x), y, basis, plan.clip, spec, key, device, progress=progress)
+        if on_model is not None:
+            on_model(model, spec)
         for chunk in range(-(-plan.samples_total // cfg.chunk_rows)):
             rows = min(cfg.chunk_rows, plan.samples_total - chunk * cfg.chunk_rows)
             f, lab = sample_rows(model, spec, rows=rows, chunk=chunk, key=key, clip=plan.clip, device=device)

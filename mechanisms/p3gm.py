@@ -588,18 +588,76 @@ def decode(state: dict, z: np.ndarray, *, dim: int, device) -> tuple[torch.Tenso
     return out[:, :dim], out[:, dim:]
 
 
+# Rounds of draws a chunk makes to fill its class quotas before the rest is taken as it comes (``sample_rows``).
+QUOTA_ROUNDS = 32
+
+
+def class_quota(rows: int, weights) -> np.ndarray:
+    """int64 (K,) rows of each class in a chunk of ``rows``: the largest-remainder split of ``rows`` in proportion to
+    ``weights`` (the DP class histogram: post-processing), ties to the lower class; equal shares if none is positive."""
+    w = np.maximum(np.asarray(weights, np.float64), 0.0)
+    if not w.sum() > 0:
+        w = np.ones_like(w)
+    exact = int(rows) * w / w.sum()
+    quota = np.floor(exact).astype(np.int64)
+    order = np.argsort(-(exact - quota), kind="stable")
+    quota[order[: int(rows) - int(quota.sum())]] += 1
+    return quota
+
+
 def sample_rows(
-    model: P3gmModel, spec: P3gmSpec, *, rows: int, chunk: int, key: bytes, clip: float, device
+    model: P3gmModel,
+    spec: P3gmSpec,
+    *,
+    rows: int,
+    chunk: int,
+    key: bytes,
+    clip: float,
+    device,
+    quota: Optional[np.ndarray] = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(float32 features (rows, d) in the rows' units, norms at most ``clip``; int64 labels (rows,)) of one chunk,
-    deterministic in (key, chunk): post-processing of the fitted model."""
+    deterministic in (key, chunk): post-processing of the fitted model.
+
+    ``quota`` (K,) summing to ``rows``: seed 004's sampling (Section VI: the label ratio of the training data), rows
+    drawn in rounds of ``rows`` and kept, in the order drawn, while their label's quota is open; after
+    ``QUOTA_ROUNDS`` rounds a class the decoder rarely labels is left short and the chunk is filled with rows as they
+    come (every label is still the decoder's argmax). None: ``rows`` draws as they come."""
     dim = model.state["dec2.bias"].shape[0] - spec.num_classes
-    z = sample_latent(model.prior, int(rows), NoiseStream(key, "p3gm-sample", chunk)) * latent_scale(spec.latent_dim)
-    means, logits = decode(model.state, z, dim=dim, device=device)
-    feats = means.cpu().numpy().astype(np.float64) / feature_scale(dim, clip)
-    norms = np.linalg.norm(feats, axis=1, keepdims=True)
-    feats *= np.minimum(1.0, float(clip) / np.maximum(norms, 1e-300))
-    return feats.astype(np.float32), logits.argmax(dim=1).cpu().numpy().astype(np.int64)
+    stream = NoiseStream(key, "p3gm-sample", chunk)
+
+    def draw(n):
+        z = sample_latent(model.prior, int(n), stream) * latent_scale(spec.latent_dim)
+        means, logits = decode(model.state, z, dim=dim, device=device)
+        feats = means.cpu().numpy().astype(np.float64) / feature_scale(dim, clip)
+        norms = np.linalg.norm(feats, axis=1, keepdims=True)
+        feats *= np.minimum(1.0, float(clip) / np.maximum(norms, 1e-300))
+        return feats.astype(np.float32), logits.argmax(dim=1).cpu().numpy().astype(np.int64)
+
+    if quota is None:
+        return draw(rows)
+    need = np.asarray(quota, np.int64).copy()
+    if need.shape != (spec.num_classes,) or need.min() < 0 or need.sum() != rows:
+        raise ValueError(f"p3gm: quota must be {spec.num_classes} counts >= 0 summing to {rows}, got {quota!r}")
+    feats, labels = [], []
+    for _ in range(QUOTA_ROUNDS):
+        if not need.any():
+            break
+        f, lab = draw(rows)
+        # the i-th row drawn with label k is kept iff fewer than need[k] rows labelled k came before it in this round
+        rank = np.empty(len(lab), np.int64)
+        for k in np.unique(lab):
+            at = np.flatnonzero(lab == k)
+            rank[at] = np.arange(len(at))
+        keep = rank < need[lab]
+        feats.append(f[keep])
+        labels.append(lab[keep])
+        need -= np.bincount(lab[keep], minlength=len(need))
+    if need.any():
+        f, lab = draw(int(need.sum()))
+        feats.append(f)
+        labels.append(lab)
+    return np.concatenate(feats), np.concatenate(labels)
 
 
 def spec_from_plan(plan) -> P3gmSpec:

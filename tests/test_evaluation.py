@@ -219,6 +219,27 @@ def test_samples_grid_for_flat_rows(tmp_path):
         assert img.size[0] > 100 and img.size[1] > 100
 
 
+def test_samples_in_input_units_undo_the_release_normalization(tmp_path):
+    from PIL import Image
+
+    from evaluation.report import to_pixels, write_samples
+
+    rng = np.random.default_rng(3)
+    pixels = rng.uniform(0.2, 0.8, size=(30, 16))
+    mean, std = pixels.mean(0), pixels.std(0)
+    z = (pixels - mean) / std
+    rows = z / np.linalg.norm(z, axis=1, keepdims=True) * 0.5  # what a release with c = 0.5 carries
+    norm = {"mean": mean.tolist(), "std": std.tolist(), "clip": 0.5, "feature_bounds": [0.0, 1.0]}
+    back = to_pixels(rows, norm)
+    # exact where a row's z-score had the average norm sqrt(d); on the bounds' scale in any case
+    scale = np.linalg.norm(z, axis=1, keepdims=True) / np.sqrt(16)
+    assert np.allclose(mean + (back - mean) * scale, pixels)
+    assert to_pixels(np.full((1, 16), 1e3), norm).max() == 1.0 and to_pixels(np.full((1, 16), -1e3), norm).min() == 0
+    path = write_samples(str(tmp_path / "s.png"), rows, np.arange(30) % 3, num_classes=3, per_class=4, norm=norm)
+    with Image.open(path) as img:
+        assert img.size[0] > 100
+
+
 def test_evaluation_imports_without_beam():
     code = (
         "import sys; sys.modules['apache_beam'] = None; "

@@ -266,6 +266,40 @@ def test_sampling_is_deterministic_in_key_and_chunk():
     assert (np.linalg.norm(f1.astype(np.float64), axis=1) <= 1.0 + 1e-6).all()
 
 
+def test_class_quota_splits_the_rows_by_the_histogram():
+    assert p3gm.class_quota(10, [5, 3, 2]).tolist() == [5, 3, 2]
+    assert p3gm.class_quota(7, [1, 1, 1]).tolist() == [3, 2, 2]  # the remainder to the lower classes first
+    assert p3gm.class_quota(100, [-4.0, 30.2, 10.1]).tolist() == [0, 75, 25]  # a negative DP count weighs nothing
+    assert p3gm.class_quota(5, [-1, 0, -2]).tolist() == [2, 2, 1]  # no positive count: equal shares
+    q = p3gm.class_quota(60000, [6013.7, 5987.2, 6001.0, 5990.4, 6008.9, 6002.2, 5995.1, 5999.0, 6003.3, 6000.1])
+    assert q.sum() == 60000 and q.min() >= 5980 and q.max() <= 6020
+
+
+def test_quotas_keep_the_rows_as_drawn_until_each_class_is_full():
+    x, y, basis = toy_data()
+    s = spec()
+    model = p3gm.fit(x, y, basis, 1.0, s, KEY, "cpu")
+    free_f, free_l = p3gm.sample_rows(model, s, rows=60, chunk=1, key=KEY, clip=1.0, device="cpu")
+    made = np.bincount(free_l, minlength=3)
+    # quotas the first round already fills: the rows drawn first with each label, in the order drawn
+    quota = np.minimum(made, [20, 20, 20])
+    quota[int(np.argmax(made))] += 60 - quota.sum()
+    f, lab = p3gm.sample_rows(model, s, rows=60, chunk=1, key=KEY, clip=1.0, device="cpu", quota=quota)
+    assert f.shape == (60, x.shape[1]) and np.bincount(lab, minlength=3).tolist() == quota.tolist()
+    keep = np.concatenate([np.flatnonzero(free_l == k)[: quota[k]] for k in range(3)])
+    keep.sort()
+    assert np.array_equal(f, free_f[keep]) and np.array_equal(lab, free_l[keep])
+    # a class the decoder never labels stays short after QUOTA_ROUNDS; the chunk is filled with rows as they come
+    bias = model.state["dec2.bias"].copy()
+    bias[x.shape[1] + 0] = -1e4  # class 0's logit: never the argmax
+    mute = p3gm.P3gmModel(prior=model.prior, state={**model.state, "dec2.bias": bias})
+    f, lab = p3gm.sample_rows(mute, s, rows=60, chunk=1, key=KEY, clip=1.0, device="cpu", quota=[30, 0, 30])
+    made = np.bincount(lab, minlength=3)
+    assert len(lab) == 60 and made[0] == 0 and made[2] >= 30
+    with pytest.raises(ValueError, match="quota"):
+        p3gm.sample_rows(model, s, rows=60, chunk=1, key=KEY, clip=1.0, device="cpu", quota=np.array([30, 30, 1]))
+
+
 def test_the_fit_does_not_depend_on_the_rows_arrival_order():
     """A retried fit (another worker, another shuffle) redraws exactly the same model from the same key."""
     x, y, basis = toy_data(n=70)
