@@ -25,8 +25,8 @@ import time
 import numpy as np
 import torch
 
-from benchmarks.p3gm_table import CELLS, SAMPLES_CELL, release_cell
-from evaluation.train import Recipe, _as_tensors, predict, stratified_split, train_and_score, train_one, use_bf16
+from benchmarks.p3gm_table import CELLS, SAMPLES_CELL, release_cell, score_release
+from evaluation.train import Recipe, _as_tensors, predict, stratified_split, train_one, use_bf16
 from mechanisms.inprocess import first_pass
 from mechanisms.p3gm import class_quota, sample_rows
 from mechanisms.plan import normalize
@@ -116,7 +116,6 @@ def main(argv=None) -> None:
     tx, ty = load_fashion_mnist("test", args.source)
     model, spec, plan, cfg = fit_or_load(args.cell, args.release, x, y, args.cache)
     real = normalize(x, plan.mean, plan.std, plan.clip, plan.bounds)
-    test = normalize(tx, plan.mean, plan.std, plan.clip, plan.bounds)
     print("training the reference CNN on the real rows (diagnostic only)", flush=True)
     labels_of = reference_classifier(real, np.asarray(y, np.int64), args.epochs, seed=12345)
     rows = []
@@ -124,25 +123,13 @@ def main(argv=None) -> None:
         t0 = time.time()
         feats, labels = sample_all(model, spec, plan, cfg, args.release, quotas=quotas)
         agree = float(np.mean(labels_of(feats) == labels))
-        res = train_and_score(
-            feats,
-            labels,
-            test,
-            ty,
-            num_classes=10,
-            input_shape=(1, 28, 28),
-            runs=1,
-            epochs=args.epochs,
-            device="cpu",
-            seed=args.release * 1000,
-            progress=False,
-        )
+        accuracy = score_release(feats, labels, plan, tx, ty, args.epochs, args.release)
         rows.append(
             {
                 "cell": args.cell,
                 "release": args.release,
                 "sampling": sampling,
-                "accuracy": round(res["accuracy_mean"], 4),
+                "accuracy": round(accuracy, 4),
                 "label_agreement": round(agree, 4),
                 "label_counts": " ".join(str(int(c)) for c in np.bincount(labels, minlength=10)),
                 "dp_class_sizes": " ".join(str(int(c)) for c in plan.dp_class_sizes),

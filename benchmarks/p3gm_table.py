@@ -94,17 +94,12 @@ def write_samples_png(path, feats, labels, plan):
     write_samples(path, feats, labels, num_classes=10, input_shape=(1, 28, 28), norm=norm)
 
 
-def run_cell(name, release, x, y, first, tx, ty, epochs, samples_png=None):
-    t0 = time.time()
-    feats, labels, plan = release_cell(name, release, x, y, first)
-    fit_seconds = time.time() - t0
-    if samples_png:
-        write_samples_png(samples_png, feats, labels, plan)
-    test = normalize(tx, plan.mean, plan.std, plan.clip, plan.bounds)
+def score_release(feats, labels, plan, tx, ty, epochs, release) -> float:
+    """Real-test accuracy of the evaluation CNN trained on a release (the training seed fixed by the release number)."""
     res = train_and_score(
         feats,
         labels,
-        test,
+        normalize(tx, plan.mean, plan.std, plan.clip, plan.bounds),
         ty,
         num_classes=10,
         input_shape=(1, 28, 28),
@@ -114,11 +109,21 @@ def run_cell(name, release, x, y, first, tx, ty, epochs, samples_png=None):
         seed=release * 1000,
         progress=False,
     )
+    return res["accuracy_mean"]
+
+
+def run_cell(name, release, x, y, first, tx, ty, epochs, samples_png=None):
+    t0 = time.time()
+    feats, labels, plan = release_cell(name, release, x, y, first)
+    fit_seconds = time.time() - t0
+    if samples_png:
+        write_samples_png(samples_png, feats, labels, plan)
+    accuracy = score_release(feats, labels, plan, tx, ty, epochs, release)
     return {
         "cell": name,
         "epsilon": plan.accounting.epsilon,
         "release": release,
-        "accuracy": res["accuracy_mean"],
+        "accuracy": accuracy,
         "fit_seconds": round(fit_seconds, 1),
         "seconds": round(time.time() - t0, 1),
     }
