@@ -87,7 +87,8 @@ def paper_reference(path=REFERENCE) -> dict:
     return ref
 
 
-def run_release(x, y, tx, ty, first, fields: dict, *, eps, l, seed, epochs, num_classes, lowpass):
+def run_release(x, y, tx, ty, first, fields: dict, *, eps, l, seed, epochs, num_classes, lowpass, sigma_x=None):
+    """(real-test accuracy, sigma_x) of one release; ``sigma_x`` given: that noise instead of ``eps``'s calibration."""
     fields = {**fields, "lowpass": lowpass if fields.get("lowpass") == "LP" else fields.get("lowpass")}
     if fields["mechanism"] in ("dpcda", "dpmix"):
         fields["mixing_order"] = l
@@ -98,7 +99,7 @@ def run_release(x, y, tx, ty, first, fields: dict, *, eps, l, seed, epochs, num_
     cfg = ReleaseConfig(
         input="in-process",
         output="in-process",
-        epsilon=float(eps),
+        **({"epsilon": float(eps)} if sigma_x is None else {"sigma_x": float(sigma_x)}),
         seed=seed,
         num_classes=num_classes,
         **{k: v for k, v in fields.items() if k != "num_classes"},
