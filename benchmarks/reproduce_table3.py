@@ -325,7 +325,7 @@ def write(rows, stem: str, dataset: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    names = sorted({(r["mechanism"], r["variant"]) for r in rows})
+    names = list(dict.fromkeys((r["mechanism"], r["variant"]) for r in rows))  # rows are in the variants' order
     for j, eps in enumerate(sorted({r["epsilon"] for r in rows})):
         vals = [
             next(
@@ -338,7 +338,8 @@ def write(rows, stem: str, dataset: str) -> None:
             for n in names
         ]
         ax.bar(np.arange(len(names)) + 0.4 * j, vals, 0.4, yerr=errs, label=f"eps {eps}")
-    ax.set_xticks(np.arange(len(names)) + 0.2, [f"{m}\n{v}" for m, v in names], fontsize=7)
+    ticks = ["\n".join([m, *v.replace("+", "+ ").split()]) for m, v in names]  # "fixed+lowpass" on two lines
+    ax.set_xticks(np.arange(len(names)) + 0.2, ticks, fontsize=7)
     ax.axhline(0.1, color="grey", lw=0.8, ls="--")
     ax.set_ylabel("real-test accuracy")
     ax.legend()
