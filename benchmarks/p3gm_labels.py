@@ -25,14 +25,13 @@ import time
 import numpy as np
 import torch
 
-from benchmarks.p3gm_table import CELLS, SAMPLES_CELL, release_cell, score_release
+from benchmarks.p3gm_table import CELLS, SAMPLES_CELL, cell_config, release_cell, score_release
 from evaluation.train import Recipe, _as_tensors, predict, stratified_split, train_one, use_bf16
 from mechanisms.inprocess import first_pass
 from mechanisms.p3gm import class_quota, sample_rows
-from mechanisms.plan import normalize
+from mechanisms.plan import normalize, sample_chunks
 from pipeline.prepare import FASHION_MNIST_DIR, load_fashion_mnist
 from privacy.noise import key_from_test_seed
-from schemas.config import ReleaseConfig
 
 OUT = os.path.join(os.path.dirname(__file__), "results")
 FIELDS = ["cell", "release", "sampling", "accuracy", "label_agreement", "label_counts", "dp_class_sizes", "seconds"]
@@ -40,7 +39,7 @@ FIELDS = ["cell", "release", "sampling", "accuracy", "label_agreement", "label_c
 
 def fit_or_load(cell: str, release: int, x, y, cache: str):
     """(model, spec, plan, cfg) of release ``release`` of ``cell``: fitted once, then read from ``cache``."""
-    cfg = ReleaseConfig(input="in-process", output="in-process", num_classes=10, seed=release, **CELLS[cell])
+    cfg = cell_config(cell, release)
     path = os.path.join(cache, f"{cell}-r{release}.pkl")
     if os.path.exists(path):
         with open(path, "rb") as fh:
@@ -62,8 +61,7 @@ def fit_or_load(cell: str, release: int, x, y, cache: str):
 def sample_all(model, spec, plan, cfg, release: int, *, quotas: bool):
     """The release's rows, chunk by chunk as ``release_in_process`` samples them, with or without class quotas."""
     feats, labels = [], []
-    for chunk in range(-(-plan.samples_total // cfg.chunk_rows)):
-        rows = min(cfg.chunk_rows, plan.samples_total - chunk * cfg.chunk_rows)
+    for chunk, rows in sample_chunks(plan, cfg.chunk_rows):
         quota = class_quota(rows, plan.dp_class_sizes) if quotas else None
         f, lab = sample_rows(
             model,

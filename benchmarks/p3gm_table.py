@@ -33,7 +33,7 @@ import numpy as np
 from evaluation.train import train_and_score
 from mechanisms.combiners import FirstPassCombiner
 from mechanisms.inprocess import release_in_process
-from mechanisms.plan import normalize
+from mechanisms.plan import normalization_record, normalize
 from pipeline.prepare import FASHION_MNIST_DIR, load_fashion_mnist
 from privacy.noise import key_from_test_seed
 from schemas.config import ReleaseConfig
@@ -72,11 +72,15 @@ SAMPLES_CELL = "p3gm-eps1-b1500-e20"  # the README's picture: release 0 of the d
 FIELDS = ["cell", "epsilon", "release", "accuracy", "fit_seconds", "seconds"]
 
 
+def cell_config(name: str, release: int) -> ReleaseConfig:
+    """The config of release ``release`` of cell ``name`` (its seed is the release number)."""
+    return ReleaseConfig(input="in-process", output="in-process", num_classes=10, seed=release, **CELLS[name])
+
+
 def release_cell(name, release, x, y, first, on_model=None):
     """(features, labels, plan) of release ``release`` of cell ``name``: the same rows every time it is asked for.
     ``on_model``: as ``release_in_process``'s (p3gm's fitted model)."""
-    spec = CELLS[name]
-    cfg = ReleaseConfig(input="in-process", output="in-process", num_classes=10, seed=release, **spec)
+    cfg = cell_config(name, release)
     t0 = time.time()
 
     def progress(step, steps, loss):
@@ -93,8 +97,7 @@ def write_samples_png(path, feats, labels, plan):
     """The samples grid in pixel units, through the release's own statistics (``evaluation.report.to_pixels``)."""
     from evaluation.report import write_samples
 
-    norm = {"mean": plan.mean, "std": plan.std, "clip": plan.clip, "feature_bounds": plan.bounds}
-    write_samples(path, feats, labels, num_classes=10, input_shape=(1, 28, 28), norm=norm)
+    write_samples(path, feats, labels, num_classes=10, input_shape=(1, 28, 28), norm=normalization_record(plan))
 
 
 def score_release(feats, labels, plan, tx, ty, epochs, release) -> float:

@@ -99,7 +99,7 @@ def write_samples(
             if j < len(shown):
                 img = _as_image(np.asarray(shown[j], np.float32), input_shape)
                 scale = {}
-                if norm is not None:
+                if norm is not None:  # bounds to [0, 1], one scale for every image (RGB ignores vmin/vmax)
                     lo, hi = norm["feature_bounds"]
                     img = (img - lo) / (hi - lo)
                     scale = dict(vmin=0.0, vmax=1.0)

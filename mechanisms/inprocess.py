@@ -15,7 +15,7 @@ from mechanisms.combiners import FirstPass, FirstPassCombiner
 from mechanisms.dpcda import mix_class
 from mechanisms.dpmix import mix_dataset
 from mechanisms.local import perturb_block
-from mechanisms.plan import ReleasePlan, build_plan, normalize_into
+from mechanisms.plan import ReleasePlan, build_plan, normalize_into, sample_chunks
 from mechanisms.postprocess import make_postprocess
 from schemas.config import ReleaseConfig
 
@@ -122,8 +122,7 @@ def release_in_process(
         model = fit(normalized(x), y, basis, plan.clip, spec, key, device, progress=progress)
         if on_model is not None:
             on_model(model, spec)
-        for chunk in range(-(-plan.samples_total // cfg.chunk_rows)):
-            rows = min(cfg.chunk_rows, plan.samples_total - chunk * cfg.chunk_rows)
+        for chunk, rows in sample_chunks(plan, cfg.chunk_rows):
             f, lab = sample_rows(model, spec, rows=rows, chunk=chunk, key=key, clip=plan.clip, device=device)
             feats.append(f)
             labels.append(lab)

@@ -654,6 +654,23 @@ def _check_clipped(rows: np.ndarray, clip: float) -> None:
         raise AssertionError("clip: a row's norm exceeds the clip margin after rounding")  # never expected
 
 
+def sample_chunks(plan: "ReleasePlan", chunk_rows: int):
+    """(chunk, rows) of a release sampled ``chunk_rows`` at a time (p3gm): every chunk full but the last."""
+    for chunk in range(-(-plan.samples_total // chunk_rows)):
+        yield chunk, min(chunk_rows, plan.samples_total - chunk * chunk_rows)
+
+
+def normalization_record(plan: "ReleasePlan") -> dict:
+    """What ``normalization.json`` holds: the statistics and clip the released rows were normalised with."""
+    return {
+        "mean": plan.mean.tolist(),
+        "std": plan.std.tolist(),
+        "clip": plan.clip,
+        "feature_bounds": list(plan.bounds),
+        "method": plan.normalization_method,
+    }
+
+
 def normalize(
     features: np.ndarray, mean: np.ndarray, std: np.ndarray, clip: float, bounds: tuple[float, float]
 ) -> np.ndarray:

@@ -17,6 +17,7 @@ from apache_beam.metrics import Metrics
 
 from mechanisms.device import pick_device
 from mechanisms.p3gm import spec_from_plan
+from mechanisms.plan import sample_chunks
 from transforms.mix import check_build, finite_table
 
 log = logging.getLogger(__name__)
@@ -43,11 +44,6 @@ class _FitFn(beam.DoFn):
         model = fit(x, y, basis, plan.clip, spec, key, self.device, progress=progress)
         log.info("stage=p3gm fitted steps=%d device=%s seconds=%.1f", spec.steps, self.device, time.time() - start)
         yield model
-
-
-def _chunks(plan, chunk_rows: int):
-    for chunk in range(-(-plan.samples_total // chunk_rows)):
-        yield chunk, min(chunk_rows, plan.samples_total - chunk * chunk_rows)
 
 
 class _SampleFn(beam.DoFn):
@@ -109,7 +105,7 @@ class SampleP3gm(beam.PTransform):
     def expand(self, model):
         return (
             self.plan
-            | "Chunks" >> beam.FlatMap(_chunks, self.chunk_rows)
+            | "Chunks" >> beam.FlatMap(sample_chunks, self.chunk_rows)
             | "Spread" >> beam.Reshuffle()
             | "Sample"
             >> beam.ParDo(

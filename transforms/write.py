@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from mechanisms.plan import normalization_record
 from storage.paths import is_remote
 from storage.publish import DRAFT
 from storage.shards import parquet_schema
@@ -82,16 +83,7 @@ def _write_manifest(files, plan, directory, prefix, build_manifest):
         outputs.append(OutputFile(path=prefix + rel, rows=rows, sha256=digest, bytes=size))
     _write_text(
         FileSystems.join(directory, NORMALIZATION),
-        json.dumps(
-            {
-                "mean": plan.mean.tolist(),
-                "std": plan.std.tolist(),
-                "clip": plan.clip,
-                "feature_bounds": list(plan.bounds),
-                "method": plan.normalization_method,
-            }
-        )
-        + "\n",
+        json.dumps(normalization_record(plan)) + "\n",
     )
     manifest = build_manifest(plan, outputs)
     _write_text(FileSystems.join(directory, DRAFT), manifest.write_json())
