@@ -37,12 +37,15 @@ def release_in_process(
     device="cpu",
     progress=None,
     on_model=None,
+    replan=None,
 ) -> tuple[np.ndarray, np.ndarray, ReleasePlan, Optional[np.ndarray]]:
     """(features float32, hard labels, plan, label scores or None) of one release of (x, y) under ``cfg``.
     ``progress(step, steps, loss)``: p3gm's training progress; ``on_model(model, spec)``: p3gm's fitted model, before
-    sampling (benchmarks that sample one fit several ways)."""
+    sampling (benchmarks that sample one fit several ways); ``replan(plan) -> plan``: a changed plan to run instead,
+    for benchmarks' diagnostics only (its noise no longer matches ``plan.accounting``: not a release)."""
     first = first if first is not None else first_pass(x, y, cfg.feature_bounds)
     plan = build_plan(first, cfg, key)
+    plan = replan(plan) if replan is not None else plan
     y = np.asarray(y, np.int64)
 
     def normalized(rows):

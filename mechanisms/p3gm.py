@@ -676,4 +676,5 @@ def spec_from_plan(plan) -> P3gmSpec:
         lr=p.lr,
         num_classes=plan.num_classes,
         expected_batch=p.batch,
+        label_weight=p.label_weight,
     )

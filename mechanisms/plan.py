@@ -56,6 +56,7 @@ class P3gmPlan:
     hidden: int
     epochs: float
     batch: int
+    label_weight: float  # of the label cross-entropy (public: the config's, or sqrt(d))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -622,6 +623,7 @@ def _p3gm_events(cfg: ReleaseConfig, dim: int, K: int, n_hat: int, shared: list,
         hidden=cfg.p3gm_hidden,
         epochs=cfg.p3gm_epochs,
         batch=cfg.p3gm_batch,
+        label_weight=math.sqrt(dim) if cfg.p3gm_label_weight is None else float(cfg.p3gm_label_weight),
     )
     return plan, em, DpSgdEvent("dp_sgd", rate, steps, z)
 

@@ -61,6 +61,44 @@ def test_p3gm_defaults_to_the_add_remove_relation():
     assert cfg.mode == "poisson" and cfg.mixing_order == 1 and cfg.pca_components == 10
 
 
+@pytest.mark.parametrize("weight, expected", [(None, math.sqrt(12)), (5.0, 5.0)])
+def test_the_label_weight_reaches_the_fit(weight, expected):
+    from mechanisms.inprocess import first_pass
+    from mechanisms.p3gm import spec_from_plan
+    from mechanisms.plan import build_plan
+    from privacy.noise import key_from_test_seed
+    from schemas.config import load_config
+
+    x, y = make_dataset(n_per_class=30, num_classes=3, dim=12)
+    fields = {"input": "i", "output": "o", "epsilon": 2.0, "mechanism": "p3gm", "num_classes": 3, **SMALL}
+    cfg = load_config(None, {**fields, **({} if weight is None else {"p3gm_label_weight": weight})})
+    plan = build_plan(first_pass(x, y), cfg, key_from_test_seed(0))
+    assert plan.p3gm.label_weight == pytest.approx(expected)
+    assert spec_from_plan(plan).label_weight == pytest.approx(expected)
+
+
+def test_replan_runs_the_changed_plan():
+    import dataclasses
+
+    from mechanisms.inprocess import release_in_process
+    from privacy.noise import key_from_test_seed
+    from schemas.config import load_config
+
+    x, y = make_dataset(n_per_class=30, num_classes=3, dim=12)
+    fields = {"input": "i", "output": "o", "epsilon": 2.0, "mechanism": "p3gm", "num_classes": 3, **SMALL}
+    cfg = load_config(None, fields)
+    key = key_from_test_seed(0)
+
+    def quiet(plan):
+        return dataclasses.replace(plan, p3gm=dataclasses.replace(plan.p3gm, noise_multiplier=0.0))
+
+    f0, _, p0, _ = release_in_process(x, y, cfg, key)
+    f1, _, p1, _ = release_in_process(x, y, cfg, key, replan=quiet)
+    assert p0.p3gm.noise_multiplier > 0 and p1.p3gm.noise_multiplier == 0.0
+    assert p1.p3gm.grad_clip == p0.p3gm.grad_clip  # clipping kept
+    assert not np.array_equal(f0, f1)
+
+
 def test_events_round_trip_through_json_exactly():
     sgd = DpSgdEvent("dp_sgd", Fraction(300, 59999), 800, 1.37)
     em = IteratedGaussianEvent("dp_em", 20, 31.5, math.sqrt(3))
@@ -142,6 +180,7 @@ def test_a_p3gm_release_end_to_end(tmp_path):
     assert mech["name"] == "p3gm" and mech["mode"] == "poisson" and mech["latent_dim"] == 3
     assert priv["epsilon"] <= 3.0
     assert {"normalization", "pca_covariance", "dp_em", "dp_sgd", "class_histogram"} <= set(priv["components"])
+    assert mech["dp_sgd"]["label_weight"] == pytest.approx(math.sqrt(12))  # the default: sqrt(d)
     sgd = release_events_from_json(priv["events"]).per_class[0]
     assert sgd.steps == mech["dp_sgd"]["steps"] == math.ceil(1 / sgd.sampling_rate)  # one epoch
     # an independent recomputation of the manifest's events: at most the target, and the calibration is not loose
