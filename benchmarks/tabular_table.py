@@ -17,6 +17,11 @@ it runs from a venv of its own, created in DIR if missing (pip install smartnois
 pyarrow), through benchmarks/smartnoise_runner.py; its output is cast to the input's Arrow schema and scored like
 ours. ``--resume`` keeps the cells already in the CSV files that have at least ``--runs`` releases (e.g. ``--methods
 --smartnoise-venv DIR --resume`` adds only MST and AIM).
+
+Every finished release is appended to tabular_<table>_releases.csv as it lands, and the cell's row (its ``runs``
+the releases so far) is rewritten at once. ``--resume`` reuses those releases, so a run stopped mid-cell (or a
+release past ``--smartnoise-timeout``) loses only the release in progress: a slow cell (AIM's take hours here) fills
+over several runs. Without ``--resume`` the cells this run measures start afresh.
 """
 
 from __future__ import annotations
@@ -161,6 +166,87 @@ def reference_rows(name, train, test, conf):
     ]  # fmt: skip
 
 
+RELEASE_FIELDS = ("method", "epsilon", "release", "l", "accuracy", "roc_auc", "lr_accuracy", "column_distance",
+                  "correlation_gap", "seconds")  # fmt: skip
+
+
+def releases_path(out: str, name: str) -> str:
+    return stem_of(out, name) + "_releases.csv"
+
+
+def read_releases(path: str) -> dict:
+    """{(method, epsilon, release): the release's figures} of a tabular_<table>_releases.csv (none if missing)."""
+    if not os.path.exists(path):
+        return {}
+    with open(path) as fh:
+        recs = list(csv.DictReader(fh))
+    for r in recs:
+        for k in RELEASE_FIELDS[4:]:
+            r[k] = float(r[k]) if r[k] else ""
+    return {(r["method"], r["epsilon"], int(r["release"])): r for r in recs}
+
+
+def write_releases(path: str, recs) -> None:
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=RELEASE_FIELDS)
+        w.writeheader()
+        w.writerows(recs)
+
+
+def append_release(path: str, rec: dict) -> None:
+    """One finished release, on disk before the next one starts."""
+    new = not os.path.exists(path) or os.path.getsize(path) == 0
+    with open(path, "a", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=RELEASE_FIELDS)
+        if new:
+            w.writeheader()
+        w.writerow(rec)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def release_record(method: str, eps: str, release: int, figs: dict, l, seconds: float) -> dict:
+    return {
+        "method": method,
+        "epsilon": eps,
+        "release": release,
+        "l": "" if l is None else l,
+        "accuracy": figs["accuracy"],
+        "roc_auc": "" if figs["roc_auc"] is None else figs["roc_auc"],
+        "lr_accuracy": figs["models"]["logistic_regression"]["accuracy"],
+        "column_distance": figs["column_distance_mean"],
+        "correlation_gap": figs["correlation_gap"],
+        "seconds": seconds,
+    }
+
+
+def cell_row(name: str, recs: list[dict]) -> dict:
+    """A cell's table row: the mean (and std) over its releases so far."""
+    acc = [r["accuracy"] for r in recs]
+    aucs = [r["roc_auc"] for r in recs if r["roc_auc"] != ""]
+    return {
+        "table": name,
+        "method": recs[0]["method"],
+        "epsilon": recs[0]["epsilon"],
+        "l": recs[0]["l"],
+        "runs": len(recs),
+        "accuracy": float(np.mean(acc)),
+        "accuracy_std": float(np.std(acc)),
+        "roc_auc": float(np.mean(aucs)) if aucs else "",
+        **{k: float(np.mean([r[k] for r in recs])) for k in ("lr_accuracy", "column_distance", "correlation_gap")},
+        "seconds": float(np.mean([r["seconds"] for r in recs])),
+    }
+
+
+def put_row(rows: list[dict], row: dict) -> None:
+    """Replace the row of the same (method, epsilon), or append it."""
+    at = [i for i, r in enumerate(rows) if (r["method"], r["epsilon"]) == (row["method"], row["epsilon"])]
+    if at:
+        rows[at[0]] = row
+    else:
+        rows.append(row)
+
+
 def read_rows(path: str) -> list[dict]:
     """The rows of a tabular_<table>.csv with their numbers parsed (blank where a cell has none)."""
     with open(path) as fh:
@@ -263,14 +349,25 @@ def main(argv=None) -> None:
             # a cell with fewer releases than --runs asks for is measured again (all of its releases)
             rows += [r for r in kept if r["runs"] >= args.runs or r["method"] not in methods]
         done = {(r["method"], r["epsilon"]) for r in rows}
+        log = releases_path(args.out, name)
+        cached = read_releases(log)
+        if not args.resume:  # the cells measured now start afresh; the other cells' releases stay
+            measured = {(m, f"{e:g}") for m in methods for e in args.eps}
+            cached = {k: v for k, v in cached.items() if k[:2] not in measured}
+            write_releases(log, cached.values())
         for method in methods:
             for eps in args.eps:
-                if (method, f"{eps:g}") in done:
+                cell = (method, f"{eps:g}")
+                if cell in done:
                     continue
-                figs, t0 = [], time.time()
+                recs = []
                 try:
                     for r in range(args.runs):
+                        if (*cell, r) in cached:
+                            recs.append(cached[(*cell, r)])
+                            continue
                         seed = zlib.crc32(f"{name}/{method}/{eps}/{r}".encode()) % 1_000_000
+                        t0 = time.time()
                         if method.startswith("smartnoise "):
                             synth = method.split()[1]
                             got, plan, l = smartnoise_release(
@@ -278,34 +375,22 @@ def main(argv=None) -> None:
                             )
                         else:
                             got, plan, l = one_release(train, test, conf, METHODS[method], eps, seed)
-                        figs.append(got)
-                except DidNotFinish as e:  # stated in the table as such (runs 0), measured again by --resume
-                    print(f"{name} {method} eps={eps:g}: {e}", flush=True)
-                    stopped = dict.fromkeys(FIELDS, "")
-                    stopped.update(table=name, method=method, epsilon=f"{eps:g}", runs=0)
-                    rows.append({**stopped, "seconds": float(args.smartnoise_timeout)})
-                    write(name, rows, args.out, quiet=True)  # after every cell: a run cut short keeps its cells
+                        recs.append(release_record(method, cell[1], r, got, l, time.time() - t0))
+                        append_release(log, recs[-1])
+                        put_row(rows, cell_row(name, recs))
+                        write(name, rows, args.out, quiet=True)  # after every release: a run cut short keeps it
+                except DidNotFinish as e:  # measured again by --resume (the finished releases are kept)
+                    print(f"{name} {method} eps={eps:g}: {e} ({len(recs)} releases finished)", flush=True)
+                    if not recs:  # stated in the table as such (runs 0)
+                        stopped = dict.fromkeys(FIELDS, "")
+                        stopped.update(table=name, method=method, epsilon=cell[1], runs=0)
+                        put_row(rows, {**stopped, "seconds": float(args.smartnoise_timeout)})
+                    write(name, rows, args.out, quiet=True)
                     continue
-                acc = [f["accuracy"] for f in figs]
-                aucs = [f["roc_auc"] for f in figs if f["roc_auc"] is not None]
-                rows.append(
-                    {
-                        "table": name,
-                        "method": method,
-                        "epsilon": f"{eps:g}",
-                        "l": l,
-                        "runs": args.runs,
-                        "accuracy": float(np.mean(acc)),
-                        "accuracy_std": float(np.std(acc)),
-                        "roc_auc": float(np.mean(aucs)) if aucs else "",
-                        "lr_accuracy": float(np.mean([f["models"]["logistic_regression"]["accuracy"] for f in figs])),
-                        "column_distance": float(np.mean([f["column_distance_mean"] for f in figs])),
-                        "correlation_gap": float(np.mean([f["correlation_gap"] for f in figs])),
-                        "seconds": (time.time() - t0) / args.runs,
-                    }
-                )
-                print(f"{name} {method} eps={eps:g}: {rows[-1]['accuracy']:.4f}", flush=True)
-                write(name, rows, args.out, quiet=True)  # after every cell: a run cut short keeps its cells
+                row = cell_row(name, recs)
+                put_row(rows, row)
+                print(f"{name} {method} eps={eps:g}: {row['accuracy']:.4f} over {row['runs']} releases", flush=True)
+                write(name, rows, args.out, quiet=True)
         write(name, rows, args.out)
         all_rows[name] = rows
     for name in TABLES:  # the picture shows every table measured so far, not only this run's

@@ -201,6 +201,46 @@ def test_tabular_smartnoise_past_its_time_limit_is_stated_and_resume_measures_sh
     assert (out / "tabular.png").exists()
 
 
+def test_tabular_keeps_each_finished_release_and_resume_measures_only_the_missing_ones(tmp_path, monkeypatch):
+    from benchmarks import tabular_table
+
+    calls, budget = [], {"left": 1}
+
+    def fake_release(python, train, test, conf, synth, eps, seed, timeout=None):
+        if budget["left"] == 0:
+            raise tabular_table.DidNotFinish(f"smartnoise {synth} did not finish in {timeout:g} s")
+        budget["left"] -= 1
+        calls.append(seed)
+        acc = 0.5 + 0.1 * len(calls)
+        figs = {"accuracy": acc, "roc_auc": 0.6, "models": {"logistic_regression": {"accuracy": acc}},
+                "column_distance_mean": 0.2, "correlation_gap": 0.1}  # fmt: skip
+        return figs, None, ""
+
+    monkeypatch.setattr(tabular_table, "smartnoise_venv", lambda path: "python")
+    monkeypatch.setattr(tabular_table, "smartnoise_release", fake_release)
+    monkeypatch.setattr(tabular_table, "reference_rows", lambda *a: [])
+    out = tmp_path / "results"
+    out.mkdir()
+    argv = ["--tables", "credit_data", "--eps", "10", "--methods", "--smartnoise-venv", str(tmp_path),
+            "--smartnoise", "aim", "--runs", "3", "--out", str(out)]  # fmt: skip
+
+    def aim_row():
+        return {r["method"]: r for r in tabular_table.read_rows(str(out / "tabular_credit_data.csv"))}["smartnoise aim"]
+
+    tabular_table.main([*argv, "--resume"])  # release 0 lands, release 1 runs past the limit
+    assert aim_row()["runs"] == 1 and aim_row()["accuracy"] == pytest.approx(0.6)
+    assert "| smartnoise aim | 10 |  | 1 | 0.6000 |" in (out / "tabular_credit_data.md").read_text()
+    budget["left"] = 5
+    tabular_table.main([*argv, "--resume"])  # only releases 1 and 2 are measured
+    assert len(calls) == 3 and len(set(calls)) == 3
+    assert aim_row()["runs"] == 3 and aim_row()["accuracy"] == pytest.approx(0.7)
+    logged = tabular_table.read_releases(str(out / "tabular_credit_data_releases.csv"))
+    assert sorted(logged) == [("smartnoise aim", "10", r) for r in range(3)]
+    tabular_table.main(argv)  # without --resume the cell starts afresh
+    assert len(calls) == 6 and aim_row()["accuracy"] == pytest.approx(1.0)
+    assert len(tabular_table.read_releases(str(out / "tabular_credit_data_releases.csv"))) == 3
+
+
 def test_calibration_benchmark_prints_the_time_and_the_noise_of_each_share(capsys):
     from benchmarks.bench_calibration import main as bench_calibration
 
