@@ -71,6 +71,16 @@ CELLS = {
     "p3gm-eps1-lw56": dict(mechanism="p3gm", epsilon=1.0, p3gm_batch=1500, p3gm_epochs=20.0, p3gm_label_weight=56.0),
     # Diagnostic (REPLAN): the default eps-1 fit with DP-SGD's noise removed, clipping kept; not private
     "p3gm-eps1-clip-only": dict(mechanism="p3gm", epsilon=1.0, p3gm_batch=1500, p3gm_epochs=20.0),
+    # The default eps-1 fit on the pixels scaled by one public constant (mean 0, std sqrt(d) / 2 = 14 for every
+    # pixel, as seed 004's code models raw pixels) instead of the per-pixel DP z-score
+    "p3gm-eps1-pixels": dict(
+        mechanism="p3gm",
+        epsilon=1.0,
+        p3gm_batch=1500,
+        p3gm_epochs=20.0,
+        normalization="public",
+        normalization_file="(public constants: PUBLIC_STATS)",
+    ),  # fmt: skip
     "dpcda-lp16-l16-eps1": dict(mechanism="dpcda", epsilon=1.0, mixing_order=16, lowpass=16),
     "dpcda-lp16-l16-eps10": dict(mechanism="dpcda", epsilon=10.0, mixing_order=16, lowpass=16),
 }
@@ -85,6 +95,10 @@ def _sgd_noise_removed(plan):
 
 # Diagnostic cells: the plan is changed after calibration, so the row's epsilon is stated as inf
 REPLAN = {"p3gm-eps1-clip-only": _sgd_noise_removed}
+
+
+# Cells with normalization public: (mean, std) of d pixels, public constants
+PUBLIC_STATS = {"p3gm-eps1-pixels": lambda d: (np.zeros(d), np.full(d, math.sqrt(d) / 2))}
 
 
 def cell_config(name: str, release: int) -> ReleaseConfig:
@@ -104,7 +118,7 @@ def release_cell(name, release, x, y, first, on_model=None):
 
     feats, labels, plan, _ = release_in_process(
         x, y, cfg, key_from_test_seed(release), first=first, progress=progress, on_model=on_model,
-        replan=REPLAN.get(name),
+        replan=REPLAN.get(name), public_stats=PUBLIC_STATS[name](x.shape[1]) if name in PUBLIC_STATS else None,
     )  # fmt: skip
     return feats, labels, plan
 
@@ -220,6 +234,7 @@ def write_md(rows, path, command, out):
             "p3gm-eps1-lw14": "P3GM, the default with label weight 14 (28 = sqrt(d))",
             "p3gm-eps1-lw56": "P3GM, the default with label weight 56 (28 = sqrt(d))",
             "p3gm-eps1-clip-only": "P3GM, the eps-1 default with DP-SGD's noise removed, clipping kept (not private)",
+            "p3gm-eps1-pixels": "P3GM, the default on pixels / 14 (public constants), not the per-pixel DP z-score",
         }.get(name, name)
         lines.append(f"| {label} | {eps:.3g} | {n} | {s} | {each} | {fit:.0f} |")
     lines += reference_rows(out)

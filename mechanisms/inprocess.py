@@ -38,13 +38,15 @@ def release_in_process(
     progress=None,
     on_model=None,
     replan=None,
+    public_stats=None,
 ) -> tuple[np.ndarray, np.ndarray, ReleasePlan, Optional[np.ndarray]]:
     """(features float32, hard labels, plan, label scores or None) of one release of (x, y) under ``cfg``.
     ``progress(step, steps, loss)``: p3gm's training progress; ``on_model(model, spec)``: p3gm's fitted model, before
     sampling (benchmarks that sample one fit several ways); ``replan(plan) -> plan``: a changed plan to run instead,
-    for benchmarks' diagnostics only (its noise no longer matches ``plan.accounting``: not a release)."""
+    for benchmarks' diagnostics only (its noise no longer matches ``plan.accounting``: not a release); ``public_stats``:
+    (mean, std) for ``normalization`` public, as the launcher reads them from ``normalization_file``."""
     first = first if first is not None else first_pass(x, y, cfg.feature_bounds)
-    plan = build_plan(first, cfg, key)
+    plan = build_plan(first, cfg, key, public_stats)
     plan = replan(plan) if replan is not None else plan
     y = np.asarray(y, np.int64)
 

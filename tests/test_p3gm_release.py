@@ -97,6 +97,11 @@ def test_replan_runs_the_changed_plan():
     assert p0.p3gm.noise_multiplier > 0 and p1.p3gm.noise_multiplier == 0.0
     assert p1.p3gm.grad_clip == p0.p3gm.grad_clip  # clipping kept
     assert not np.array_equal(f0, f1)
+    # public statistics, as the launcher reads them from normalization_file
+    public = load_config(None, {**fields, "normalization": "public", "normalization_file": "stats.json"})
+    mean, std = np.full(12, 0.5), np.full(12, 2.0)
+    _, _, p2, _ = release_in_process(x, y, public, key, public_stats=(mean, std))
+    assert np.array_equal(p2.mean, mean) and np.array_equal(p2.std, std)
 
 
 def test_events_round_trip_through_json_exactly():
