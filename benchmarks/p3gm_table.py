@@ -72,6 +72,8 @@ CELLS = {
     # A narrower encoder and decoder (1000 hidden units): fewer parameters, so less noise in all (the same per
     # coordinate) against a clipped gradient spread over fewer coordinates
     "p3gm-eps1-h300": dict(mechanism="p3gm", epsilon=1.0, p3gm_batch=1500, p3gm_epochs=20.0, p3gm_hidden=300),
+    # A narrow encoder (it outputs only the latent variance): about half the parameters, the decoder as before
+    "p3gm-eps1-enc32": dict(mechanism="p3gm", epsilon=1.0, p3gm_batch=1500, p3gm_epochs=20.0, p3gm_encoder_hidden=32),
     # Diagnostic (REPLAN): the default eps-1 fit with DP-SGD's noise removed, clipping kept; not private
     "p3gm-eps1-clip-only": dict(mechanism="p3gm", epsilon=1.0, p3gm_batch=1500, p3gm_epochs=20.0),
     # The default eps-1 fit on the pixels scaled by one public constant (mean 0, std sqrt(d) / 2 = 14 for every
@@ -238,6 +240,7 @@ def write_md(rows, path, command, out):
             "p3gm-eps1-lw56": "P3GM, the default with label weight 56 (28 = sqrt(d))",
             "p3gm-eps1-clip-only": "P3GM, the eps-1 default with DP-SGD's noise removed, clipping kept (not private)",
             "p3gm-eps1-h300": "P3GM, the default with 300 hidden units (1000)",
+            "p3gm-eps1-enc32": "P3GM, the default with 32 hidden units in the encoder (1000)",
             "p3gm-eps1-pixels": "P3GM, the default on pixels / 14 (public constants), not the per-pixel DP z-score",
         }.get(name, name)
         lines.append(f"| {label} | {eps:.3g} | {n} | {s} | {each} | {fit:.0f} |")

@@ -15,20 +15,20 @@ L2 norm ``clip (1 - CLIP_MARGIN)``; the DP-PCA basis V (d x d', orthonormal colu
    ||r_i|| ||xhat_i^2|| <= ||xhat_i||^2 <= 1: L2 sensitivity sqrt(3) for the whole vector, ``em_iterations`` adaptive
    Gaussian releases. The M-step is post-processing (floored counts and weights, means kept in the unit ball,
    variances in [VAR_FLOOR, 1]).
-3. DP-SGD (``train_vae``; ``privacy.events.DpSgdEvent(sampling_rate, steps, noise_multiplier)``): the encoder's mean
-   is FIXED to the projection (P3GM's point: the latent mean is sqrt(d') xhat_i); the encoder [d, hidden, d'] (ReLU)
-   outputs only the log-variance; the decoder [d', hidden, d + K] (ReLU) outputs the feature means (unit-variance
-   Gaussian likelihood on the rows scaled by sqrt(d) / clip, so coordinates are about unit size: a public rescaling)
-   and K label logits (cross-entropy with y, weighted ``label_weight_for``). The KL term is the single-sample
-   Monte Carlo estimate log q(z|x) - log p_MoG(z) at the reparametrised z = mu + sigma eps. Per step t: the Poisson
-   batch (``mechanisms.dpsgd.poisson_batch``, stream ("p3gm-batch", t)); eps from ("p3gm-eps", t) (given the batch, its
-   records' eps are iid N(0, I) whatever their order, so each record's gradient is a function of that record and of
-   randomness independent of the data, as the DP-SGD analysis allows); per-example gradients of ALL parameters,
-   clipped to ``grad_clip`` (``clip_factors``) and summed in float64; N(0, (z C)^2) on every coordinate
+3. DP-SGD (``train_vae``; ``privacy.events.DpSgdEvent(sampling_rate, steps, noise_multiplier)``): the encoder's mean is
+   FIXED to the projection (P3GM's point: the latent mean is sqrt(d') xhat_i); the encoder [d, encoder_hidden, d']
+   (ReLU; the width defaults to hidden) outputs only the log-variance; the decoder [d', hidden, d + K] (ReLU) outputs
+   the feature means (unit-variance Gaussian likelihood on the rows scaled by sqrt(d) / clip, so coordinates are about
+   unit size: a public rescaling) and K label logits (cross-entropy with y, weighted ``label_weight_for``). The KL term
+   is the single-sample Monte Carlo estimate log q(z|x) - log p_MoG(z) at the reparametrised z = mu + sigma eps. Per
+   step t: the Poisson batch (``mechanisms.dpsgd.poisson_batch``, stream ("p3gm-batch", t)); eps from ("p3gm-eps", t)
+   (given the batch, its records' eps are iid N(0, I) whatever their order, so each record's gradient is a function of
+   that record and of randomness independent of the data, as the DP-SGD analysis allows); per-example gradients of ALL
+   parameters, clipped to ``grad_clip`` (``clip_factors``) and summed in float64; N(0, (z C)^2) on every coordinate
    (``noisy_sum``, stream ("p3gm-sgd", t)); an empty batch still gets its noise. Dividing by the public
-   ``expected_batch`` and Adam's step are post-processing. The start is public (PyTorch's default init drawn from
-   the public stream ``public_key("p3gm-init", 0)``), and by default (``decoder_start`` "pca") the decoder's feature
-   output starts as the DP-PCA reconstruction V V^T x (``pca_decoder``: a function of V, post-processing).
+   ``expected_batch`` and Adam's step are post-processing. The start is public (PyTorch's default init drawn from the
+   public stream ``public_key("p3gm-init", 0)``), and by default (``decoder_start`` "pca") the decoder's feature output
+   starts as the DP-PCA reconstruction V V^T x (``pca_decoder``: a function of V, post-processing).
 4. Sampling (``sample_rows``, post-processing of the DP prior and decoder): component by exact inversion of 53-bit
    uniforms, z from that Gaussian, features = the decoder's feature means mapped back to the rows' units and clipped
    to norm ``clip``, label = argmax of the label logits; stream ("p3gm-sample", chunk), so a retried bundle redraws
@@ -117,6 +117,8 @@ class P3gmSpec:
     components: int = 3
     em_iterations: int = 20
     hidden: int = 1000
+    # The encoder's hidden width (it outputs only the log-variance); None: ``hidden``
+    encoder_hidden: Optional[int] = None
     grad_clip: float = 1.0
     lr: float = 1e-3
     num_classes: int = 10
@@ -129,8 +131,8 @@ class P3gmSpec:
     decoder_start: str = "pca"
 
     def __post_init__(self):
-        for name in ("latent_dim", "components", "hidden", "num_classes"):
-            if int(getattr(self, name)) < 1:
+        for name in ("latent_dim", "components", "hidden", "num_classes", "encoder_hidden"):
+            if getattr(self, name) is not None and int(getattr(self, name)) < 1:
                 raise ValueError(f"P3gmSpec.{name} must be at least 1, got {getattr(self, name)}")
         for name in ("em_iterations", "steps"):
             if int(getattr(self, name)) < 0:
@@ -153,6 +155,10 @@ class P3gmSpec:
             raise ValueError(f"P3gmSpec.decoder_start must be 'public' or 'pca', got {self.decoder_start!r}")
         if self.expected_batch is not None and not float(self.expected_batch) > 0:
             raise ValueError(f"P3gmSpec.expected_batch must be positive, got {self.expected_batch}")
+
+    @property
+    def encoder_width(self) -> int:
+        return int(self.hidden if self.encoder_hidden is None else self.encoder_hidden)
 
     @property
     def sgd_noise_std(self) -> float:
@@ -290,11 +296,11 @@ def init_state(dim: int, spec: P3gmSpec) -> dict:
 
 
 def _shapes(dim: int, spec: P3gmSpec) -> dict:
-    h, dl, K = spec.hidden, spec.latent_dim, spec.num_classes
+    h, eh, dl, K = spec.hidden, spec.encoder_width, spec.latent_dim, spec.num_classes
     return {
-        "enc1.weight": (h, dim),
-        "enc1.bias": (h,),
-        "enc2.weight": (dl, h),
+        "enc1.weight": (eh, dim),
+        "enc1.bias": (eh,),
+        "enc2.weight": (dl, eh),
         "enc2.bias": (dl,),
         "dec1.weight": (h, dl),
         "dec1.bias": (h,),
@@ -549,7 +555,9 @@ def fit(
     return P3gmModel(prior=prior, state=state)
 
 
-def check_shapes(*, dim: int, num_classes: int, latent_dim: int, components: int, hidden: int, device) -> None:
+def check_shapes(
+    *, dim: int, num_classes: int, latent_dim: int, components: int, hidden: int, device, encoder_hidden=None
+) -> None:
     """Every fixed-shape position check of a fit (projection, DP-EM, DP-SGD) on public stand-ins, before any row is
     read: raises ``rowwise.RowDependenceError`` for shapes whose per-record arithmetic depends on the batch."""
     spec = P3gmSpec(
@@ -560,6 +568,7 @@ def check_shapes(*, dim: int, num_classes: int, latent_dim: int, components: int
         latent_dim=latent_dim,
         components=components,
         hidden=hidden,
+        encoder_hidden=encoder_hidden,
         num_classes=num_classes,
     )
     dev = torch.device(device)
@@ -668,6 +677,7 @@ def spec_from_plan(plan) -> P3gmSpec:
         components=p.components,
         em_iterations=p.em_iterations,
         hidden=p.hidden,
+        encoder_hidden=p.encoder_hidden,
         em_noise_std=p.em_noise_std,
         sampling_rate=p.sampling_rate,
         steps=p.steps,

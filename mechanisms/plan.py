@@ -54,6 +54,7 @@ class P3gmPlan:
     grad_clip: float
     lr: float
     hidden: int
+    encoder_hidden: int
     epochs: float
     batch: int
     label_weight: float  # of the label cross-entropy (public: the config's, or sqrt(d))
@@ -621,6 +622,7 @@ def _p3gm_events(cfg: ReleaseConfig, dim: int, K: int, n_hat: int, shared: list,
         grad_clip=cfg.p3gm_grad_clip if z > 0 else math.inf,
         lr=cfg.p3gm_lr,
         hidden=cfg.p3gm_hidden,
+        encoder_hidden=cfg.p3gm_hidden if cfg.p3gm_encoder_hidden is None else cfg.p3gm_encoder_hidden,
         epochs=cfg.p3gm_epochs,
         batch=cfg.p3gm_batch,
         label_weight=math.sqrt(dim) if cfg.p3gm_label_weight is None else float(cfg.p3gm_label_weight),
@@ -628,14 +630,15 @@ def _p3gm_events(cfg: ReleaseConfig, dim: int, K: int, n_hat: int, shared: list,
     return plan, em, DpSgdEvent("dp_sgd", rate, steps, z)
 
 
-def p3gm_parameters(dim: int, K: int, latent: int, hidden: int) -> int:
-    """Weights and biases of p3gm's encoder [d, h, d'] and decoder [d', h, d + K]."""
-    return dim * hidden + hidden + hidden * latent + latent + latent * hidden + hidden + hidden * (dim + K) + dim + K
+def p3gm_parameters(dim: int, K: int, latent: int, hidden: int, encoder_hidden: Optional[int] = None) -> int:
+    """Weights and biases of p3gm's encoder [d, e, d'] (e: ``encoder_hidden``, default h), decoder [d', h, d + K]."""
+    e = hidden if encoder_hidden is None else encoder_hidden
+    return dim * e + e + e * latent + latent + latent * hidden + hidden + hidden * (dim + K) + dim + K
 
 
 def _p3gm_draws(p: P3gmPlan, dim: int, K: int) -> int:
     """Gaussian draws that carry privacy noise: one per parameter per DP-SGD step, the EM statistics per iteration."""
-    sgd = p.steps * p3gm_parameters(dim, K, p.latent_dim, p.hidden) * (p.noise_multiplier > 0)
+    sgd = p.steps * p3gm_parameters(dim, K, p.latent_dim, p.hidden, p.encoder_hidden) * (p.noise_multiplier > 0)
     em = p.em_iterations * p.components * (1 + 2 * p.latent_dim) * (p.em_noise_std > 0)
     return sgd + em
 

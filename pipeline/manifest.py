@@ -174,6 +174,7 @@ def p3gm_section(plan) -> P3gmMechanism:
             "epochs": p.epochs,
             "expected_batch": p.batch,
             "hidden": p.hidden,
+            "encoder_hidden": p.encoder_hidden,
             "label_weight": p.label_weight,
         },
         sampling="z from the DP mixture prior, the row = the decoder's feature means, the label = the argmax of "

@@ -431,6 +431,7 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
             latent_dim=cfg.p3gm_latent_dim,
             components=cfg.p3gm_components,
             hidden=cfg.p3gm_hidden,
+            encoder_hidden=cfg.p3gm_encoder_hidden,
             device=pick_device(cfg.device),
         )
     if _is_dataflow(options):

@@ -112,6 +112,9 @@ def test_parameter_count_matches_the_plans_draw_count():
     assert all(v.dtype == np.float32 for v in state.values())
     again = p3gm.init_state(13, s)  # public, the same in every run
     assert all(np.array_equal(state[k], again[k]) for k in state)
+    narrow = p3gm.init_state(13, spec(latent_dim=4, hidden=11, encoder_hidden=3, num_classes=5))
+    assert narrow["enc1.weight"].shape == (3, 13) and narrow["dec1.weight"].shape == (11, 4)
+    assert sum(v.size for v in narrow.values()) == p3gm_parameters(13, 5, 4, 11, 3)
 
 
 # ---------------------------------------------------------------- DP-EM

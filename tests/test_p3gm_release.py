@@ -177,7 +177,7 @@ def test_a_p3gm_release_end_to_end(tmp_path):
         1,
         "--runner=DirectRunner",
         "--direct_running_mode=in_memory",
-        *_flags(SMALL),
+        *_flags({**SMALL, "p3gm_encoder_hidden": 5}),
     )
     assert res.returncode == 0, res.stderr
     m = json.loads((out / "manifest.json").read_text())
@@ -186,6 +186,7 @@ def test_a_p3gm_release_end_to_end(tmp_path):
     assert priv["epsilon"] <= 3.0
     assert {"normalization", "pca_covariance", "dp_em", "dp_sgd", "class_histogram"} <= set(priv["components"])
     assert mech["dp_sgd"]["label_weight"] == pytest.approx(math.sqrt(12))  # the default: sqrt(d)
+    assert (mech["dp_sgd"]["hidden"], mech["dp_sgd"]["encoder_hidden"]) == (16, 5)
     sgd = release_events_from_json(priv["events"]).per_class[0]
     assert sgd.steps == mech["dp_sgd"]["steps"] == math.ceil(1 / sgd.sampling_rate)  # one epoch
     # an independent recomputation of the manifest's events: at most the target, and the calibration is not loose
