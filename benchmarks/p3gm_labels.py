@@ -25,6 +25,7 @@ import time
 import numpy as np
 import torch
 
+from benchmarks.files import write_csv, write_text
 from benchmarks.p3gm_table import CELLS, SAMPLES_CELL, cell_config, release_cell, score_release
 from evaluation.train import Recipe, _as_tensors, predict, stratified_split, train_one, use_bf16
 from mechanisms.inprocess import first_pass
@@ -146,11 +147,7 @@ def write(new_rows, args) -> None:
         with open(path) as fh:
             rows = [r for r in csv.DictReader(fh) if (r["cell"], r["release"]) != (args.cell, str(args.release))]
     rows += new_rows
-    with open(path + ".tmp", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=FIELDS)
-        w.writeheader()
-        w.writerows(rows)
-    os.replace(path + ".tmp", path)
+    write_csv(path, FIELDS, rows)
     lines = [
         "# P3GM's labels: one fit, sampled as drawn and with the DP class histogram's quotas",
         "",
@@ -169,9 +166,7 @@ def write(new_rows, args) -> None:
             f"| {r['cell']} | {r['release']} | {r['sampling']} | {float(r['accuracy']):.4f} | "
             f"{float(r['label_agreement']):.4f} | {r['label_counts']} | {r['dp_class_sizes']} |"
         )
-    with open(os.path.join(args.out, "p3gm_labels.md.tmp"), "w") as fh:
-        fh.write("\n".join(lines) + "\n")
-    os.replace(os.path.join(args.out, "p3gm_labels.md.tmp"), os.path.join(args.out, "p3gm_labels.md"))
+    write_text(os.path.join(args.out, "p3gm_labels.md"), "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

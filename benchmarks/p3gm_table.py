@@ -32,6 +32,7 @@ import time
 
 import numpy as np
 
+from benchmarks.files import write_csv, write_text
 from evaluation.train import train_and_score
 from mechanisms.combiners import FirstPassCombiner
 from mechanisms.inprocess import release_in_process
@@ -105,7 +106,7 @@ def _sgd_noise_removed(plan):
     return dataclasses.replace(plan, p3gm=dataclasses.replace(plan.p3gm, noise_multiplier=0.0))
 
 
-# Diagnostic cells: the plan is changed after calibration, so the row's epsilon is stated as inf
+# Diagnostic cells: the plan is changed after calibration (release_in_process then states epsilon inf)
 REPLAN = {"p3gm-eps1-clip-only": _sgd_noise_removed}
 
 
@@ -169,7 +170,7 @@ def run_cell(name, release, x, y, first, tx, ty, epochs, samples_png=None):
     accuracy = score_release(feats, labels, plan, tx, ty, epochs, release)
     return {
         "cell": name,
-        "epsilon": math.inf if name in REPLAN else plan.accounting.epsilon,
+        "epsilon": plan.accounting.epsilon,  # infinite for a REPLAN cell
         "release": release,
         "accuracy": accuracy,
         "fit_seconds": round(fit_seconds, 1),
@@ -250,12 +251,12 @@ def write_md(rows, path, command, out):
             "p3gm-eps1-enc32": "P3GM, the default with 32 hidden units in the encoder (1000)",
             "p3gm-eps1-enc32-e40": "P3GM, 32 hidden units in the encoder, 40 epochs (20)",
             "p3gm-eps1-enc32-e80": "P3GM, 32 hidden units in the encoder, 80 epochs (20)",
-            "p3gm-eps1-pixels": "P3GM, the default on pixels / 14 (public constants), not the per-pixel DP z-score",
+            "p3gm-eps1-pixels": "P3GM, the default on pixels / 14 (public constants; rows of pixel norm above 14 "
+            "clipped, and the statistics' 5 % of epsilon goes to DP-SGD), not the per-pixel DP z-score",
         }.get(name, name)
         lines.append(f"| {label} | {eps:.3g} | {n} | {s} | {each} | {fit:.0f} |")
     lines += reference_rows(out)
-    with open(path, "w") as fh:
-        fh.write("\n".join(lines) + "\n")
+    write_text(path, "\n".join(lines) + "\n")
 
 
 def timing(args) -> int:
@@ -310,9 +311,7 @@ def timing(args) -> int:
         "",
         f"Peak RSS: {peak:.2f} GiB. Target: at most 20 minutes for the whole release.",
     ]
-    path = os.path.join(args.out, "p3gm_release_timing.md")
-    with open(path, "w") as fh:
-        fh.write("\n".join(lines) + "\n")
+    write_text(os.path.join(args.out, "p3gm_release_timing.md"), "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 
@@ -358,10 +357,7 @@ def main(argv=None) -> int:
             row = run_cell(name, release, x, y, first, tx, ty, args.epochs, samples_png=png)
             print(f"{name} release {release}: accuracy {row['accuracy']:.4f} ({row['seconds']} s)", flush=True)
             rows.append(row)
-            with open(csv_path, "w", newline="") as fh:
-                w = csv.DictWriter(fh, fieldnames=FIELDS)
-                w.writeheader()
-                w.writerows(rows)
+            write_csv(csv_path, FIELDS, rows)
             write_md(rows, md, command, args.out)
     write_md(rows, md, command, args.out)
     print(open(md).read())

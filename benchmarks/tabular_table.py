@@ -39,6 +39,7 @@ import zlib
 import numpy as np
 import yaml
 
+from benchmarks.files import write_csv, write_text
 from evaluation.tabular import evaluate_tables, train_on_synthetic
 from mechanisms.inprocess import first_pass, release_in_process
 from pipeline.prepare import load_rdataset, split_table
@@ -61,7 +62,8 @@ METHODS = {
     "dpmix": dict(mechanism="dpmix", mode="fixed"),
 }
 FIELDS = ("table", "method", "epsilon", "l", "runs", "accuracy", "accuracy_std", "roc_auc", "lr_accuracy",
-          "column_distance", "correlation_gap", "seconds")  # fmt: skip
+          "column_distance", "correlation_gap", "seconds", "note")  # fmt: skip
+NUMBERS = FIELDS[5:12]
 
 
 def load(name: str):
@@ -187,10 +189,7 @@ def read_releases(path: str) -> dict:
 
 
 def write_releases(path: str, recs) -> None:
-    with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=RELEASE_FIELDS)
-        w.writeheader()
-        w.writerows(recs)
+    write_csv(path, RELEASE_FIELDS, recs)
 
 
 def append_release(path: str, rec: dict) -> None:
@@ -235,6 +234,7 @@ def cell_row(name: str, recs: list[dict]) -> dict:
         "roc_auc": float(np.mean(aucs)) if aucs else "",
         **{k: float(np.mean([r[k] for r in recs])) for k in ("lr_accuracy", "column_distance", "correlation_gap")},
         "seconds": float(np.mean([r["seconds"] for r in recs])),
+        "note": "",
     }
 
 
@@ -252,9 +252,10 @@ def read_rows(path: str) -> list[dict]:
     with open(path) as fh:
         rows = list(csv.DictReader(fh))
     for r in rows:
-        for k in FIELDS[5:]:
+        for k in NUMBERS:
             r[k] = float(r[k]) if r[k] else ""
         r["runs"] = int(r["runs"])
+        r["note"] = r.get("note") or ""  # files written before the column existed
     return rows
 
 
@@ -269,10 +270,7 @@ def stem_of(out: str, name: str) -> str:
 
 def write(name: str, rows: list[dict], out: str, quiet: bool = False) -> None:
     stem = stem_of(out, name)
-    with open(stem + ".csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=FIELDS)
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(stem + ".csv", FIELDS, rows)
     lines = [
         f"# {name}: train on synthetic, test on real",
         "",
@@ -290,13 +288,13 @@ def write(name: str, rows: list[dict], out: str, quiet: bool = False) -> None:
             lines.append(f"| {r['method']} | {r['epsilon']} |  | 0 | {stopped} | | | | | |")
             continue
         acc = fmt(r["accuracy"]) + (f" +- {r['accuracy_std']:.4f}" if r["runs"] != 1 else "")
+        acc += f" ({r['note']})" if r["note"] else ""
         lines.append(
             f"| {r['method']} | {r['epsilon']} | {r['l']} | {r['runs']} | {acc} | {fmt(r['roc_auc'])} | "
             f"{fmt(r['lr_accuracy'])} | {fmt(r['column_distance'])} | {fmt(r['correlation_gap'])} | "
             f"{fmt(r['seconds'], 1)} |"
         )
-    with open(stem + ".md", "w") as fh:
-        fh.write("\n".join(lines) + "\n")
+    write_text(stem + ".md", "\n".join(lines) + "\n")
     if not quiet:
         print("\n".join(lines), flush=True)
 
@@ -344,15 +342,20 @@ def main(argv=None) -> None:
         train, test, conf = load(name)
         rows = reference_rows(name, train, test, conf)
         path = stem_of(args.out, name) + ".csv"
-        if args.resume and os.path.exists(path):  # keep measured cells; the reference rows are recomputed
+        measured = {(m, f"{e:g}") for m in methods for e in args.eps}
+        if os.path.exists(path):  # the reference rows are recomputed; cells this run does not measure are kept
             kept = [r for r in read_rows(path) if r["epsilon"] != "inf"]
-            # a cell with fewer releases than --runs asks for is measured again (all of its releases)
-            rows += [r for r in kept if r["runs"] >= args.runs or r["method"] not in methods]
+            # with --resume a measured cell with --runs releases is kept too; one with fewer is measured again (the
+            # releases already in the log are reused)
+            rows += [
+                r
+                for r in kept
+                if (r["method"], r["epsilon"]) not in measured or (args.resume and r["runs"] >= args.runs)
+            ]
         done = {(r["method"], r["epsilon"]) for r in rows}
         log = releases_path(args.out, name)
         cached = read_releases(log)
         if not args.resume:  # the cells measured now start afresh; the other cells' releases stay
-            measured = {(m, f"{e:g}") for m in methods for e in args.eps}
             cached = {k: v for k, v in cached.items() if k[:2] not in measured}
             write_releases(log, cached.values())
         for method in methods:
@@ -385,6 +388,9 @@ def main(argv=None) -> None:
                         stopped = dict.fromkeys(FIELDS, "")
                         stopped.update(table=name, method=method, epsilon=cell[1], runs=0)
                         put_row(rows, {**stopped, "seconds": float(args.smartnoise_timeout)})
+                    else:  # the finished releases' figures, and the one that was cut off
+                        note = f"release {len(recs)} did not finish in {args.smartnoise_timeout:g} s"
+                        put_row(rows, {**cell_row(name, recs), "note": note})
                     write(name, rows, args.out, quiet=True)
                     continue
                 row = cell_row(name, recs)

@@ -7,6 +7,8 @@ number measured here is a number of the product. Holds the whole dataset in memo
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Optional
 
 import numpy as np
@@ -43,11 +45,19 @@ def release_in_process(
     """(features float32, hard labels, plan, label scores or None) of one release of (x, y) under ``cfg``.
     ``progress(step, steps, loss)``: p3gm's training progress; ``on_model(model, spec)``: p3gm's fitted model, before
     sampling (benchmarks that sample one fit several ways); ``replan(plan) -> plan``: a changed plan to run instead,
-    for benchmarks' diagnostics only (its noise no longer matches ``plan.accounting``: not a release); ``public_stats``:
+    for benchmarks' diagnostics only (the plan returned then states epsilon infinite: not a release); ``public_stats``:
     (mean, std) for ``normalization`` public, as the launcher reads them from ``normalization_file``."""
     first = first if first is not None else first_pass(x, y, cfg.feature_bounds)
     plan = build_plan(first, cfg, key, public_stats)
-    plan = replan(plan) if replan is not None else plan
+    if replan is not None:  # whatever the change, its plan claims nothing: epsilon infinite, not end-to-end DP
+        plan = replan(plan)
+        plan = dataclasses.replace(
+            plan,
+            accounting=dataclasses.replace(plan.accounting, epsilon=math.inf),
+            end_to_end_dp=False,
+            target_epsilon=None,
+            caveats=(*plan.caveats, "A changed plan (replan), not a release: no privacy claim."),
+        )
     y = np.asarray(y, np.int64)
 
     def normalized(rows):

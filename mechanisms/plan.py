@@ -145,10 +145,15 @@ def load_public_stats(path: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
         raise PlanError(f"{where}: {kind} ({type(err).__name__})") from None
     if not isinstance(data, dict):
         raise PlanError(f"{where}: must hold an object with 'mean' and 'std'")
+    return checked_public_stats(data.get("mean", []), data.get("std", []), dim, where)
+
+
+def checked_public_stats(mean, std, dim: int, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """float64 (mean, std), each of shape (d,), mean finite and std positive and finite; PlanError otherwise."""
     out = []
-    for name in ("mean", "std"):
+    for name, values in (("mean", mean), ("std", std)):
         try:
-            arr = np.asarray(data.get(name, []), np.float64)
+            arr = np.asarray(values, np.float64)
         except (TypeError, ValueError):
             raise PlanError(f"{where}: '{name}' must be a list of numbers") from None
         if arr.shape != (dim,):
@@ -413,7 +418,7 @@ def build_plan(
     elif cfg.normalization == "public":
         if public_stats is None:
             raise PlanError("normalization public: the statistics file was not loaded")  # the launcher loads it
-        mean, std = (np.asarray(a, np.float64) for a in public_stats)
+        mean, std = checked_public_stats(*public_stats, dim, "normalization public")
         caveats.append("Normalisation statistics were supplied by the user and are assumed public.")
     else:
         mean, std = dp_stats.feature_stats(

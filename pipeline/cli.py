@@ -531,7 +531,8 @@ def _account_p3gm(args) -> int:
     return 0
 
 
-P3GM_KNOBS = ("p3gm_latent_dim", "p3gm_components", "p3gm_em_iterations", "p3gm_epochs", "p3gm_batch")
+P3GM_KNOBS = ("p3gm_latent_dim", "p3gm_components", "p3gm_em_iterations", "p3gm_epochs", "p3gm_batch",
+              "p3gm_hidden", "p3gm_encoder_hidden")  # fmt: skip
 
 
 def cmd_evaluate(args, _beam_args) -> int:
@@ -658,7 +659,10 @@ def build_parser() -> argparse.ArgumentParser:
     for knob in P3GM_KNOBS:
         kind = float if knob == "p3gm_epochs" else int
         acc.add_argument(
-            "--" + knob.replace("_", "-"), type=kind, default=None, help=f"p3gm (default {defaults[knob]})"
+            "--" + knob.replace("_", "-"),
+            type=kind,
+            default=None,
+            help=f"p3gm (default {defaults[knob] or 'p3gm_hidden'})",
         )
     acc.add_argument("--projection-dim", type=int, default=defaults["projection_dim"])
     acc.add_argument("--projection-seed", type=int, default=defaults["projection_seed"])

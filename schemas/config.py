@@ -122,7 +122,12 @@ class ReleaseConfig(BaseModel):
     )
     p3gm_lr: float = Field(1e-3, gt=0, le=10, description="p3gm: Adam learning rate of the VAE")
     p3gm_grad_clip: float = Field(1.0, gt=0, le=1e6, description="p3gm: C, the per-example gradient clip norm")
-    p3gm_hidden: int = Field(1000, ge=1, le=100000, description="p3gm: hidden width of the encoder and decoder")
+    p3gm_hidden: int = Field(
+        1000,
+        ge=1,
+        le=100000,
+        description="p3gm: hidden width of the decoder (and of the encoder unless p3gm_encoder_hidden)",
+    )
     p3gm_encoder_hidden: Optional[int] = Field(
         None,
         ge=1,

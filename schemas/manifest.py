@@ -167,7 +167,8 @@ class P3gmMechanism(_Frozen):
     )
     dp_sgd: dict = Field(
         description="DP-SGD of the VAE: Poisson sampling rate q, steps, noise multiplier z (noise std z C on the sum "
-        "of clipped gradients), clip C, learning rate, epochs, expected batch, hidden width (dp_sgd component)"
+        "of clipped gradients), clip C, learning rate, epochs, expected batch, hidden widths of the decoder and the "
+        "encoder, the label cross-entropy's weight (dp_sgd component)"
     )
     sampling: str = Field(description="how the released rows are drawn from the fitted model (post-processing)")
 

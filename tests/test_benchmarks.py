@@ -221,23 +221,39 @@ def test_tabular_keeps_each_finished_release_and_resume_measures_only_the_missin
     monkeypatch.setattr(tabular_table, "reference_rows", lambda *a: [])
     out = tmp_path / "results"
     out.mkdir()
+    # an MST cell measured earlier, in a file written before the note column existed
+    old_fields = [f for f in tabular_table.FIELDS if f != "note"]
+    with open(out / "tabular_credit_data.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=old_fields)
+        w.writeheader()
+        w.writerow({**dict.fromkeys(old_fields, ""), "table": "credit_data", "method": "smartnoise mst",
+                    "epsilon": "10", "runs": 3, "accuracy": 0.7, "accuracy_std": 0.0, "seconds": 1.0})  # fmt: skip
     argv = ["--tables", "credit_data", "--eps", "10", "--methods", "--smartnoise-venv", str(tmp_path),
             "--smartnoise", "aim", "--runs", "3", "--out", str(out)]  # fmt: skip
 
+    def table():
+        return {(r["method"], r["epsilon"]): r for r in tabular_table.read_rows(str(out / "tabular_credit_data.csv"))}
+
     def aim_row():
-        return {r["method"]: r for r in tabular_table.read_rows(str(out / "tabular_credit_data.csv"))}["smartnoise aim"]
+        return table()[("smartnoise aim", "10")]
 
     tabular_table.main([*argv, "--resume"])  # release 0 lands, release 1 runs past the limit
     assert aim_row()["runs"] == 1 and aim_row()["accuracy"] == pytest.approx(0.6)
-    assert "| smartnoise aim | 10 |  | 1 | 0.6000 |" in (out / "tabular_credit_data.md").read_text()
+    assert aim_row()["note"] == "release 1 did not finish in 1800 s"
+    md = (out / "tabular_credit_data.md").read_text()
+    assert "| smartnoise aim | 10 |  | 1 | 0.6000 (release 1 did not finish in 1800 s) |" in md
+    # another budget measured with --resume leaves the partial cell's row as it is
+    tabular_table.main([*argv[:3], "1", *argv[4:], "--resume"])
+    assert aim_row()["runs"] == 1 and table()[("smartnoise mst", "10")]["accuracy"] == 0.7
     budget["left"] = 5
     tabular_table.main([*argv, "--resume"])  # only releases 1 and 2 are measured
     assert len(calls) == 3 and len(set(calls)) == 3
     assert aim_row()["runs"] == 3 and aim_row()["accuracy"] == pytest.approx(0.7)
     logged = tabular_table.read_releases(str(out / "tabular_credit_data_releases.csv"))
     assert sorted(logged) == [("smartnoise aim", "10", r) for r in range(3)]
-    tabular_table.main(argv)  # without --resume the cell starts afresh
-    assert len(calls) == 6 and aim_row()["accuracy"] == pytest.approx(1.0)
+    tabular_table.main(argv)  # without --resume the cell starts afresh; the cells it does not measure stay
+    assert len(calls) == 6 and aim_row()["accuracy"] == pytest.approx(1.0) and aim_row()["note"] == ""
+    assert table()[("smartnoise mst", "10")]["accuracy"] == 0.7
     assert len(tabular_table.read_releases(str(out / "tabular_credit_data_releases.csv"))) == 3
 
 

@@ -96,12 +96,18 @@ def test_replan_runs_the_changed_plan():
     f1, _, p1, _ = release_in_process(x, y, cfg, key, replan=quiet)
     assert p0.p3gm.noise_multiplier > 0 and p1.p3gm.noise_multiplier == 0.0
     assert p1.p3gm.grad_clip == p0.p3gm.grad_clip  # clipping kept
+    assert p0.accounting.epsilon <= 2.0 and p1.accounting.epsilon == math.inf and not p1.end_to_end_dp
     assert not np.array_equal(f0, f1)
     # public statistics, as the launcher reads them from normalization_file
     public = load_config(None, {**fields, "normalization": "public", "normalization_file": "stats.json"})
     mean, std = np.full(12, 0.5), np.full(12, 2.0)
     _, _, p2, _ = release_in_process(x, y, public, key, public_stats=(mean, std))
     assert np.array_equal(p2.mean, mean) and np.array_equal(p2.std, std)
+    from mechanisms.plan import PlanError
+
+    for bad in [(mean[:5], std), (mean, np.zeros(12)), (0.5, std)]:
+        with pytest.raises(PlanError, match="normalization public"):
+            release_in_process(x, y, public, key, public_stats=bad)
 
 
 def test_events_round_trip_through_json_exactly():
