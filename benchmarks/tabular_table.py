@@ -158,7 +158,9 @@ def reference_rows(name, train, test, conf):
     bt, bv = encode_batch(train, schema, "train", 0), encode_batch(test, schema, "test", 0)
     real = train_on_synthetic(bt.features, bt.labels, bv.features, bv.labels, schema.num_classes)
     majority = float((bv.labels == np.bincount(bv.labels).argmax()).mean())
-    base = dict(table=name, epsilon="inf", l="", runs=1, accuracy_std=0.0, column_distance="", correlation_gap="")
+    base = dict(
+        table=name, epsilon="inf", l="", runs=1, accuracy_std=0.0, column_distance="", correlation_gap="", note=""
+    )
     return [
         {**base, "method": "real (not private)", "accuracy": real["gradient_boosting"]["accuracy"],
          "roc_auc": real["gradient_boosting"]["roc_auc"], "lr_accuracy": real["logistic_regression"]["accuracy"],
