@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import os
 
 
@@ -18,11 +19,8 @@ def write_text(path: str, text: str) -> None:
 
 def write_csv(path: str, fields, rows) -> None:
     """A CSV with header ``fields`` and the dicts ``rows``, written as ``write_text`` does."""
-    tmp = path + ".tmp"
-    with open(tmp, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(fields))
-        w.writeheader()
-        w.writerows(rows)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=list(fields))
+    w.writeheader()
+    w.writerows(rows)
+    write_text(path, buf.getvalue())

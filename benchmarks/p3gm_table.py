@@ -93,7 +93,7 @@ CELLS = {
         p3gm_epochs=20.0,
         normalization="public",
         normalization_file="(public constants: PUBLIC_STATS)",
-    ),  # fmt: skip
+    ),
     "dpcda-lp16-l16-eps1": dict(mechanism="dpcda", epsilon=1.0, mixing_order=16, lowpass=16),
     "dpcda-lp16-l16-eps10": dict(mechanism="dpcda", epsilon=10.0, mixing_order=16, lowpass=16),
 }

@@ -15,6 +15,7 @@ import argparse
 import math
 import os
 
+from benchmarks.files import write_text
 from benchmarks.reproduce_table3 import OUT, VARIANTS, load, run_release
 from mechanisms.inprocess import first_pass
 from mechanisms.plan import REFERENCE_EPSILON
@@ -82,8 +83,7 @@ def main(argv=None) -> None:
         print(f"{what}, seed {seed}: sigma_x {sigma:.4g}, accuracy {acc:.4f}", flush=True)
         lines.append(f"| {what} | {seed} | {stats_eps:g} | {sigma:.4g} | {sigma * math.sqrt(args.p):.1f} | {acc:.4f} |")
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "randproj_noise.md"), "w") as fh:
-        fh.write("\n".join(lines) + "\n")
+    write_text(os.path.join(args.out, "randproj_noise.md"), "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
