@@ -368,3 +368,42 @@ def test_table3_split_runs_merge_into_one_table_in_the_variants_order(tmp_path):
     assert md.count("| dpcda | fixed |") == 2 and "At or near chance (mean below 2 x 0.10): " in md
     low = t3.near_chance([{**rows[0], "mean": "0.12"}, rows[1]])
     assert low[0]["mean"] == "0.12" and len(low) == 1 + (float(rows[1]["mean"]) < 0.2)
+
+
+def _seed004_loop(accuracies):
+    """Seed 004's ``classify`` loop (ml_task/mnist_classification.py), fed a fixed sequence of test accuracies."""
+    temp_results, max_value = [], 0
+    for res in accuracies:
+        if res < max_value:
+            temp_results.append(max_value)
+            break
+        max_value = res
+    return temp_results[-1] if temp_results else None  # None: its code raises here
+
+
+@pytest.mark.parametrize(
+    "curve", [[0.5, 0.6, 0.55, 0.9], [0.7, 0.69], [0.3, 0.3, 0.31, 0.2], [0.1, 0.2, 0.3], [0.4, 0.4, 0.4]]
+)
+def test_seed004_rule_reports_what_seed_004s_loop_reports(curve):
+    from benchmarks.p3gm_protocol import seed004_rule
+
+    acc, epoch = seed004_rule(curve)
+    expected = _seed004_loop(curve)
+    if expected is None:  # no drop: the best epoch, where seed 004's code would have failed
+        assert (acc, epoch) == (max(curve), len(curve))
+    else:
+        assert acc == expected and curve[epoch - 1] == expected
+        assert all(a >= b for a, b in zip(curve[1:epoch], curve[: epoch - 1]))  # no drop before the reported epoch
+
+
+def test_seed004_curve_trains_its_classifier_and_runs_the_fixed_epochs(tmp_path):
+    from benchmarks.p3gm_protocol import Seed004CNN, seed004_curve
+
+    assert sum(p.numel() for p in Seed004CNN().parameters()) == 28 * 9 + 28 + 4732 * 128 + 128 + 128 * 10 + 10
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 10, 600)
+    x = rng.normal(0, 1, (600, 784)).astype(np.float32) + 2.0 * np.eye(10, 784)[y] * 5
+    curve = seed004_curve(x[:400], y[:400], x[400:], y[400:], seed=0, max_epochs=20, fixed_epochs=3)
+    assert len(curve) >= 3 and curve[-1] > 0.5  # a separable problem is learnt
+    again = seed004_curve(x[:400], y[:400], x[400:], y[400:], seed=0, max_epochs=20, fixed_epochs=3)
+    assert again == curve  # the training seed fixes the curve
