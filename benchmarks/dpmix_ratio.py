@@ -12,11 +12,11 @@ the real test split. Writes benchmarks/results/dpmix_ratio_<dataset>.{md,csv}.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 
 import numpy as np
 
+from benchmarks.files import write_csv, write_text
 from benchmarks.reproduce_table3 import OUT, load, run_release
 from mechanisms.inprocess import first_pass
 
@@ -55,10 +55,7 @@ def main(argv=None) -> None:
         rows.append(row)
         print(f"R={ratio:g} sigma_x={sigma:.4g} sigma_y={sigma * ratio:.4g} acc={row['mean']:.4f}", flush=True)
     stem = os.path.join(args.out, f"dpmix_ratio_{args.dataset.replace('-', '_')}")
-    with open(stem + ".csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(stem + ".csv", list(rows[0]), rows)
     lines = [
         f"# DPMix label-noise ratio, {args.dataset}, eps {args.eps}, l = {args.l}, {epochs} epochs",
         "",
@@ -72,8 +69,7 @@ def main(argv=None) -> None:
             for r in rows
         ],
     ]
-    with open(stem + ".md", "w") as fh:
-        fh.write("\n".join(lines) + "\n")
+    write_text(stem + ".md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -68,6 +68,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from benchmarks.files import write_csv, write_text
 from evaluation.models import TableOneCNN
 from evaluation.train import RowScale, stratified_split
 from mechanisms import rowwise
@@ -390,12 +391,7 @@ def read_rows(path: str) -> list[dict]:
 
 
 def write_rows(path: str, rows: list[dict]) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(FIELDS))
-        w.writeheader()
-        w.writerows(rows)
-    os.replace(tmp, path)
+    write_csv(path, FIELDS, rows)
 
 
 GROUP_FIELDS = ("epsilon", "delta", "epochs", "batch", "lr", "momentum", "clip", "train_rows")
@@ -442,10 +438,7 @@ def write_md(path: str, rows: list[dict], scored: str = "test") -> None:
             f"{np.mean([float(r['seconds']) for r in rs]):.0f} | "
             f"{' '.join(dict.fromkeys(str(r['threads']) for r in rs))} |"
         )
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        fh.write("\n".join(lines) + "\n")
-    os.replace(tmp, path)
+    write_text(path, "\n".join(lines) + "\n")
 
 
 # ---------------------------------------------------------------- CLI

@@ -16,6 +16,7 @@ import os
 
 import numpy as np
 
+from benchmarks.files import write_text
 from mechanisms.combiners import FirstPassCombiner
 from mechanisms.dpcda import mix_class
 from mechanisms.plan import build_plan, normalize
@@ -63,8 +64,7 @@ def main(argv=None) -> None:
         noise = b.shape[0] / d
         lines.append(f"| {k} | {b.shape[0]} | {rec:.3f} | {cm:.3f} | {noise:.3f} | {rec / noise:.1f}x |")
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "lowpass_table.md"), "w") as fh:
-        fh.write("\n".join(lines) + "\n")
+    write_text(os.path.join(args.out, "lowpass_table.md"), "\n".join(lines) + "\n")
     print("\n".join(lines))
 
     import matplotlib

@@ -11,12 +11,12 @@ release and precision, the paired difference, its mean and standard error, and t
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import time
 
 import numpy as np
 
+from benchmarks.files import write_csv, write_text
 from benchmarks.reproduce_table2 import OUT, synthesize
 from evaluation.train import Recipe, train_and_score
 from mechanisms.combiners import FirstPassCombiner
@@ -99,12 +99,8 @@ def main(argv=None) -> None:
     text = "\n".join(lines) + "\n"
     print("\n" + text)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "precision_check.md"), "w") as fh:
-        fh.write(text)
-    with open(os.path.join(args.out, "precision_check.csv"), "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_text(os.path.join(args.out, "precision_check.md"), text)
+    write_csv(os.path.join(args.out, "precision_check.csv"), list(rows[0]), rows)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 
+from benchmarks.files import write_csv, write_text
 from evaluation.train import train_and_score
 from mechanisms.combiners import FirstPassCombiner
 from mechanisms.inprocess import release_in_process
@@ -97,8 +98,7 @@ def write_md(rows, path, command):
             f"| {name} | {rs[0]['mixing_order']} | {how} | {len(accs)} | {', '.join(f'{a:.4f}' for a in accs)} | "
             f"{np.mean(accs):.4f} +- {std:.4f} | {float(rs[0]['sigma_x']):.4f} | {float(rs[0]['epsilon']):.3f} |"
         )
-    with open(path, "w") as fh:
-        fh.write("\n".join(lines) + "\n")
+    write_text(path, "\n".join(lines) + "\n")
 
 
 def main(argv=None) -> int:
@@ -129,10 +129,7 @@ def main(argv=None) -> int:
             row = run_cell(name, release, x, y, first, tx, ty, args.epochs, args.epsilon)
             print(f"{name} release {release}: accuracy {row['accuracy']:.4f} ({row['seconds']} s)", flush=True)
             rows.append(row)
-            with open(csv_path, "w", newline="") as fh:
-                w = csv.DictWriter(fh, fieldnames=FIELDS)
-                w.writeheader()
-                w.writerows(rows)
+            write_csv(csv_path, FIELDS, rows)
             write_md(rows, os.path.join(args.out, "projection_fashion_mnist.md"), command)
     print(open(os.path.join(args.out, "projection_fashion_mnist.md")).read())
     return 0

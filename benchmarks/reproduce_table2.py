@@ -43,6 +43,7 @@ import zlib
 
 import numpy as np
 
+from benchmarks.files import write_csv, write_text
 from evaluation.paper import theorem1_calibrate_sigma_x
 from evaluation.train import train_and_score
 from mechanisms.combiners import FirstPassCombiner
@@ -408,12 +409,7 @@ def read_cells(path: str, runs: int, epochs: int, train_rows: int) -> dict:
 def write_outputs(rows, out, wall, device, quick=False, name=None, quiet=False) -> None:
     os.makedirs(out, exist_ok=True)
     stem = output_stem(out, quick, name)
-    tmp = stem + ".csv.tmp"
-    with open(tmp, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(FIELDS))
-        w.writeheader()
-        w.writerows(rows)
-    os.replace(tmp, stem + ".csv")
+    write_csv(stem + ".csv", FIELDS, rows)
     devices = sorted({str(r["device"]) for r in rows})
     runs = sorted({r["runs"] for r in rows})
     lines = [
@@ -439,8 +435,7 @@ def write_outputs(rows, out, wall, device, quick=False, name=None, quiet=False) 
             f"{r['mean']:.4f} +- {r['std']:.4f} ({r['runs']}){mark} | {r['synthetic_val_accuracy']:.3f} | "
             f"{r['paper_mean']:.4f} +- {r['paper_std']:.4f} |"
         )
-    with open(stem + ".md", "w") as fh:
-        fh.write("\n".join(lines) + "\n")
+    write_text(stem + ".md", "\n".join(lines) + "\n")
     import matplotlib
 
     matplotlib.use("Agg")

@@ -28,6 +28,7 @@ import zlib
 
 import numpy as np
 
+from benchmarks.files import write_csv, write_text
 from evaluation.train import train_and_score
 from mechanisms.inprocess import first_pass, release_in_process
 from mechanisms.plan import normalize
@@ -283,11 +284,7 @@ def near_chance(rows, num_classes: int = 10) -> list:
 def write(rows, stem: str, dataset: str) -> None:
     os.makedirs(os.path.dirname(stem), exist_ok=True)
     rows = table_order(rows)
-    with open(stem + ".csv.tmp", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(FIELDS))
-        w.writeheader()
-        w.writerows(rows)
-    os.replace(stem + ".csv.tmp", stem + ".csv")
+    write_csv(stem + ".csv", FIELDS, rows)
     lines = [
         f"# {dataset}: every mechanism at eps 20 and 10 (delta 1e-5), accuracy of the evaluation model trained on "
         f"the release and tested on the real test split",
@@ -316,9 +313,7 @@ def write(rows, stem: str, dataset: str) -> None:
         )
         + ".",
     ]
-    with open(stem + ".md.tmp", "w") as fh:
-        fh.write("\n".join(lines) + "\n")
-    os.replace(stem + ".md.tmp", stem + ".md")
+    write_text(stem + ".md", "\n".join(lines) + "\n")
     import matplotlib
 
     matplotlib.use("Agg")

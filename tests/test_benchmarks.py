@@ -407,3 +407,19 @@ def test_seed004_curve_trains_its_classifier_and_runs_the_fixed_epochs(tmp_path)
     assert len(curve) >= 3 and curve[-1] > 0.5  # a separable problem is learnt
     again = seed004_curve(x[:400], y[:400], x[400:], y[400:], seed=0, max_epochs=20, fixed_epochs=3)
     assert again == curve  # the training seed fixes the curve
+
+
+def test_benchmarks_write_their_result_files_through_benchmarks_files():
+    """Result files are written whole (benchmarks.files): an open(..., "w") elsewhere may only be a marker or a
+    file in a temporary folder."""
+    import re
+    from pathlib import Path
+
+    offenders = []
+    for path in sorted(Path(__file__).resolve().parent.parent.joinpath("benchmarks").glob("*.py")):
+        if path.name == "files.py":
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"open\(.*[\"']wb?[\"']", line) and not re.search(r"\.installed|\btmp\b|\.tmp", line):
+                offenders.append(f"{path.name}:{n}: {line.strip()}")
+    assert not offenders, offenders
