@@ -27,7 +27,7 @@ import torch
 
 from benchmarks.files import write_csv, write_text
 from benchmarks.p3gm_table import CELLS, SAMPLES_CELL, cell_config, release_cell, score_release
-from evaluation.train import Recipe, _as_tensors, predict, stratified_split, train_one, use_bf16
+from evaluation.train import Recipe, as_tensors, predict, stratified_split, train_one, use_bf16
 from mechanisms.inprocess import first_pass
 from mechanisms.p3gm import class_quota, sample_rows
 from mechanisms.plan import normalize, sample_chunks
@@ -85,8 +85,8 @@ def reference_classifier(x, y, epochs: int, seed: int):
     tr, val = stratified_split(y, recipe.val_fraction, seed)
     dev = torch.device("cpu")
     model, _ = train_one(
-        *_as_tensors(x[tr], y[tr], dev),
-        *_as_tensors(x[val], y[val], dev),
+        *as_tensors(x[tr], y[tr], dev),
+        *as_tensors(x[val], y[val], dev),
         num_classes=10,
         input_shape=(1, 28, 28),
         epochs=epochs,
@@ -96,7 +96,7 @@ def reference_classifier(x, y, epochs: int, seed: int):
     )
 
     def labels_of(feats):
-        xt, _ = _as_tensors(feats, np.zeros(len(feats), np.int64), dev)
+        xt, _ = as_tensors(feats, np.zeros(len(feats), np.int64), dev)
         return predict(model, xt, recipe.eval_batch, use_bf16(recipe, dev)).cpu().numpy()
 
     return labels_of

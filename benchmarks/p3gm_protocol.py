@@ -35,6 +35,7 @@ from torch import nn
 
 from benchmarks.files import write_csv, write_text
 from benchmarks.p3gm_table import CELLS, OUT, PAPER, _read, release_cell, score_release
+from evaluation.train import as_tensors
 from mechanisms.combiners import FirstPassCombiner
 from mechanisms.plan import normalize
 from pipeline.prepare import FASHION_MNIST_DIR, load_fashion_mnist
@@ -97,10 +98,9 @@ def seed004_curve(x, y, tx, ty, *, seed: int, max_epochs: int = 20, fixed_epochs
     torch.manual_seed(seed)  # initialisation and dropout
     model = Seed004CNN()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, eps=1e-7)  # Keras' Adam defaults
-    xt = torch.as_tensor(np.asarray(x, np.float32)).reshape(-1, 1, 28, 28)
-    yt = torch.as_tensor(np.asarray(y, np.int64))
-    txt = torch.as_tensor(np.asarray(tx, np.float32)).reshape(-1, 1, 28, 28)
-    tyt = torch.as_tensor(np.asarray(ty, np.int64))
+    xt, yt = as_tensors(x, y, "cpu")
+    txt, tyt = as_tensors(tx, ty, "cpu")
+    xt, txt = xt.reshape(-1, 1, 28, 28), txt.reshape(-1, 1, 28, 28)
     loss_fn = nn.CrossEntropyLoss()
     curve: list[float] = []
     for _ in range(max_epochs):

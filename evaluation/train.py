@@ -267,7 +267,8 @@ def train_one(
     return scored, curves
 
 
-def _as_tensors(x, y, device):
+def as_tensors(x, y, device):
+    """(float32 features, int64 labels) as tensors on ``device``."""
     return (
         torch.as_tensor(np.ascontiguousarray(x, dtype=np.float32)).to(device),
         torch.as_tensor(np.asarray(y, dtype=np.int64)).to(device),
@@ -319,12 +320,12 @@ def train_and_score(
     dev = pick_device(device)
     t0 = time.time()
     tr_idx, val_idx = stratified_split(train_y, recipe.val_fraction, seed)
-    x_tr, y_tr = _as_tensors(train_x[tr_idx], train_y[tr_idx], dev)
+    x_tr, y_tr = as_tensors(train_x[tr_idx], train_y[tr_idx], dev)
     soft_tr = None
     if soft_labels is not None:
         soft_tr = torch.as_tensor(soft_targets(np.asarray(soft_labels)[tr_idx])).to(dev)
-    x_val, y_val = _as_tensors(train_x[val_idx], train_y[val_idx], dev)
-    x_te, y_te = _as_tensors(test_x, test_y, dev)
+    x_val, y_val = as_tensors(train_x[val_idx], train_y[val_idx], dev)
+    x_te, y_te = as_tensors(test_x, test_y, dev)
     bar = None
     if progress:
         from tqdm import tqdm
