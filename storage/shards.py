@@ -100,12 +100,22 @@ def _column_to_labels(col, path: str, name: str, first_row: int) -> np.ndarray:
     raise InputError(f"{path}: column '{name}' has type {arr.type}; expected int64")
 
 
+def parquet_file(fh, path: str) -> pq.ParquetFile:
+    """A Parquet reader over the open file ``fh`` of ``path`` (a remote file is read into memory first), without
+    pre-buffering. pyarrow pre-buffers by default: it reads ahead on its IO threads, and a read through a Python file
+    object takes the GIL when its buffer is freed there. A reader given up early (a width peek, a bad row) leaves such
+    reads running; if the interpreter is exiting when one ends, that thread is killed inside C++ and the process aborts
+    ("terminate called without an active exception"), turning a one-line error's exit status 2 into a crash. Reads
+    here are sequential through Python anyway, so there is nothing to gain from reading ahead."""
+    return pq.ParquetFile(io.BytesIO(fh.read()) if is_remote(path) else fh, pre_buffer=False)
+
+
 def read_parquet(
     path: str, features_column: str, label_column: str, batch_rows: int = 65536, width: Optional[int] = None
 ) -> Iterator[Block]:
     try:
         with open_file(path) as fh:
-            pf = pq.ParquetFile(io.BytesIO(fh.read()) if is_remote(path) else fh)
+            pf = parquet_file(fh, path)
             names = pf.schema_arrow.names
             for col in (features_column, label_column):
                 if col not in names:

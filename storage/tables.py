@@ -7,24 +7,22 @@ released values; nothing here reads data it is not given.
 
 from __future__ import annotations
 
-import io
 from typing import Iterator, Optional
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from schemas.table import Column, SchemaError, TableSchema
-from storage.paths import is_remote, open_file
-from storage.shards import Block, InputError, _one_line
+from storage.paths import open_file
+from storage.shards import Block, InputError, _one_line, parquet_file
 
 
 def arrow_schema_of(path: str) -> pa.Schema:
     """The Arrow schema of a Parquet file, from its footer (no row is read); metadata dropped."""
     try:
         with open_file(path) as fh:
-            pf = pq.ParquetFile(io.BytesIO(fh.read()) if is_remote(path) else fh)
+            pf = parquet_file(fh, path)
             # field metadata too: the output schema is this one, and metadata may carry statistics of the rows
             return pa.schema([f.remove_metadata() for f in pf.schema_arrow])
     except (pa.ArrowException, OSError, ValueError) as err:
@@ -101,7 +99,7 @@ def read_table_parquet(path: str, schema: TableSchema, batch_rows: int = 65536) 
     """Encoded blocks of a Parquet table (only the declared columns are read)."""
     try:
         with open_file(path) as fh:
-            pf = pq.ParquetFile(io.BytesIO(fh.read()) if is_remote(path) else fh)
+            pf = parquet_file(fh, path)
             schema.check_against(pf.schema_arrow, path)
             names = [c.name for c in schema.columns] + [schema.label.name]
             row = 0

@@ -64,7 +64,7 @@ def _sha256_rows_bytes(path: str) -> tuple[str, int, int]:
             h.update(chunk)
             size += len(chunk)
     with FileSystems.open(path) as fh:
-        rows = pq.ParquetFile(fh).metadata.num_rows
+        rows = pq.ParquetFile(fh, pre_buffer=False).metadata.num_rows  # the footer only (storage.shards.parquet_file)
     return h.hexdigest(), rows, size
 
 
