@@ -206,10 +206,15 @@ def reference_rows(out: str) -> list[str]:
     for cell, what in (("p3gm-eps1-b1500-e20", "the default"), ("p3gm-eps1", "seed 004's Table IV")):
         rows = [r for r in protocol if r["cell"] == cell]
         if rows:
+            s, n = _summary([r["table1"] for r in rows])
+            lines.append(
+                f"| P3GM, {what}, regenerated with today's code (the same keys), Table 1 CNN "
+                f"(benchmarks.p3gm_protocol) | 1 | {n} | {s} | - |"
+            )
             s, n = _summary([r["seed004_rule"] for r in rows])
             lines.append(
-                f"| P3GM, {what}, scored as seed 004 scored its own: its classifier, the best real-test epoch "
-                f"(test-selected, not a release figure; benchmarks.p3gm_protocol) | 1 | {n} | {s} | - |"
+                f"| P3GM, {what}, the same releases scored as seed 004 scored its own: its classifier, the best "
+                f"real-test epoch (test-selected, not a release figure; benchmarks.p3gm_protocol) | 1 | {n} | {s} | - |"
             )
     proj = _read(os.path.join(out, "projection_fashion_mnist.csv"))
     for cell in ("pca32-l16", "lp16-l16"):
@@ -243,8 +248,9 @@ def write_md(rows, path, command, out):
         fit = np.mean([float(r["fit_seconds"]) for r in rs])
         label = {
             "p3gm-nonoise": "P3GM without noise or clipping (the same model, not private)",
-            "p3gm-eps1": "P3GM, seed 004's Table IV (expected batch 300, 4 epochs)",
-            "p3gm-eps10": "P3GM, seed 004's Table IV (expected batch 300, 4 epochs)",
+            "p3gm-eps1": "P3GM, seed 004's Table IV (expected batch 300, 4 epochs; measured at commit 07addf4, noise "
+            "multiplier 0.917021, today 0.917049: each release now differs)",
+            "p3gm-eps10": "P3GM, seed 004's Table IV (expected batch 300, 4 epochs; measured at commit 07addf4)",
             "p3gm-eps1-b1500-e20": "P3GM, expected batch 1500, 20 epochs (the default)",
             "p3gm-eps1-b1500-e10": "P3GM, expected batch 1500, 10 epochs",
             "p3gm-eps1-b1500-e20-d20": "P3GM, expected batch 1500, 20 epochs, d' = 20",
