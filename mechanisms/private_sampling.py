@@ -56,6 +56,7 @@ from privacy.noise import NoiseStream
 MAX_COLUMNS = 20
 MAX_REDUCED_SPACE = 4096  # the QP's dense Hessian is m x m
 MAX_WALSH = MAX_REDUCED_SPACE // feasibility.REDUCED_SPACE_FACTOR  # 512: the default m stays within MAX_REDUCED_SPACE
+MAX_SYNTHETIC_SIZE = 10**7  # k rows: the sampler and the writer peak near 2 GB at p = 20 (bits_of is k x p int64)
 MAX_ATTEMPTS = 64  # reduced spaces drawn before giving up on a well-conditioned one
 WEIGHT_BITS = 60
 TOLERANCE = 1e-7  # accepted residuals of the LP/QP solution, in the scaled variable g = m h (values in [delta, Delta])
@@ -225,7 +226,7 @@ def check_table(bits) -> np.ndarray:
     bad = ~((x == 0) | (x == 1))
     if bad.any():
         row, col = np.argwhere(bad)[0]
-        raise PrivateSamplingError(f"table: column {col}, row {row}: value {x[row, col].item()!r} is not 0 or 1")
+        raise PrivateSamplingError(f"table: column {col}, row {row}: a value that is not 0 or 1")
     return x.astype(np.uint8)
 
 
@@ -248,6 +249,10 @@ def sample_boolean(
     (``privacy.noise.fresh_key()``; ``key_from_test_seed`` for tests only). Bad parameters raise
     ``feasibility.FeasibilityError``.
     """
+    if not 1 <= synthetic_size <= MAX_SYNTHETIC_SIZE:
+        raise feasibility.FeasibilityError(
+            f"synthetic_size must be in [1, {MAX_SYNTHETIC_SIZE:,}] for the sampler, got {synthetic_size}"
+        )
     x = check_table(bits)
     n, p = x.shape
     count = int(feasibility.walsh_count(p, degree))

@@ -21,6 +21,7 @@ import sys
 
 NOT_A_DP_DELTA = "the paper's delta: the density's floor is delta/m and the accuracy 4 delta (NOT a DP delta: the "
 TABLE_SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
+SIDECAR_TOOL = "dpcda sample-boolean (seed 002 private sampling, Algorithm 1)"
 
 
 def register(subparsers) -> dict:
@@ -165,6 +166,19 @@ def _kind(path: str, flag: str) -> str:
     return TABLE_SUFFIXES[suffix]
 
 
+def _safe_reason(err: Exception) -> str:
+    """Why a file did not parse, without its contents: Arrow's CSV errors quote the offending private row."""
+    import re
+
+    text = (str(err).splitlines() or [""])[0]
+    if isinstance(err, OSError) and not str(err).startswith("CSV"):
+        return err.strerror or type(err).__name__
+    shape = re.search(r"Expected \d+ columns, got \d+", text)
+    if shape:
+        return f"malformed row ({shape.group(0)}; the row is not shown)"
+    return f"{type(err).__name__} (details not shown: they may quote private values)"
+
+
 def read_boolean_table(path: str):
     """(names, Arrow types, (n, p) uint8 bits) of a Parquet/CSV file of 0/1 columns; one-line errors name the spot."""
     import numpy as np
@@ -185,8 +199,7 @@ def read_boolean_table(path: str):
     except FileNotFoundError:
         raise PrivateSamplingError(f"{path}: no such file") from None
     except (pa.ArrowException, OSError) as err:
-        first = (str(err).splitlines() or [type(err).__name__])[0]
-        raise PrivateSamplingError(f"{path}: cannot read as {kind}: {first}") from None
+        raise PrivateSamplingError(f"{path}: cannot read as {kind}: {_safe_reason(err)}") from None
     names = table.column_names
     if not 1 <= len(names) <= MAX_COLUMNS:
         raise PrivateSamplingError(f"{path}: {len(names)} columns; sample-boolean takes 1 to {MAX_COLUMNS}")
@@ -205,9 +218,7 @@ def read_boolean_table(path: str):
         bad = ~((values == 0) | (values == 1))
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
-            raise PrivateSamplingError(
-                f"{path}: column {name!r}, row {row}: value {values[row].item()!r} is not 0 or 1"
-            )
+            raise PrivateSamplingError(f"{path}: column {name!r}, row {row}: a value that is not 0 or 1")
         bits[:, j] = values.astype(np.uint8)
     return names, [table.schema.field(n).type for n in names], bits
 
@@ -246,7 +257,7 @@ def sidecar(result, *, names, reproducible_seed: bool) -> dict:
             0, "reproducible_seed: the noise key comes from a --seed (tests only): the output is NOT private"
         )
     return {
-        "tool": "dpcda sample-boolean (seed 002 private sampling, Algorithm 1)",
+        "tool": SIDECAR_TOOL,
         "dp": result.dp,
         "epsilon": c["epsilon"] if result.dp else None,
         "dp_delta": 0.0 if result.dp else None,
@@ -266,20 +277,79 @@ def sidecar(result, *, names, reproducible_seed: bool) -> dict:
     }
 
 
+def _sha256(path: str) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_output(out: str, *, inputs: list[str], overwrite: bool) -> str:
+    """The sidecar path of OUTPUT, once OUTPUT may be written; PrivateSamplingError (one line) when it may not.
+
+    Never the input (by path, link or hard link); never a folder or a link; an existing OUTPUT or OUTPUT.json is
+    replaced only with ``overwrite`` and only when it is an earlier output of this command: its sidecar names this
+    tool and the SHA-256 of the table beside it. Checked before the input is read, so nothing is spent on a refusal.
+    """
+    from mechanisms.private_sampling import PrivateSamplingError
+
+    _kind(out, "--output")
+    side = out + ".json"
+    for path in (out, side):
+        if any(_same_file(path, src) for src in inputs):
+            raise PrivateSamplingError(f"--output {out}: {path} is the input; write the sample somewhere else")
+        if os.path.islink(path):
+            raise PrivateSamplingError(f"--output {out}: {path} is a symbolic link; give the real path")
+        if os.path.lexists(path) and not os.path.isfile(path):
+            raise PrivateSamplingError(f"--output {out}: {path} exists and is not a regular file")
+    existing = [p for p in (out, side) if os.path.lexists(p)]
+    if not existing:
+        return side
+    if not overwrite:
+        raise PrivateSamplingError(f"{existing[0]} exists; pass --overwrite to replace it")
+    not_ours = f"--output {out}: not an earlier sample-boolean output"
+    try:
+        with open(side) as fh:
+            meta = json.load(fh)
+    except FileNotFoundError:
+        raise PrivateSamplingError(f"{not_ours} (no sidecar {side}); refusing to replace it") from None
+    except (OSError, ValueError):
+        raise PrivateSamplingError(f"{not_ours} ({side} is not its sidecar); refusing to replace it") from None
+    if not isinstance(meta, dict) or meta.get("tool") != SIDECAR_TOOL:
+        raise PrivateSamplingError(f"{not_ours} ({side} is not its sidecar); refusing to replace it")
+    digest = meta.get("table_sha256")
+    if not isinstance(digest, str):
+        raise PrivateSamplingError(
+            f"{not_ours} ({side} records no table_sha256: written by an older version); remove it yourself"
+        )
+    if os.path.exists(out) and _sha256(out) != digest:
+        raise PrivateSamplingError(f"{not_ours} ({out} changed since {side} was written); refusing to replace it")
+    return side
+
+
 def cmd_sample_boolean(args, _beam_args) -> int:
-    from mechanisms.private_sampling import PrivateSamplingError, sample_boolean
+    from mechanisms.private_sampling import MAX_SYNTHETIC_SIZE, PrivateSamplingError, sample_boolean
     from privacy.noise import fresh_key, key_from_test_seed
 
     out = args.output
     kind = _kind(out, "--output")
-    side = out + ".json"
-    if not args.overwrite:
-        for path in (out, side):
-            if os.path.exists(path):
-                raise PrivateSamplingError(f"{path} exists; pass --overwrite to replace it")
     params = _theorem_args(args)
     k = _number(args, "synthetic-size", int)
+    if not 1 <= k <= MAX_SYNTHETIC_SIZE:
+        raise PrivateSamplingError(f"--synthetic-size must be in [1, {MAX_SYNTHETIC_SIZE:,}], got {k}")
     seed = _number(args, "seed", int, optional=True)
+    _kind(args.input, "--input")
+    side = check_output(out, inputs=[args.input], overwrite=args.overwrite)
     names, types, bits = read_boolean_table(args.input)
     key = key_from_test_seed(seed) if seed is not None else fresh_key()
     result = sample_boolean(bits, synthetic_size=k, key=key, allow_not_dp=args.allow_not_dp, **params)
@@ -290,13 +360,17 @@ def cmd_sample_boolean(args, _beam_args) -> int:
     tmp_side = tmp_table + ".json"
     try:
         _write_table(tmp_table, kind, names, types, result.rows)
+        meta["table_sha256"] = _sha256(tmp_table)
         with open(tmp_side, "w") as fh:
             json.dump(meta, fh, indent=2)
             fh.write("\n")
+        check_output(out, inputs=[args.input], overwrite=args.overwrite)  # nothing foreign appeared meanwhile
         os.replace(tmp_table, out)
         os.replace(tmp_side, side)  # the sidecar last: its presence means the table beside it is complete
     except FileNotFoundError:
         raise PrivateSamplingError(f"--output {out}: folder {folder} does not exist") from None
+    except OSError as err:
+        raise PrivateSamplingError(f"--output {out}: cannot write ({err.strerror or type(err).__name__})") from None
     finally:
         for tmp in (tmp_table, tmp_side):
             if os.path.exists(tmp):

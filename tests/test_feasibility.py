@@ -8,8 +8,11 @@ digits. Where the paper's number does not come out, the test pins the recomputed
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
+import os
+from unittest import mock
 
 import numpy as np
 import pyarrow as pa
@@ -495,7 +498,9 @@ def test_cli_sample_boolean_marks_dp_when_the_theorem_holds(cli, tmp_path):
 @pytest.mark.parametrize(
     "content, needle",
     [
-        ("a,b\n0,1\n1,2\n", "column 'b', row 1: value 2 is not 0 or 1"),
+        ("a,b\n0,1\n1,2\n", "column 'b', row 1: a value that is not 0 or 1"),
+        ("a,b\n0,1\n1,0.8174971648593776\n", "column 'b', row 1: a value that is not 0 or 1"),
+        ("a,b,c\n0,1,1\n1,0\n", "malformed row (Expected 3 columns, got 2; the row is not shown)"),
         ("a,b\n0,1\n1,\n", "column 'b', row 1: missing value"),
         ("a,b\n0,yes\n", "column 'b' has type string"),
     ],
@@ -508,6 +513,7 @@ def test_cli_sample_boolean_bad_input_is_one_line(cli, tmp_path, content, needle
             "--synthetic-size", 1, "--allow-not-dp",
         )  # fmt: skip
     assert needle in str(err.value) and "\n" not in str(err.value), str(err.value)
+    assert "0.817" not in str(err.value) and "1,0" not in str(err.value)  # no private value in the line
     assert not (tmp_path / "o.csv").exists()
 
 
@@ -536,3 +542,89 @@ def test_cli_sample_boolean_bad_paths(cli, tmp_path):
             "--synthetic-size",
             1,
         )
+
+
+# ---------------------------------------------------------------- sample-boolean's OUTPUT: only what is ours
+
+
+def _sample(cli, src, out, *extra):
+    return cli(
+        "sample-boolean", "--input", src, "--output", out, "--epsilon", 1, "--synthetic-size", 10,
+        "--allow-not-dp", "--seed", 3, *extra,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def private_csv(tmp_path):
+    path = tmp_path / "ok.csv"
+    pcsv.write_csv(pa.table({"a": TABLE[:300, 0], "b": TABLE[:300, 1]}), path)
+    return path
+
+
+def test_sample_boolean_never_overwrites_its_input(cli, private_csv):
+    before = private_csv.read_bytes()
+    for extra in ((), ("--overwrite",)):
+        with pytest.raises(PrivateSamplingError, match="is the input") as err:
+            _sample(cli, private_csv, private_csv, *extra)
+        assert "\n" not in str(err.value)
+    link = private_csv.parent / "link.csv"
+    os.link(private_csv, link)  # a hard link is the same file under another name
+    with pytest.raises(PrivateSamplingError, match="is the input"):
+        _sample(cli, private_csv, link, "--overwrite")
+    assert private_csv.read_bytes() == before
+    assert sorted(p.name for p in private_csv.parent.iterdir()) == ["link.csv", "ok.csv"]  # no sidecar, no temp
+
+
+def test_sample_boolean_overwrite_replaces_only_its_own_earlier_output(cli, private_csv, tmp_path):
+    shard = tmp_path / "other" / "part-00001-of-00002.parquet"
+    shard.parent.mkdir()
+    pq.write_table(pa.table({"features": [1.0, 2.0], "label": [0, 1]}), shard)
+    shard_bytes = shard.read_bytes()
+    with pytest.raises(PrivateSamplingError, match="not an earlier sample-boolean output .no sidecar"):
+        _sample(cli, private_csv, shard, "--overwrite")
+    assert shard.read_bytes() == shard_bytes and sorted(os.listdir(shard.parent)) == [shard.name]
+
+    out = tmp_path / "s.csv"
+    assert _sample(cli, private_csv, out) == 0
+    meta = json.loads((tmp_path / "s.csv.json").read_text())
+    assert meta["table_sha256"] == hashlib.sha256(out.read_bytes()).hexdigest()
+    assert _sample(cli, private_csv, out, "--overwrite") == 0  # our own output: replaced
+
+    out.write_text("a,b\n1,1\n")  # somebody else's table now stands at OUTPUT
+    with pytest.raises(PrivateSamplingError, match="changed since"):
+        _sample(cli, private_csv, out, "--overwrite")
+    assert out.read_text() == "a,b\n1,1\n"
+
+    foreign = tmp_path / "f.csv"
+    foreign.write_text("x\n1\n")
+    (tmp_path / "f.csv.json").write_text('{"tool": "something else"}')
+    with pytest.raises(PrivateSamplingError, match="is not its sidecar"):
+        _sample(cli, private_csv, foreign, "--overwrite")
+    assert foreign.read_text() == "x\n1\n"
+
+
+def test_sample_boolean_output_errors_are_one_line(cli, private_csv, tmp_path):
+    (tmp_path / "dir.csv").mkdir()
+    with pytest.raises(PrivateSamplingError, match="is not a regular file"):
+        _sample(cli, private_csv, tmp_path / "dir.csv", "--overwrite")
+    os.symlink(private_csv, tmp_path / "sl.csv")
+    with pytest.raises(PrivateSamplingError, match="is the input"):
+        _sample(cli, private_csv, tmp_path / "sl.csv", "--overwrite")
+    os.symlink(tmp_path / "elsewhere.csv", tmp_path / "dangling.csv")
+    with pytest.raises(PrivateSamplingError, match="symbolic link"):
+        _sample(cli, private_csv, tmp_path / "dangling.csv", "--overwrite")
+    # an unwritable folder (root writes through mode 555, so the write itself is made to fail)
+    with mock.patch("pipeline.sampling_cli._write_table", side_effect=PermissionError(13, "Permission denied")):
+        with pytest.raises(PrivateSamplingError, match=r"cannot write \(Permission denied\)") as err:
+            _sample(cli, private_csv, tmp_path / "sb.csv")
+    assert "\n" not in str(err.value) and not any(p.name.startswith(".sb.csv") for p in tmp_path.iterdir())
+
+
+def test_sample_boolean_synthetic_size_is_bounded_before_the_input_is_read(cli, tmp_path):
+    with pytest.raises(PrivateSamplingError, match=r"--synthetic-size must be in \[1, 10,000,000\], got 1000000000"):
+        cli(
+            "sample-boolean", "--input", tmp_path / "absent.csv", "--output", tmp_path / "o.csv", "--epsilon", 1,
+            "--synthetic-size", 10**9, "--allow-not-dp",
+        )  # fmt: skip
+    with pytest.raises(FeasibilityError, match="synthetic_size must be in"):
+        sample_boolean(TABLE, epsilon=1.0, synthetic_size=10**9, key=fresh_key(), allow_not_dp=True)
