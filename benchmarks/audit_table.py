@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from evaluation.audit import json_safe, run_audit, run_paper_rate_audit  # noqa: E402
-from mechanisms.device import pick_device  # noqa: E402
+from dpcda.evaluation.audit import json_safe, run_audit, run_paper_rate_audit  # noqa: E402
+from dpcda.mechanisms.device import pick_device  # noqa: E402
 
 # (target epsilon, l, N_k, T_k): tiny classes so the canary joins most rows and the bound means something
 HONEST = [

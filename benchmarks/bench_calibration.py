@@ -25,7 +25,7 @@ DELTA = 1e-5
 
 _CHILD = r"""
 import json, sys, time
-from privacy.calibration import calibrate_gaussian
+from dpcda.privacy.calibration import calibrate_gaussian
 out = []
 for target in json.loads(sys.argv[1]):
     t = time.perf_counter()

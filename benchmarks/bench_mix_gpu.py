@@ -15,9 +15,9 @@ import time
 
 import torch
 
-from mechanisms.device import pick_device
-from mechanisms.dpcda import mix_chunk
-from privacy.noise import NoiseStream, key_from_test_seed
+from dpcda.mechanisms.device import pick_device
+from dpcda.mechanisms.dpcda import mix_chunk
+from dpcda.privacy.noise import NoiseStream, key_from_test_seed
 
 
 def copy_bandwidth(device, nbytes=2 << 30) -> float:

@@ -25,8 +25,8 @@ def one_run(steps: int, threads: int) -> float:
     import numpy as np
     import torch
 
-    from mechanisms import p3gm
-    from privacy.noise import NoiseStream, public_key
+    from dpcda.mechanisms import p3gm
+    from dpcda.privacy.noise import NoiseStream, public_key
 
     torch.set_num_threads(threads)
     n, d, classes = 60_000, 784, 10

@@ -29,10 +29,10 @@ from benchmarks.paired import HERE, print_paired, revision_tree
 BARE = r"""
 import glob, os, sys, json
 import numpy as np, pyarrow.parquet as pq
-from schemas.config import load_config
-from privacy.noise import key_from_test_seed
-from storage.shards import read_parquet, block_table
-from mechanisms.inprocess import release_in_process
+from dpcda.schemas.config import load_config
+from dpcda.privacy.noise import key_from_test_seed
+from dpcda.storage.shards import read_parquet, block_table
+from dpcda.mechanisms.inprocess import release_in_process
 cfg = load_config(None, json.loads(sys.argv[1]))
 blocks = [b for p in sorted(glob.glob(cfg.input)) for b in read_parquet(p, "features", "label", 16384)]
 x, y = np.concatenate([b.features for b in blocks]), np.concatenate([b.labels for b in blocks])
@@ -57,7 +57,7 @@ def _release_cmd(train: str, out: str, epsilon: float) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "pipeline.cli",
+        "dpcda.pipeline.cli",
         "release",
         "--input",
         train,
@@ -116,7 +116,7 @@ def main(argv=None) -> None:
         "beam DirectRunner multi_processing x2": lambda out: [
             sys.executable,
             "-m",
-            "pipeline.cli",
+            "dpcda.pipeline.cli",
             "release",
             "--input",
             train,

@@ -37,12 +37,12 @@ from benchmarks.files import write_text
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "benchmarks", "results", "bench_scale.md")
 OUT_PATH = [OUT]  # --out
-DPCDA = [sys.executable, "-m", "pipeline.cli"]
+DPCDA = [sys.executable, "-m", "dpcda.pipeline.cli"]
 
 
 def generate(directory: str, rows: int, dim: int, shard_rows: int = 200_000) -> str:
     """Two classes of ``rows / 2`` records each, d features in [0, 1] (class 1 brighter), in Parquet shards."""
-    from storage.shards import write_parquet
+    from dpcda.storage.shards import write_parquet
 
     os.makedirs(directory, exist_ok=True)
     rng = np.random.default_rng(0)

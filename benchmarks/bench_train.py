@@ -19,8 +19,8 @@ import time
 import torch
 from torch import nn
 
-from evaluation.models import TableOneCNN
-from evaluation.train import RowScale
+from dpcda.evaluation.models import TableOneCNN
+from dpcda.evaluation.train import RowScale
 
 VARIANTS = {
     # name: (channels_last, bf16 autocast, batch size)
@@ -92,7 +92,7 @@ def time_recipe(rows: int, epochs: int, **recipe) -> float:
     clipping, the synthetic hold-out every epoch and the final test pass included."""
     import numpy as np
 
-    from evaluation.train import Recipe, train_and_score
+    from dpcda.evaluation.train import Recipe, train_and_score
 
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(rows, 784)).astype(np.float32), rng.integers(0, 10, rows)

@@ -18,7 +18,7 @@ import numpy as np
 
 from benchmarks.files import write_csv, write_text
 from benchmarks.reproduce_table3 import OUT, load, run_release
-from mechanisms.inprocess import first_pass
+from dpcda.mechanisms.inprocess import first_pass
 
 
 def main(argv=None) -> None:

@@ -69,15 +69,15 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from benchmarks.files import write_csv, write_text
-from evaluation.models import TableOneCNN
-from evaluation.train import RowScale, stratified_split
-from mechanisms import rowwise
-from mechanisms.dpsgd import clip_factors, noisy_sum, poisson_batch
-from privacy.accounting import ReleaseEvents, account, accountant_delta
-from privacy.calibration import calibrate_noise
-from privacy.events import MAX_ROW_RECORDS, DpSgdEvent
-from privacy.noise import NoiseStream, key_from_test_seed, public_key
-from storage.shards import read_parquet
+from dpcda.evaluation.models import TableOneCNN
+from dpcda.evaluation.train import RowScale, stratified_split
+from dpcda.mechanisms import rowwise
+from dpcda.mechanisms.dpsgd import clip_factors, noisy_sum, poisson_batch
+from dpcda.privacy.accounting import ReleaseEvents, account, accountant_delta
+from dpcda.privacy.calibration import calibrate_noise
+from dpcda.privacy.events import MAX_ROW_RECORDS, DpSgdEvent
+from dpcda.privacy.noise import NoiseStream, key_from_test_seed, public_key
+from dpcda.storage.shards import read_parquet
 
 STEM = "dpsgd_classifier_fashion_mnist"
 DATA = "data/fashion-mnist"
@@ -372,7 +372,7 @@ def load_split(data: str, split: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(float32 (N, 784), int64 (N,)) from ``data/split/*.parquet`` in shard order."""
     paths = sorted(glob.glob(os.path.join(data, split, "*.parquet")))
     if not paths:
-        raise SystemExit(f"{os.path.join(data, split)}: no Parquet shards (python -m pipeline.prepare writes them)")
+        raise SystemExit(f"{os.path.join(data, split)}: no Parquet shards (dpcda prepare writes them)")
     blocks = [b for p in paths for b in read_parquet(p, "features", "label")]
     x = np.concatenate([b.features for b in blocks]).astype(np.float32, copy=False)
     y = np.concatenate([b.labels for b in blocks]).astype(np.int64, copy=False)

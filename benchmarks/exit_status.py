@@ -23,7 +23,7 @@ import numpy as np
 
 from benchmarks.files import write_text
 from benchmarks.paired import HERE, revision_tree
-from pipeline.prepare import write_shards
+from dpcda.pipeline.prepare import write_shards
 
 OUT = os.path.join(HERE, "benchmarks", "results", "exit_status.md")
 
@@ -37,8 +37,8 @@ def make_inputs(folder: str) -> tuple[str, str]:
 
 
 def run_once(tree: str, train: str, wide: str, out: str) -> int:
-    cmd = [sys.executable, "-m", "pipeline.cli", "release", "--input", train, "--output", out, "--num-classes", "2",
-           "--mixing-order", "2", "--epsilon", "10", "--eval-input", wide, "--eval-epochs", "1",
+    cmd = [sys.executable, "-m", "dpcda.pipeline.cli", "release", "--input", train, "--output", out,
+           "--num-classes", "2", "--mixing-order", "2", "--epsilon", "10", "--eval-input", wide, "--eval-epochs", "1",
            "--runner=DirectRunner", "--direct_running_mode=in_memory"]  # fmt: skip
     # python -m imports the package of the working directory first: the tree under test
     return subprocess.run(cmd, cwd=tree, capture_output=True, text=True).returncode

@@ -21,7 +21,7 @@ from scipy import integrate, stats
 
 from benchmarks.files import write_text
 from benchmarks.sigma_table import DELTA, LS, K, N
-from evaluation.paper import theorem1_calibrate_sigma_x
+from dpcda.evaluation.paper import theorem1_calibrate_sigma_x
 
 
 def label_flip_rate(sigma_y: float, num_classes: int) -> float:

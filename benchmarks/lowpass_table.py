@@ -17,13 +17,13 @@ import os
 import numpy as np
 
 from benchmarks.files import write_text
-from mechanisms.combiners import FirstPassCombiner
-from mechanisms.dpcda import mix_class
-from mechanisms.plan import build_plan, normalize
-from mechanisms.postprocess import lowpass_basis
-from pipeline.prepare import FASHION_MNIST_DIR, load_fashion_mnist
-from privacy.noise import key_from_test_seed
-from schemas.config import ReleaseConfig
+from dpcda.mechanisms.combiners import FirstPassCombiner
+from dpcda.mechanisms.dpcda import mix_class
+from dpcda.mechanisms.plan import build_plan, normalize
+from dpcda.mechanisms.postprocess import lowpass_basis
+from dpcda.pipeline.prepare import FASHION_MNIST_DIR, load_fashion_mnist
+from dpcda.privacy.noise import key_from_test_seed
+from dpcda.schemas.config import ReleaseConfig
 
 OUT = os.path.join(os.path.dirname(__file__), "results")
 

@@ -27,10 +27,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from evaluation.audit import audit_section  # noqa: E402
-from evaluation.membership import DEFAULT_ROWS, membership_audit_section  # noqa: E402
-from pipeline.release import run_release  # noqa: E402
-from schemas.config import load_config  # noqa: E402
+from dpcda.evaluation.audit import audit_section  # noqa: E402
+from dpcda.evaluation.membership import DEFAULT_ROWS, membership_audit_section  # noqa: E402
+from dpcda.pipeline.release import run_release  # noqa: E402
+from dpcda.schemas.config import load_config  # noqa: E402
 
 BEAM_ARGS = ["--runner=DirectRunner", "--direct_running_mode=in_memory"]
 RELEASES = {
@@ -53,7 +53,7 @@ def _fmt(x, digits: int = 4) -> str:
 def prepare(data: Path) -> None:
     if (data / "train").is_dir() and (data / "test").is_dir():
         return
-    cmd = [sys.executable, "-m", "pipeline.cli", "prepare", "fashion-mnist", "--out", str(data), "--shards", "4"]
+    cmd = [sys.executable, "-m", "dpcda.pipeline.cli", "prepare", "fashion-mnist", "--out", str(data), "--shards", "4"]
     print("preparing:", " ".join(cmd), file=sys.stderr)
     subprocess.run(cmd, cwd=ROOT, check=True)
 

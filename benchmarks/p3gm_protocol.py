@@ -34,10 +34,10 @@ from torch import nn
 
 from benchmarks.files import write_csv, write_text
 from benchmarks.p3gm_table import CELLS, LABELS, OUT, PAPER, _read, _summary, release_cell, score_release
-from evaluation.train import as_tensors
-from mechanisms.inprocess import first_pass
-from mechanisms.plan import normalize
-from pipeline.prepare import FASHION_MNIST_DIR, load_fashion_mnist
+from dpcda.evaluation.train import as_tensors
+from dpcda.mechanisms.inprocess import first_pass
+from dpcda.mechanisms.plan import normalize
+from dpcda.pipeline.prepare import FASHION_MNIST_DIR, load_fashion_mnist
 
 DEFAULT_CELLS = ["p3gm-eps1-b1500-e20", "p3gm-eps1", "p3gm-nonoise", "p3gm-eps10-b1500-e20"]
 REAL = "real training rows"

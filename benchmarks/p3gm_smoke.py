@@ -24,11 +24,11 @@ from fractions import Fraction
 import numpy as np
 import torch
 
-import mechanisms.p3gm as p3gm
-from mechanisms.dppca import project_rows
-from privacy.events import CLIP_MARGIN
-from privacy.noise import key_from_test_seed
-from storage.shards import read_all
+import dpcda.mechanisms.p3gm as p3gm
+from dpcda.mechanisms.dppca import project_rows
+from dpcda.privacy.events import CLIP_MARGIN
+from dpcda.privacy.noise import key_from_test_seed
+from dpcda.storage.shards import read_all
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "fashion-mnist")
 

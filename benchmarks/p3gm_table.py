@@ -33,12 +33,12 @@ import time
 import numpy as np
 
 from benchmarks.files import write_csv, write_text
-from evaluation.train import train_and_score
-from mechanisms.inprocess import first_pass, release_in_process
-from mechanisms.plan import normalization_record, normalize
-from pipeline.prepare import FASHION_MNIST_DIR, load_fashion_mnist
-from privacy.noise import key_from_test_seed
-from schemas.config import ReleaseConfig
+from dpcda.evaluation.train import train_and_score
+from dpcda.mechanisms.inprocess import first_pass, release_in_process
+from dpcda.mechanisms.plan import normalization_record, normalize
+from dpcda.pipeline.prepare import FASHION_MNIST_DIR, load_fashion_mnist
+from dpcda.privacy.noise import key_from_test_seed
+from dpcda.schemas.config import ReleaseConfig
 
 OUT = os.path.join(os.path.dirname(__file__), "results")
 PAPER = {"p3gm": 0.7485}  # seed 004, Fashion-MNIST at (1, 1e-5)
@@ -163,7 +163,7 @@ def release_cell(name, release, x, y, first, on_model=None):
 
 def write_samples_png(path, feats, labels, plan):
     """The samples grid in pixel units, through the release's own statistics (``evaluation.report.to_pixels``)."""
-    from evaluation.report import write_samples
+    from dpcda.evaluation.report import write_samples
 
     write_samples(path, feats, labels, num_classes=10, input_shape=(1, 28, 28), norm=normalization_record(plan))
 
@@ -284,7 +284,7 @@ def timing(args) -> int:
         cmd = [
             sys.executable,
             "-m",
-            "pipeline.cli",
+            "dpcda.pipeline.cli",
             "release",
             "--input",
             os.path.join(args.data, "train", "*.parquet"),

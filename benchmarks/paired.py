@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from pathlib import Path
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -18,11 +19,28 @@ def revision_tree(rev: str, prefix: str = "bench-"):
     tmp = tempfile.mkdtemp(prefix=prefix)
     tree = os.path.join(tmp, "ref")
     subprocess.run(["git", "-C", HERE, "worktree", "add", "--detach", tree, rev], check=True, capture_output=True)
+    shim_old_layout(tree)
     try:
         yield tree, tmp
     finally:
         subprocess.run(["git", "-C", HERE, "worktree", "remove", "--force", tree], capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+OLD_TOP_LEVEL = ("pipeline", "transforms", "mechanisms", "storage", "schemas", "privacy", "evaluation")
+
+
+def shim_old_layout(tree: str) -> None:
+    """A revision from before the one-package layout (top-level ``pipeline/``, ``privacy/``, ...) gets a ``dpcda/``
+    of links to them, so ``python -m dpcda.pipeline.cli`` and ``from dpcda.privacy import ...`` run its code."""
+    pkg = os.path.join(tree, "dpcda")
+    if os.path.exists(pkg) or not os.path.isdir(os.path.join(tree, "pipeline")):
+        return
+    os.mkdir(pkg)
+    Path(pkg, "__init__.py").touch()
+    for name in OLD_TOP_LEVEL:
+        if os.path.isdir(os.path.join(tree, name)):
+            os.symlink(os.path.join("..", name), os.path.join(pkg, name))
 
 
 def print_paired(title: str, times: dict[str, list[float]], unit: str, digits: int) -> None:

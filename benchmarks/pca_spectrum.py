@@ -19,13 +19,13 @@ import argparse
 
 import numpy as np
 
-from mechanisms.dppca import CovarianceCombiner, CovarianceSum
-from mechanisms.plan import normalize
-from pipeline.prepare import FASHION_MNIST_DIR, load_fashion_mnist
-from privacy import dp_stats
-from privacy.accounting import accountant_delta
-from privacy.calibration import calibrate_gaussian
-from privacy.noise import NoiseStream, public_key
+from dpcda.mechanisms.dppca import CovarianceCombiner, CovarianceSum
+from dpcda.mechanisms.plan import normalize
+from dpcda.pipeline.prepare import FASHION_MNIST_DIR, load_fashion_mnist
+from dpcda.privacy import dp_stats
+from dpcda.privacy.accounting import accountant_delta
+from dpcda.privacy.calibration import calibrate_gaussian
+from dpcda.privacy.noise import NoiseStream, public_key
 
 
 def covariance_sum(x: np.ndarray) -> CovarianceSum:

@@ -30,7 +30,7 @@ from dp_accounting import pld
 from dp_accounting.pld import pld_pmf
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
-from privacy.accounting import PLD_DISCRETIZATION, PLD_MIN_DELTA, make_accountant, pld_least_delta
+from dpcda.privacy.accounting import PLD_DISCRETIZATION, PLD_MIN_DELTA, make_accountant, pld_least_delta
 
 TAIL = 1e-40
 DELTAS = (1e-6, 1e-8, 1e-9, 1e-10, 1e-11, 1e-12)

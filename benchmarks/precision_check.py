@@ -18,10 +18,10 @@ import numpy as np
 
 from benchmarks.files import write_csv, write_text
 from benchmarks.reproduce_table2 import OUT, synthesize
-from evaluation.train import Recipe, train_and_score
-from mechanisms.combiners import FirstPassCombiner
-from mechanisms.plan import normalize
-from pipeline.prepare import FASHION_MNIST_DIR, load_fashion_mnist
+from dpcda.evaluation.train import Recipe, train_and_score
+from dpcda.mechanisms.combiners import FirstPassCombiner
+from dpcda.mechanisms.plan import normalize
+from dpcda.pipeline.prepare import FASHION_MNIST_DIR, load_fashion_mnist
 
 
 def main(argv=None) -> None:

@@ -21,13 +21,13 @@ import time
 import numpy as np
 
 from benchmarks.files import write_csv, write_text
-from evaluation.train import train_and_score
-from mechanisms.combiners import FirstPassCombiner
-from mechanisms.inprocess import release_in_process
-from mechanisms.plan import normalize
-from pipeline.prepare import FASHION_MNIST_DIR, load_fashion_mnist
-from privacy.noise import key_from_test_seed
-from schemas.config import ReleaseConfig
+from dpcda.evaluation.train import train_and_score
+from dpcda.mechanisms.combiners import FirstPassCombiner
+from dpcda.mechanisms.inprocess import release_in_process
+from dpcda.mechanisms.plan import normalize
+from dpcda.pipeline.prepare import FASHION_MNIST_DIR, load_fashion_mnist
+from dpcda.privacy.noise import key_from_test_seed
+from dpcda.schemas.config import ReleaseConfig
 
 OUT = os.path.join(os.path.dirname(__file__), "results")
 CELLS = {

@@ -17,10 +17,10 @@ import os
 
 from benchmarks.files import write_text
 from benchmarks.reproduce_table3 import OUT, VARIANTS, load, run_release
-from mechanisms.inprocess import first_pass
-from mechanisms.plan import REFERENCE_EPSILON
-from pipeline.prepare import FASHION_MNIST_DIR
-from schemas.config import ReleaseConfig
+from dpcda.mechanisms.inprocess import first_pass
+from dpcda.mechanisms.plan import REFERENCE_EPSILON
+from dpcda.pipeline.prepare import FASHION_MNIST_DIR
+from dpcda.schemas.config import ReleaseConfig
 
 SHARE = ReleaseConfig.model_fields["normalization_budget_share"].default  # the statistics' share of epsilon
 

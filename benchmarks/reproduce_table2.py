@@ -44,15 +44,15 @@ import zlib
 import numpy as np
 
 from benchmarks.files import write_csv, write_text
-from evaluation.paper import theorem1_calibrate_sigma_x
-from evaluation.train import train_and_score
-from mechanisms.combiners import FirstPassCombiner
-from mechanisms.device import pick_device
-from mechanisms.inprocess import release_in_process
-from mechanisms.plan import normalize
-from pipeline.prepare import FASHION_MNIST_DIR, load_fashion_mnist
-from privacy.noise import key_from_test_seed
-from schemas.config import ReleaseConfig
+from dpcda.evaluation.paper import theorem1_calibrate_sigma_x
+from dpcda.evaluation.train import train_and_score
+from dpcda.mechanisms.combiners import FirstPassCombiner
+from dpcda.mechanisms.device import pick_device
+from dpcda.mechanisms.inprocess import release_in_process
+from dpcda.mechanisms.plan import normalize
+from dpcda.pipeline.prepare import FASHION_MNIST_DIR, load_fashion_mnist
+from dpcda.privacy.noise import key_from_test_seed
+from dpcda.schemas.config import ReleaseConfig
 
 REFERENCE = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "reference", "dpcda_table2.csv")
 OUT = os.path.join(os.path.dirname(__file__), "results")

@@ -29,12 +29,12 @@ import zlib
 import numpy as np
 
 from benchmarks.files import write_csv, write_text
-from evaluation.train import train_and_score
-from mechanisms.inprocess import first_pass, release_in_process
-from mechanisms.plan import normalize
-from pipeline.prepare import FASHION_MNIST_DIR, load_digits_split, load_fashion_mnist
-from privacy.noise import key_from_test_seed
-from schemas.config import ReleaseConfig
+from dpcda.evaluation.train import train_and_score
+from dpcda.mechanisms.inprocess import first_pass, release_in_process
+from dpcda.mechanisms.plan import normalize
+from dpcda.pipeline.prepare import FASHION_MNIST_DIR, load_digits_split, load_fashion_mnist
+from dpcda.privacy.noise import key_from_test_seed
+from dpcda.schemas.config import ReleaseConfig
 
 OUT = os.path.join(os.path.dirname(__file__), "results")
 REFERENCE = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "reference", "comparisons.csv")
@@ -109,7 +109,7 @@ def run_release(x, y, tx, ty, first, fields: dict, *, eps, l, seed, epochs, num_
     test = normalize(tx, plan.mean, plan.std, plan.clip, plan.bounds)
     model = None
     if plan.projection is not None:
-        from mechanisms.randproj import projection_matrix
+        from dpcda.mechanisms.randproj import projection_matrix
 
         test = (test.astype(np.float64) @ projection_matrix(x.shape[1], plan.projection[0], plan.projection[1])).astype(
             np.float32

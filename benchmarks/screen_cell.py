@@ -17,10 +17,10 @@ import time
 import torch
 
 from benchmarks.reproduce_table2 import synthesize
-from evaluation.train import train_and_score
-from mechanisms.combiners import FirstPassCombiner
-from mechanisms.plan import normalize
-from pipeline.prepare import FASHION_MNIST_DIR, load_fashion_mnist
+from dpcda.evaluation.train import train_and_score
+from dpcda.mechanisms.combiners import FirstPassCombiner
+from dpcda.mechanisms.plan import normalize
+from dpcda.pipeline.prepare import FASHION_MNIST_DIR, load_fashion_mnist
 
 
 def main(argv=None) -> None:

@@ -21,8 +21,8 @@ import tempfile
 import pyarrow.parquet as pq
 
 from benchmarks.tabular_table import METHODS, load, one_release
-from evaluation.tabular import column_distances
-from schemas.table import parse_table_schema
+from dpcda.evaluation.tabular import column_distances
+from dpcda.schemas.table import parse_table_schema
 
 SDM = """
 import json, sys

@@ -18,8 +18,8 @@ import os
 import time
 
 from benchmarks.files import write_text
-from evaluation.paper import theorem1_calibrate_sigma_x
-from privacy.calibration import calibrate_sigma_x
+from dpcda.evaluation.paper import theorem1_calibrate_sigma_x
+from dpcda.privacy.calibration import calibrate_sigma_x
 
 N, K, DELTA = 60000, 10, 1e-5
 LS = [2**i for i in range(10)]

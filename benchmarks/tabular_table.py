@@ -40,13 +40,13 @@ import numpy as np
 import yaml
 
 from benchmarks.files import write_csv, write_text
-from evaluation.tabular import evaluate_tables, train_on_synthetic
-from mechanisms.inprocess import first_pass, release_in_process
-from pipeline.prepare import load_rdataset, split_table
-from privacy.noise import key_from_test_seed
-from schemas.config import ReleaseConfig
-from schemas.table import parse_table_schema
-from storage.tables import decode_rows, decode_uniforms, encode_batch
+from dpcda.evaluation.tabular import evaluate_tables, train_on_synthetic
+from dpcda.mechanisms.inprocess import first_pass, release_in_process
+from dpcda.pipeline.prepare import load_rdataset, split_table
+from dpcda.privacy.noise import key_from_test_seed
+from dpcda.schemas.config import ReleaseConfig
+from dpcda.schemas.table import parse_table_schema
+from dpcda.storage.tables import decode_rows, decode_uniforms, encode_batch
 
 HERE = os.path.dirname(__file__)
 OUT = os.path.join(HERE, "results")

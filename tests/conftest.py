@@ -98,7 +98,7 @@ def make_dataset(n_per_class=40, num_classes=3, dim=16, seed=0):
 
 
 def write_dataset(directory: Path, x, y, fmt="parquet", shards=2) -> str:
-    from pipeline.prepare import write_shards
+    from dpcda.pipeline.prepare import write_shards
 
     write_shards(x, y, str(directory), fmt, shards)
     return str(directory / f"*.{fmt}")
@@ -111,10 +111,10 @@ def small_parquet(tmp_path):
 
 
 def run_cli(*args, env=None, timeout=300):
-    """Runs ``python -m pipeline.cli ARGS``; returns the CompletedProcess."""
+    """Runs ``python -m dpcda.pipeline.cli ARGS``; returns the CompletedProcess."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *map(str, args)],
+        [sys.executable, "-m", "dpcda.pipeline.cli", *map(str, args)],
         cwd=ROOT,
         env=full_env,
         capture_output=True,

@@ -15,8 +15,14 @@ import numpy as np
 import pytest
 import torch
 
-from evaluation.audit import audit_section, clopper_pearson_upper, epsilon_lower_bound, run_audit, run_paper_rate_audit
-from schemas.manifest import Manifest
+from dpcda.evaluation.audit import (
+    audit_section,
+    clopper_pearson_upper,
+    epsilon_lower_bound,
+    run_audit,
+    run_paper_rate_audit,
+)
+from dpcda.schemas.manifest import Manifest
 from tests.conftest import run_cli, valid_manifest
 
 TRIALS = 10000
@@ -99,7 +105,7 @@ def test_noiseless_privacy_is_informational():
 
 
 def test_invalid_configuration_names_the_problem():
-    from evaluation.audit import AuditError
+    from dpcda.evaluation.audit import AuditError
 
     with pytest.raises(AuditError, match="class_size"):
         run_audit(mode="fixed", mixing_order=4, epsilon=4.0, class_size=3)
@@ -199,9 +205,9 @@ def test_every_mechanism_audits_below_its_accounted_epsilon(mechanism, l):
 
 def test_dpmix_accounted_as_if_its_labels_were_free_is_caught():
     """sigma_x calibrated to eps 1 ignoring the label term, labels noised at a quarter of that: really eps ~3.4."""
-    from privacy.accounting import accountant_delta
-    from privacy.calibration import calibrate_noise
-    from privacy.events import DpmixEvent
+    from dpcda.privacy.accounting import accountant_delta
+    from dpcda.privacy.calibration import calibrate_noise
+    from dpcda.privacy.events import DpmixEvent
 
     sx = calibrate_noise(
         "fixed",

@@ -4,7 +4,7 @@ Every bad input is refused before any noise is drawn, with exit status 2 and ONE
 (``dpcda: error: ...``) naming the file, the column and, where it applies, the row; the release
 directory is then absent (or the old release untouched) and no ``OUTPUT.tmp-*`` is left behind.
 
-Several cases run the real CLI in a subprocess (``python -m pipeline.cli``); the rest call
+Several cases run the real CLI in a subprocess (``python -m dpcda.pipeline.cli``); the rest call
 ``pipeline.cli.main`` in-process (same code path, no interpreter start-up per case).
 
 Retries: Beam 2.77's DirectRunner does NOT retry a failed bundle (the FnApiRunner behind
@@ -30,12 +30,12 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipeline.cli import EXIT_BAD_INPUT, main
-from pipeline.release import run_release
-from schemas.config import load_config
-from storage.shards import block_table, write_parquet, write_tfrecord
+from dpcda.pipeline.cli import EXIT_BAD_INPUT, main
+from dpcda.pipeline.release import run_release
+from dpcda.schemas.config import load_config
+from dpcda.storage.shards import block_table, write_parquet, write_tfrecord
+from dpcda.transforms.mix import _MixFn
 from tests.conftest import BEAM_ARGS, make_dataset, run_cli, valid_manifest, write_dataset
-from transforms.mix import _MixFn
 
 N_PER_CLASS, K, DIM = 10, 3, 4
 X, Y = make_dataset(n_per_class=N_PER_CLASS, num_classes=K, dim=DIM, seed=2)
@@ -320,7 +320,7 @@ def _unreadable_tfrecord(d):
 def _tfrecord_int_features(d):
     from tfrecord import example_pb2
 
-    from storage.shards import _frame
+    from dpcda.storage.shards import _frame
 
     good_input(d, "tfrecord")
     ex = example_pb2.Example()
@@ -416,7 +416,7 @@ def test_direct_runner_does_not_retry_failed_bundles(tmp_path):
 def inject_fault(monkeypatch, faults: Path) -> None:
     """Fail the first attempt of each class's mixing after its first chunk (marker files in ``faults`` record the
     attempts), by wrapping the core the mixing DoFn calls."""
-    import transforms.mix as mix_mod
+    import dpcda.transforms.mix as mix_mod
 
     real = mix_mod.mix_class
 
@@ -462,7 +462,7 @@ def test_failed_mixing_publishes_nothing_and_rerun_matches_unfailed_run(tmp_path
 
 @pytest.mark.parametrize("mode", ["fixed", "poisson"])
 def test_mix_dofn_retry_after_partial_output_is_identical(tmp_path, monkeypatch, mode):
-    from privacy.noise import key_from_test_seed
+    from dpcda.privacy.noise import key_from_test_seed
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(12, DIM)).astype(np.float32)

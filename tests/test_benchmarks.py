@@ -11,10 +11,10 @@ import pytest
 
 from benchmarks.label_noise_table import label_flip_rate
 from benchmarks.reproduce_table2 import main, parse_calibration, synthesize
-from mechanisms.combiners import FirstPassCombiner
-from mechanisms.dpcda import noisy_labels
-from pipeline.prepare import load_fashion_mnist
-from privacy.noise import NoiseStream, key_from_test_seed
+from dpcda.mechanisms.combiners import FirstPassCombiner
+from dpcda.mechanisms.dpcda import noisy_labels
+from dpcda.pipeline.prepare import load_fashion_mnist
+from dpcda.privacy.noise import NoiseStream, key_from_test_seed
 
 FASHION = "/usr/share/datasets/fashion-mnist"
 
@@ -284,8 +284,8 @@ def test_pld_resolution_benchmark_agrees_with_the_direct_convolution_at_a_large_
 
 def test_pca_spectrum_measures_the_basis_a_share_of_epsilon_buys():
     from benchmarks.pca_spectrum import captured, noise_std
-    from mechanisms.dppca import CovarianceCombiner
-    from privacy.noise import NoiseStream, public_key
+    from dpcda.mechanisms.dppca import CovarianceCombiner
+    from dpcda.privacy.noise import NoiseStream, public_key
 
     rng = np.random.default_rng(0)  # public test data: 3 strong directions in 40 dimensions, rows of norm <= 1
     rows = rng.normal(size=(4000, 40)) * np.r_[np.full(3, 1.0), np.full(37, 0.05)]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from schemas.config import ConfigError, load_config
+from dpcda.schemas.config import ConfigError, load_config
 
 
 def test_yaml_file_with_flag_overrides(tmp_path):

@@ -11,11 +11,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from mechanisms.dpcda import mix_class
-from mechanisms.dppca import CovarianceCombiner, dp_basis, project_rows
-from privacy import dp_stats
-from privacy.events import CLIP_MARGIN
-from privacy.noise import NoiseStream, key_from_test_seed
+from dpcda.mechanisms.dpcda import mix_class
+from dpcda.mechanisms.dppca import CovarianceCombiner, dp_basis, project_rows
+from dpcda.privacy import dp_stats
+from dpcda.privacy.events import CLIP_MARGIN
+from dpcda.privacy.noise import NoiseStream, key_from_test_seed
 from tests.conftest import make_dataset, run_cli, write_dataset
 
 KEY = key_from_test_seed(2)
@@ -158,7 +158,7 @@ def test_a_release_with_a_projection_accounts_the_covariance_and_releases_rows_o
     import dp_accounting
     from dp_accounting import pld
 
-    from privacy.accounting import accountant_delta
+    from dpcda.privacy.accounting import accountant_delta
 
     z = m["mechanism"]["projection"]["covariance_noise_std"] / dp_stats.covariance_sensitivity(16, "fixed")
     acc = pld.PLDAccountant(dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=1e-4)
@@ -179,7 +179,7 @@ def test_a_release_with_a_projection_accounts_the_covariance_and_releases_rows_o
     ],
 )
 def test_bad_projections_are_refused(fields, message):
-    from schemas.config import ConfigError, load_config
+    from dpcda.schemas.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match=message):
         load_config(None, {"input": "in/*.parquet", "output": "out", "epsilon": 4.0, **fields})

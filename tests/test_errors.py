@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from privacy.errors import DpcdaError
+from dpcda.privacy.errors import DpcdaError
 from tests.conftest import make_dataset, run_cli, write_dataset
 
 PACKAGES = ("privacy", "schemas", "storage", "mechanisms", "evaluation", "transforms", "pipeline")
@@ -23,9 +23,9 @@ LOG_RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (DEBUG|INFO|WARNIN
 
 def product_modules():
     for pkg in PACKAGES:
-        mod = importlib.import_module(pkg)
+        mod = importlib.import_module(f"dpcda.{pkg}")
         yield mod
-        for info in pkgutil.iter_modules(mod.__path__, prefix=f"{pkg}."):
+        for info in pkgutil.iter_modules(mod.__path__, prefix=f"dpcda.{pkg}."):
             yield importlib.import_module(info.name)
 
 
@@ -45,7 +45,7 @@ def test_every_error_class_of_the_product_is_a_dpcda_error():
 def test_the_cli_knows_every_error_class_by_name():
     """A worker's error reaches the launcher as text only (multi-process runners, Dataflow): the CLI finds it by
     class name, so every DpcdaError subclass must be in its list."""
-    from pipeline.cli import _KNOWN
+    from dpcda.pipeline.cli import _KNOWN
 
     def subclasses(cls):
         for sub in cls.__subclasses__():
@@ -54,7 +54,7 @@ def test_the_cli_knows_every_error_class_by_name():
 
     list(product_modules())  # import every module, so every subclass exists
     missing = sorted({c.__name__ for c in subclasses(DpcdaError)} - set(_KNOWN))
-    assert not missing, f"pipeline.cli._KNOWN lacks {missing}"
+    assert not missing, f"dpcda.pipeline.cli._KNOWN lacks {missing}"
 
 
 def the_one_line(res) -> str:

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from evaluation.models import TableOneCNN, TabularMLP, make_model
-from evaluation.train import Recipe, RowScale, stratified_split, train_and_score
-from mechanisms.plan import normalize
+from dpcda.evaluation.models import TableOneCNN, TabularMLP, make_model
+from dpcda.evaluation.train import Recipe, RowScale, stratified_split, train_and_score
+from dpcda.mechanisms.plan import normalize
 from tests.conftest import ROOT, make_dataset, run_cli, write_dataset
 
 FASHION = "/usr/share/datasets/fashion-mnist"
@@ -166,7 +166,7 @@ def image_release(tmp_path_factory):
 def test_evaluate_standalone_writes_report_and_pngs(image_release):
     from PIL import Image
 
-    from evaluation.stage import evaluate_standalone
+    from dpcda.evaluation.stage import evaluate_standalone
 
     release, test_glob, n_test = image_release
     rep = evaluate_standalone(str(release), test_glob, runs=1, epochs=3)
@@ -186,7 +186,7 @@ def test_evaluate_standalone_writes_report_and_pngs(image_release):
 
 
 def test_evaluate_standalone_custom_out_and_missing_normalization(image_release, tmp_path):
-    from evaluation.stage import EvaluationError, evaluate_standalone
+    from dpcda.evaluation.stage import EvaluationError, evaluate_standalone
 
     release, test_glob, _ = image_release
     rep = evaluate_standalone(str(release), test_glob, runs=1, epochs=1, out=str(tmp_path / "rep"))
@@ -200,7 +200,7 @@ def test_evaluate_standalone_custom_out_and_missing_normalization(image_release,
 
 
 def test_test_rows_get_the_release_normalization(image_release):
-    from evaluation.stage import load_test
+    from dpcda.evaluation.stage import load_test
 
     release, test_glob, _ = image_release
     norm = json.loads((release / "normalization.json").read_text())
@@ -211,7 +211,7 @@ def test_test_rows_get_the_release_normalization(image_release):
 def test_samples_grid_for_flat_rows(tmp_path):
     from PIL import Image
 
-    from evaluation.report import write_samples
+    from dpcda.evaluation.report import write_samples
 
     x, y = make_dataset(n_per_class=5, num_classes=3, dim=10)
     path = write_samples(str(tmp_path / "s.png"), x, y, num_classes=3, per_class=4)
@@ -222,7 +222,7 @@ def test_samples_grid_for_flat_rows(tmp_path):
 def test_samples_in_input_units_undo_the_release_normalization(tmp_path):
     from PIL import Image
 
-    from evaluation.report import to_pixels, write_samples
+    from dpcda.evaluation.report import to_pixels, write_samples
 
     rng = np.random.default_rng(3)
     pixels = rng.uniform(0.2, 0.8, size=(30, 16))
@@ -243,7 +243,7 @@ def test_samples_in_input_units_undo_the_release_normalization(tmp_path):
 def test_evaluation_imports_without_beam():
     code = (
         "import sys; sys.modules['apache_beam'] = None; "
-        "import evaluation, evaluation.models, evaluation.train, evaluation.report, evaluation.stage; "
+        "import dpcda.evaluation.models, dpcda.evaluation.train, dpcda.evaluation.report, dpcda.evaluation.stage; "
         "assert 'apache_beam' not in [m for m in sys.modules if sys.modules[m] is not None]"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -252,7 +252,7 @@ def test_evaluation_imports_without_beam():
 
 @pytest.mark.skipif(not os.path.exists(FASHION), reason="Debian's dataset-fashion-mnist is not installed")
 def test_fashion_mnist_slice_noise_free_beats_chance():
-    from pipeline.prepare import load_fashion_mnist
+    from dpcda.pipeline.prepare import load_fashion_mnist
 
     x, y = load_fashion_mnist("train", FASHION)
     xt, yt = load_fashion_mnist("test", FASHION)

@@ -20,13 +20,13 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 
-from mechanisms import private_sampling as ps
-from mechanisms.private_sampling import PrivateSamplingError, sample_boolean
-from pipeline.sampling_cli import register
-from privacy import feasibility as fz
-from privacy.errors import DpcdaError
-from privacy.feasibility import FeasibilityError
-from privacy.noise import fresh_key, key_from_test_seed
+from dpcda.mechanisms import private_sampling as ps
+from dpcda.mechanisms.private_sampling import PrivateSamplingError, sample_boolean
+from dpcda.pipeline.sampling_cli import register
+from dpcda.privacy import feasibility as fz
+from dpcda.privacy.errors import DpcdaError
+from dpcda.privacy.feasibility import FeasibilityError
+from dpcda.privacy.noise import fresh_key, key_from_test_seed
 
 
 def two_digits(x: float) -> float:
@@ -286,7 +286,7 @@ def test_well_conditioned_is_step_2():
 def test_steps_4_and_5_match_the_marginals_and_lambda_is_minimal():
     from scipy.optimize import linprog
 
-    from privacy.noise import NoiseStream
+    from dpcda.privacy.noise import NoiseStream
 
     masks = ps.walsh_masks(4, 2)
     m = 16 * len(masks)
@@ -614,7 +614,7 @@ def test_sample_boolean_output_errors_are_one_line(cli, private_csv, tmp_path):
     with pytest.raises(PrivateSamplingError, match="symbolic link"):
         _sample(cli, private_csv, tmp_path / "dangling.csv", "--overwrite")
     # an unwritable folder (root writes through mode 555, so the write itself is made to fail)
-    with mock.patch("pipeline.sampling_cli._write_table", side_effect=PermissionError(13, "Permission denied")):
+    with mock.patch("dpcda.pipeline.sampling_cli._write_table", side_effect=PermissionError(13, "Permission denied")):
         with pytest.raises(PrivateSamplingError, match=r"cannot write \(Permission denied\)") as err:
             _sample(cli, private_csv, tmp_path / "sb.csv")
     assert "\n" not in str(err.value) and not any(p.name.startswith(".sb.csv") for p in tmp_path.iterdir())

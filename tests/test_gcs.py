@@ -17,10 +17,10 @@ pytestmark = pytest.mark.gcs
 def test_release_reads_and_writes_gs(gcs, fmt):
     from apache_beam.io.filesystems import FileSystems
 
-    from pipeline.release import run_release
-    from schemas.config import load_config
-    from storage.publish import PublishError
-    from storage.shards import write_parquet, write_tfrecord
+    from dpcda.pipeline.release import run_release
+    from dpcda.schemas.config import load_config
+    from dpcda.storage.publish import PublishError
+    from dpcda.storage.shards import write_parquet, write_tfrecord
 
     x, y = make_dataset(n_per_class=20, num_classes=2, dim=6)
     writer = write_parquet if fmt == "parquet" else write_tfrecord

@@ -13,10 +13,10 @@ import pytest
 import torch
 from scipy import stats
 
-from mechanisms.dpcda import canonical_order, mix_chunk, mix_class
-from mechanisms.dpmix import mix_dataset
-from mechanisms.joinmix import Streams, block_partials, chunk_requests, finish_chunk, record_offsets
-from privacy.noise import NoiseStream, key_from_test_seed
+from dpcda.mechanisms.dpcda import canonical_order, mix_chunk, mix_class
+from dpcda.mechanisms.dpmix import mix_dataset
+from dpcda.mechanisms.joinmix import Streams, block_partials, chunk_requests, finish_chunk, record_offsets
+from dpcda.privacy.noise import NoiseStream, key_from_test_seed
 from tests.conftest import make_dataset, run_cli, write_dataset
 
 KEY = key_from_test_seed(11)

@@ -14,8 +14,8 @@ import dp_accounting
 import pytest
 from dp_accounting import rdp
 
-from privacy.accounting import RDP_ORDERS, SAMPLER_DELTA_SHARE, ReleaseEvents
-from privacy.composition import (
+from dpcda.privacy.accounting import RDP_ORDERS, SAMPLER_DELTA_SHARE, ReleaseEvents
+from dpcda.privacy.composition import (
     Claim,
     LedgerError,
     check_budget,
@@ -25,8 +25,8 @@ from privacy.composition import (
     release_events_from_json,
     release_events_to_json,
 )
-from privacy.events import DpmixEvent, GaussianStatsEvent, MixingEvent, NonPrivateEvent, PerturbEvent
-from storage.ledger import SqliteLedger, open_ledger, resolve, summary
+from dpcda.privacy.events import DpmixEvent, GaussianStatsEvent, MixingEvent, NonPrivateEvent, PerturbEvent
+from dpcda.storage.ledger import SqliteLedger, open_ledger, resolve, summary
 from tests.conftest import make_dataset, run_cli, write_dataset
 
 DELTA = 1e-5
@@ -203,7 +203,7 @@ def test_sqlite_refuses_what_is_not_a_ledger(tmp_path):
         open_ledger(str(tmp_path / "missing" / "ledger.db"), create=True)
     with pytest.raises(LedgerError, match="ledger init"):  # a mistyped path never starts an empty budget
         open_ledger(str(tmp_path / "typo.db"))
-    from pipeline.cli import main
+    from dpcda.pipeline.cli import main
 
     assert main(["ledger", "show", "--ledger", str(tmp_path / "typo.db")]) == 2  # one line, exit 2
     assert not (tmp_path / "typo.db").exists()
@@ -328,7 +328,7 @@ def test_three_releases_against_a_cap_that_fits_two(tmp_path, capsys):
     expected = _independent_rdp_epsilon(events, 2 * DELTA * (1 - SAMPLER_DELTA_SHARE))
     assert ds["composed"]["epsilon"] == pytest.approx(expected, rel=1e-9)
     assert ds["composed"]["epsilon"] < sum(m["privacy"]["epsilon"] for m in manifests)
-    from pipeline.cli import main
+    from dpcda.pipeline.cli import main
 
     assert main(["ledger", "show", "--ledger", ledger]) == 0  # the text form, in-process
     out = capsys.readouterr().out
@@ -391,7 +391,7 @@ def test_a_release_that_fails_leaves_no_entry(tmp_path):
     ],
 )
 def test_ledger_fields_are_checked_before_work(fields, message):
-    from schemas.config import ConfigError, load_config
+    from dpcda.schemas.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(None, {"input": "in/*.parquet", "output": "out", "epsilon": 1.0, **fields})
@@ -416,7 +416,7 @@ def test_a_ledger_field_error_is_one_line_on_the_command_line(tmp_path):
 
 
 def _small_release_config(tmp_path, ledger):
-    from schemas.config import load_config
+    from dpcda.schemas.config import load_config
 
     x, y = make_dataset(n_per_class=30, num_classes=2, dim=8)
     inp = write_dataset(tmp_path / "in", x, y)
@@ -427,8 +427,8 @@ def _small_release_config(tmp_path, ledger):
 
 
 def test_an_interrupt_after_the_publish_still_records_the_release(tmp_path, monkeypatch):
-    from pipeline.release import run_release
-    from storage import publish
+    from dpcda.pipeline.release import run_release
+    from dpcda.storage import publish
     from tests.conftest import BEAM_ARGS
 
     ledger = str(tmp_path / "ledger.db")
@@ -450,8 +450,8 @@ def test_an_interrupt_after_the_publish_still_records_the_release(tmp_path, monk
 
 
 def test_a_ledger_that_cannot_record_leaves_the_reservation_and_says_the_release_is_out(tmp_path, monkeypatch):
-    from pipeline.release import ReleaseError, run_release
-    from storage import ledger as ledger_mod
+    from dpcda.pipeline.release import ReleaseError, run_release
+    from dpcda.storage import ledger as ledger_mod
     from tests.conftest import BEAM_ARGS
 
     ledger = str(tmp_path / "ledger.db")
@@ -471,7 +471,7 @@ def test_resolve_never_drops_on_ambiguity_and_waits_for_a_live_run(tmp_path):
     import fcntl
     import os
 
-    from storage.publish import _lock_path, check_output_path
+    from dpcda.storage.publish import _lock_path, check_output_path
 
     ledger = open_ledger(str(tmp_path / "ledger.db"), create=True)
     out = tmp_path / "rel"

@@ -9,11 +9,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from mechanisms.dpmix import mix_dataset
-from pipeline.release import run_release
-from privacy.noise import key_from_test_seed
-from schemas.config import ConfigError, load_config
-from schemas.manifest import Manifest
+from dpcda.mechanisms.dpmix import mix_dataset
+from dpcda.pipeline.release import run_release
+from dpcda.privacy.noise import key_from_test_seed
+from dpcda.schemas.config import ConfigError, load_config
+from dpcda.schemas.manifest import Manifest
 from tests.conftest import BEAM_ARGS, make_dataset, write_dataset
 
 KEY = key_from_test_seed(4)
@@ -107,7 +107,7 @@ def test_local_release_is_one_noisy_row_per_record_with_its_label(tmp_path, smal
 
 
 def test_randproj_release_is_p_dimensional_and_its_projection_is_public(tmp_path, small_parquet):
-    from mechanisms.randproj import projection_matrix
+    from dpcda.mechanisms.randproj import projection_matrix
 
     glob_, x, y = small_parquet
     out, m = release(
@@ -127,7 +127,7 @@ def test_randproj_release_is_p_dimensional_and_its_projection_is_public(tmp_path
     R = projection_matrix(x.shape[1], 5, mech["projection_seed"])
     assert mech["projection_norm"] == pytest.approx(np.linalg.norm(R, 2))
     z = json.loads((out / "normalization.json").read_text())
-    from mechanisms.plan import normalize
+    from dpcda.mechanisms.plan import normalize
 
     expected = normalize(x, np.asarray(z["mean"]), np.asarray(z["std"]), z["clip"], tuple(z["feature_bounds"]))
     want = {tuple(np.round(r, 4)) for r in expected.astype(np.float64) @ R}
@@ -150,7 +150,7 @@ def test_mechanism_options_that_do_not_apply_are_refused(bad, needle):
 
 
 def test_evaluation_trains_on_dpmix_soft_labels_and_randproj_projections(tmp_path):
-    from evaluation.stage import evaluate_standalone
+    from dpcda.evaluation.stage import evaluate_standalone
 
     x, y = make_dataset(n_per_class=80, num_classes=3, dim=16, seed=6)
     xt, yt = make_dataset(n_per_class=20, num_classes=3, dim=16, seed=7)

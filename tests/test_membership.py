@@ -13,8 +13,8 @@ import math
 import numpy as np
 import pytest
 
-from evaluation.audit import max_detectable_epsilon
-from evaluation.membership import (
+from dpcda.evaluation.audit import max_detectable_epsilon
+from dpcda.evaluation.membership import (
     OUTSIDE_GUARANTEE,
     _pick_rows,
     add_parser,
@@ -26,7 +26,7 @@ from evaluation.membership import (
     nearest_distances,
     roc_auc,
 )
-from storage.shards import Block
+from dpcda.storage.shards import Block
 from tests.conftest import BEAM_ARGS, make_dataset, run_cli, write_dataset
 
 ALPHA = 0.025  # each one-sided Clopper-Pearson bound (95 % together)
@@ -223,9 +223,9 @@ def test_stage_in_a_release_run_and_table_of_errors(tmp_path, leaky_release):
     Unless the release leaks, the AUC is 0.5 with sd 0.03 on 180 + 180 rows: |AUC - 0.5| < 0.2 fails at 6.7 sd
     (< 1e-10); a violation has probability <= 5 % by construction (nominal: the rows share one release), far less
     at this size, where even a null test almost never gives a bound above 0."""
-    from pipeline.release import run_release
-    from schemas.config import load_config
-    from storage.paths import expand_glob
+    from dpcda.pipeline.release import run_release
+    from dpcda.schemas.config import load_config
+    from dpcda.storage.paths import expand_glob
 
     _, _, train, holdout = leaky_release
     cfg = load_config(None, {"input": train, "output": str(tmp_path / "honest"), "epsilon": 2.0, "seed": 3})
@@ -237,7 +237,7 @@ def test_stage_in_a_release_run_and_table_of_errors(tmp_path, leaky_release):
     assert m["empirical_epsilon_lower_bound"] <= m["max_detectable_epsilon"]
     assert m["max_detectable_epsilon"] == pytest.approx(max_detectable_epsilon(90, 90, m["test_delta"], ALPHA))
 
-    from evaluation.audit import AuditError
+    from dpcda.evaluation.audit import AuditError
 
     with pytest.raises(AuditError, match="both training and held-out"):
         membership_audit(str(tmp_path / "honest"), manifest, train, expand_glob(train)[0])
@@ -252,8 +252,8 @@ def test_a_table_release_is_audited_in_its_encoded_space(tmp_path):
     medians 7e-5 and 2e-4, AUC 0.70, FP 0, FN 0.68, bound 2.3), so the margins are set below those."""
     import pyarrow.parquet as pq
 
-    from pipeline.release import run_release
-    from schemas.config import load_config
+    from dpcda.pipeline.release import run_release
+    from dpcda.schemas.config import load_config
     from tests.test_tables import SCHEMA, make_table
 
     for name, seed in (("train", 0), ("holdout", 9)):

@@ -10,8 +10,8 @@ import pytest
 import torch
 from scipy import stats
 
-from mechanisms.dpcda import mix_class, sample_rows
-from privacy.noise import NoiseStream, key_from_test_seed
+from dpcda.mechanisms.dpcda import mix_class, sample_rows
+from dpcda.privacy.noise import NoiseStream, key_from_test_seed
 
 KEY = key_from_test_seed(1)
 
@@ -156,7 +156,7 @@ def test_empty_class_in_poisson_mode_still_gets_its_rows_of_noise():
 def test_lowpass_basis_is_orthonormal_and_matches_scipy_dct():
     from scipy.fft import dctn, idctn
 
-    from mechanisms.postprocess import lowpass_basis
+    from dpcda.mechanisms.postprocess import lowpass_basis
 
     b = lowpass_basis((28, 28), 16).astype(np.float64)
     assert b.shape == (136, 784)  # #{(u, v): u + v < 16} = 16 * 17 / 2
@@ -169,7 +169,7 @@ def test_lowpass_basis_is_orthonormal_and_matches_scipy_dct():
 
 
 def test_lowpass_basis_channels_are_separate_blocks():
-    from mechanisms.postprocess import lowpass_basis
+    from dpcda.mechanisms.postprocess import lowpass_basis
 
     b = lowpass_basis((3, 4, 5), 2)
     assert b.shape == (9, 60)  # 3 channels x {(0,0), (0,1), (1,0)}
@@ -182,7 +182,7 @@ def test_lowpass_basis_channels_are_separate_blocks():
 
 def test_lowpass_is_a_projection_of_the_very_same_noisy_rows():
     """Post-processing: with one key, the low-passed release is exactly the plain release, projected."""
-    from mechanisms.postprocess import lowpass_basis
+    from dpcda.mechanisms.postprocess import lowpass_basis
 
     rng = np.random.default_rng(3)
     x = rng.normal(size=(30, 36)).astype(np.float32)
@@ -219,7 +219,7 @@ def test_soft_labels_are_the_scores_behind_the_hard_labels():
 
 
 def test_separable_lowpass_equals_the_dense_projection_with_channels():
-    from mechanisms.postprocess import LowPass, lowpass_basis
+    from dpcda.mechanisms.postprocess import LowPass, lowpass_basis
 
     rows = torch.from_numpy(np.random.default_rng(1).normal(size=(7, 60)).astype(np.float32))
     b = lowpass_basis((3, 4, 5), 3)

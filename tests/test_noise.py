@@ -14,8 +14,15 @@ import pytest
 import torch
 from scipy import stats
 
-from privacy import noise
-from privacy.noise import NoiseStream, grid_for, key_from_test_seed, normal_cdf_decimal, sampler_delta, upper_quantile
+from dpcda.privacy import noise
+from dpcda.privacy.noise import (
+    NoiseStream,
+    grid_for,
+    key_from_test_seed,
+    normal_cdf_decimal,
+    sampler_delta,
+    upper_quantile,
+)
 
 KEY = key_from_test_seed(11)
 mpmath.mp.prec = 320

@@ -21,8 +21,8 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipeline.cli import EXIT_BAD_INPUT, EXIT_SIGINT, EXIT_SIGTERM, main
-from storage import publish
+from dpcda.pipeline.cli import EXIT_BAD_INPUT, EXIT_SIGINT, EXIT_SIGTERM, main
+from dpcda.storage import publish
 from tests.conftest import BEAM_ARGS, ROOT, make_dataset, run_cli, valid_manifest, write_dataset
 
 X, Y = make_dataset(n_per_class=10, num_classes=3, dim=4, seed=2)
@@ -114,7 +114,7 @@ def test_two_runs_racing_to_one_output_publish_once(tmp_path):
             [
                 sys.executable,
                 "-m",
-                "pipeline.cli",
+                "dpcda.pipeline.cli",
                 "release",
                 "--input",
                 glob_,
@@ -488,8 +488,8 @@ def test_eval_input_of_the_wrong_width_is_refused_before_work(tmp_path, capsys):
 
 
 def test_non_finite_statistics_or_rows_are_never_published():
-    from mechanisms.plan import PlanError, check_statistics
-    from transforms.mix import _MixFn
+    from dpcda.mechanisms.plan import PlanError, check_statistics
+    from dpcda.transforms.mix import _MixFn
 
     with pytest.raises(PlanError, match="not finite"):
         check_statistics(np.array([np.nan, 0.0]), np.ones(2), (0.0, 1.0), 1.0)
@@ -504,7 +504,7 @@ def test_non_finite_statistics_or_rows_are_never_published():
     fn.setup()
     with pytest.raises(PlanError, match="not finite"):
         list(fn.process((0, np.full((2, 2), np.inf)), Plan(), b"k" * 32))
-    from privacy.noise import NoiseStream
+    from dpcda.privacy.noise import NoiseStream
 
     with pytest.raises(ArithmeticError, match="overflow"):
         NoiseStream(b"k" * 32, "x").gaussian(np.full(3, 1e308), 1e308)
@@ -529,7 +529,7 @@ def test_a_signal_cleans_up_and_ends_in_one_line(tmp_path, sig, code, words):
         [
             sys.executable,
             "-m",
-            "pipeline.cli",
+            "dpcda.pipeline.cli",
             "release",
             "--input",
             glob_,
@@ -567,9 +567,9 @@ def _gcs_objects(prefix: str) -> dict:
 
 @pytest.mark.gcs
 def test_gcs_release_lives_under_its_run_prefix_and_the_old_one_goes_after_the_switch(gcs):
-    from pipeline.release import run_release
-    from schemas.config import load_config
-    from storage.shards import write_parquet
+    from dpcda.pipeline.release import run_release
+    from dpcda.schemas.config import load_config
+    from dpcda.storage.shards import write_parquet
 
     write_parquet(f"{gcs}/in/a.parquet", X, Y)
     cfg = load_config(None, {"input": f"{gcs}/in/*.parquet", "output": f"{gcs}/rel", "sigma_x": 0.5, "seed": 1})
@@ -718,7 +718,7 @@ DATAFLOW = ["--runner=DataflowRunner", "--project=p", "--region=europe-west4"]
 
 
 def test_launcher_logs_the_job_and_cancels_it_when_interrupted(caplog):
-    from pipeline.release import run_pipeline
+    from dpcda.pipeline.release import run_pipeline
 
     options = PipelineOptions(DATAFLOW)
     info, _ = run_pipeline(_FakePipeline(_FakeResult()), options)
@@ -733,8 +733,8 @@ def test_launcher_logs_the_job_and_cancels_it_when_interrupted(caplog):
 
 
 def test_launcher_refuses_a_failed_job_and_options_it_cannot_honour():
-    from pipeline import __version__, build_commit
-    from pipeline.release import ReleaseError, check_launcher_options, run_pipeline
+    from dpcda.pipeline import __version__, build_commit
+    from dpcda.pipeline.release import ReleaseError, check_launcher_options, run_pipeline
 
     with pytest.raises(ReleaseError, match="ended in state FAILED"):
         run_pipeline(_FakePipeline(_FakeResult(state="FAILED")), PipelineOptions(DATAFLOW))
@@ -751,9 +751,9 @@ def test_launcher_refuses_a_failed_job_and_options_it_cannot_honour():
 
 
 def test_dataflow_with_local_paths_is_refused_before_work(tmp_path):
-    from pipeline import __version__, build_commit
-    from pipeline.release import ReleaseError, run_release
-    from schemas.config import load_config
+    from dpcda.pipeline import __version__, build_commit
+    from dpcda.pipeline.release import ReleaseError, run_release
+    from dpcda.schemas.config import load_config
 
     glob_ = write_dataset(tmp_path / "in", X, Y)
     cfg = load_config(None, {"input": glob_, "output": str(tmp_path / "out"), "sigma_x": 0.5})
@@ -764,8 +764,8 @@ def test_dataflow_with_local_paths_is_refused_before_work(tmp_path):
 
 
 def test_worker_refuses_code_of_another_build():
-    from pipeline import __version__, build_commit
-    from transforms.mix import check_build
+    from dpcda.pipeline import __version__, build_commit
+    from dpcda.transforms.mix import check_build
 
     check_build((__version__, build_commit()))
     with pytest.raises(RuntimeError, match="does not match the launcher"):
@@ -773,7 +773,7 @@ def test_worker_refuses_code_of_another_build():
 
 
 def test_cli_turns_off_exception_sampling_unless_allowed(tmp_path, monkeypatch):
-    import pipeline.release as release_mod
+    import dpcda.pipeline.release as release_mod
 
     seen = []
     monkeypatch.setattr(
@@ -803,9 +803,9 @@ def test_a_class_is_held_once_while_it_is_normalised_and_mixed():
     from fractions import Fraction
     from types import SimpleNamespace
 
-    from mechanisms.dpcda import mix_class
-    from privacy.noise import key_from_test_seed
-    from transforms.normalize import _normalize
+    from dpcda.mechanisms.dpcda import mix_class
+    from dpcda.privacy.noise import key_from_test_seed
+    from dpcda.transforms.normalize import _normalize
 
     rng = np.random.default_rng(0)
     parts = [rng.uniform(0, 1, (5000, 64)).astype(np.float32) for _ in range(4)]
@@ -839,8 +839,8 @@ def test_parquet_readers_do_not_read_ahead(tmp_path, monkeypatch):
     """pyarrow's pre-buffering reads ahead on its IO threads through our Python file objects; a reader given up early
     (the width peek, a bad row) left such reads running, and one ending while the interpreter exited aborted the CLI
     (SIGABRT instead of exit status 2, about one run in 25 of a one-line-error test). Every reader is opened without."""
-    from storage.shards import read_shard
-    from storage.tables import arrow_schema_of
+    from dpcda.storage.shards import read_shard
+    from dpcda.storage.tables import arrow_schema_of
 
     seen = []
     real = pq.ParquetFile

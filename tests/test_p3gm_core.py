@@ -12,10 +12,10 @@ import pytest
 import torch
 from torch.func import grad, vmap
 
-from mechanisms import p3gm
-from mechanisms.dpsgd import clip_factors, poisson_batch
-from privacy.events import CLIP_MARGIN
-from privacy.noise import NoiseStream, key_from_test_seed
+from dpcda.mechanisms import p3gm
+from dpcda.mechanisms.dpsgd import clip_factors, poisson_batch
+from dpcda.privacy.events import CLIP_MARGIN
+from dpcda.privacy.noise import NoiseStream, key_from_test_seed
 
 KEY = key_from_test_seed(40)
 OTHER = key_from_test_seed(41)
@@ -103,7 +103,7 @@ def test_ghost_clipped_sum_equals_torch_func_per_sample_gradients(dtype, tol):
 
 
 def test_parameter_count_matches_the_plans_draw_count():
-    from mechanisms.plan import p3gm_parameters
+    from dpcda.mechanisms.plan import p3gm_parameters
 
     s = spec(latent_dim=4, hidden=11, num_classes=5)
     state = p3gm.init_state(13, s)

@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 from dp_accounting import pld, rdp
 
-from privacy.accounting import accountant_delta
-from privacy.composition import event_from_json, event_to_json, release_events_from_json
-from privacy.events import DpSgdEvent, IteratedGaussianEvent
+from dpcda.privacy.accounting import accountant_delta
+from dpcda.privacy.composition import event_from_json, event_to_json, release_events_from_json
+from dpcda.privacy.events import DpSgdEvent, IteratedGaussianEvent
 from tests.conftest import make_dataset, run_cli, write_dataset
 
 SMALL = {  # a model small enough for the fast tier
@@ -47,7 +47,7 @@ def _flags(knobs: dict) -> list:
     ],
 )
 def test_bad_p3gm_configs_are_refused(fields, message):
-    from schemas.config import ConfigError, load_config
+    from dpcda.schemas.config import ConfigError, load_config
 
     base = {"input": "in/*.parquet", "output": "out", "epsilon": 4.0, "mechanism": "p3gm", "num_classes": 3}
     with pytest.raises(ConfigError, match=message):
@@ -55,7 +55,7 @@ def test_bad_p3gm_configs_are_refused(fields, message):
 
 
 def test_p3gm_defaults_to_the_add_remove_relation():
-    from schemas.config import load_config
+    from dpcda.schemas.config import load_config
 
     cfg = load_config(None, {"input": "i", "output": "o", "epsilon": 1.0, "mechanism": "p3gm", "num_classes": 10})
     assert cfg.mode == "poisson" and cfg.mixing_order == 1 and cfg.pca_components == 10
@@ -63,11 +63,11 @@ def test_p3gm_defaults_to_the_add_remove_relation():
 
 @pytest.mark.parametrize("weight, expected", [(None, math.sqrt(12)), (5.0, 5.0)])
 def test_the_label_weight_reaches_the_fit(weight, expected):
-    from mechanisms.inprocess import first_pass
-    from mechanisms.p3gm import spec_from_plan
-    from mechanisms.plan import build_plan
-    from privacy.noise import key_from_test_seed
-    from schemas.config import load_config
+    from dpcda.mechanisms.inprocess import first_pass
+    from dpcda.mechanisms.p3gm import spec_from_plan
+    from dpcda.mechanisms.plan import build_plan
+    from dpcda.privacy.noise import key_from_test_seed
+    from dpcda.schemas.config import load_config
 
     x, y = make_dataset(n_per_class=30, num_classes=3, dim=12)
     fields = {"input": "i", "output": "o", "epsilon": 2.0, "mechanism": "p3gm", "num_classes": 3, **SMALL}
@@ -80,9 +80,9 @@ def test_the_label_weight_reaches_the_fit(weight, expected):
 def test_replan_runs_the_changed_plan():
     import dataclasses
 
-    from mechanisms.inprocess import release_in_process
-    from privacy.noise import key_from_test_seed
-    from schemas.config import load_config
+    from dpcda.mechanisms.inprocess import release_in_process
+    from dpcda.privacy.noise import key_from_test_seed
+    from dpcda.schemas.config import load_config
 
     x, y = make_dataset(n_per_class=30, num_classes=3, dim=12)
     fields = {"input": "i", "output": "o", "epsilon": 2.0, "mechanism": "p3gm", "num_classes": 3, **SMALL}
@@ -103,7 +103,7 @@ def test_replan_runs_the_changed_plan():
     mean, std = np.full(12, 0.5), np.full(12, 2.0)
     _, _, p2, _ = release_in_process(x, y, public, key, public_stats=(mean, std))
     assert np.array_equal(p2.mean, mean) and np.array_equal(p2.std, std)
-    from mechanisms.plan import PlanError
+    from dpcda.mechanisms.plan import PlanError
 
     for bad in [(mean[:5], std), (mean, np.zeros(12)), (0.5, std)]:
         with pytest.raises(PlanError, match="normalization public"):
@@ -254,7 +254,7 @@ def test_account_p3gm_reports_a_bad_field_in_one_line():
 
 
 def test_the_dp_sgd_audit_finds_no_violation_and_catches_a_false_claim():
-    from evaluation.audit import run_audit
+    from dpcda.evaluation.audit import run_audit
 
     ok = run_audit(mechanism="p3gm", mode="poisson", mixing_order=2, class_size=2, epsilon=2.0, trials=2000)
     assert not ok["violation"] and ok["accounted_epsilon"] <= 2.0
@@ -268,7 +268,7 @@ def test_the_dp_sgd_audit_finds_no_violation_and_catches_a_false_claim():
 def test_a_non_finite_gradient_is_dropped_not_propagated():
     import torch
 
-    from mechanisms.dpsgd import clip_factors
+    from dpcda.mechanisms.dpsgd import clip_factors
 
     f = clip_factors(torch.tensor([0.5, 4.0, float("inf"), float("nan")], dtype=torch.float64), 1.0)
     assert f[0] == 1.0 and 0 < f[1] < 0.25 and f[2] == 0 and f[3] == 0

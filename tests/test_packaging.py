@@ -26,19 +26,60 @@ def test_dockerfile_base_matches_pinned_beam():
     assert f"FROM apache/beam_python3.11_sdk:{pinned}" in (ROOT / "Dockerfile").read_text()
 
 
-def test_console_script_and_packages_declared():
+SUBPACKAGES = ("pipeline", "transforms", "mechanisms", "storage", "schemas", "privacy", "evaluation")
+
+
+def test_one_top_level_package_and_its_console_script():
     text = (ROOT / "setup.py").read_text()
-    assert "dpcda=pipeline.cli:main" in text
-    for pkg in ("pipeline", "transforms", "mechanisms", "storage", "schemas", "privacy", "evaluation"):
-        assert f'"{pkg}"' in text
-        assert (ROOT / pkg / "__init__.py").exists()
+    assert "dpcda=dpcda.pipeline.cli:main" in text
+    assert 'find_packages(include=["dpcda", "dpcda.*"])' in text
+    for pkg in SUBPACKAGES:
+        assert (ROOT / "dpcda" / pkg / "__init__.py").exists()
+        assert not (ROOT / pkg).exists(), f"{pkg}/ at the top level: it belongs under dpcda/"
+
+
+def _third_party_imports() -> dict:
+    """Top-level module name -> the dpcda files that import it (stdlib and dpcda itself left out)."""
+    import ast
+
+    found: dict = {}
+    for path in (ROOT / "dpcda").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                root = name.split(".")[0]
+                if root and root != "dpcda" and root not in sys.stdlib_module_names:
+                    found.setdefault(root, set()).add(str(path.relative_to(ROOT)))
+    return found
+
+
+def test_every_import_is_a_declared_dependency():
+    """What pip installs for ``dpcda`` (core or an extra) covers every module the package imports."""
+    import re
+    from importlib.metadata import packages_distributions, requires
+
+    declared = set()
+    for req in requires("dpcda") or []:
+        name = re.match(r"[A-Za-z0-9_.\-]+", req).group(0)
+        declared.add(re.sub(r"[-_.]+", "-", name).lower())
+    owners = packages_distributions()
+    for module, where in sorted(_third_party_imports().items()):
+        dists = {re.sub(r"[-_.]+", "-", d).lower() for d in owners.get(module, [])}
+        assert dists, f"{module} (imported by {sorted(where)}) is not installed"
+        assert dists & declared, f"{module} (imported by {sorted(where)}) comes from {dists}; none is in setup.py"
 
 
 def test_privacy_and_mechanisms_import_without_beam_or_torch_models():
     code = (
         "import sys; sys.modules['apache_beam'] = None; "
-        "import privacy.accounting, privacy.calibration, privacy.dp_stats, privacy.noise, privacy.events, "
-        "mechanisms.dpcda, mechanisms.plan, mechanisms.combiners, mechanisms.postprocess, storage.shards"
+        "import dpcda.privacy.accounting, dpcda.privacy.calibration, dpcda.privacy.dp_stats, dpcda.privacy.noise, "
+        "dpcda.privacy.events, dpcda.mechanisms.dpcda, dpcda.mechanisms.plan, dpcda.mechanisms.combiners, "
+        "dpcda.mechanisms.postprocess, dpcda.storage.shards"
     )
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
@@ -52,14 +93,24 @@ def _imported_roots(path) -> set:
     return roots | {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
 
 
-PRIVACY_MODULES = sorted(p.stem for p in (ROOT / "privacy").glob("*.py") if p.stem != "__init__")
+def _imported_subpackages(path) -> set:
+    """The roots a module imports, with ``dpcda.X`` counted as ``X`` (the layer it reaches)."""
+    import ast
+
+    tree = ast.parse(open(path).read())
+    names = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level]
+    names += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    return {m.split(".")[1] if m.startswith("dpcda.") else m.split(".")[0] for m in names}
+
+
+PRIVACY_MODULES = sorted(p.stem for p in (ROOT / "dpcda" / "privacy").glob("*.py") if p.stem != "__init__")
 
 
 @pytest.mark.parametrize("module", PRIVACY_MODULES)
 def test_privacy_modules_import_only_numpy_dp_accounting_and_the_cipher_library(module):
     stdlib = set(sys.stdlib_module_names)
-    roots = _imported_roots(ROOT / "privacy" / f"{module}.py")
-    assert roots - stdlib <= {"numpy", "dp_accounting", "cryptography", "privacy"}, roots - stdlib
+    roots = _imported_roots(ROOT / "dpcda" / "privacy" / f"{module}.py")
+    assert roots - stdlib <= {"numpy", "dp_accounting", "cryptography", "dpcda"}, roots - stdlib
 
 
 @pytest.mark.parametrize(
@@ -77,8 +128,8 @@ def test_privacy_modules_import_only_numpy_dp_accounting_and_the_cipher_library(
 )
 def test_nothing_imports_upward(package, forbidden):
     """Layers, bottom up: privacy < schemas < storage < mechanisms < evaluation < transforms < pipeline."""
-    for path in (ROOT / package).glob("*.py"):
-        bad = _imported_roots(path) & forbidden
+    for path in (ROOT / "dpcda" / package).glob("*.py"):
+        bad = _imported_subpackages(path) & forbidden
         assert not bad, f"{path.name} imports {bad}"
 
 
@@ -86,7 +137,7 @@ def test_transforms_are_thin():
     """transforms/ holds PTransforms and their DoFns only: no module defines more than a few plain functions."""
     import ast
 
-    for path in (ROOT / "transforms").glob("*.py"):
+    for path in (ROOT / "dpcda" / "transforms").glob("*.py"):
         tree = ast.parse(path.read_text())
         funcs = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
         classes = [n for n in tree.body if isinstance(n, ast.ClassDef)]

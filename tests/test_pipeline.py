@@ -11,11 +11,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from mechanisms.plan import normalize
-from pipeline.release import run_release
-from schemas.config import ConfigError, load_config
-from schemas.manifest import SCHEMA_PATH, Manifest
-from storage.publish import PublishError
+from dpcda.mechanisms.plan import normalize
+from dpcda.pipeline.release import run_release
+from dpcda.schemas.config import ConfigError, load_config
+from dpcda.schemas.manifest import SCHEMA_PATH, Manifest
+from dpcda.storage.publish import PublishError
 from tests.conftest import BEAM_ARGS, make_dataset, run_cli, write_dataset
 
 
@@ -252,7 +252,7 @@ def test_cli_release_and_account(tmp_path, small_parquet):
 
 
 def test_lowpass_release_rows_lie_in_the_kept_subspace_and_privacy_is_unchanged(tmp_path, small_parquet):
-    from mechanisms.postprocess import lowpass_basis
+    from dpcda.mechanisms.postprocess import lowpass_basis
 
     glob_, x, _ = small_parquet  # d = 16: a 4x4 image
     plain, mp = release(tmp_path, glob_, name="plain", epsilon=8.0, samples=60, seed=3)

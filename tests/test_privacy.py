@@ -13,10 +13,10 @@ from dp_accounting import pld, rdp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from evaluation.paper import theorem1_epsilon
-from mechanisms.combiners import FirstPassCombiner
-from privacy import dp_stats
-from privacy.accounting import (
+from dpcda.evaluation.paper import theorem1_epsilon
+from dpcda.mechanisms.combiners import FirstPassCombiner
+from dpcda.privacy import dp_stats
+from dpcda.privacy.accounting import (
     PLD_DISCRETIZATION,
     PLD_ROUNDOFF_SHARE,
     RDP_ORDERS,
@@ -26,9 +26,9 @@ from privacy.accounting import (
     account,
     epsilon_of,
 )
-from privacy.calibration import CalibrationError, calibrate_alone, calibrate_gaussian, calibrate_sigma_x
-from privacy.events import GaussianStatsEvent, MixingEvent
-from privacy.noise import NoiseStream, fresh_key, key_from_test_seed
+from dpcda.privacy.calibration import CalibrationError, calibrate_alone, calibrate_gaussian, calibrate_sigma_x
+from dpcda.privacy.events import GaussianStatsEvent, MixingEvent
+from dpcda.privacy.noise import NoiseStream, fresh_key, key_from_test_seed
 
 DELTA = 1e-5
 
@@ -319,7 +319,7 @@ def test_moments_vector_sensitivity_holds_for_worst_case_records(mode):
 
 def test_dpmix_event_combines_features_and_labels_as_dp_accounting_would():
     """z = l / sqrt(4c^2/sigma_x^2 + 2/sigma_y^2) under replace-one; an independent dp_accounting run agrees."""
-    from privacy.events import DpmixEvent
+    from dpcda.privacy.events import DpmixEvent
 
     ev = DpmixEvent("fixed", 60000, 60000, 16, 1.0, 0.07, 0.05)
     z = 16 / math.sqrt(4 / 0.07**2 + 2 / 0.05**2)
@@ -341,14 +341,14 @@ def test_account_cli_for_dpmix_prints_both_sigmas_and_is_tight():
     import subprocess
     import sys
 
-    from privacy.events import DpmixEvent
+    from dpcda.privacy.events import DpmixEvent
     from tests.conftest import ROOT
 
     out = subprocess.run(
         [
             sys.executable,
             "-m",
-            "pipeline.cli",
+            "dpcda.pipeline.cli",
             "account",
             "--mechanism",
             "dpmix",
@@ -381,7 +381,7 @@ def test_account_cli_for_dpmix_prints_both_sigmas_and_is_tight():
 
 
 def test_risk_figures_match_the_attacker_inequalities():
-    from privacy.risk import equal_error_rate_floor, fn_floor, max_advantage
+    from dpcda.privacy.risk import equal_error_rate_floor, fn_floor, max_advantage
 
     assert round(equal_error_rate_floor(1.0, 1e-5), 4) == 0.2689
     for eps, delta in [(0.0, 0.0), (0.5, 1e-5), (1.0, 1e-5), (10.0, 1e-5)]:
@@ -409,7 +409,7 @@ def test_risk_cli_prints_the_floor(tmp_path):
 
 
 def test_risk_figures_survive_a_large_finite_epsilon_and_name_the_relation():
-    from privacy.risk import fn_floor, risk_figures
+    from dpcda.privacy.risk import fn_floor, risk_figures
 
     for eps in (709.0, 710.0, 1e4):
         fig = risk_figures(eps, 1e-5)
@@ -424,7 +424,7 @@ def test_the_pld_accountant_refuses_a_delta_below_its_float64_resolution():
     """Below about 1e-10 the PLD's epsilon is FFT round-off (at 1e-13 the calibration used to end in brentq's
     ValueError); a poisson calibration or account below PLD_MIN_DELTA is refused in one line, fixed mode's RDP is not
     limited."""
-    from privacy.accounting import PLD_MIN_DELTA, AccountingError
+    from dpcda.privacy.accounting import PLD_MIN_DELTA, AccountingError
 
     kw = dict(class_sizes=[6000], samples_per_class=6000, mixing_order=4, clip=1.0, target_epsilon=4.0)
     for delta in (1e-13, PLD_MIN_DELTA * 0.99):
@@ -462,7 +462,7 @@ def test_a_lone_gaussian_share_is_exact_to_1e_14_and_refused_below():
 
 def test_the_pld_accountant_sets_its_round_off_share_aside_both_ways():
     """make_accountant's PLD reads epsilon at delta (1 - PLD_ROUNDOFF_SHARE), and its get_delta is the inverse."""
-    from privacy.accounting import make_accountant
+    from dpcda.privacy.accounting import make_accountant
 
     event = dp_accounting.SelfComposedDpEvent(
         dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.0)), 400

@@ -14,10 +14,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mechanisms import p3gm, rowwise
-from mechanisms.dppca import PROJECT_BLOCK, project_rows
-from pipeline.cli import _KNOWN
-from privacy.events import CLIP_MARGIN
+from dpcda.mechanisms import p3gm, rowwise
+from dpcda.mechanisms.dppca import PROJECT_BLOCK, project_rows
+from dpcda.pipeline.cli import _KNOWN
+from dpcda.privacy.events import CLIP_MARGIN
 
 KEY = bytes(range(32))
 
@@ -166,8 +166,8 @@ def test_adding_a_record_moves_the_clipped_sum_by_its_own_clipped_gradient():
 
 def test_a_release_refuses_shapes_that_fail_the_check_before_reading_rows(tmp_path, monkeypatch):
     """The launcher runs the fit's checks on public stand-ins: a failing check is one line, nothing written."""
-    from pipeline import release
-    from schemas.config import load_config
+    from dpcda.pipeline import release
+    from dpcda.schemas.config import load_config
     from tests.conftest import make_dataset, write_dataset
 
     feats, labels = make_dataset(n_per_class=10, num_classes=3, dim=8)

@@ -10,10 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from schemas.config import ConfigError, load_config
-from schemas.table import SchemaError, TableSchema, infer_draft, parse_table_schema
-from storage.shards import InputError
-from storage.tables import decode_rows, encode_batch
+from dpcda.schemas.config import ConfigError, load_config
+from dpcda.schemas.table import SchemaError, TableSchema, infer_draft, parse_table_schema
+from dpcda.storage.shards import InputError
+from dpcda.storage.tables import decode_rows, encode_batch
 from tests.conftest import BEAM_ARGS, run_cli
 
 SCHEMA = {
@@ -258,7 +258,7 @@ def test_huge_integers_are_clipped_without_their_value_in_any_message():
 
 
 def test_field_metadata_of_the_input_is_not_carried_to_the_output(tmp_path):
-    from storage.tables import arrow_schema_of
+    from dpcda.storage.tables import arrow_schema_of
 
     table = make_table(3)
     field = table.schema.field("tenure").with_metadata({"stats": "max=71,n=600"})

@@ -1,0 +1,274 @@
+"""EvaluateUtility: train the Table 1 CNN on a release's synthetic rows, test on real rows (seed 000, Table 2).
+
+The real test rows get exactly the transform the release applied to its training rows (``normalization.json``:
+DP z-score then L2 clip, ``mechanisms.plan.normalize``); the synthetic rows are used as written. No real test
+data takes part in any training choice (see ``evaluation.train``). Beam is not needed for local paths.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from typing import Optional
+
+import numpy as np
+
+from dpcda.evaluation import report as report_mod
+from dpcda.evaluation.train import train_and_score
+from dpcda.mechanisms.plan import normalize
+from dpcda.privacy.errors import DpcdaError
+from dpcda.storage.paths import exists as _exists
+from dpcda.storage.paths import expand_glob, is_remote, open_file
+from dpcda.storage.paths import join as _join
+from dpcda.storage.shards import InputError, read_all
+
+log = logging.getLogger("dpcda.evaluation")
+EVAL_DIR = "evaluation"
+SYNTHETIC_DIR = "synthetic"
+NORMALIZATION = "normalization.json"
+
+
+class EvaluationError(DpcdaError, ValueError):
+    """The release or the test data cannot be evaluated (missing files, mismatched widths or labels)."""
+
+
+def _read_json(path: str) -> dict:
+    with open_file(path) as fh:
+        return json.loads(fh.read())
+
+
+def load_synthetic(release_dir: str, manifest: Optional[dict] = None):
+    """Every synthetic row of a release: the manifest's files, else ``release_dir/synthetic/*.parquet`` (or Parquet
+    files in the folder)."""
+    listed = (manifest or {}).get("output", {}).get("files")
+    if listed:
+        return read_all([_join(release_dir, f["path"]) for f in listed], "parquet")
+    files = expand_glob(_join(release_dir, SYNTHETIC_DIR, "*.parquet")) or expand_glob(_join(release_dir, "*.parquet"))
+    if not files:
+        raise EvaluationError(f"{release_dir}: no synthetic Parquet files (expected {SYNTHETIC_DIR}/part-*.parquet)")
+    return read_all(files, "parquet")
+
+
+def load_soft_labels(release_dir: str, manifest: Optional[dict]) -> Optional[np.ndarray]:
+    """The released label scores (``LABEL_soft``), in the order ``load_synthetic`` reads the rows, or None."""
+    import pyarrow.parquet as pq
+
+    listed = (manifest or {}).get("output", {}).get("files")
+    label = (manifest or {}).get("input", {}).get("label_column", "label")
+    if not listed:
+        return None
+    parts = []
+    for f in listed:
+        with open_file(_join(release_dir, f["path"])) as fh:
+            table = pq.read_table(fh)
+        if f"{label}_soft" not in table.column_names:
+            return None
+        col = table.column(f"{label}_soft").combine_chunks()
+        parts.append(col.flatten().to_numpy(zero_copy_only=False).reshape(len(col), -1))
+    return np.concatenate(parts).astype(np.float32)
+
+
+def load_test(test_glob: str, norm: dict, dim: int, projection: Optional[np.ndarray] = None):
+    """Real test rows, normalised as the release normalised its training rows (and projected by the release's
+    public R for random projection)."""
+    files = expand_glob(test_glob)
+    if not files:
+        raise InputError(f"{test_glob}: no test files match")
+    block = read_all(files)
+    width = block.features.shape[1]
+    if (projection is None and width != dim) or (projection is not None and width != projection.shape[0]):
+        raise EvaluationError(
+            f"{test_glob}: test rows have width {width}, the release has "
+            f"{dim if projection is None else projection.shape[0]}"
+        )
+    mean, std = (np.asarray(norm[k], np.float32) for k in ("mean", "std"))
+    if mean.shape != (width,) or std.shape != (width,):
+        raise EvaluationError(f"{NORMALIZATION}: mean/std must list {width} numbers")
+    x = normalize(block.features, mean, std, float(norm["clip"]), tuple(norm["feature_bounds"]))
+    if projection is not None:
+        x = (x.astype(np.float64) @ projection).astype(np.float32)
+    return x, block.labels
+
+
+def _find_normalization(release_dir: str, manifest: Optional[dict] = None) -> str:
+    listed = (manifest or {}).get("normalization", {}).get("statistics_file")
+    if listed and _exists(_join(release_dir, listed)):
+        return _join(release_dir, listed)
+    for d in (release_dir, os.path.dirname(release_dir.rstrip("/"))):
+        path = _join(d, NORMALIZATION)
+        if d and _exists(path):
+            return path
+    raise EvaluationError(
+        f"{release_dir}: {NORMALIZATION} is missing; the test rows cannot be normalised as "
+        f"the release's training rows were"
+    )
+
+
+def _release_info(manifest: Optional[dict]) -> dict:
+    if not manifest:
+        return {}
+    mech, priv = manifest.get("mechanism", {}), manifest.get("privacy", {})
+    return {
+        "release": {
+            "mode": mech.get("mode"),
+            "mixing_order": mech.get("mixing_order"),
+            "sigma_x": mech.get("sigma_x"),
+            "clip": mech.get("clip"),
+            "epsilon": priv.get("epsilon"),
+            "delta": priv.get("delta"),
+            "samples_total": mech.get("samples_total"),
+        }
+    }
+
+
+def run_evaluation(
+    release_dir: str,
+    test_glob: str,
+    out_dir: str,
+    *,
+    runs: int,
+    epochs: int,
+    manifest: Optional[dict] = None,
+    device: str = "auto",
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
+    """Loads, trains ``runs`` x ``epochs``, writes report.json, samples.png, curves.png into ``out_dir``."""
+    syn = load_synthetic(release_dir, manifest)
+    dim = syn.features.shape[1]
+    norm = _read_json(_find_normalization(release_dir, manifest))
+    mech = (manifest or {}).get("mechanism", {})
+    projection = None
+    if mech.get("name") == "randproj":  # the public R, rebuilt from the manifest
+        from dpcda.mechanisms.randproj import projection_matrix
+
+        projection = projection_matrix(
+            int(manifest["input"]["feature_dim"]), int(mech["projection_dim"]), int(mech["projection_seed"])
+        )
+    test_x, test_y = load_test(test_glob, norm, dim, projection)
+    soft = load_soft_labels(release_dir, manifest) if mech.get("name") == "dpmix" else None
+    declared = (manifest or {}).get("mechanism", {}).get("num_classes")
+    num_classes = int(declared or max(int(syn.labels.max()), int(test_y.max())) + 1)
+    if int(test_y.max()) >= num_classes or int(test_y.min()) < 0:
+        raise EvaluationError(f"{test_glob}: a test label falls outside the release's {num_classes} classes")
+    log.info(
+        "stage=evaluate synthetic=%d test=%d dim=%d classes=%d runs=%d epochs=%d",
+        len(syn.labels),
+        len(test_y),
+        dim,
+        num_classes,
+        runs,
+        epochs,
+    )
+    result = train_and_score(
+        syn.features,
+        syn.labels,
+        test_x,
+        test_y,
+        num_classes=num_classes,
+        runs=runs,
+        epochs=epochs,
+        device=device,
+        seed=seed,
+        progress=progress,
+        soft_labels=soft,
+        model="mlp" if projection is not None else None,
+    )
+    extra = {"synthetic_rows": int(len(syn.labels)), "test_glob": test_glob, **_release_info(manifest)}
+    remote = is_remote(out_dir)
+    local_dir = tempfile.mkdtemp(prefix="dpcda-eval-") if remote else out_dir
+    try:
+        paths = report_mod.write_all(
+            local_dir,
+            result,
+            syn.features,
+            syn.labels,
+            input_shape=result["input_shape"],
+            extra=extra,
+            norm=norm if projection is None else None,  # projected rows have no input units to show
+        )
+        if remote:
+            for p in paths.values():
+                with open(p, "rb") as src, open_file(_join(out_dir, os.path.basename(p)), "wb") as dst:
+                    dst.write(src.read())
+    finally:
+        if remote:
+            shutil.rmtree(local_dir, ignore_errors=True)
+    log.info(
+        "stage=evaluate accuracy=%.4f+-%.4f device=%s seconds=%.1f",
+        result["accuracy_mean"],
+        result["accuracy_std"],
+        result["device"],
+        result["wall_seconds"],
+    )
+    return {**result, **extra, "path": _join(out_dir, report_mod.REPORT)}
+
+
+TEST_DATA_NOTE = (
+    "accuracy on real test rows: a statistic of the test set, which the privacy guarantee does not "
+    "cover (it covers the release's input records); publish it only if the test set is public"
+)
+
+
+def evaluate_release(
+    workdir: str, manifest: dict, test_glob: str, *, runs: int = 1, epochs: int = 10, test_public: bool = False
+) -> dict:
+    """Release stage: evaluates the run directory ``workdir`` (not yet published); returns the ``utility`` section.
+
+    Unless ``test_public``, the section says that its figures are outside the guarantee and leaves out the exact
+    test row count. Its report path is relative to OUTPUT, like the manifest's files.
+    """
+    draft_files = {
+        **manifest,
+        "output": {
+            **manifest["output"],
+            "files": [
+                {**f, "path": f["path"][len(manifest["output"].get("prefix", "")) :]}
+                for f in manifest["output"]["files"]
+            ],
+        },
+    }
+    rep = run_evaluation(
+        workdir,
+        test_glob,
+        _join(workdir, EVAL_DIR),
+        runs=runs,
+        epochs=epochs,
+        manifest={**draft_files, "normalization": {}},
+    )
+    return {
+        "accuracy_mean": rep["accuracy_mean"],
+        "accuracy_std": rep["accuracy_std"],
+        "runs": rep["runs"],
+        "epochs": rep["epochs"],
+        "device": rep["device"],
+        "report": f"{manifest['output'].get('prefix', '')}{EVAL_DIR}/{report_mod.REPORT}",
+        "test_set_public": test_public,
+        **({"test_rows": rep["test_rows"]} if test_public else {"outside_guarantee": TEST_DATA_NOTE}),
+    }
+
+
+def evaluate_standalone(
+    synthetic_dir: str, test_glob: str, *, runs: int = 3, epochs: int = 10, out: Optional[str] = None, seed: int = 0
+) -> dict:
+    """``dpcda evaluate``: evaluates a release folder; returns the report dict with 'path' (report.json)."""
+    from dpcda.storage.publish import MANIFEST
+
+    manifest_path = _join(synthetic_dir, MANIFEST)
+    manifest = _read_json(manifest_path) if _exists(manifest_path) else None
+    if manifest and (manifest.get("input") or {}).get("table"):
+        from dpcda.evaluation.tabular import evaluate_table_dir
+
+        return evaluate_table_dir(synthetic_dir, manifest, test_glob, out or _join(synthetic_dir, EVAL_DIR), seed)
+    return run_evaluation(
+        synthetic_dir,
+        test_glob,
+        out or _join(synthetic_dir, EVAL_DIR),
+        runs=runs,
+        epochs=epochs,
+        manifest=manifest,
+        seed=seed,
+    )

@@ -1,0 +1,242 @@
+"""Evaluation of a table release: train on synthetic, test on real (scikit-learn), and fidelity figures.
+
+- Utility: logistic regression and gradient boosting (``HistGradientBoostingClassifier``) trained on the synthetic
+  table, tested on the real test table: accuracy and ROC AUC (one-vs-rest macro average for more than 2 classes).
+- Fidelity against the real test table: per column, the total variation distance of the value frequencies
+  (categorical and boolean; null counts as a value) or the Kolmogorov-Smirnov statistic (numeric; plus the gap in
+  null rates); and the mean absolute gap between the two tables' correlation matrices of the encoded columns.
+- A picture of each column's real and synthetic marginals.
+
+Both tables are encoded by the release's public schema (``storage.tables``), so the models see the same columns.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dpcda.evaluation.stage import EVAL_DIR, TEST_DATA_NOTE, EvaluationError
+from dpcda.schemas.table import TableSchema
+from dpcda.storage.paths import expand_glob, is_remote, join, open_file
+from dpcda.storage.tables import encode_batch
+
+REPORT = "report.json"
+MARGINALS = "marginals.png"
+MODELS = ("logistic_regression", "gradient_boosting")
+
+
+def read_tables(pattern: str, what: str) -> pa.Table:
+    files = expand_glob(pattern)
+    if not files:
+        raise EvaluationError(f"{pattern}: no {what} files match")
+    parts = []
+    for f in files:
+        with open_file(f) as fh:
+            parts.append(pq.read_table(io.BytesIO(fh.read()) if is_remote(f) else fh).replace_schema_metadata(None))
+    try:
+        return pa.concat_tables(parts)
+    except pa.ArrowInvalid as err:
+        raise EvaluationError(f"{pattern}: the {what} files differ in schema ({err})") from None
+
+
+def _model(name: str, seed: int):
+    from sklearn.ensemble import HistGradientBoostingClassifier
+    from sklearn.linear_model import LogisticRegression
+
+    if name == "logistic_regression":
+        return LogisticRegression(max_iter=2000)
+    return HistGradientBoostingClassifier(random_state=seed)
+
+
+def _scores(model, x: np.ndarray, k: int) -> np.ndarray:
+    """Class probabilities over all k classes (a class absent from training gets 0)."""
+    proba = np.zeros((len(x), k))
+    proba[:, model.classes_.astype(int)] = model.predict_proba(x)
+    return proba
+
+
+def train_on_synthetic(xs: np.ndarray, ys: np.ndarray, xt: np.ndarray, yt: np.ndarray, k: int, seed: int = 0) -> dict:
+    from sklearn.metrics import roc_auc_score
+
+    out = {}
+    for name in MODELS:
+        if len(np.unique(ys)) < 2:  # nothing to learn: the constant prediction
+            proba = np.zeros((len(xt), k))
+            proba[:, int(ys[0]) if len(ys) else 0] = 1.0
+        else:
+            proba = _scores(_model(name, seed).fit(xs, ys), xt, k)
+        acc = float((proba.argmax(axis=1) == yt).mean())
+        try:
+            if k == 2:
+                auc = float(roc_auc_score(yt, proba[:, 1]))
+            else:
+                auc = float(roc_auc_score(yt, proba, multi_class="ovr", average="macro", labels=list(range(k))))
+        except ValueError:  # a single class in the test set
+            auc = None
+        out[name] = {"accuracy": acc, "roc_auc": auc}
+    return out
+
+
+def _ks(a: np.ndarray, b: np.ndarray) -> float:
+    if not len(a) or not len(b):
+        return 1.0 if len(a) != len(b) else 0.0
+    grid = np.union1d(a, b)
+    fa = np.searchsorted(np.sort(a), grid, side="right") / len(a)
+    fb = np.searchsorted(np.sort(b), grid, side="right") / len(b)
+    return float(np.abs(fa - fb).max())
+
+
+def _tvd(a: list, b: list) -> float:
+    keys = {repr(v) for v in a} | {repr(v) for v in b}
+    ca = {key: 0 for key in keys}
+    cb = dict(ca)
+    for v in a:
+        ca[repr(v)] += 1
+    for v in b:
+        cb[repr(v)] += 1
+    return 0.5 * sum(abs(ca[key] / max(len(a), 1) - cb[key] / max(len(b), 1)) for key in keys)
+
+
+def column_distances(real: pa.Table, synth: pa.Table, schema: TableSchema) -> dict:
+    out = {}
+    for col in (*schema.columns, schema.label):
+        r, s = real.column(col.name).to_pylist(), synth.column(col.name).to_pylist()
+        if getattr(col, "kind", "categorical") == "numeric":
+            rv = np.array([v for v in r if v is not None], float)
+            sv = np.array([v for v in s if v is not None], float)
+            null_gap = abs((len(r) - len(rv)) / max(len(r), 1) - (len(s) - len(sv)) / max(len(s), 1))
+            out[col.name] = {"metric": "ks", "distance": _ks(rv, sv), "null_rate_gap": null_gap}
+        else:
+            out[col.name] = {"metric": "tvd", "distance": _tvd(r, s)}
+    return out
+
+
+def correlation_gap(xr: np.ndarray, xs: np.ndarray) -> float:
+    """Mean |corr_real - corr_synth| over pairs of encoded columns (a constant column correlates 0)."""
+
+    def corr(x):
+        x = x - x.mean(axis=0)
+        sd = np.sqrt((x**2).mean(axis=0))
+        z = np.divide(x, sd, out=np.zeros_like(x), where=sd > 1e-12)
+        return (z.T @ z) / len(x)
+
+    if xr.shape[1] < 2:
+        return 0.0
+    iu = np.triu_indices(xr.shape[1], 1)
+    return float(np.abs(corr(xr.astype(np.float64))[iu] - corr(xs.astype(np.float64))[iu]).mean())
+
+
+def write_marginals(path: str, real: pa.Table, synth: pa.Table, schema: TableSchema, max_columns: int = 24) -> str:
+    from dpcda.evaluation.report import _pyplot
+
+    plt = _pyplot()
+    cols = [*schema.columns, schema.label][:max_columns]
+    ncol = 4
+    nrow = math.ceil(len(cols) / ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(4 * ncol, 2.6 * nrow), squeeze=False)
+    for ax, col in zip(axes.flat, cols):
+        r, s = real.column(col.name).to_pylist(), synth.column(col.name).to_pylist()
+        if getattr(col, "kind", "categorical") == "numeric":
+            rv = [v for v in r if v is not None]
+            sv = [v for v in s if v is not None]
+            bins = np.linspace(col.lower, col.upper, 31)
+            ax.hist(rv, bins=bins, alpha=0.5, density=True, label="real")
+            ax.hist(sv, bins=bins, alpha=0.5, density=True, label="synthetic")
+        else:
+            cats = [*(col.categories or [False, True])]
+            if any(v is None for v in r + s):
+                cats.append(None)
+            pos = np.arange(len(cats))
+            fr = [sum(v == c for v in r) / max(len(r), 1) for c in cats]
+            fs = [sum(v == c for v in s) / max(len(s), 1) for c in cats]
+            ax.bar(pos - 0.2, fr, 0.4, label="real")
+            ax.bar(pos + 0.2, fs, 0.4, label="synthetic")
+            ax.set_xticks(pos, [str(c)[:12] for c in cats], rotation=30, fontsize=7)
+        ax.set_title(col.name, fontsize=9)
+    for ax in list(axes.flat)[len(cols) :]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80)
+    plt.close(fig)
+    with open_file(path, "wb") as fh:
+        fh.write(buf.getvalue())
+    return path
+
+
+def evaluate_tables(synth: pa.Table, test: pa.Table, schema: TableSchema, seed: int = 0) -> dict:
+    """The figures of one synthetic table against the real test table (both with the schema's columns)."""
+    schema.check_against(test.schema, "evaluation test set")
+    if not synth.num_rows:
+        raise EvaluationError("the release has no rows to train on")
+    bs = encode_batch(synth, schema, "synthetic", 0)
+    bt = encode_batch(test, schema, "test", 0)
+    models = train_on_synthetic(bs.features, bs.labels, bt.features, bt.labels, schema.num_classes, seed)
+    cols = column_distances(test, synth, schema)
+    return {
+        "models": models,
+        "accuracy": models["gradient_boosting"]["accuracy"],
+        "roc_auc": models["gradient_boosting"]["roc_auc"],
+        "column_distance_mean": float(np.mean([c["distance"] for c in cols.values()])),
+        "correlation_gap": correlation_gap(bt.features, bs.features),
+        "columns": cols,
+    }
+
+
+def _write_outputs(out: str, figures: dict, test: pa.Table, synth: pa.Table, schema: TableSchema) -> str:
+    if not is_remote(out):
+        import os
+
+        os.makedirs(out, exist_ok=True)
+    write_marginals(join(out, MARGINALS), test, synth, schema)
+    path = join(out, REPORT)
+    with open_file(path, "wb") as fh:
+        fh.write((json.dumps({**figures, "test_rows": test.num_rows}, indent=2) + "\n").encode())
+    return path
+
+
+def evaluate_table_dir(release_dir: str, manifest: dict, test_glob: str, out: str, seed: int = 0) -> dict:
+    """``dpcda evaluate`` on a published table release."""
+    from dpcda.schemas.table import parse_table_schema
+
+    declared = {k: v for k, v in manifest["input"]["table"].items() if k != "arrow_schema"}
+    schema = parse_table_schema(declared, "manifest input.table")
+    prefix = manifest["output"].get("prefix", "").rstrip("/")
+    parts = (release_dir, prefix, "synthetic", "*.parquet") if prefix else (release_dir, "synthetic", "*.parquet")
+    synth = read_tables(join(*parts), "synthetic")
+    test = read_tables(test_glob, "evaluation")
+    figures = evaluate_tables(synth, test, schema, seed)
+    path = _write_outputs(out, figures, test, synth, schema)
+    return {**figures, "accuracy_mean": figures["accuracy"], "accuracy_std": 0.0, "path": path}
+
+
+def evaluate_table_release(
+    workdir: str, manifest: dict, test_glob: str, schema: TableSchema, *, test_public: bool = False, seed: int = 0
+) -> dict:
+    """Release stage for a table release: writes ``evaluation/report.json`` and ``marginals.png`` into the run
+    directory and returns the manifest's ``utility`` section."""
+    synth = read_tables(join(workdir, "synthetic", "*.parquet"), "synthetic")
+    test = read_tables(test_glob, "evaluation")
+    figures = evaluate_tables(synth, test, schema, seed)
+    _write_outputs(join(workdir, EVAL_DIR), figures, test, synth, schema)
+    prefix = manifest["output"].get("prefix", "")
+    return {
+        "kind": "table",
+        "accuracy_mean": figures["accuracy"],
+        "accuracy_std": 0.0,
+        "runs": 1,
+        "roc_auc": figures["roc_auc"],
+        "models": figures["models"],
+        "column_distance_mean": figures["column_distance_mean"],
+        "correlation_gap": figures["correlation_gap"],
+        "report": f"{prefix}{EVAL_DIR}/{REPORT}",
+        "marginals": f"{prefix}{EVAL_DIR}/{MARGINALS}",
+        "test_set_public": test_public,
+        **({"test_rows": test.num_rows} if test_public else {"outside_guarantee": TEST_DATA_NOTE}),
+    }

@@ -1,0 +1,182 @@
+"""Beam-free DP-CDA mixing (seed 000, Algorithm 1, steps 8-14): indices and noise from ``privacy.noise``.
+
+One class at a time: ``T_k`` synthetic rows in chunks of ``chunk_rows``. Each chunk draws its indices from the
+stream ("mix-index", k, chunk) and its noise from ("mix-noise", k, chunk), so a retried chunk reproduces its rows.
+Rows are gathered and summed with ``embedding_bag`` in float64 (CUDA when present, the same code on the CPU; no
+(rows, l, d) intermediate), then the noise is drawn on the CPU: every released value is
+``g * round((mean + sigma_x Z) / g)`` (``NoiseStream.gaussian``).
+
+fixed: each row averages exactly ``l`` distinct records, a uniform l-subset (exact).
+poisson: each record joins a row independently with probability q (m ~ Binomial(N_k, q) by exact inversion, then a
+uniform m-subset); the sum is divided by ``l``, not m, so the sensitivity stays c / l.
+
+Sensitivity in the bits. Records reach the mixer clipped to ``c (1 - CLIP_MARGIN)`` (``plan.normalize``; float32
+rounding keeps them below ``c (1 - 2^-21)``). The mean is computed as fl(fl(sum)/l) in float64, whose error is at
+most gamma_{m-1} m c / l + 2^-53 m c / l in L2 (m <= MAX_ROW_RECORDS records per row, gamma_j = j 2^-53 / (1 - j
+2^-53)); two neighbouring outputs therefore differ by at most (2c/l) (1 - 2^-21 + m^2 2^-52) <= 2c/l (fixed) and
+c/l (poisson) in L2, the sensitivities the accountant assumes.
+
+Optional low-pass post-processing (``lowpass``, ``mechanisms.postprocess``) acts on the finished noisy rows only.
+"""
+
+from __future__ import annotations
+
+import logging
+from fractions import Fraction
+from typing import Iterator, Optional, Sequence
+
+import numpy as np
+import torch
+
+from dpcda.mechanisms.postprocess import make_postprocess
+from dpcda.privacy.events import MAX_ROW_RECORDS
+from dpcda.privacy.noise import NoiseStream
+
+log = logging.getLogger(__name__)
+
+
+def canonical_order(features: np.ndarray, labels: Optional[np.ndarray] = None) -> np.ndarray:
+    """A permutation sorting rows by their bytes (then by label): the order rows arrive in never changes the output."""
+    rows = np.ascontiguousarray(features)
+    keys = rows.view(np.dtype((np.void, rows.shape[1] * rows.itemsize))).ravel()
+    order = np.argsort(keys, kind="stable")
+    if labels is None or len(order) < 2:
+        return order
+    sorted_keys = keys[order]
+    rank = np.empty(len(order), np.int64)  # equal rows share a rank; labels then break the tie
+    rank[order] = np.concatenate([[0], np.cumsum(sorted_keys[1:] != sorted_keys[:-1])])
+    return np.lexsort((np.asarray(labels), rank))
+
+
+def sample_rows(
+    n: int, *, mode: str, mixing_order: int, rows: int, stream: NoiseStream, sampling_rate: Fraction = Fraction(0)
+) -> tuple[np.ndarray, np.ndarray]:
+    """(flat indices, offsets): row i holds indices flat[offsets[i]:offsets[i+1]] into range(n)."""
+    if mode == "fixed":
+        idx = stream.distinct(n, mixing_order, rows)
+        return idx.reshape(-1), np.arange(rows, dtype=np.int64) * mixing_order
+    m = stream.binomial(n, sampling_rate, rows)
+    width = int(m.max()) if rows else 0
+    if width > MAX_ROW_RECORDS:
+        raise ValueError(f"a poisson row drew {width} records, above {MAX_ROW_RECORDS}")
+    idx = stream.distinct(n, width, rows)  # uniform order, so each row's first m_i form a uniform m_i-subset
+    keep = np.arange(width)[None, :] < m[:, None]
+    offsets = np.zeros(rows, np.int64)
+    offsets[1:] = np.cumsum(m)[:-1]
+    return idx[keep], offsets
+
+
+def mix_chunk(
+    x: torch.Tensor,
+    *,
+    mode: str,
+    mixing_order: int,
+    sigma_x: float,
+    rows: int,
+    index_stream: NoiseStream,
+    noise_stream: NoiseStream,
+    sampling_rate: Fraction = Fraction(0),
+    order: Optional[torch.Tensor] = None,
+) -> np.ndarray:
+    """``rows`` synthetic float64 feature rows from the float64 class matrix ``x`` (on its device).
+
+    ``order`` (optional) maps sampled positions to rows of ``x`` (the canonical order of the class).
+    """
+    if mode == "fixed" and mixing_order > MAX_ROW_RECORDS:
+        raise ValueError(f"mixing_order {mixing_order} is above {MAX_ROW_RECORDS}")
+    flat, offsets = sample_rows(
+        x.shape[0], mode=mode, mixing_order=mixing_order, rows=rows, stream=index_stream, sampling_rate=sampling_rate
+    )
+    if flat.size:
+        idx = torch.from_numpy(flat).to(x.device)
+        if order is not None:
+            idx = order[idx]
+        sums = torch.nn.functional.embedding_bag(idx, x, torch.from_numpy(offsets).to(x.device), mode="sum")
+        means = (sums / mixing_order).cpu().numpy()
+    else:  # every row empty (an empty poisson class, or q small): the sums are 0
+        means = np.zeros((rows, x.shape[1]), np.float64)
+    return noise_stream.gaussian(means, sigma_x)
+
+
+def label_scores(
+    class_index: int, num_classes: int, sigma_y: float, rows: int, stream: Optional[NoiseStream]
+) -> np.ndarray:
+    """(rows, K) float64 scores e_k + N(0, sigma_y^2 I_K) on sigma_y's grid: the one-hot mean of a same-class mix."""
+    scores = np.zeros((rows, num_classes), np.float64)
+    scores[:, class_index] = 1.0
+    return stream.gaussian(scores, sigma_y) if sigma_y > 0 else scores
+
+
+def noisy_labels(
+    class_index: int, num_classes: int, sigma_y: float, rows: int, stream: Optional[NoiseStream]
+) -> np.ndarray:
+    """argmax(e_k + N(0, sigma_y^2 I_K)); exactly k when sigma_y is 0 (the one-hot mean is e_k)."""
+    if sigma_y > 0:
+        return label_scores(class_index, num_classes, sigma_y, rows, stream).argmax(axis=1)
+    return np.full(rows, class_index, dtype=np.int64)
+
+
+def mix_class(
+    features: np.ndarray,
+    *,
+    key: bytes,
+    class_index: int,
+    num_classes: int,
+    mode: str,
+    mixing_order: int,
+    sigma_x: float,
+    samples: int,
+    chunk_rows: int,
+    sampling_rate: Fraction | float = Fraction(0),
+    sigma_y: float = 0.0,
+    device: str | torch.device = "cpu",
+    chunks=None,
+    lowpass: Optional[tuple[Sequence[int], int]] = None,
+    soft_labels: bool = False,
+    denoise: Optional[tuple[Sequence[int], float]] = None,
+    basis: Optional[np.ndarray] = None,
+    clip: float = 1.0,
+) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """Yield (chunk, float32 features, labels) for class ``class_index``; ``chunks`` limits which chunks.
+
+    ``lowpass=(image_shape, K)`` projects every finished row onto its low DCT frequencies, ``denoise=(image_shape,
+    sigma)`` blurs it (post-processing, ``mechanisms.postprocess``).
+    ``soft_labels``: labels are the float32 (rows, K) scores e_k + N(0, sigma_y^2 I) instead of their argmax
+    (the same draws: the argmax of the scores is the hard label the same key gives).
+    ``basis`` (d x K, a DP-PCA basis, ``mechanisms.dppca``): records are mixed as V^T x (norms kept below ``clip``'s
+    margin), the noise is K-dimensional, and each row is mapped back, V z, before the other post-processing.
+    """
+    dev = torch.device(device) if not isinstance(device, torch.device) else device
+    if basis is not None:
+        from dpcda.mechanisms.dppca import project_rows
+
+        features = project_rows(features, basis, clip)
+    order = canonical_order(features)  # sampled positions refer to this order: the input's row order is irrelevant
+    x = torch.from_numpy(np.ascontiguousarray(features, np.float64)).to(dev)  # no copy for float64 input on the CPU
+    order_t = torch.from_numpy(order).to(dev)
+    rate = Fraction(sampling_rate)
+    post = make_postprocess(lowpass=lowpass, denoise=denoise, device=dev)
+    n_chunks = -(-samples // chunk_rows)
+    for chunk in range(n_chunks) if chunks is None else chunks:
+        rows = min(chunk_rows, samples - chunk * chunk_rows)
+        out = mix_chunk(
+            x,
+            mode=mode,
+            mixing_order=mixing_order,
+            sigma_x=sigma_x,
+            rows=rows,
+            index_stream=NoiseStream(key, "mix-index", class_index, chunk),
+            noise_stream=NoiseStream(key, "mix-noise", class_index, chunk),
+            sampling_rate=rate,
+            order=order_t,
+        )
+        feats = (out @ basis.T if basis is not None else out).astype(np.float32)
+        if post is not None:
+            feats = post(feats)
+        # Labels draw from their own stream: soft scores publish their noise almost verbatim.
+        label_stream = NoiseStream(key, "label", class_index, chunk) if sigma_y > 0 else None
+        if soft_labels:
+            labels = label_scores(class_index, num_classes, sigma_y, rows, label_stream).astype(np.float32)
+        else:
+            labels = noisy_labels(class_index, num_classes, sigma_y, rows, label_stream)
+        yield chunk, feats, labels

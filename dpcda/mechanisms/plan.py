@@ -1,0 +1,718 @@
+"""Beam-free core of the Calibrate stage: first-pass statistics + config + key -> ReleasePlan, for every mechanism.
+
+Everything the later stages need, decided before any row is synthesised: the (DP, public or exact) normalisation
+statistics, the group sizes the mode may use, the rows per group, the noise, and the accounting. The mechanism says
+which events its synthesis spends (``privacy.events``: MixingEvent for DP-CDA, DpmixEvent, PerturbEvent for local
+perturbation and random projection); relations are in ``privacy.accounting``. The plan holds exact private counts
+for the synthesis only; only ``public_*`` fields and the accounting reach the manifest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from fractions import Fraction
+from typing import Optional
+
+import numpy as np
+
+from dpcda.mechanisms.combiners import FirstPass
+from dpcda.privacy import dp_stats
+from dpcda.privacy.accounting import (
+    Accounting,
+    ReleaseEvents,
+    account,
+    accountant_delta,
+    adaptive_epsilon,
+    relation_key,
+)
+from dpcda.privacy.calibration import calibrate_alone, calibrate_gaussian, calibrate_noise
+from dpcda.privacy.errors import DpcdaError
+from dpcda.privacy.events import CLIP_MARGIN, DpmixEvent, DpSgdEvent, IteratedGaussianEvent, MixingEvent, PerturbEvent
+from dpcda.privacy.noise import NoiseStream
+from dpcda.schemas.config import MAX_SAMPLES_PER_INPUT_ROW, ReleaseConfig
+from dpcda.storage.paths import open_file
+from dpcda.storage.shards import InputError
+
+# With an explicit sigma_x there is no target epsilon to take shares of; the statistics then spend
+# their share of this reference budget (stated in the manifest).
+REFERENCE_EPSILON = 10.0
+
+
+class PlanError(DpcdaError, ValueError):
+    """The data and config cannot make a release (e.g. a class smaller than l in fixed mode)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class P3gmPlan:
+    """What p3gm's fitting needs (all public or DP): the DP-EM noise and the DP-SGD schedule (mechanisms.p3gm)."""
+
+    latent_dim: int
+    components: int
+    em_iterations: int
+    em_noise_std: float  # on every coordinate of the EM sufficient statistics (sensitivity em_sensitivity)
+    em_sensitivity: float
+    em_share: float
+    sampling_rate: Fraction  # q = batch / N_hat, exact
+    steps: int
+    noise_multiplier: float  # z: the noise std on the sum of clipped gradients is z * grad_clip
+    grad_clip: float
+    lr: float
+    hidden: int
+    encoder_hidden: int
+    epochs: float
+    batch: int
+    label_weight: float  # of the label cross-entropy (public: the config's, or sqrt(d))
+
+
+@dataclasses.dataclass(frozen=True)
+class ReleasePlan:
+    mechanism: str
+    mode: str
+    num_classes: int
+    feature_dim: int
+    mean: np.ndarray
+    std: np.ndarray
+    clip: float
+    bounds: tuple[float, float]
+    mixing_order: int
+    sigma_x: float
+    sigma_y: float
+    samples_per_class: int  # dpcda: T_k; dpmix, local, randproj: 0 (rows are not made per class)
+    samples_total: int
+    class_rows: tuple[int, ...]  # exact N_k: private in poisson mode, for the synthesis only
+    sampling_rates: tuple[
+        Fraction, ...
+    ]  # exact q per group (dpcda: per class; dpmix: one), rounded up for the accountant
+    public_class_sizes: Optional[tuple[int, ...]]  # fixed mode
+    dp_class_sizes: Optional[tuple[int, ...]]  # poisson mode
+    normalization_method: str
+    normalization_noise_std: Optional[float]
+    histogram_noise_std: Optional[float]
+    normalization_share: Optional[float]
+    accounting: Accounting
+    records_public: int  # N as the paper's Theorem 1 uses it (public in fixed mode, the DP total in poisson mode)
+    end_to_end_dp: bool
+    target_epsilon: Optional[float]
+    caveats: tuple[str, ...]
+    lowpass: Optional[tuple[tuple[int, ...], int]] = None  # (image_shape, K): post-processing projection
+    label_noise_ratio: Optional[float] = None  # dpmix: sigma_y / sigma_x
+    projection: Optional[tuple[int, int, float]] = None  # randproj: (p, public seed, operator norm of R)
+    denoise: Optional[float] = None  # post-processing: Gaussian blur of this std (pixels) on image rows
+    image_shape: Optional[tuple[int, ...]] = None  # of the rows, for the post-processing
+    mixing_paths: tuple[str, ...] = ()  # per group (dpcda: class; dpmix: the dataset): 'memory' or 'join'
+    pca_components: Optional[int] = None  # K of a DP-PCA projection (mechanisms.dppca)
+    pca_noise_std: Optional[float] = None  # of the covariance's upper triangle, in quantized units
+    pca_share: Optional[float] = None
+    join_block_rows: int = 0  # R of the join path (mechanisms.joinmix)
+    p3gm: Optional[P3gmPlan] = None
+
+    @property
+    def join_groups(self) -> tuple[int, ...]:
+        return tuple(g for g, p in enumerate(self.mixing_paths) if p == "join")
+
+    def group_records(self, g: int) -> int:
+        """Exact records of group g (private: the join path's index range)."""
+        return int(sum(self.class_rows)) if self.mechanism in ("dpmix", "p3gm") else int(self.class_rows[g])
+
+    def group_samples(self, g: int) -> int:
+        return self.samples_total if self.mechanism == "dpmix" else self.samples_per_class
+
+    @property
+    def guarantee_epsilon(self) -> float:
+        """The stated epsilon. poisson: the target, fixed before the histogram chose q_k and T_k (adaptive
+        composition holds for that budget, not for the accounted figure of one histogram outcome)."""
+        if self.mode == "poisson" and self.target_epsilon is not None:
+            return self.target_epsilon
+        return self.accounting.epsilon
+
+    @property
+    def denoise_spec(self) -> Optional[tuple[tuple[int, ...], float]]:
+        """(image_shape, sigma) for the blur post-processing, or None."""
+        if self.denoise is None:
+            return None
+        shape = self.image_shape or (math.isqrt(self.feature_dim),) * 2
+        return shape, self.denoise
+
+    @property
+    def output_dim(self) -> int:
+        return self.projection[0] if self.projection else self.feature_dim
+
+
+def load_public_stats(path: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, std) from a JSON file {"mean": [d numbers], "std": [d numbers]}; PlanError naming the problem."""
+    where = f"normalization_file {path}"
+    try:
+        with open_file(path) as fh:
+            data = json.loads(fh.read())
+    except (OSError, ValueError) as err:
+        kind = "not valid JSON" if isinstance(err, ValueError) else "cannot be read"
+        raise PlanError(f"{where}: {kind} ({type(err).__name__})") from None
+    if not isinstance(data, dict):
+        raise PlanError(f"{where}: must hold an object with 'mean' and 'std'")
+    return checked_public_stats(data.get("mean", []), data.get("std", []), dim, where)
+
+
+def checked_public_stats(mean, std, dim: int, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """float64 (mean, std), each of shape (d,), mean finite and std positive and finite; PlanError otherwise."""
+    out = []
+    for name, values in (("mean", mean), ("std", std)):
+        try:
+            arr = np.asarray(values, np.float64)
+        except (TypeError, ValueError):
+            raise PlanError(f"{where}: '{name}' must be a list of numbers") from None
+        if arr.shape != (dim,):
+            raise PlanError(f"{where}: '{name}' must be a flat list of {dim} numbers, found shape {list(arr.shape)}")
+        out.append(arr)
+    mean, std = out
+    if not np.all(np.isfinite(mean)) or not np.all(np.isfinite(std)) or not np.all(std > 0):
+        raise PlanError(f"{where}: mean must be finite and std positive and finite")
+    return mean, std
+
+
+CLASS_BUDGET_SHARE = 0.4
+MAX_Z_REACH = 1e12
+
+
+def default_class_budget() -> int:
+    """40 % of this machine's memory (the workers that mix are assumed to be machines like it)."""
+    try:
+        return int(CLASS_BUDGET_SHARE * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def class_bytes(rows: float, dim: int) -> float:
+    """Memory of one class on the mixing worker: our float64 copy of its rows and an int64 index, plus the runner's
+    grouped float32 rows (a runner that holds groups in memory, like the DirectRunner, keeps them meanwhile)."""
+    return float(rows) * (12 * dim + 8)
+
+
+def check_class_memory(sizes, dim: int, budget: int, *, where: str, exact: bool, why: str = "") -> None:
+    for k, n in enumerate(sizes):
+        need = class_bytes(n, dim)
+        if need > budget:
+            size = f"{int(n)} records" if exact else "its DP size"
+            raise PlanError(
+                f"{where}: class {k} needs about {need / 2**30:.2f} GiB ({size} at d={dim}), more than "
+                f"max_class_bytes={budget / 2**30:.2f} GiB, the limit of the in-memory mixer (one class "
+                + (
+                    f"on one worker); {why}"
+                    if why
+                    else "on one worker); use --mixing-path auto or join, or raise --max-class-bytes on bigger workers"
+                )
+            )
+
+
+JOIN_BLOCK_BYTES = 1 << 27  # records of one join block of the join path: 128 MiB of float64 rows
+MIN_JOIN_BLOCK_ROWS = 1024
+
+
+def join_block_rows(dim: int, requested: int = 0) -> int:
+    """R: records per join block of the join path (a power of two; ``requested`` > 0 overrides)."""
+    if requested > 0:
+        return int(requested)
+    rows = max(MIN_JOIN_BLOCK_ROWS, JOIN_BLOCK_BYTES // (8 * max(int(dim), 1)))
+    return 1 << (rows.bit_length() - 1)
+
+
+def choose_mixing_paths(
+    sizes, dim: int, budget: int, path: str, *, where: str, exact: bool, why: str = ""
+) -> tuple[str, ...]:
+    """'memory' or 'join' for each group. ``sizes`` are public (fixed: exact class sizes; poisson: DP sizes plus a
+    margin), so the choice is too; auto sends a group to the join path where it would not fit one worker."""
+    if path == "memory":
+        check_class_memory(sizes, dim, budget, where=where, exact=exact, why=why)
+        return ("memory",) * len(sizes)
+    if path == "join":
+        return ("join",) * len(sizes)
+    return tuple("join" if class_bytes(n, dim) > budget else "memory" for n in sizes)
+
+
+def check_statistics(mean: np.ndarray, std: np.ndarray, bounds: tuple[float, float], clip: float) -> None:
+    """Statistics that would make the z-score overflow (or are not finite) are refused before any row is mixed."""
+    lo, hi = bounds
+    if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(std)) and np.all(std > 0)):
+        raise PlanError("normalization: the statistics are not finite positive numbers; nothing was released")
+    reach = (hi - lo + np.abs(np.asarray(mean, np.float64) - (lo + hi) / 2)) / np.asarray(std, np.float64)
+    if not np.all(reach < MAX_Z_REACH):
+        raise PlanError(
+            f"normalization: a std is below 1e-12 of feature_bounds [{lo:g}, {hi:g}] (z-scores near "
+            f"1e12 would leave nothing but their signs after the clip); nothing was released"
+        )
+
+
+def resolve_image_shape(cfg: ReleaseConfig, dim: int) -> tuple[int, ...]:
+    """The rows' image grid for post-processing: --image-shape (checked against d), else a square."""
+    if cfg.image_shape is not None:
+        shape = tuple(cfg.image_shape)
+        if math.prod(shape) != dim:
+            raise PlanError(
+                f"image_shape: {','.join(map(str, shape))} has {math.prod(shape)} features, the input has d={dim}"
+            )
+        return shape
+    side = math.isqrt(dim)
+    if side * side != dim:
+        raise PlanError(f"lowpass/denoise: d={dim} is not a square image; give --image-shape H,W or C,H,W")
+    return (side, side)
+
+
+def resolve_lowpass(cfg: ReleaseConfig, dim: int) -> Optional[tuple[tuple[int, ...], int]]:
+    """(image_shape, K) for the low-pass post-processing, checked against the feature dimension d."""
+    if cfg.lowpass is None:
+        return None
+    shape = resolve_image_shape(cfg, dim)
+    h, w = shape[-2:]
+    if cfg.lowpass >= h + w - 1:
+        raise PlanError(
+            f"lowpass: K={cfg.lowpass} keeps every DCT coefficient of a {h}x{w} image (u + v <= "
+            f"{h + w - 2}); use K < {h + w - 1} or leave --lowpass out"
+        )
+    return shape, int(cfg.lowpass)
+
+
+def synthesis_events(
+    mechanism: str,
+    mode: str,
+    *,
+    group_sizes,
+    samples: int,
+    mixing_order: int,
+    clip: float,
+    sigma_x: float,
+    label_noise_ratio: Optional[float] = None,
+    gain: float = 1.0,
+) -> list:
+    """The events a mechanism's synthesis spends at feature noise ``sigma_x``: one per group (dpcda: per class, with
+    ``samples`` rows each; dpmix: one, the dataset, ``samples`` rows; local/randproj: one Gaussian per record, in
+    parallel). Groups compose in parallel. Used by the plan and by ``dpcda account``."""
+    l, c = mixing_order, clip
+    if mechanism == "dpcda":
+        return [MixingEvent(mode, max(int(s), l), samples, l, c, sigma_x) for s in group_sizes]
+    if mechanism == "dpmix":
+        n = int(group_sizes[0])
+        return [DpmixEvent(mode, max(n, l), samples, l, c, sigma_x, label_noise_ratio * sigma_x)]
+    return [PerturbEvent(c, sigma_x, gain)]
+
+
+def build_plan(
+    first: FirstPass, cfg: ReleaseConfig, key: bytes, public_stats: Optional[tuple[np.ndarray, np.ndarray]] = None
+) -> ReleasePlan:
+    """The plan of one release. ``public_stats``: (mean, std) read by the launcher from --normalization-file (public
+    by the user's declaration); the plan itself reads no file."""
+    rows = first.rows
+    if rows == 0 or first.dim is None:
+        raise InputError(f"{cfg.input}: zero rows")
+    dim = first.dim
+    counts = np.asarray(first.class_counts, np.int64)
+    K = cfg.num_classes or len(counts)
+    if len(counts) > K:
+        raise InputError(f"{cfg.input}: column '{cfg.label_column}': label {len(counts) - 1} >= num_classes {K}")
+    counts = np.pad(counts, (0, K - len(counts)))
+    lowpass = resolve_lowpass(cfg, dim)
+    mode, l, c, delta = cfg.mode, cfg.mixing_order, cfg.clip, cfg.delta
+    budget = cfg.epsilon if cfg.epsilon is not None else REFERENCE_EPSILON
+    caveats = [
+        "Noise and sampling draw from ChaCha20 keystreams under a fresh 256-bit secret key: the guarantee holds "
+        "against adversaries who cannot tell ChaCha20 from random bits (privacy.noise says how draws are made).",
+        "Label noise (sigma_y) costs no privacy here: within a class the one-hot mean is always e_k.",
+    ]
+    shared: list = []
+    adaptive: list = []
+    if cfg.epsilon is None:
+        caveats.append(
+            f"sigma_x was given explicitly: the statistics spent their shares of a reference budget "
+            f"epsilon={REFERENCE_EPSILON:g}; the epsilon below is what the whole release spends."
+        )
+
+    # the join path has no DP-PCA projection yet; p3gm fits on one worker
+    mixing_path = "memory" if cfg.projection or cfg.mechanism == "p3gm" else cfg.mixing_path
+    why = (
+        "the DP-PCA projection mixes in memory only; raise --max-class-bytes on bigger workers"
+        if cfg.projection
+        else "p3gm fits its model on one worker; raise --max-class-bytes on bigger workers"
+        if cfg.mechanism == "p3gm"
+        else ""
+    )
+    # Class sizes: public in fixed mode, a DP histogram in poisson mode.
+    where = f"{cfg.input}: column '{cfg.label_column}'"
+    budget_bytes = cfg.max_class_bytes or default_class_budget()
+    if mode == "fixed":
+        small = [k for k in range(K) if counts[k] < l] if cfg.mechanism == "dpcda" else []
+        if cfg.mechanism == "dpmix" and rows < l:
+            raise PlanError(f"{cfg.input}: {rows} records, fewer than mixing_order l={l}")
+        if small:
+            k = small[0]
+            hint = (
+                ""
+                if cfg.num_classes
+                else f"; without --num-classes, K = largest label + 1 = {K}, so a stray label can create empty classes"
+            )
+            raise PlanError(
+                f"{where}: class {k} has {counts[k]} records, fewer than mixing_order l={l}; fixed mode "
+                f"draws l distinct records per row (lower l, or use --mode poisson){hint}"
+            )
+        groups = [rows] if cfg.mechanism == "dpmix" else counts
+        paths = (
+            choose_mixing_paths(groups, dim, budget_bytes, mixing_path, where=where, exact=True, why=why)
+            if cfg.mechanism in ("dpcda", "dpmix")
+            else ()
+        )
+        sizes, n_public = counts, float(rows)
+        dp_sizes = None
+        caveats.append(
+            "fixed mode: the dataset size is public and stated here; the guarantee covers replacing one "
+            "record (its features and label)."
+            if cfg.mechanism == "dpmix"
+            else "fixed mode: class sizes N_k are public and stated here; the guarantee covers "
+            "replacing one record's features within its class."
+        )
+    else:
+        # The histogram's output chooses q_k, T_k and sigma_x: it is accounted alone, at its own share of epsilon and
+        # delta, and the rest is calibrated to what remains (adaptive composition; privacy.accounting).
+        hist_delta = cfg.histogram_budget_share * delta
+        hist = calibrate_gaussian(
+            mode,
+            name="class_histogram",
+            sensitivity=dp_stats.HISTOGRAM_SENSITIVITY,
+            target_epsilon=cfg.histogram_budget_share * budget,
+            delta=hist_delta,
+        )
+        adaptive.append((hist, hist_delta))
+        dp_sizes = dp_stats.class_histogram(counts, noise_std=hist.noise_std, stream=NoiseStream(key, "histogram"))
+        # decided on the DP counts (plus 6 noise sds), never on the exact ones: whether the job stops is public
+        grouped = (
+            [dp_sizes.sum() + 6 * hist.noise_std * math.sqrt(K)]
+            if cfg.mechanism in ("dpmix", "p3gm")
+            else dp_sizes + 6 * hist.noise_std
+        )
+        paths = choose_mixing_paths(grouped, dim, budget_bytes, mixing_path, where=where, exact=False, why=why)
+        sizes, n_public = dp_sizes, float(max(dp_sizes.sum(), 1))
+        caveats.append(
+            "poisson mode: q_k, T_k and sigma_x are chosen from the DP class histogram; the histogram is "
+            "accounted alone at its own (epsilon, delta) share and the rest is calibrated to what remains, "
+            "so the guarantee is the sum (adaptive composition)."
+        )
+    acc_delta = accountant_delta(delta, [d for _, d in adaptive])
+    rest_budget = None
+    if cfg.epsilon is not None:
+        rest_budget = cfg.epsilon - sum(adaptive_epsilon(mode, ev, d) for ev, d in adaptive)
+
+    # Normalisation statistics.
+    min_std = cfg.min_std * (cfg.feature_bounds[1] - cfg.feature_bounds[0])
+    norm_std = None
+    if cfg.normalization == "dp":
+        stats_ev = calibrate_gaussian(
+            mode,
+            name="normalization",
+            sensitivity=dp_stats.moments_sensitivity(dim, mode),
+            target_epsilon=cfg.normalization_budget_share * budget,
+            delta=acc_delta,
+        )
+        shared.append(stats_ev)
+        norm_std = stats_ev.noise_std
+        mean, std = dp_stats.feature_stats(
+            n=n_public,
+            sum_qu=first.sum_qu,
+            sum_qv=first.sum_qv,
+            bounds=cfg.feature_bounds,
+            min_std=min_std,
+            noise_std=norm_std,
+            stream=NoiseStream(key, "stats"),
+        )
+    elif cfg.normalization == "public":
+        if public_stats is None:
+            raise PlanError("normalization public: the statistics file was not loaded")  # the launcher loads it
+        mean, std = checked_public_stats(*public_stats, dim, "normalization public")
+        caveats.append("Normalisation statistics were supplied by the user and are assumed public.")
+    else:
+        mean, std = dp_stats.feature_stats(
+            n=rows, sum_qu=first.sum_qu, sum_qv=first.sum_qv, bounds=cfg.feature_bounds, min_std=min_std
+        )
+        caveats.append(
+            "NOT END-TO-END DP: the z-score uses exact private means and stds "
+            "(--normalization exact); epsilon below covers the mixing only."
+        )
+
+    check_statistics(mean, std, cfg.feature_bounds, c)
+    pca_std = None
+    if cfg.pca_components is not None:  # the DP-PCA covariance: a Gaussian release of its own share (mechanisms.dppca)
+        if cfg.pca_components >= dim:
+            what = "p3gm_latent_dim" if cfg.mechanism == "p3gm" else "projection"
+            raise PlanError(f"{what}: K={cfg.pca_components} must be below the feature dimension d={dim}")
+        bound = rows if mode == "fixed" else n_public + 6 * (adaptive[0][0].noise_std * math.sqrt(K) if adaptive else 0)
+        if bound * 2.0 ** (2 * dp_stats.COV_QUANTUM_BITS) >= dp_stats.COV_MAX_SUM:  # decided on public counts
+            raise PlanError("projection: the DP-PCA covariance takes at most 2^30 rows (exact int64 sums)")
+        pca_ev = calibrate_gaussian(
+            mode,
+            name="pca_covariance",
+            sensitivity=dp_stats.covariance_sensitivity(dim, mode),
+            target_epsilon=cfg.pca_budget_share * budget,
+            delta=acc_delta,
+        )
+        shared.append(pca_ev)
+        pca_std = pca_ev.noise_std
+    mech = cfg.mechanism
+    N = rows if mode == "fixed" else int(n_public)
+    T = cfg.samples or N
+    cap = MAX_SAMPLES_PER_INPUT_ROW * max(int(n_public), 1)
+    if T > cap:  # fixed: n_public is the exact row count (public there); poisson: the DP total
+        raise PlanError(
+            f"samples: T={T} is more than {MAX_SAMPLES_PER_INPUT_ROW} times the input's rows; lower --samples"
+        )
+    sizes_list = [int(s) for s in sizes]
+    projection = None
+    gain = 1.0
+    if mech == "randproj":
+        from dpcda.mechanisms.randproj import projection_matrix
+
+        R = projection_matrix(dim, cfg.projection_dim, cfg.projection_seed)
+        gain = float(np.linalg.norm(R, 2))
+        projection = (cfg.projection_dim, cfg.projection_seed, gain)
+    ratio = cfg.label_noise_ratio if mech == "dpmix" else None
+
+    def events(sigma: float) -> list:
+        return synthesis_events(
+            mech,
+            mode,
+            group_sizes=sizes_list if mech == "dpcda" else [N],
+            samples=T_k if mech == "dpcda" else T,
+            mixing_order=l,
+            clip=c,
+            sigma_x=sigma,
+            label_noise_ratio=ratio,
+            gain=gain,
+        )
+
+    if mech == "dpcda":
+        T_k = T // K
+        if T_k < 1:
+            raise PlanError(f"samples: T={T} gives no rows for {K} classes (T_k = floor(T/K) = 0)")
+        T_total = T_k * K
+    else:
+        T_k, T_total = 0, T
+    p3gm = None
+    if mech == "p3gm":
+        p3gm, em_event, sgd_event = _p3gm_events(cfg, dim, K, N, shared, rest_budget, acc_delta, budget)
+        shared.append(em_event)
+        sigma_x = 0.0
+    elif cfg.sigma_x is not None:
+        sigma_x = float(cfg.sigma_x)
+    else:
+        # dpcda: the smallest class sets sigma_x (epsilon falls as N_k rises); account() re-checks every class
+        smallest = (lambda sigma: [min(events(sigma), key=lambda e: e.class_size)]) if mech == "dpcda" else events
+        sigma_x = calibrate_noise(
+            mode, smallest, target_epsilon=rest_budget, delta=acc_delta, shared=shared, scale=c, stated_delta=delta
+        )
+    sigma_y = ratio * sigma_x if mech == "dpmix" else cfg.sigma_y
+    per_group = (sgd_event,) if mech == "p3gm" else tuple(events(sigma_x))
+    out_dim = projection[0] if projection else dim
+    mixed_dim = cfg.pca_components or out_dim  # with a DP-PCA projection the noise is drawn in K dimensions
+    gaussian_draws = (
+        T_total * mixed_dim * (sigma_x > 0)
+        + dim * (dim + 1) // 2 * (pca_std is not None)
+        + T_total * K * (sigma_y > 0)
+        + 2 * dim * (cfg.normalization == "dp")
+        + K * (mode == "poisson")
+        + (_p3gm_draws(p3gm, dim, K) if p3gm is not None else 0)
+    )
+    binomial_draws = T_total * (mode == "poisson")
+    acc = account(
+        ReleaseEvents(
+            mode,
+            tuple(shared),
+            per_group,
+            tuple(adaptive),
+            gaussian_draws=gaussian_draws,
+            binomial_draws=binomial_draws,
+        ),
+        delta,
+        relation=relation_key(mech, mode),
+    )
+    if cfg.epsilon is not None and acc.epsilon > cfg.epsilon:
+        raise AssertionError(f"calibration overshot: {acc.epsilon} > {cfg.epsilon}")  # never expected
+    end_to_end = cfg.normalization != "exact" and math.isfinite(acc.epsilon)
+    if sigma_x == 0 and mech != "p3gm":
+        caveats.append("sigma_x = 0: no noise on the features; epsilon is infinite.")
+    if mech == "p3gm":
+        caveats[1] = (
+            "p3gm: the released rows and labels are sampled from a model whose every fitted quantity is DP (the "
+            "DP-PCA basis, the DP-EM mixture prior, the VAE trained with DP-SGD): sampling is post-processing."
+        )
+        if not math.isfinite(acc.epsilon):
+            caveats.append("sigma_x = 0: p3gm was fitted without noise or clipping; epsilon is infinite.")
+    if mech == "dpmix":
+        caveats[1] = (
+            "DPMix: rows mix records of every class, so the labels are released as noisy one-hot means "
+            "(sigma_y = label_noise_ratio x sigma_x) and their noise is part of the accounted event."
+        )
+    elif mech != "dpcda":
+        caveats[1] = (
+            f"{mech}: every record is released once, with its label and class sizes as they are (both "
+            f"public under the replace-one-within-class relation)."
+        )
+    return ReleasePlan(
+        mechanism=mech,
+        mode=mode,
+        num_classes=K,
+        feature_dim=dim,
+        mean=mean,
+        std=std,
+        clip=c,
+        bounds=cfg.feature_bounds,
+        mixing_order=l,
+        sigma_x=sigma_x,
+        sigma_y=sigma_y,
+        samples_per_class=T_k,
+        samples_total=T_total,
+        class_rows=tuple(int(x) for x in counts),
+        sampling_rates=tuple(getattr(e, "exact_sampling_rate", Fraction(1)) for e in per_group),
+        public_class_sizes=tuple(sizes_list) if mode == "fixed" else None,
+        dp_class_sizes=tuple(int(x) for x in dp_sizes) if dp_sizes is not None else None,
+        normalization_method=cfg.normalization,
+        normalization_noise_std=norm_std,
+        histogram_noise_std=adaptive[0][0].noise_std if adaptive else None,
+        normalization_share=cfg.normalization_budget_share if cfg.normalization == "dp" else None,
+        accounting=acc,
+        records_public=max(int(n_public), l),
+        end_to_end_dp=end_to_end,
+        target_epsilon=cfg.epsilon,
+        caveats=tuple(caveats),
+        lowpass=lowpass,
+        label_noise_ratio=ratio,
+        projection=projection,
+        denoise=cfg.denoise,
+        image_shape=resolve_image_shape(cfg, dim) if cfg.denoise else None,
+        mixing_paths=paths,
+        pca_components=cfg.pca_components,
+        pca_noise_std=pca_std,
+        pca_share=cfg.pca_budget_share if pca_std is not None else None,
+        join_block_rows=join_block_rows(dim, cfg.join_block_rows) if "join" in paths else 0,
+        p3gm=p3gm,
+    )
+
+
+def _p3gm_events(cfg: ReleaseConfig, dim: int, K: int, n_hat: int, shared: list, rest_budget, acc_delta, budget):
+    """p3gm's DP-EM and DP-SGD: EM's noise spends its own share alone; the DP-SGD noise multiplier is then
+    calibrated so that everything (statistics, DP-PCA, DP-EM, DP-SGD) composes to the rest of the target."""
+    from dpcda.mechanisms.p3gm import em_sensitivity
+
+    n = max(int(n_hat), 1)
+    rate = Fraction(min(cfg.p3gm_batch, n), n)
+    steps = max(1, math.ceil(cfg.p3gm_epochs / rate))
+    sens = em_sensitivity()
+    em_std = z = 0.0  # sigma_x 0: no noise, the non-private reference (epsilon infinite)
+    if cfg.sigma_x != 0:
+        em_std = sens * calibrate_alone(
+            lambda z: IteratedGaussianEvent("dp_em", cfg.p3gm_em_iterations, z * sens, sens),
+            name="dp_em",
+            target_epsilon=cfg.p3gm_em_budget_share * budget,
+            delta=acc_delta,
+        )
+    em = IteratedGaussianEvent("dp_em", cfg.p3gm_em_iterations, em_std, sens)
+    if cfg.sigma_x != 0:
+        z = calibrate_noise(
+            cfg.mode,
+            lambda s: [DpSgdEvent("dp_sgd", rate, steps, s)],
+            target_epsilon=rest_budget,
+            delta=acc_delta,
+            shared=[*shared, em],
+            stated_delta=cfg.delta,
+        )
+    plan = P3gmPlan(
+        latent_dim=cfg.p3gm_latent_dim,
+        components=cfg.p3gm_components,
+        em_iterations=cfg.p3gm_em_iterations,
+        em_noise_std=em_std,
+        em_sensitivity=sens,
+        em_share=cfg.p3gm_em_budget_share,
+        sampling_rate=rate,
+        steps=steps,
+        noise_multiplier=z,
+        grad_clip=cfg.p3gm_grad_clip if z > 0 else math.inf,
+        lr=cfg.p3gm_lr,
+        hidden=cfg.p3gm_hidden,
+        encoder_hidden=cfg.p3gm_hidden if cfg.p3gm_encoder_hidden is None else cfg.p3gm_encoder_hidden,
+        epochs=cfg.p3gm_epochs,
+        batch=cfg.p3gm_batch,
+        label_weight=math.sqrt(dim) if cfg.p3gm_label_weight is None else float(cfg.p3gm_label_weight),
+    )
+    return plan, em, DpSgdEvent("dp_sgd", rate, steps, z)
+
+
+def p3gm_parameters(dim: int, K: int, latent: int, hidden: int, encoder_hidden: Optional[int] = None) -> int:
+    """Weights and biases of p3gm's encoder [d, e, d'] (e: ``encoder_hidden``, default h), decoder [d', h, d + K]."""
+    e = hidden if encoder_hidden is None else encoder_hidden
+    return dim * e + e + e * latent + latent + latent * hidden + hidden + hidden * (dim + K) + dim + K
+
+
+def _p3gm_draws(p: P3gmPlan, dim: int, K: int) -> int:
+    """Gaussian draws that carry privacy noise: one per parameter per DP-SGD step, the EM statistics per iteration."""
+    sgd = p.steps * p3gm_parameters(dim, K, p.latent_dim, p.hidden, p.encoder_hidden) * (p.noise_multiplier > 0)
+    em = p.em_iterations * p.components * (1 + 2 * p.latent_dim) * (p.em_noise_std > 0)
+    return sgd + em
+
+
+def _normalized64(
+    features: np.ndarray, mean: np.ndarray, std: np.ndarray, clip: float, bounds: tuple[float, float]
+) -> np.ndarray:
+    z = (np.clip(np.asarray(features, np.float64), *bounds) - np.asarray(mean, np.float64)) / np.asarray(
+        std, np.float64
+    )
+    norms = np.linalg.norm(z, axis=1, keepdims=True)
+    z *= np.minimum(1.0, clip * (1.0 - CLIP_MARGIN) / np.maximum(norms, np.finfo(np.float64).tiny))
+    return z
+
+
+def _check_clipped(rows: np.ndarray, clip: float) -> None:
+    if rows.size and np.linalg.norm(np.asarray(rows, np.float64), axis=1).max() > clip * (1.0 - CLIP_MARGIN / 2):
+        raise AssertionError("clip: a row's norm exceeds the clip margin after rounding")  # never expected
+
+
+def sample_chunks(plan: "ReleasePlan", chunk_rows: int):
+    """(chunk, rows) of a release sampled ``chunk_rows`` at a time (p3gm): every chunk full but the last."""
+    for chunk in range(-(-plan.samples_total // chunk_rows)):
+        yield chunk, min(chunk_rows, plan.samples_total - chunk * chunk_rows)
+
+
+def normalization_record(plan: "ReleasePlan") -> dict:
+    """What ``normalization.json`` holds: the statistics and clip the released rows were normalised with."""
+    return {
+        "mean": plan.mean.tolist(),
+        "std": plan.std.tolist(),
+        "clip": plan.clip,
+        "feature_bounds": list(plan.bounds),
+        "method": plan.normalization_method,
+    }
+
+
+def normalize(
+    features: np.ndarray, mean: np.ndarray, std: np.ndarray, clip: float, bounds: tuple[float, float]
+) -> np.ndarray:
+    """float32 rows z-scored with the plan's statistics, each clipped to L2 norm ``clip (1 - CLIP_MARGIN)``
+    (Algorithm 1, 2-6); what the evaluation applies to real test rows.
+
+    The margin absorbs float32 rounding and the mixer's float64 summation (``mechanisms.dpcda``): what leaves
+    here has a norm below ``clip (1 - 2^-21)`` as computed in float64, which is checked.
+    """
+    out = _normalized64(features, mean, std, clip, bounds).astype(np.float32)
+    _check_clipped(out, clip)
+    return out
+
+
+def normalize_into(
+    out: np.ndarray,
+    features: np.ndarray,
+    mean: np.ndarray,
+    std: np.ndarray,
+    clip: float,
+    bounds: tuple[float, float],
+    rows_per_step: int = 4096,
+) -> None:
+    """``normalize`` in float64, written into ``out`` (the class's preallocated rows) a few thousand rows at a time."""
+    for start in range(0, len(features), rows_per_step):
+        part = _normalized64(features[start : start + rows_per_step], mean, std, clip, bounds)
+        _check_clipped(part, clip)
+        out[start : start + len(part)] = part

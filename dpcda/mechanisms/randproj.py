@@ -1,0 +1,23 @@
+"""Random projection (seed 001's baseline, after DPPro): records projected by a public random R, then noised.
+
+R (d x p) has i.i.d. N(0, 1/p) entries drawn from a PUBLIC seed (``--projection-seed``, in the manifest): it depends
+on no data, and anyone can rebuild it to project their own rows (the evaluation does, for the real test rows). Like
+every draw of the product it comes from privacy/'s noise module: a stream keyed by the public seed alone. A record's
+row moves by at most 2 c ||R||_2 (its operator norm, in the manifest), which is the sensitivity
+``privacy.events.PerturbEvent`` uses. The released rows live in R^p: they are projections, not images, so the
+evaluation trains its MLP on them, as seed 001 did.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dpcda.privacy.noise import NoiseStream, public_key
+
+
+def projection_matrix(dim: int, p: int, seed: int) -> np.ndarray:
+    """The public (d, p) projection: N(0, 1/p) entries from ``seed``."""
+    if p < 1 or dim < 1:
+        raise ValueError(f"projection: need d >= 1 and p >= 1, got d={dim}, p={p}")
+    stream = NoiseStream(public_key("projection", seed), dim, p)
+    return stream.gaussian(np.zeros((dim, p)), 1.0) / np.sqrt(p)

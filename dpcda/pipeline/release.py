@@ -1,0 +1,498 @@
+"""The release job: checks everything it can before work, builds the Beam graph of DESIGN.md, publishes safely.
+
+    ReadShards -> ComputeGlobalStats -> Calibrate --(side inputs)--+
+    ReadShards -> GroupByClass -> NormalizeAndClip -> MixWithinClass -> WriteSynthetic -> WriteDraftManifest
+
+Order of a run: the inputs, config files and OUTPUT are checked (``storage.publish.prepare`` takes OUTPUT's lock and
+creates the run directory); the pipeline writes the parts and a manifest draft into the run directory; the
+evaluation and audit stages add their sections; ``storage.publish.publish`` writes the manifest and makes the
+release visible. Any failure or interrupt removes the run directory (and cancels a remote job): OUTPUT is left as
+it was.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import time
+from typing import Callable, Optional
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
+
+from dpcda.mechanisms.plan import PlanError, load_public_stats
+from dpcda.pipeline import __version__, build_commit
+from dpcda.pipeline.manifest import build_manifest
+from dpcda.privacy.errors import DpcdaError
+from dpcda.privacy.noise import fresh_key, key_from_test_seed
+from dpcda.schemas.config import ReleaseConfig
+from dpcda.schemas.manifest import InputInfo, RunInfo
+from dpcda.storage import publish
+from dpcda.storage.paths import expand_glob, is_remote, join, not_regular_files, open_file
+from dpcda.storage.shards import InputError, detect_format, read_shard
+from dpcda.storage.tables import arrow_schema_of
+from dpcda.transforms.calibrate import Calibrate
+from dpcda.transforms.group import GroupByClass, GroupDataset
+from dpcda.transforms.join import MixByJoin
+from dpcda.transforms.mix import MixDataset, MixWithinClass, PerturbRecords
+from dpcda.transforms.normalize import NormalizeAndClip, NormalizeDataset
+from dpcda.transforms.p3gm import FitP3gm, SampleP3gm
+from dpcda.transforms.read import ReadShards
+from dpcda.transforms.stats import ComputeDpBasis, ComputeGlobalStats
+from dpcda.transforms.table import DecodeTable
+from dpcda.transforms.write import WriteDraftManifest, WriteSynthetic
+
+log = logging.getLogger("dpcda.release")
+# A stage adds one manifest section: (name, function(run directory, draft manifest) -> section dict).
+Stage = tuple[str, Callable[[str, dict], dict]]
+
+
+class ReleaseError(DpcdaError, RuntimeError):
+    """A release that cannot go ahead (a failed pipeline, a launcher option that cannot work...)."""
+
+
+def _noise_key(seed):
+    return key_from_test_seed(seed) if seed is not None else fresh_key()
+
+
+def _peek_dim(files: list[str], fmt: str, features_column: str, label_column: str, what: str) -> int:
+    """Feature width of the first row of the first non-empty shard (an empty shard among others is fine)."""
+    for path in files:
+        for block in read_shard(path, fmt, features_column, label_column, batch_rows=1):
+            dim = int(block.features.shape[1])
+            if dim == 0:
+                raise InputError(f"{path}: column '{features_column}' row {block.first_row}: width 0 (no features)")
+            return dim
+    raise InputError(f"{what}: zero rows in the {len(files)} matching file(s)")
+
+
+def _input_files(pattern: str, what: str) -> list[str]:
+    files = expand_glob(pattern)
+    if not files:
+        raise InputError(f"{pattern}: no {what} files match")
+    odd = not_regular_files(files)
+    if odd:
+        raise InputError(
+            f"{odd[0]}: not a regular file (a directory, FIFO, socket or device); match only the shard files"
+        )
+    return files
+
+
+def build_pipeline(
+    p: beam.Pipeline,
+    cfg: ReleaseConfig,
+    files: list[str],
+    fmt: str,
+    dim: int,
+    target: publish.Target,
+    input_info: InputInfo,
+    public_stats=None,
+    arrow_schema=None,
+):
+    # The key is drawn on a worker and reaches the others as a side input: the runner keeps it for the job's
+    # lifetime (docs/operations.md says where, and how to protect it).
+    key = p | "NoiseKey" >> beam.Create([cfg.seed]) | "DrawKey" >> beam.Map(_noise_key)
+    blocks = p | "ReadShards" >> ReadShards(
+        files,
+        fmt=fmt,
+        features_column=cfg.features_column,
+        label_column=cfg.label_column,
+        bounds=cfg.feature_bounds,
+        out_of_bounds=cfg.out_of_bounds,
+        num_classes=cfg.num_classes,
+        width=dim,
+        table=cfg.table,
+    )
+    stats = blocks | "ComputeGlobalStats" >> ComputeGlobalStats(cfg.feature_bounds)
+    plan = stats | "Calibrate" >> Calibrate(cfg, key, public_stats)
+    build = (__version__, build_commit())
+    common = dict(features_column=cfg.features_column, label_column=cfg.label_column, expected_build=build)
+    # The join path's groups (mechanisms.joinmix) are decided by the plan; both branches run, each on its own groups.
+    joined = (
+        blocks | "MixByJoin" >> MixByJoin(plan, key, chunk_rows=cfg.chunk_rows, soft_labels=cfg.soft_labels, **common)
+        if cfg.mechanism in ("dpcda", "dpmix") and cfg.mixing_path != "memory"
+        else None
+    )
+    basis = blocks | "ComputeDpBasis" >> ComputeDpBasis(plan, key) if cfg.pca_components else None
+    if cfg.mechanism == "dpcda":
+        synthetic = (
+            blocks
+            | "GroupByClass" >> GroupByClass(plan)
+            | "NormalizeAndClip" >> NormalizeAndClip(plan)
+            | "MixWithinClass"
+            >> MixWithinClass(
+                plan,
+                key,
+                device=cfg.device,
+                chunk_rows=cfg.chunk_rows,
+                soft_labels=cfg.soft_labels,
+                basis_pcoll=basis,
+                **common,
+            )
+        )
+    elif cfg.mechanism == "dpmix":
+        synthetic = (
+            blocks
+            | "KeepIfInMemory"
+            >> beam.Filter(lambda _b, p: p.mixing_paths[0] == "memory", beam.pvalue.AsSingleton(plan))
+            | "GroupDataset" >> GroupDataset()
+            | "NormalizeDataset" >> NormalizeDataset(plan)
+            | "MixDataset"
+            >> MixDataset(plan, key, device=cfg.device, chunk_rows=cfg.chunk_rows, basis_pcoll=basis, **common)
+        )
+    elif cfg.mechanism == "p3gm":
+        model = (
+            blocks
+            | "GroupDataset" >> GroupDataset()
+            | "NormalizeDataset" >> NormalizeDataset(plan)
+            | "FitP3gm" >> FitP3gm(plan, key, basis, device=cfg.device, expected_build=build)
+        )
+        synthetic = model | "SampleP3gm" >> SampleP3gm(
+            plan, key, chunk_rows=cfg.chunk_rows, device=cfg.device, **common
+        )
+    else:
+        synthetic = blocks | "PerturbRecords" >> PerturbRecords(plan, key, **common)
+    if joined is not None:
+        synthetic = (synthetic, joined) | "BothPaths" >> beam.Flatten()
+    out_dim = cfg.projection_dim if cfg.mechanism == "randproj" else dim
+    if cfg.table is not None:  # post-processing: back to the input's columns and types
+        synthetic = synthetic | "DecodeTable" >> DecodeTable(
+            plan, key, cfg.table, arrow_schema, cfg.features_column, cfg.label_column
+        )
+    files_written = synthetic | "WriteSynthetic" >> WriteSynthetic(
+        target.workdir,
+        out_dim,
+        num_shards=cfg.output_shards,
+        features_column=cfg.features_column,
+        label_column=cfg.label_column,
+        soft_classes=cfg.num_classes if cfg.writes_soft_labels else None,
+        schema=arrow_schema if cfg.table is not None else None,
+    )
+    return files_written | "WriteDraftManifest" >> WriteDraftManifest(
+        target.workdir,
+        plan,
+        functools.partial(build_manifest, cfg, input_info, prefix=target.prefix),
+        prefix=target.prefix,
+    )
+
+
+COUNTERS = (
+    "rows_read",
+    "rows_rejected",
+    "values_clipped_to_bounds",
+    "rows_synthesized",
+    "rows_written",
+    "join_record_bytes",
+    "join_index_pairs",
+    "join_partial_bytes",
+)
+DISTRIBUTIONS = ("join_block_held_bytes", "join_chunk_held_bytes")  # logged as their maximum
+
+
+def _counters(result) -> dict:
+    """The 'dpcda' Beam counters of a finished run, summed over steps (empty where the runner has none)."""
+    from apache_beam.metrics.metric import MetricsFilter
+
+    try:
+        found = result.metrics().query(MetricsFilter().with_namespace("dpcda"))
+    except Exception:  # noqa: BLE001 - metrics are best effort; some runners do not report them
+        return {}
+    totals = dict.fromkeys(COUNTERS, 0)
+    for c in found["counters"]:
+        value = c.committed if c.committed is not None else c.attempted
+        totals[c.key.metric.name] = totals.get(c.key.metric.name, 0) + int(value or 0)
+    for d in found.get("distributions", []):
+        value = d.committed if d.committed is not None else d.attempted
+        if d.key.metric.name in DISTRIBUTIONS and value is not None and value.count:
+            name = d.key.metric.name + "_max"
+            totals[name] = max(totals.get(name, 0), int(value.max))
+    return totals
+
+
+def _is_dataflow(options: PipelineOptions) -> bool:
+    return "dataflow" in str(options.view_as(StandardOptions).runner or "").lower()
+
+
+def check_launcher_options(options: PipelineOptions) -> None:
+    """Options the launcher cannot honour are refused before any work."""
+    flags = options.get_all_options()
+    runner = flags.get("runner")
+    if runner:
+        from apache_beam.runners.runner import create_runner
+
+        try:
+            create_runner(runner)
+        except (ValueError, ImportError) as err:
+            raise ReleaseError(f"--runner={runner}: {str(err).splitlines()[0][:200]}") from None
+    if flags.get("no_wait_until_finish"):
+        raise ReleaseError(
+            "--no_wait_until_finish: the launcher must wait for the job to publish the release "
+            "(and to cancel it on an interrupt); drop the flag"
+        )
+    if not _is_dataflow(options):
+        return
+    image = flags.get("sdk_container_image")
+    if not image:
+        raise ReleaseError("DataflowRunner: pass --sdk_container_image (the worker image built from the Dockerfile)")
+    if flags.get("setup_file") or flags.get("requirements_file"):
+        raise ReleaseError(
+            "DataflowRunner: --sdk_container_image already holds the code; --setup_file/"
+            "--requirements_file would make every worker reinstall it over the image at start-up"
+        )
+    expected = f"{__version__}-{build_commit()}"
+    named = image.split("@", 1)[0]  # a digest pin (name:tag@sha256:...) keeps its tag
+    tag = named.rsplit(":", 1)[-1] if ":" in named.rsplit("/", 1)[-1] else ""
+    if tag != expected:
+        raise ReleaseError(
+            f"--sdk_container_image {image}: tag '{tag}' does not match this launcher "
+            f"({expected}); build and push the image of this version (docs/operations.md)"
+        )
+
+
+def _run_info(result, options: PipelineOptions) -> RunInfo:
+    runner = str(options.view_as(StandardOptions).runner or "DirectRunner")
+    job_id = console = None
+    if _is_dataflow(options):
+        try:
+            job_id = result.job_id()
+        except Exception:  # noqa: BLE001 - a runner without job ids
+            job_id = None
+        gcp = options.view_as(GoogleCloudOptions)
+        if job_id:
+            console = f"https://console.cloud.google.com/dataflow/jobs/{gcp.region}/{job_id}?project={gcp.project}"
+    return RunInfo(runner=runner, job_id=job_id, console_url=console)
+
+
+def _local_runner(options: PipelineOptions):
+    """The runner object for ``options``, or None to let Beam build it from ``--runner``.
+
+    A release is a batch pipeline, which Beam's DirectRunner runs on its FnApiRunner. Before that, DirectRunner tries
+    the Prism runner (a binary it downloads), and every attempt leaves an empty ``beam-temp*`` directory in the
+    system temp dir; a scheduled job must not leak one per run, so DirectRunner (however it is spelled) goes straight
+    to the FnApiRunner, built as DirectRunner builds it: with the pipeline options in its provision info, which
+    ``multi_processing`` workers read, and it honours ``--direct_running_mode`` and ``--direct_num_workers`` itself.
+    """
+    from apache_beam.runners.direct.direct_runner import SwitchingDirectRunner
+    from apache_beam.runners.runner import create_runner
+
+    runner = options.view_as(StandardOptions).runner
+    if runner is not None and not isinstance(create_runner(runner), SwitchingDirectRunner):
+        return None
+    from apache_beam.portability.api import beam_provision_api_pb2
+    from apache_beam.runners.portability.fn_api_runner import fn_runner
+    from apache_beam.runners.portability.portable_runner import JobServiceHandle
+
+    encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
+    return fn_runner.FnApiRunner(
+        provision_info=fn_runner.ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
+    )
+
+
+def run_pipeline(p: beam.Pipeline, options: PipelineOptions):
+    """Runs ``p`` to the end; returns (RunInfo, result). A remote job is cancelled if the launcher is interrupted or
+    fails while waiting for it."""
+    from apache_beam.runners.runner import PipelineState
+
+    result = p.run()  # the DirectRunner finishes here; Dataflow returns once the job is submitted
+    info = _run_info(result, options)
+    if info.job_id:
+        log.info("stage=submitted job_id=%s console=%s", info.job_id, info.console_url)
+    try:
+        state = result.wait_until_finish()
+    except BaseException:
+        if info.job_id:
+            log.warning("stage=cancel job_id=%s: the launcher stopped; cancelling the job", info.job_id)
+            try:
+                result.cancel()
+            except Exception as err:  # noqa: BLE001 - report and keep the original error
+                log.error("stage=cancel job_id=%s failed (%s); cancel it from the console", info.job_id, err)
+        raise
+    if state is not None and str(state) not in (PipelineState.DONE, "DONE", "PipelineState.DONE"):
+        raise ReleaseError(f"the pipeline ended in state {state}; nothing was published")
+    return info, result
+
+
+def run_release(
+    cfg: ReleaseConfig,
+    beam_args: list[str],
+    stages: tuple[Stage, ...] = (),
+    eval_input: Optional[str] = None,
+    protect: tuple[str, ...] = (),
+) -> dict:
+    """Runs the whole release; returns the published manifest. Raises on any failure, leaving OUTPUT as it was.
+
+    ``protect``: more files the release must never write over (the config file); the input shards, the evaluation
+    set and the normalization file are protected anyway. An exception raised after the release became visible (an
+    interrupt during the old release's clean-up) carries ``published = True``.
+    """
+    t0 = time.time()
+    options = PipelineOptions(beam_args)
+    check_launcher_options(options)
+    files = _input_files(cfg.input, "input")
+    if cfg.ledger is None:
+        return _release(cfg, options, files, stages, eval_input, protect, None, t0)
+    from dpcda.privacy.accounting import relation_key
+    from dpcda.storage.ledger import new_run_id, open_ledger
+
+    ledger = open_ledger(cfg.ledger)
+    run = new_run_id()
+    request = {
+        "run": run,
+        "mechanism": cfg.mechanism,
+        "mode": cfg.mode,
+        "relation": relation_key(cfg.mechanism, cfg.mode),
+        "epsilon": cfg.epsilon,
+        "delta": cfg.delta,
+        "output": publish.check_output_path(cfg.output),  # one spelling, whatever the working directory
+    }
+    section = ledger.reserve(cfg.dataset_id, request, cfg.budget_cap)  # before any data is read
+    guarded = (*protect, cfg.ledger)  # a release never writes over its ledger
+    try:
+        manifest = _release(cfg, options, files, stages, eval_input, guarded, section, t0)
+    except BaseException as err:
+        _settle(ledger, cfg.dataset_id, run, request["output"], err)
+        raise
+    if not _record(ledger, cfg.dataset_id, run, manifest):
+        err = ReleaseError(
+            f"the release WAS published at {cfg.output}, but the ledger {cfg.ledger} could not record it; its "
+            f"reservation (run {run}) counts at the target epsilon until 'dpcda ledger resolve --ledger "
+            f"{cfg.ledger} --dataset-id {cfg.dataset_id} --run {run}'"
+        )
+        err.published = True
+        raise err
+    return manifest
+
+
+def _settle(ledger, dataset_id: str, run: str, output: str, err: BaseException) -> None:
+    """The reservation of a run that raised, decided by what OUTPUT holds (not by where the exception came from: an
+    interrupt can land after the release became visible): recorded if OUTPUT's manifest names the run, removed if
+    it does not. Anything that goes wrong here (a second interrupt, an unreachable ledger, an unreadable OUTPUT)
+    leaves the reservation, which keeps counting at the target epsilon, and the original error stands."""
+    from dpcda.storage.ledger import published_manifest
+
+    try:
+        ours, _ = published_manifest(output, run)
+        if ours is not None:
+            err.published = True
+            ledger.record(dataset_id, run, ours)
+        else:
+            ledger.cancel(dataset_id, run)
+    except BaseException as inner:  # noqa: BLE001 - never hide the release's own error
+        log.error("stage=ledger run=%s: reservation left as it is (%s: %s)", run, type(inner).__name__, inner)
+
+
+def _record(ledger, dataset_id: str, run: str, manifest: dict) -> bool:
+    """Records a published release; False (logged) when the ledger cannot be written: the reservation then stays."""
+    try:
+        ledger.record(dataset_id, run, manifest)
+        return True
+    except Exception as err:  # noqa: BLE001 - the release is out; the reservation keeps the ledger conservative
+        log.error("stage=ledger run=%s could not be recorded (%s); its reservation stays", run, err)
+        return False
+
+
+def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t0) -> dict:
+    fmt = detect_format(files[0], cfg.input_format)
+    arrow_schema = None
+    if cfg.table is not None:  # the schema is checked against the input's Parquet footer: no row is read
+        if fmt != "parquet":
+            raise InputError(f"{files[0]}: a table input must be Parquet")
+        arrow_schema = arrow_schema_of(files[0])
+        cfg.table.check_against(arrow_schema, files[0])
+        dim = cfg.table.encoded_width
+    else:
+        dim = _peek_dim(files, fmt, cfg.features_column, cfg.label_column, cfg.input)
+    public_stats = None
+    if cfg.normalization == "public":  # read once, here: a missing or malformed file is refused before any work
+        public_stats = load_public_stats(cfg.normalization_file, dim)
+    eval_files = []
+    if eval_input:
+        eval_files = _input_files(eval_input, "evaluation")
+    if eval_input and cfg.table is not None:
+        cfg.table.check_against(arrow_schema_of(eval_files[0]), eval_files[0])
+    elif eval_input:
+        eval_dim = _peek_dim(
+            eval_files, detect_format(eval_files[0], "auto"), cfg.features_column, cfg.label_column, eval_input
+        )
+        if eval_dim != dim:
+            raise InputError(f"{eval_input}: test rows have width {eval_dim}, the input has {dim}")
+    if cfg.pca_components is not None:  # fixed-shape per-record arithmetic, checked on public stand-ins (rowwise)
+        from dpcda.mechanisms.dppca import check_projection
+
+        check_projection(dim, cfg.pca_components)
+    if cfg.mechanism == "p3gm":
+        from dpcda.mechanisms.device import pick_device
+        from dpcda.mechanisms.p3gm import check_shapes
+
+        check_shapes(
+            dim=dim,
+            num_classes=cfg.num_classes,
+            latent_dim=cfg.p3gm_latent_dim,
+            components=cfg.p3gm_components,
+            hidden=cfg.p3gm_hidden,
+            encoder_hidden=cfg.p3gm_encoder_hidden,
+            device=pick_device(cfg.device),
+        )
+    if _is_dataflow(options):
+        local = [p for p in (cfg.input, cfg.output, eval_input, cfg.normalization_file) if p and not is_remote(p)]
+        if local:
+            raise ReleaseError(f"{local[0]}: DataflowRunner workers cannot reach local paths; use gs:// paths")
+    guarded = [*files, *eval_files, *(p for p in (cfg.normalization_file, *protect) if p)]
+    target = publish.prepare(cfg.output, overwrite=cfg.overwrite, inputs=guarded)
+    info = InputInfo(
+        pattern=cfg.input,
+        format=fmt,
+        files=len(files),
+        features_column="(table)" if cfg.table is not None else cfg.features_column,
+        label_column=cfg.table.label.name if cfg.table is not None else cfg.label_column,
+        feature_dim=dim,
+        table=(
+            {
+                **cfg.table.model_dump(mode="json"),
+                # the output's schema is the input's (treated as public, docs/tables.md): stated here
+                "arrow_schema": [{"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in arrow_schema],
+            }
+            if cfg.table is not None
+            else None
+        ),
+    )
+    log.info(
+        "stage=start files=%d format=%s dim=%d mode=%s l=%d run=%s",
+        len(files),
+        fmt,
+        dim,
+        cfg.mode,
+        cfg.mixing_order,
+        target.workdir,
+    )
+    try:
+        p = beam.Pipeline(runner=_local_runner(options), options=options)
+        build_pipeline(p, cfg, files, fmt, dim, target, info, public_stats, arrow_schema)
+        run, result = run_pipeline(p, options)
+        with open_file(join(target.workdir, publish.DRAFT)) as fh:
+            manifest = json.loads(fh.read())
+        manifest["run"] = run.model_dump(mode="json")
+        counts = " ".join(f"{k}={v}" for k, v in _counters(result).items())
+        log.info("stage=pipeline rows=%d %s seconds=%.1f", manifest["output"]["rows"], counts, time.time() - t0)
+        for name, stage in stages:
+            manifest[name] = stage(target.workdir, manifest)
+        if ledger_section is not None:
+            manifest["ledger"] = ledger_section
+        publish.publish(target, manifest)
+    except BaseException as err:
+        publish.abandon(target)
+        if target.published:
+            err.published = True  # the CLI must not say "nothing was published"
+        raise
+    log.info(
+        "stage=done output=%s rows=%d epsilon=%s seconds=%.1f",
+        target.output,
+        manifest["output"]["rows"],
+        manifest["privacy"]["epsilon"],
+        time.time() - t0,
+    )
+    return manifest
+
+
+__all__ = ["ReleaseError", "PlanError", "run_release", "build_pipeline", "check_launcher_options", "run_pipeline"]

@@ -1,0 +1,553 @@
+"""Release job configuration: one frozen pydantic model, validated before anything runs.
+
+Loaded from a YAML/JSON ``--config`` file and overridden by command-line flags. Runner flags stay in
+Beam's ``PipelineOptions`` and never appear here.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from dpcda.privacy.errors import DpcdaError
+from dpcda.schemas.table import TableSchema
+
+MAX_CLASSES = 1 << 16
+MAX_MIXING_ORDER = 1 << 14  # keeps a row's summed records below privacy.events.MAX_ROW_RECORDS
+MAX_SAMPLES_PER_INPUT_ROW = 100  # T may be at most this many times the input rows (checked once they are counted)
+DEFAULT_LABEL_NOISE_RATIO = 1.0  # dpmix sigma_y / sigma_x; benchmarks/dpmix_ratio.py measures the choice
+
+
+class ConfigError(DpcdaError, ValueError):
+    """A configuration problem, with a message that names the field."""
+
+
+class ReleaseConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input: str = Field(description="glob of input shards, local or gs://")
+    output: str = Field(description="release directory, local or gs://")
+    input_format: Literal["auto", "parquet", "tfrecord"] = Field("auto", description="format of the input shards")
+    features_column: str = Field("features", description="name of the features column")
+    label_column: str = Field("label", description="name of the label column")
+
+    mechanism: Literal["dpcda", "dpmix", "local", "randproj", "p3gm"] = Field(
+        "dpcda",
+        description=(
+            "dpcda: class-centric mixing (seed 000); dpmix: mixing across the whole dataset, labels included "
+            "(seed 001); local: each record plus noise; randproj: each record randomly projected, plus noise; "
+            "p3gm: a generative model (seed 004: DP-PCA, DP-EM prior, VAE trained with DP-SGD), rows sampled from it"
+        ),
+    )
+    mode: Literal["fixed", "poisson"] = Field(
+        "fixed",
+        description=(
+            "fixed: exactly l records per row, replace-one relation; poisson: each record with probability q, "
+            "add/remove relation (docs/privacy.md)"
+        ),
+    )
+    mixing_order: int = Field(4, ge=1, le=MAX_MIXING_ORDER, description="l: records mixed into each synthetic row")
+    clip: float = Field(1.0, gt=0, le=1e6, description="c: L2 clip norm after the z-score")
+    epsilon: Optional[float] = Field(None, gt=0, description="target epsilon (calibrates sigma_x)")
+    sigma_x: Optional[float] = Field(
+        None, ge=0, le=1e12, description=("explicit feature noise std (instead of epsilon; 0: no noise, not private)")
+    )
+    sigma_y: float = Field(0.0, ge=0, le=1e12, description="label noise std (dpcda, paper-faithful)")
+    label_noise_ratio: float = Field(
+        DEFAULT_LABEL_NOISE_RATIO,
+        gt=0,
+        description=("dpmix: sigma_y / sigma_x (the label noise is calibrated with the features')"),
+    )
+    projection_dim: int = Field(100, ge=1, description="randproj: p, the projected dimension")
+    projection_seed: int = Field(0, ge=0, lt=1 << 63, description="randproj: public seed of the projection matrix")
+    delta: float = Field(1e-5, gt=0, lt=1, description="delta of the (epsilon, delta) guarantee")
+    samples: Optional[int] = Field(
+        None,
+        ge=1,
+        description=(
+            f"T: synthetic rows in total (default: input rows; at most {MAX_SAMPLES_PER_INPUT_ROW} x input rows)"
+        ),
+    )
+    num_classes: Optional[int] = Field(
+        None,
+        ge=1,
+        le=MAX_CLASSES,
+        description=("K (required in poisson mode, with dpmix and with soft labels; default: largest label + 1)"),
+    )
+
+    feature_bounds: tuple[float, float] = Field((0.0, 1.0), description="lo,hi: declared bounds of the raw features")
+    out_of_bounds: Literal["clip", "refuse"] = Field("clip", description="features outside the bounds: clip or refuse")
+    normalization: Literal["dp", "public", "exact"] = Field(
+        "dp",
+        description=(
+            "z-score statistics: dp (noisy, a share of the budget), public (--normalization-file) or exact (not DP)"
+        ),
+    )
+    normalization_file: Optional[str] = Field(
+        None, description=('JSON {"mean": [...], "std": [...]} for normalization public')
+    )
+    allow_exact_normalization: bool = Field(
+        False, description=("allow normalization exact (the manifest then says end_to_end_dp: false)")
+    )
+    normalization_budget_share: float = Field(0.05, gt=0, lt=1, description="share of epsilon for the z-score")
+    histogram_budget_share: float = Field(
+        0.01, gt=0, lt=1, description=("share of epsilon (and of delta) for the class counts in poisson mode")
+    )
+    projection: Optional[str] = Field(
+        None,
+        pattern=r"^dp-pca:[1-9][0-9]*$",
+        description=(
+            "dp-pca:K (dpcda, dpmix): mix in the K-dimensional basis of a DP-PCA of the clipped rows (its own share "
+            "of the budget, pca_budget_share); noise only in K dimensions, rows mapped back (docs/privacy.md)"
+        ),
+    )
+    pca_budget_share: float = Field(0.1, gt=0, lt=0.5, description="share of epsilon for the DP-PCA covariance")
+    p3gm_latent_dim: int = Field(10, ge=1, le=1000, description="p3gm: d', the DP-PCA dimension of the latent space")
+    p3gm_components: int = Field(3, ge=1, le=100, description="p3gm: Gaussians in the DP-EM mixture prior")
+    p3gm_em_iterations: int = Field(20, ge=1, le=1000, description="p3gm: DP-EM iterations (each one accounted)")
+    p3gm_em_budget_share: float = Field(0.1, gt=0, lt=0.5, description="p3gm: share of epsilon for DP-EM alone")
+    # The batch and epochs default to 1500 and 20, not seed 004's Table IV (300 and 4): the same ~800 steps with a
+    # third less noise on the mean gradient scored higher at eps 1 (benchmarks/results/p3gm_fashion_mnist.md)
+    p3gm_epochs: float = Field(20.0, gt=0, le=1000, description="p3gm: DP-SGD epochs (steps = epochs / q)")
+    p3gm_batch: int = Field(
+        1500,
+        ge=1,
+        le=1 << 14,
+        description="p3gm: expected DP-SGD batch, q N_hat (Poisson; at most 2^14, so the float64 batch sum keeps "
+        "inside the clip margin)",
+    )
+    p3gm_lr: float = Field(1e-3, gt=0, le=10, description="p3gm: Adam learning rate of the VAE")
+    p3gm_grad_clip: float = Field(1.0, gt=0, le=1e6, description="p3gm: C, the per-example gradient clip norm")
+    p3gm_hidden: int = Field(
+        1000,
+        ge=1,
+        le=100000,
+        description="p3gm: hidden width of the decoder (and of the encoder unless p3gm_encoder_hidden)",
+    )
+    p3gm_encoder_hidden: Optional[int] = Field(
+        None,
+        ge=1,
+        le=100000,
+        description="p3gm: hidden width of the encoder, which outputs only the latent variance (default: p3gm_hidden)",
+    )
+    p3gm_label_weight: Optional[float] = Field(
+        None,
+        gt=0,
+        le=1e6,
+        description="p3gm: weight of the label cross-entropy in the VAE loss (default: sqrt(d), mechanisms.p3gm)",
+    )
+    min_std: float = Field(0.01, gt=0, description="std floor, as a fraction of the feature range")
+
+    soft_labels: bool = Field(
+        False,
+        description=(
+            "also write LABEL_soft: the K label scores e_k + N(0, sigma_y^2 I) whose argmax is LABEL "
+            "(needs num_classes)"
+        ),
+    )
+    lowpass: Optional[int] = Field(
+        None,
+        ge=1,
+        description=(
+            "post-processing: project every released row onto its 2-D DCT frequencies u + v < K (per channel of "
+            "image_shape); public and data-independent, so privacy is unchanged"
+        ),
+    )
+    image_shape: Optional[tuple[int, ...]] = Field(
+        None, description="H,W or C,H,W of the features for --lowpass or --denoise (default: square, H = W = sqrt(d))"
+    )
+    denoise: Optional[float] = Field(
+        None,
+        gt=0,
+        description=(
+            "post-processing (seed 001): Gaussian blur of each released image row with this std in pixels; public and "
+            "data-independent, so privacy is unchanged"
+        ),
+    )
+    chunk_rows: int = Field(4096, ge=1, le=1 << 20, description="synthetic rows per noise chunk")
+    max_class_bytes: Optional[int] = Field(
+        None,
+        ge=1,
+        description=(
+            "memory one class may take on the worker that mixes it (12 d + 8 bytes per record: our float64 copy, an "
+            "index and the runner's grouped float32 rows); default: 40 % of that machine's memory. Accepts K, M, G "
+            "suffixes"
+        ),
+    )
+    mixing_path: Literal["auto", "memory", "join"] = Field(
+        "auto",
+        description=(
+            "memory: each class (DPMix: the dataset) mixed on one worker, refused above max_class_bytes; join: the "
+            "plan-and-join path, no class on one worker (docs/operations.md); auto: join only where a class is above "
+            "max_class_bytes"
+        ),
+    )
+    join_block_rows: int = Field(
+        0, ge=0, le=1 << 26, description="join path: records per join block (0: 128 MiB of float64 rows)"
+    )
+    output_shards: int = Field(0, ge=0, le=100_000, description="Parquet part files (0: the runner decides)")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where the mixing runs (auto: CUDA if present)")
+    seed: Optional[int] = Field(None, ge=0, lt=1 << 63, description="TEST ONLY: fixed noise key; marks the manifest")
+    overwrite: bool = Field(False, description="replace an existing release of ours at the output")
+
+    eval_input: Optional[str] = Field(
+        None,
+        description=(
+            "glob of real test shards: train the evaluation model on the release and test it there, as a last stage"
+        ),
+    )
+    eval_input_public: bool = Field(
+        False, description="the evaluation's real test set is public: its figures may be published with the release"
+    )
+    eval_runs: int = Field(1, ge=1, description="evaluation training seeds")
+    eval_epochs: int = Field(5, ge=1, description="evaluation epochs (5: as good as 10 in our measurements)")
+    audit: bool = Field(False, description="add an empirical privacy audit section (a canary game on the mechanism)")
+    membership_audit: bool = Field(
+        False,
+        description=(
+            "with --eval-input: add a release-level membership audit to the audit section (distance from training "
+            "and held-out real rows to their nearest synthetic row; outside the guarantee)"
+        ),
+    )
+
+    ledger: Optional[str] = Field(
+        None,
+        description=(
+            "privacy ledger: a local SQLite file or gs://bucket/object; the release is composed with every earlier "
+            "release of --dataset-id before any data is read, and recorded once published"
+        ),
+    )
+    dataset_id: Optional[str] = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$",
+        description="with --ledger: the name under which releases compose (letters, digits and . _ / : -)",
+    )
+    budget_cap: Optional[float] = Field(
+        None, gt=0, description="with --ledger: refuse a release that would take the dataset's epsilon past this"
+    )
+
+    table: Optional[TableSchema] = Field(
+        None,
+        description=(
+            "config file only: the public schema of a table input (label, and each column's kind, bounds or "
+            "categories); the input is then Parquet with named columns and the release has the same columns "
+            "(docs/tables.md)"
+        ),
+    )
+
+    @field_validator("max_class_bytes", mode="before")
+    @classmethod
+    def _parse_bytes(cls, v):
+        if isinstance(v, str):
+            units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+            text = v.strip().upper().removesuffix("B").removesuffix("I")
+            try:
+                return int(float(text[:-1]) * units[text[-1]]) if text and text[-1] in units else int(text)
+            except (ValueError, KeyError, OverflowError):
+                raise ValueError("expected bytes, e.g. 8000000000 or 8G") from None
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults_for_mechanism(cls, data):
+        if (
+            isinstance(data, dict)
+            and data.get("mechanism") in ("local", "randproj")
+            and data.get("mixing_order") is None
+        ):
+            data = {**data, "mixing_order": 1}
+        if isinstance(data, dict) and data.get("mechanism") == "p3gm":
+            if data.get("mode") is None:  # the generative model is accounted under add/remove only
+                data = {**data, "mode": "poisson"}
+            if data.get("mixing_order") is None:
+                data = {**data, "mixing_order": 1}
+        if isinstance(data, dict) and data.get("table") is not None and data.get("num_classes") is None:
+            table = data["table"]
+            cats = None
+            if isinstance(table, TableSchema):
+                cats = table.label.categories
+            elif isinstance(table, dict) and isinstance(table.get("label"), dict):
+                cats = table["label"].get("categories")  # anything else: the model reports it
+            if isinstance(cats, list) and cats:
+                data = {**data, "num_classes": len(cats)}
+        return data
+
+    @field_validator(
+        "mixing_order",
+        "samples",
+        "num_classes",
+        "chunk_rows",
+        "max_class_bytes",
+        "output_shards",
+        "eval_runs",
+        "eval_epochs",
+        "seed",
+        "lowpass",
+        "projection_dim",
+        "projection_seed",
+        mode="before",
+    )
+    @classmethod
+    def _no_bools(cls, v):
+        if isinstance(v, bool):
+            raise ValueError("expected an integer, got a boolean")
+        return v
+
+    @field_validator("epsilon", "sigma_x", "sigma_y", "delta", "clip", mode="after")
+    @classmethod
+    def _finite(cls, v):
+        if v is not None and not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        return v
+
+    @field_validator("output", mode="after")
+    @classmethod
+    def _output_named(cls, v):
+        out = v.rstrip("/")
+        name = out.rsplit("/", 1)[-1]
+        if not out or name in ("", ".", "..") or ("://" in out and out.count("/") < 3):
+            raise ValueError(f"{v!r} is not a release directory; name one, e.g. releases/fm-eps10")
+        return v
+
+    @field_validator("feature_bounds", mode="before")
+    @classmethod
+    def _parse_bounds(cls, v):
+        if isinstance(v, str):
+            parts = v.split(",")
+            if len(parts) != 2:
+                raise ValueError("expected 'lo,hi'")
+            v = tuple(float(p) for p in parts)
+        return v
+
+    @field_validator("image_shape", mode="before")
+    @classmethod
+    def _parse_shape(cls, v):
+        if isinstance(v, str):
+            try:
+                v = tuple(int(p) for p in v.split(","))
+            except ValueError:
+                raise ValueError("expected 'H,W' or 'C,H,W' (positive integers)") from None
+        if v is not None and (
+            not isinstance(v, (list, tuple))
+            or len(v) not in (2, 3)
+            or not all(isinstance(p, int) and not isinstance(p, bool) for p in v)
+            or min(v) < 1
+        ):
+            raise ValueError("expected 'H,W' or 'C,H,W' (positive integers)")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self):
+        lo, hi = self.feature_bounds
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+            raise ValueError(f"feature_bounds: need finite lo < hi, got {lo},{hi}")
+        if not (math.isfinite(hi - lo) and hi - lo <= 1e30 and max(abs(lo), abs(hi)) <= 1e30):
+            raise ValueError(
+                f"feature_bounds: {lo:g},{hi:g} is too wide (|bounds| and hi - lo must be at most 1e30; "
+                f"the z-score would overflow)"
+            )
+        if self.epsilon is None and self.sigma_x is None:
+            raise ValueError("epsilon: give a target epsilon (or an explicit sigma_x)")
+        if self.epsilon is not None and self.sigma_x is not None:
+            raise ValueError("epsilon and sigma_x: give one, not both")
+        if self.mode == "poisson" and self.epsilon is not None:
+            from dpcda.privacy.accounting import PLD_MIN_DELTA, SAMPLER_DELTA_SHARE, accountant_delta, round_up
+
+            share = self.histogram_budget_share
+            if not accountant_delta(self.delta, [share * self.delta]) >= PLD_MIN_DELTA:  # the plan's own arithmetic
+                least = round_up(PLD_MIN_DELTA / (1.0 - SAMPLER_DELTA_SHARE - share))
+                raise ValueError(
+                    f"delta: {self.delta:g} is below {least:.3g}, the least a poisson release can state (its PLD "
+                    f"accountant composes in float64 and does not resolve less than {PLD_MIN_DELTA:g} after the "
+                    f"class counts' share); raise delta"
+                    + ("" if self.mechanism == "p3gm" else ", or use --mode fixed (RDP)")
+                )
+        if self.mode == "fixed" and self.epsilon is not None and (self.normalization == "dp" or self.projection):
+            from dpcda.privacy.accounting import SAMPLER_DELTA_SHARE, accountant_delta, round_up
+            from dpcda.privacy.calibration import ALONE_MIN_DELTA
+
+            if not accountant_delta(self.delta) >= ALONE_MIN_DELTA:  # the statistics' share: the plan's arithmetic
+                raise ValueError(
+                    f"delta: {self.delta:g} is below {round_up(ALONE_MIN_DELTA / (1.0 - SAMPLER_DELTA_SHARE)):g}, the "
+                    f"least the DP statistics can be calibrated at (one Gaussian's PLD is exact down to "
+                    f"{ALONE_MIN_DELTA:g}); raise delta"
+                )
+        if self.mode == "poisson" and self.sigma_x:
+            raise ValueError(
+                "sigma_x: poisson mode chooses q_k and T_k from the DP class histogram, so its epsilon "
+                "holds only for a budget fixed in advance: give --epsilon (sigma_x 0 is allowed: no "
+                "privacy)"
+            )
+        if self.mode == "poisson" and self.num_classes is None:
+            raise ValueError("num_classes: required in poisson mode (which labels occur is private)")
+        if self.normalization == "public" and not self.normalization_file:
+            raise ValueError("normalization_file: required with normalization=public")
+        if self.normalization == "exact" and not self.allow_exact_normalization:
+            raise ValueError(
+                "normalization: 'exact' uses private statistics without noise; pass "
+                "--i-understand-exact-normalization-is-not-dp to allow it"
+            )
+        if self.soft_labels and self.num_classes is None:
+            raise ValueError("num_classes: required with soft_labels (the width of the soft-label column)")
+        if self.image_shape is not None and self.lowpass is None and self.denoise is None:
+            raise ValueError("image_shape: only used with --lowpass or --denoise; give it with one of them")
+        if self.mechanism in ("local", "randproj"):
+            if self.mode != "fixed":
+                raise ValueError(
+                    f"mode: {self.mechanism} releases one row per record, which publishes the count; "
+                    f"only mode fixed (replace one record within its class) is offered"
+                )
+            if self.samples is not None:
+                raise ValueError(f"samples: {self.mechanism} releases exactly one row per record")
+            if self.mixing_order != 1:
+                raise ValueError(f"mixing_order: {self.mechanism} does not mix records (leave it out)")
+        if self.mechanism in ("local", "randproj") and self.mixing_path == "join":
+            raise ValueError(f"mixing_path: {self.mechanism} does not mix (each record is its own row)")
+        if self.mechanism == "randproj" and (self.lowpass or self.denoise):
+            raise ValueError("lowpass/denoise: randproj rows are projections, not images")
+        if self.mechanism == "dpmix" and self.num_classes is None:
+            raise ValueError("num_classes: required with dpmix (the width of the released label scores)")
+        if self.mechanism in ("dpmix", "local", "randproj") and self.sigma_y:
+            raise ValueError("sigma_y: dpcda only (dpmix sets it from --label-noise-ratio)")
+        if self.mechanism == "p3gm":
+            self._check_p3gm()
+        if self.table is not None:
+            self._check_table()
+        if self.ledger is not None and self.dataset_id is None:
+            raise ValueError("dataset_id: required with --ledger (the name under which releases compose)")
+        if self.ledger is None and (self.dataset_id is not None or self.budget_cap is not None):
+            raise ValueError(
+                f"{'dataset_id' if self.dataset_id is not None else 'budget_cap'}: only used with --ledger"
+            )
+        if self.ledger is not None and self.epsilon is None:
+            raise ValueError(
+                "ledger: give --epsilon (the ledger composes the release's budget before any data is read; with "
+                "--sigma-x the epsilon is known only after the data)"
+            )
+        if self.ledger is not None and self.seed is not None:
+            raise ValueError(
+                "seed: a TEST seed makes the release reproducible and NOT private; a ledger records "
+                "private releases only"
+            )
+        if self.ledger is not None and self.normalization == "exact":
+            raise ValueError(
+                "ledger: a release with exact normalization is not end-to-end DP; the ledger cannot compose it"
+            )
+        if self.membership_audit and not self.eval_input:
+            raise ValueError("membership_audit: needs --eval-input (the held-out real rows)")
+        pca = self.pca_budget_share if self.projection or self.mechanism == "p3gm" else 0.0
+        em = self.p3gm_em_budget_share if self.mechanism == "p3gm" else 0.0
+        if self.normalization_budget_share + self.histogram_budget_share + pca + em >= 0.5:
+            raise ValueError(
+                "normalization_budget_share: the statistics (with pca_budget_share"
+                + (" and p3gm_em_budget_share" if em else "")
+                + ") may take under half the budget"
+            )
+        if self.projection is not None:
+            if self.mechanism not in ("dpcda", "dpmix"):
+                raise ValueError(f"projection: a DP-PCA basis is for the mixing mechanisms, not {self.mechanism}")
+            if self.mixing_path == "join":
+                raise ValueError("projection: not available on the join mixing path yet; use --mixing-path memory")
+            if self.table is not None:
+                raise ValueError("projection: for image and vector rows; a table's encoded columns are not projected")
+        return self
+
+    def _check_p3gm(self) -> None:
+        if self.mode != "poisson":
+            raise ValueError(
+                "mode: p3gm trains with Poisson-sampled DP-SGD, accounted under add/remove only (mode poisson, the "
+                "default for p3gm)"
+            )
+        if self.epsilon is None and self.sigma_x != 0:
+            raise ValueError("epsilon: p3gm calibrates its noise to a target epsilon (sigma_x 0: no noise, no privacy)")
+        if self.mixing_order != 1:
+            raise ValueError("mixing_order: p3gm does not mix records (leave it out)")
+        for name in ("projection", "lowpass", "denoise", "image_shape", "table"):
+            if getattr(self, name) is not None:
+                raise ValueError(f"{name}: not available with p3gm")
+        if self.soft_labels:
+            raise ValueError("soft_labels: p3gm generates one label per row (the argmax of its label scores)")
+        if self.mixing_path == "join":
+            raise ValueError("mixing_path: p3gm fits its model on one worker (the in-memory path)")
+        if self.sigma_y:
+            raise ValueError("sigma_y: dpcda only")
+        if self.p3gm_hidden < 2 * self.p3gm_latent_dim:
+            raise ValueError(
+                f"p3gm_hidden: at least 2 x p3gm_latent_dim = {2 * self.p3gm_latent_dim} (the decoder starts as the "
+                "DP-PCA reconstruction through its hidden layer)"
+            )
+
+    def _check_table(self) -> None:
+        if self.input_format == "tfrecord":
+            raise ValueError("table: a table input is Parquet (named, typed columns); input_format tfrecord is not")
+        if self.mechanism == "randproj":
+            raise ValueError("table: randproj releases projections, which cannot be read back as the table's columns")
+        for name in ("lowpass", "denoise", "image_shape"):
+            if getattr(self, name) is not None:
+                raise ValueError(f"{name}: image post-processing; a table has no image")
+        if self.soft_labels:
+            raise ValueError("soft_labels: a table release has the input's columns only")
+        if self.out_of_bounds != "clip":
+            raise ValueError("out_of_bounds: a table's numeric columns are clipped to their declared bounds")
+        if tuple(self.feature_bounds) != (0.0, 1.0):
+            raise ValueError("feature_bounds: set per column in the table schema (encoded values lie in [0, 1])")
+        if self.num_classes != self.table.num_classes:
+            raise ValueError(
+                f"num_classes: {self.num_classes}, but the table's label declares {self.table.num_classes} categories"
+            )
+
+    @property
+    def reproducible(self) -> bool:
+        return self.seed is not None
+
+    @property
+    def pca_components(self) -> Optional[int]:
+        """K of ``projection: dp-pca:K``, or p3gm's latent dimension (None otherwise)."""
+        if self.mechanism == "p3gm":
+            return self.p3gm_latent_dim
+        return int(self.projection.split(":", 1)[1]) if self.projection else None
+
+    @property
+    def writes_soft_labels(self) -> bool:
+        """DPMix always releases its label scores; DP-CDA when asked."""
+        return self.soft_labels or self.mechanism == "dpmix"
+
+
+def _flatten_error(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "config"
+        msg = e["msg"].removeprefix("Value error, ")
+        parts.append(msg if msg.split(":")[0] in loc or loc == "config" else f"{loc}: {msg}")
+    return "; ".join(parts)
+
+
+def load_config(path: Optional[str], overrides: dict) -> ReleaseConfig:
+    """Config file (YAML or JSON) overlaid with non-None ``overrides``; errors name the field."""
+    data: dict = {}
+    if path:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"--config: {path}: {'is not a file' if p.exists() else 'no such file'}")
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except UnicodeDecodeError:
+            raise ConfigError(f"--config: {path}: not a text file") from None
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+            raise ConfigError(f"--config: {path}: not valid YAML{where}") from None
+        if not isinstance(loaded, dict) or not all(isinstance(k, str) for k in loaded):
+            raise ConfigError(f"--config: {path} must hold a mapping of field names to values")
+        data.update({k.replace("-", "_"): v for k, v in loaded.items()})
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return ReleaseConfig(**data)
+    except ValidationError as err:
+        raise ConfigError(_flatten_error(err)) from None

@@ -1,0 +1,243 @@
+"""A table's public schema: which column is the label, and each feature column's kind, bounds and categories.
+
+Everything here is *public*: the user declares it (the ``table:`` section of the config file), or confirms a draft
+that ``dpcda schema infer`` wrote from the Parquet schema alone. Bounds and category lists read off the data would
+not be private, so nothing in the product derives them from the rows.
+
+The encoding (``storage.tables``) maps a row to a vector in [0, 1]^d, d = ``encoded_width``:
+- numeric: one value, (clip(v, lower, upper) - lower) / (upper - lower);
+- boolean: one value, 0 or 1;
+- categorical: one-hot over the declared categories;
+- a nullable column adds one indicator (1: null; its other values are then 0).
+Every coordinate lies in [0, 1] whatever the record, so the mechanisms' sensitivity arguments hold for the encoded
+rows with feature bounds [0, 1] and width d.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, Optional
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from dpcda.privacy.errors import DpcdaError
+
+Category = bool | int | str
+MAX_CATEGORIES = 1 << 12
+MAX_ENCODED_WIDTH = 1 << 16
+
+
+class SchemaError(DpcdaError, ValueError):
+    """A table schema that cannot be used: the message names the column."""
+
+
+class Column(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1)
+    kind: Literal["numeric", "categorical", "boolean"]
+    lower: Optional[float] = Field(None, description="numeric: public lower bound (values below are clipped)")
+    upper: Optional[float] = Field(None, description="numeric: public upper bound (values above are clipped)")
+    categories: Optional[list[Category]] = Field(None, description="categorical: every value the column may hold")
+    nullable: bool = Field(False, description="the column may hold nulls (encoded as an indicator)")
+
+    @model_validator(mode="after")
+    def _check(self):
+        where = f"column '{self.name}'"
+        if self.kind == "numeric":
+            if self.lower is None or self.upper is None:
+                raise ValueError(f"{where}: a numeric column needs public bounds lower and upper (confirm them)")
+            if not (math.isfinite(self.lower) and math.isfinite(self.upper)):
+                raise ValueError(f"{where}: bounds must be finite")
+            if not self.lower < self.upper:
+                raise ValueError(f"{where}: bounds reversed or empty (lower {self.lower:g} >= upper {self.upper:g})")
+            if not math.isfinite(self.upper - self.lower) or max(abs(self.lower), abs(self.upper)) > 1e300:
+                raise ValueError(f"{where}: bounds too wide (|bounds| and upper - lower must stay finite)")
+            if self.categories is not None:
+                raise ValueError(f"{where}: a numeric column takes bounds, not categories")
+        elif self.kind == "categorical":
+            if not self.categories:
+                raise ValueError(f"{where}: a categorical column needs its public list of categories (confirm it)")
+            if len(self.categories) > MAX_CATEGORIES:
+                raise ValueError(f"{where}: more than {MAX_CATEGORIES} categories")
+            if len({repr(c) for c in self.categories}) != len(self.categories):
+                raise ValueError(f"{where}: a category is listed twice")
+            if self.lower is not None or self.upper is not None:
+                raise ValueError(f"{where}: a categorical column takes categories, not bounds")
+        elif self.lower is not None or self.upper is not None or self.categories is not None:
+            raise ValueError(f"{where}: a boolean column takes neither bounds nor categories")
+        return self
+
+    @property
+    def width(self) -> int:
+        base = len(self.categories) if self.kind == "categorical" else 1
+        return base + int(self.nullable)
+
+
+class Label(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1)
+    categories: list[Category] = Field(description="the label's values; class k is categories[k]")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if len(self.categories) < 2:
+            raise ValueError(f"label '{self.name}': needs its public list of at least 2 categories (confirm it)")
+        if len({repr(c) for c in self.categories}) != len(self.categories):
+            raise ValueError(f"label '{self.name}': a category is listed twice")
+        return self
+
+
+class TableSchema(BaseModel):
+    """The ``table:`` section of a release config."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    label: Label
+    columns: list[Column] = Field(min_length=1)
+    decoding: Literal["argmax", "sample"] = Field(
+        "argmax",
+        description="how discrete values are read back from released scores: argmax takes the largest score (a "
+        "category; a boolean or a null where its score exceeds 1/2); sample draws them with probabilities from "
+        "the scores (post-processing either way; the uniforms come from the noise module)",
+    )
+
+    @model_validator(mode="after")
+    def _check(self):
+        names = [c.name for c in self.columns] + [self.label.name]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"column '{dup[0]}' is declared twice (the label counts as a column)")
+        if self.encoded_width > MAX_ENCODED_WIDTH:
+            raise ValueError(f"the encoded width {self.encoded_width} exceeds {MAX_ENCODED_WIDTH}")
+        return self
+
+    @property
+    def encoded_width(self) -> int:
+        return sum(c.width for c in self.columns)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.label.categories)
+
+    def layout(self) -> list[tuple[Column, int]]:
+        """(column, first encoded index) in order."""
+        out, at = [], 0
+        for c in self.columns:
+            out.append((c, at))
+            at += c.width
+        return out
+
+    def check_against(self, arrow_schema: pa.Schema, where: str) -> None:
+        """Refuses a schema that does not fit the input's Arrow schema (metadata only: no row is read)."""
+        names = arrow_schema.names
+        declared = {c.name for c in self.columns} | {self.label.name}
+        for n in names:
+            if names.count(n) > 1:
+                raise SchemaError(f"{where}: column '{n}' appears {names.count(n)} times; names must be unique")
+        for n in [c.name for c in self.columns] + [self.label.name]:
+            if n not in names:
+                raise SchemaError(f"{where}: table column '{n}' is declared but the input has no such column")
+        extra = [n for n in names if n not in declared]
+        if extra:
+            raise SchemaError(
+                f"{where}: input column '{extra[0]}' is not declared in the table schema (the release has the "
+                f"input's columns: declare it, or drop it from the input)"
+            )
+        for c in self.columns:
+            _check_type(c.kind, arrow_schema.field(c.name).type, f"{where}: column '{c.name}'")
+            if c.kind == "numeric":
+                _check_bounds_fit(c, arrow_schema.field(c.name).type, f"{where}: column '{c.name}'")
+            if c.nullable and not arrow_schema.field(c.name).nullable:
+                raise SchemaError(f"{where}: column '{c.name}' is declared nullable, but the input's field is not")
+        _check_type("categorical", arrow_schema.field(self.label.name).type, f"{where}: label '{self.label.name}'")
+        for c in (*self.columns, self.label):
+            t = arrow_schema.field(c.name).type
+            for v in c.categories or ():
+                if not _category_fits(v, t):
+                    raise SchemaError(f"{where}: column '{c.name}': declared category {v!r} does not fit type {t}")
+
+
+def _check_type(kind: str, t: pa.DataType, where: str) -> None:
+    ok = {
+        "numeric": pa.types.is_integer(t) or pa.types.is_floating(t),
+        "boolean": pa.types.is_boolean(t) or pa.types.is_integer(t),
+        "categorical": pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_integer(t)
+        or pa.types.is_boolean(t)
+        or pa.types.is_dictionary(t),
+    }[kind]
+    if not ok:
+        raise SchemaError(f"{where}: declared {kind}, but its type is {t}")
+
+
+def _int_range(t: pa.DataType) -> tuple[int, int]:
+    bits = t.bit_width
+    return (0, 2**bits - 1) if pa.types.is_unsigned_integer(t) else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+
+
+def _category_fits(v, t: pa.DataType) -> bool:
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return isinstance(v, str)
+    if pa.types.is_boolean(t):
+        return isinstance(v, bool)
+    if pa.types.is_integer(t):
+        lo, hi = _int_range(t)
+        return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+    return False
+
+
+FLOAT_MAX = {16: 65504.0, 32: 3.4028234663852886e38, 64: 1.7976931348623157e308}
+
+
+def _check_bounds_fit(c: Column, t: pa.DataType, where: str) -> None:
+    """Decoded values lie in [lower, upper]; that interval must be representable in the column's type."""
+    if pa.types.is_integer(t):
+        lo, hi = _int_range(t)
+        if math.ceil(c.lower) > math.floor(c.upper):
+            raise SchemaError(f"{where}: bounds [{c.lower:g}, {c.upper:g}] hold no integer, but the type is {t}")
+        if math.ceil(c.lower) < lo or math.floor(c.upper) > hi:
+            raise SchemaError(f"{where}: bounds [{c.lower:g}, {c.upper:g}] exceed the range of its type {t}")
+    elif pa.types.is_floating(t) and max(abs(c.lower), abs(c.upper)) > FLOAT_MAX[t.bit_width]:
+        raise SchemaError(f"{where}: bounds [{c.lower:g}, {c.upper:g}] exceed the range of its type {t}")
+
+
+def parse_table_schema(data: dict, where: str = "table") -> TableSchema:
+    from pydantic import ValidationError
+
+    try:
+        return TableSchema(**data)
+    except ValidationError as err:
+        e = err.errors()[0]
+        loc = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        raise SchemaError(f"{where}{'.' + loc if loc else ''}: {msg}") from None
+    except TypeError as err:
+        raise SchemaError(f"{where}: must be a mapping with label and columns ({err})") from None
+
+
+def infer_draft(arrow_schema: pa.Schema, label: Optional[str]) -> dict:
+    """A draft ``table:`` section from the Arrow schema alone (types and names; no row is read).
+
+    Bounds and categories are left empty on purpose: the user must fill them from public knowledge. A release with
+    the draft as it is refuses to start and names the first column to confirm.
+    """
+    columns = []
+    for f in arrow_schema:
+        if f.name == label:
+            continue
+        t = f.type
+        if pa.types.is_boolean(t):
+            col = {"name": f.name, "kind": "boolean"}
+        elif pa.types.is_integer(t) or pa.types.is_floating(t):
+            col = {"name": f.name, "kind": "numeric", "lower": None, "upper": None}
+        else:
+            col = {"name": f.name, "kind": "categorical", "categories": []}
+        col["nullable"] = bool(f.nullable)  # from the footer; the user may narrow it from the domain
+        columns.append(col)
+    return {"label": {"name": label or "CHOOSE_THE_LABEL_COLUMN", "categories": []}, "columns": columns}

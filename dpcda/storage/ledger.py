@@ -1,0 +1,436 @@
+"""The release ledger: every release of a dataset id, kept in a local SQLite file or one gs:// object.
+
+A release reserves its budget before it reads any data (``reserve``: the history and the new release's target are
+composed by ``privacy.composition`` and checked against the cap in the same transaction that writes the
+reservation), and is recorded with its stated guarantee and DP events once published (``record``). A release that
+fails or is interrupted before publishing removes its reservation (``cancel``); one that died without a word leaves
+it, and it keeps counting at its target epsilon (never less than it spent) until ``dpcda ledger resolve`` records or
+drops it.
+
+A ledger is created once (``dpcda ledger init``): a release or ``ledger show`` refuses a ledger that does not exist,
+so a mistyped path never starts an empty budget. ``dpcda ledger cap`` stores a dataset's cap in the ledger; a
+release's ``--budget-cap`` can only lower it. Writes are idempotent (a retried reserve or record after a lost
+response changes nothing twice).
+
+Races. Two releases racing on one ledger cannot both pass a cap that only one fits: SQLite takes its write lock
+(``BEGIN IMMEDIATE``) before reading the history; on GCS the ledger object is rewritten with ``if_generation_match``
+set to the generation that was read, and a writer that lost the race reads again and decides again.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import datetime
+import json
+import logging
+import math
+import os
+import random
+import sqlite3
+import time
+import uuid
+from typing import Callable, Optional
+
+from dpcda.privacy.accounting import relation_key
+from dpcda.privacy.composition import Claim, LedgerError, check_budget, compose
+from dpcda.storage.paths import is_remote
+
+log = logging.getLogger("dpcda.ledger")
+FORMAT = "dpcda-ledger/1"
+GCS_ATTEMPTS = 50
+
+# fn(entries of one dataset id) -> (new entries of that dataset id, result)
+Transaction = Callable[[list[dict]], tuple[list[dict], object]]
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def new_run_id() -> str:
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{uuid.uuid4().hex[:8]}"
+
+
+CAP = "cap"  # the state of the entry that holds a dataset's stored cap (not a release)
+
+
+def releases_of(entries: list[dict]) -> list[dict]:
+    return [e for e in entries if e["state"] != CAP]
+
+
+def stored_cap(entries: list[dict]) -> Optional[float]:
+    caps = [e["epsilon"] for e in entries if e["state"] == CAP]
+    return float(caps[-1]) if caps else None
+
+
+def effective_cap(entries: list[dict], requested: Optional[float]) -> Optional[float]:
+    """The stored cap, lowered (never raised) by the release's --budget-cap."""
+    caps = [c for c in (stored_cap(entries), requested) if c is not None]
+    return min(caps) if caps else None
+
+
+def claim_of(entry: dict) -> Claim:
+    eps = entry.get("epsilon")
+    return Claim(
+        run=entry["run"],
+        mode=entry["mode"],
+        relation=entry["relation"],
+        epsilon=math.inf if eps is None else float(eps),
+        delta=float(entry["delta"]),
+        events=entry.get("events") if entry["state"] == "published" else None,
+    )
+
+
+class Ledger(abc.ABC):
+    """Reserve, record, cancel and list releases; subclasses supply one atomic read-modify-write."""
+
+    uri: str
+
+    @abc.abstractmethod
+    def _transact(self, dataset_id: str, fn: Transaction):
+        """Runs ``fn`` on the dataset's entries and stores what it returns, atomically; returns fn's result."""
+
+    @abc.abstractmethod
+    def entries(self, dataset_id: Optional[str] = None) -> list[dict]:
+        """Every entry (of ``dataset_id``), in the order they were written."""
+
+    def reserve(self, dataset_id: str, request: dict, cap: Optional[float]) -> dict:
+        """Composes the history with ``request`` (run, mechanism, mode, relation, epsilon, delta, output) and writes
+        a reservation if the result fits the cap (the stored one, lowered by ``cap``); returns the manifest's
+        ``ledger`` section. Raises LedgerError. Idempotent: a run already on the ledger is not added again."""
+        entry = {**request, "dataset_id": dataset_id, "state": "pending", "reserved_at": _now(), "events": None}
+
+        def fn(entries):
+            history = [e for e in releases_of(entries) if e["run"] != request["run"]]
+            limit = effective_cap(entries, cap)
+            figures = check_budget(dataset_id, [claim_of(e) for e in history], claim_of(entry), limit)
+            if any(e["run"] == request["run"] for e in entries):
+                return entries, figures  # a retry after a lost response: already reserved
+            return [*entries, entry], figures
+
+        figures = self._transact(dataset_id, fn)
+        log.info(
+            "stage=ledger dataset=%s run=%s reserved epsilon=%s (before %.4g, after at most %.4g, cap %s)",
+            dataset_id,
+            request["run"],
+            request["epsilon"],
+            figures["before"]["epsilon"],
+            figures["after_at_most"]["epsilon"],
+            figures["budget_cap"],
+        )
+        return {"uri": self.uri, "dataset_id": dataset_id, "run": request["run"], **figures}
+
+    def record(self, dataset_id: str, run: str, manifest: dict) -> None:
+        """The published release's stated guarantee and events replace its reservation (idempotent)."""
+        p = manifest["privacy"]
+        published = {
+            "state": "published",
+            "epsilon": p["epsilon"],
+            "delta": p["delta"],
+            "events": p.get("events"),
+            "published_at": _now(),
+            "prefix": manifest.get("output", {}).get("prefix", ""),
+        }
+
+        def fn(entries):
+            for e in entries:
+                if e["run"] == run and e["state"] == "published":
+                    return entries, None  # recorded already (a retry after a lost response)
+                if e["run"] == run and e["state"] == "pending":
+                    e.update(published)
+                    return entries, None
+            # its reservation was dropped (``resolve --drop`` while it ran): what was published is recorded anyway
+            log.warning("stage=ledger run=%s had no reservation; recording the published release", run)
+            mech = manifest.get("mechanism", {})
+            entry = {
+                "run": run,
+                "dataset_id": dataset_id,
+                "mechanism": mech.get("name"),
+                "mode": mech.get("mode"),
+                "relation": relation_key(mech.get("name", "dpcda"), mech.get("mode", "fixed")),
+                "output": None,
+                "reserved_at": None,
+                **published,
+            }
+            return [*entries, entry], None
+
+        self._transact(dataset_id, fn)
+        log.info("stage=ledger dataset=%s run=%s recorded epsilon=%s", dataset_id, run, p["epsilon"])
+
+    def cancel(self, dataset_id: str, run: str) -> None:
+        """Removes a reservation (never a published entry)."""
+
+        def fn(entries):
+            return [e for e in entries if not (e["run"] == run and e["state"] == "pending")], None
+
+        self._transact(dataset_id, fn)
+
+    def set_cap(self, dataset_id: str, epsilon: float) -> None:
+        """Stores the dataset's budget cap (``dpcda ledger cap``); a release's --budget-cap can only lower it."""
+        if not (epsilon > 0 and math.isfinite(epsilon)):
+            raise LedgerError(f"ledger cap: epsilon must be a positive number, got {epsilon}")
+
+        def fn(entries):
+            return [*(e for e in entries if e["state"] != CAP), _cap_entry(dataset_id, epsilon)], None
+
+        self._transact(dataset_id, fn)
+
+
+def _cap_entry(dataset_id: str, epsilon: float) -> dict:
+    return {"run": "(cap)", "dataset_id": dataset_id, "state": CAP, "epsilon": float(epsilon), "set_at": _now()}
+
+
+class SqliteLedger(Ledger):
+    """One row per release; a transaction takes the write lock before it reads."""
+
+    def __init__(self, path: str, *, create: bool = False):
+        self.uri = path
+        parent = os.path.dirname(os.path.abspath(path))
+        if path in ("", ":memory:") or path.startswith("file:"):
+            raise LedgerError(f"ledger {path!r}: name a file")
+        if not os.path.isdir(parent):
+            raise LedgerError(f"ledger {path}: folder {parent} does not exist")
+        if os.path.exists(path) and not os.path.isfile(path):
+            raise LedgerError(f"ledger {path}: not a regular file")
+        if not os.path.exists(path) and not create:
+            raise LedgerError(
+                f"ledger {path}: does not exist (create it once with 'dpcda ledger init --ledger {path}')"
+            )
+        try:
+            with contextlib.closing(self._connect()) as conn:
+                if create:
+                    conn.execute(
+                        "CREATE TABLE IF NOT EXISTS releases (seq INTEGER PRIMARY KEY AUTOINCREMENT, dataset_id TEXT "
+                        "NOT NULL, run TEXT NOT NULL, entry TEXT NOT NULL, UNIQUE (dataset_id, run))"
+                    )
+                cols = [r[1] for r in conn.execute("PRAGMA table_info(releases)")]
+        except sqlite3.Error as err:
+            raise LedgerError(f"ledger {path}: not a ledger SQLite file ({err})") from None
+        if cols != ["seq", "dataset_id", "run", "entry"]:
+            raise LedgerError(f"ledger {path}: holds no ledger ('releases' table with columns {cols})")
+
+    def _connect(self) -> sqlite3.Connection:
+        return sqlite3.connect(self.uri, timeout=120, isolation_level=None)
+
+    def _transact(self, dataset_id: str, fn: Transaction):
+        try:
+            return self._transact_once(dataset_id, fn)
+        except sqlite3.Error as err:  # e.g. still locked after the timeout, a read-only file
+            raise LedgerError(f"ledger {self.uri}: {err}") from None
+
+    def _transact_once(self, dataset_id: str, fn: Transaction):
+        conn = self._connect()
+        try:
+            conn.execute("BEGIN IMMEDIATE")  # the write lock first: no other writer reads the history meanwhile
+            rows = conn.execute("SELECT entry FROM releases WHERE dataset_id = ? ORDER BY seq", (dataset_id,))
+            entries = [json.loads(r[0]) for r in rows]
+            new, result = fn(entries)
+            conn.execute("DELETE FROM releases WHERE dataset_id = ?", (dataset_id,))
+            conn.executemany(
+                "INSERT INTO releases (dataset_id, run, entry) VALUES (?, ?, ?)",
+                [(dataset_id, e["run"], json.dumps(e, allow_nan=False)) for e in new],
+            )
+            conn.execute("COMMIT")
+            return result
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        finally:
+            conn.close()
+
+    def entries(self, dataset_id: Optional[str] = None) -> list[dict]:
+        try:
+            with contextlib.closing(self._connect()) as conn:
+                if dataset_id is None:
+                    rows = conn.execute("SELECT entry FROM releases ORDER BY seq")
+                else:
+                    rows = conn.execute("SELECT entry FROM releases WHERE dataset_id = ? ORDER BY seq", (dataset_id,))
+                return [json.loads(r[0]) for r in rows]
+        except sqlite3.Error as err:
+            raise LedgerError(f"ledger {self.uri}: {err}") from None
+
+
+class GcsLedger(Ledger):
+    """One JSON object; every change rewrites it with a generation precondition and retries when it lost a race."""
+
+    def __init__(self, uri: str, *, create: bool = False):
+        from dpcda.storage.publish import gcs_client, split_gs
+
+        self.uri = uri
+        bucket, self.name = split_gs(uri)
+        if not self.name:
+            raise LedgerError(f"ledger {uri}: name an object, e.g. gs://bucket/ledgers/privacy.json")
+        self.bucket = gcs_client().bucket(bucket)
+        with _gcs_errors(uri):
+            exists = self.bucket.get_blob(self.name) is not None
+            if create and not exists:
+                text = json.dumps({"format": FORMAT, "entries": []})
+                self.bucket.blob(self.name).upload_from_string(
+                    text, content_type="application/json", if_generation_match=0
+                )
+            elif not exists:
+                raise LedgerError(
+                    f"ledger {uri}: does not exist (create it once with 'dpcda ledger init --ledger {uri}')"
+                )
+        self._read()  # a readable ledger object, or one line saying what it is instead
+
+    def _read(self) -> Optional[tuple[list[dict], int]]:
+        """(entries, generation) of the object as one consistent read; None when it changed meanwhile (read again)."""
+        from google.api_core import exceptions as gexc
+
+        blob = self.bucket.get_blob(self.name)
+        if blob is None:
+            raise LedgerError(f"ledger {self.uri}: the ledger object is gone")
+        generation = int(blob.generation)
+        try:  # the content of that generation, or a stale read to retry
+            raw = blob.download_as_bytes(if_generation_match=generation)
+        except (gexc.NotFound, gexc.PreconditionFailed):
+            return None
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            raise LedgerError(f"ledger {self.uri}: not valid JSON") from None
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise LedgerError(f"ledger {self.uri}: not a ledger object (format {FORMAT} expected)")
+        return list(data.get("entries", [])), generation
+
+    def _transact(self, dataset_id: str, fn: Transaction):
+        from google.api_core import exceptions as gexc
+
+        with _gcs_errors(self.uri):
+            for attempt in range(GCS_ATTEMPTS):
+                read = self._read()
+                if read is not None:
+                    everything, generation = read
+                    mine = [e for e in everything if e["dataset_id"] == dataset_id]
+                    new, result = fn([dict(e) for e in mine])
+                    others = [e for e in everything if e["dataset_id"] != dataset_id]
+                    text = json.dumps({"format": FORMAT, "entries": [*others, *new]}, indent=1, allow_nan=False)
+                    try:
+                        self.bucket.blob(self.name).upload_from_string(
+                            text, content_type="application/json", if_generation_match=generation
+                        )
+                        return result
+                    except gexc.PreconditionFailed:  # another writer got there first (or our own retried write
+                        pass  # did: fn is idempotent, so deciding again on what is there now is right either way)
+                _pause(attempt)
+        raise LedgerError(f"ledger {self.uri}: still contended after {GCS_ATTEMPTS} attempts; try again")
+
+    def entries(self, dataset_id: Optional[str] = None) -> list[dict]:
+        with _gcs_errors(self.uri):
+            for attempt in range(GCS_ATTEMPTS):
+                read = self._read()
+                if read is not None:
+                    return [e for e in read[0] if dataset_id is None or e["dataset_id"] == dataset_id]
+                _pause(attempt)
+        raise LedgerError(f"ledger {self.uri}: still changing after {GCS_ATTEMPTS} reads; try again")
+
+
+def _pause(attempt: int) -> None:
+    """Back-off with jitter before reading the ledger object again (no private data involved)."""
+    time.sleep(random.uniform(0.05, 0.2) * (1 + attempt))
+
+
+@contextlib.contextmanager
+def _gcs_errors(uri: str):
+    """google-cloud errors (no such bucket, permission, credentials) as one LedgerError line."""
+    from google.api_core import exceptions as gexc
+    from google.auth import exceptions as auth_exc
+
+    try:
+        yield
+    except (gexc.GoogleAPIError, auth_exc.GoogleAuthError) as err:
+        raise LedgerError(f"ledger {uri}: {type(err).__name__}: {str(err).splitlines()[0][:200]}") from None
+
+
+def open_ledger(uri: str, *, create: bool = False) -> Ledger:
+    """The ledger at ``uri``; LedgerError if it does not exist, unless ``create`` (``dpcda ledger init``)."""
+    if is_remote(uri):
+        if not uri.startswith("gs://"):
+            raise LedgerError(f"ledger {uri}: a local SQLite file or gs://bucket/object")
+        return GcsLedger(uri, create=create)
+    return SqliteLedger(uri, create=create)
+
+
+def summary(ledger: Ledger, dataset_id: Optional[str] = None) -> list[dict]:
+    """Per dataset id: its entries and what they guarantee together (``dpcda ledger show``)."""
+    entries = ledger.entries(dataset_id)
+    out = []
+    for ds in dict.fromkeys(e["dataset_id"] for e in entries):
+        everything = [e for e in entries if e["dataset_id"] == ds]
+        mine = releases_of(everything)
+        try:
+            comp = compose([claim_of(e) for e in mine])
+            total = {
+                "epsilon": comp.epsilon,
+                "delta": comp.delta,
+                "sum_epsilon": comp.sum_epsilon,
+                "relation": comp.relation,
+                "method": comp.method,
+            }
+        except LedgerError as err:
+            total = {"error": str(err)}
+        out.append({"dataset_id": ds, "budget_cap": stored_cap(everything), "releases": mine, "composed": total})
+    return out
+
+
+RESOLVE_AFTER_HOURS = 24.0
+
+
+def published_manifest(output: str, run: str) -> tuple[Optional[dict], Optional[dict]]:
+    """(the manifest at OUTPUT if it names ledger run ``run``, else None; whatever manifest is at OUTPUT, or None if
+    there is none). Read errors other than a missing manifest raise (OSError, ValueError)."""
+    from dpcda.storage.paths import join, open_file
+
+    try:
+        with open_file(join(output, "manifest.json")) as fh:
+            current = json.loads(fh.read())
+    except FileNotFoundError:
+        return None, None
+    ours = current if (current.get("ledger") or {}).get("run") == run else None
+    return ours, current
+
+
+def resolve(ledger: Ledger, dataset_id: str, run: str, *, force: bool = False, drop: bool = False) -> str:
+    """A reservation left by a run that died: 'recorded' if OUTPUT holds the run's release (its manifest names the
+    run); 'dropped' only on evidence that the run published nothing (no manifest at OUTPUT, or one made before the
+    run reserved its budget) or with ``drop``. Refuses while the run may still be going: OUTPUT's lock is held, or
+    the reservation is younger than RESOLVE_AFTER_HOURS (``force`` overrides the age, never the lock)."""
+    from dpcda.storage.publish import output_busy
+
+    found = [e for e in releases_of(ledger.entries(dataset_id)) if e["run"] == run]
+    if not found:
+        raise LedgerError(f"ledger {ledger.uri}: dataset '{dataset_id}' has no run {run}")
+    entry = found[0]
+    if entry["state"] != "pending":
+        raise LedgerError(f"ledger {ledger.uri}: run {run} is already recorded as published")
+    reserved = datetime.datetime.fromisoformat(entry["reserved_at"])
+    age = (datetime.datetime.now(datetime.timezone.utc) - reserved).total_seconds() / 3600
+    if output_busy(entry["output"]):
+        raise LedgerError(f"ledger: a release to {entry['output']} holds its lock: run {run} may still be going")
+    if age < RESOLVE_AFTER_HOURS and not force:
+        raise LedgerError(
+            f"ledger: run {run} reserved {age:.1f} h ago and may still be running; pass --force if it is known to "
+            f"have stopped"
+        )
+    try:
+        ours, current = published_manifest(entry["output"], run)
+    except (OSError, ValueError) as err:
+        raise LedgerError(
+            f"ledger: cannot read {entry['output']}/manifest.json ({type(err).__name__}); nothing changed"
+        )
+    if ours is not None:
+        ledger.record(dataset_id, run, ours)
+        return "recorded"
+    made = (current or {}).get("created_at")
+    older = made is not None and datetime.datetime.fromisoformat(made) < reserved
+    if current is None or older or drop:
+        ledger.cancel(dataset_id, run)
+        return "dropped"
+    raise LedgerError(
+        f"ledger: {entry['output']} holds a release made after run {run} reserved its budget, by another run; run "
+        f"{run} may have been published and then replaced. Pass --drop only if you know it was not published"
+    )

@@ -1,0 +1,486 @@
+"""Publishing a release: OUTPUT only ever goes from nothing, or one complete release of ours, to another.
+
+The rules, for both kinds of OUTPUT:
+- An existing OUTPUT is replaced only with ``--overwrite`` and only if it holds a release of ours (a
+  ``manifest.json`` that validates). An input file inside OUTPUT, a foreign directory or file, or a symlink is
+  never replaced or deleted.
+- Two runs cannot both publish to one OUTPUT: locally the second run finds an exclusive lock and stops at once;
+  on GCS the manifest is written with a generation precondition, so the second writer fails and publishes nothing.
+- The job writes under its own run directory; the manifest is written last; the old release is removed only after
+  the new one is in place. Stale run directories of dead runs are removed by the next run.
+
+Local (``prepare`` -> job writes ``OUTPUT.tmp-<run>`` -> ``publish``): ``OUTPUT.tmp-<run>/manifest.json`` is
+written last (a temporary name, then a rename), every listed part is checked, and the directory then takes
+OUTPUT's place in one ``renameat2`` call: RENAME_NOREPLACE onto an absent OUTPUT, RENAME_EXCHANGE with an old
+release, which then sits at the run directory's name and is deleted. A reader of OUTPUT sees either the old
+complete release or the new complete release, never a mix, never nothing. (Where the kernel or file system lacks
+renameat2, the old release is renamed aside first: OUTPUT is absent for the moment between two renames.) The lock
+is ``flock`` on ``.NAME.dpcda-lock`` beside OUTPUT, held for the whole run, released by the kernel if the process
+dies.
+
+GCS (``gs://B/P``): the job writes under ``P/runs/<run>/`` (a new prefix per run, never rewritten). ``publish``
+checks that every listed part exists with the size the manifest records (its sha256 was computed from the stored
+object), then writes ``P/manifest.json`` as one object with ``if_generation_match`` set to the generation seen
+when the run started (0: must not exist). Readers start from ``P/manifest.json``: they see the old manifest, whose
+parts are still in place, or the new one, whose parts were verified before it was written. The previous release's
+objects are deleted only after the new manifest is in place. Run prefixes not referenced by the manifest and
+older than ``STALE_RUN_HOURS`` (by the time in their name) are deleted at the start of the next run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import datetime
+import errno
+import fcntl
+import json
+import logging
+import os
+import re
+import shutil
+import uuid
+from typing import Optional
+
+from dpcda.privacy.errors import DpcdaError
+from dpcda.storage.paths import is_remote
+
+log = logging.getLogger(__name__)
+MANIFEST = "manifest.json"
+DRAFT = "manifest.draft.json"  # what the pipeline writes; only ``publish`` writes MANIFEST
+RUNS = "runs"
+STALE_RUN_HOURS = 72
+RUN_MARKER = ".dpcda-run"  # written into every local run directory: only such directories are ever swept
+_RUN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{8}")
+
+
+class PublishError(DpcdaError, RuntimeError):
+    """OUTPUT cannot be written or replaced safely; the message says why and what to do."""
+
+
+@dataclasses.dataclass
+class Target:
+    """One run's claim on OUTPUT, from ``prepare`` to ``publish`` or ``abandon``."""
+
+    output: str
+    overwrite: bool
+    run_id: str
+    workdir: str  # where the job writes
+    prefix: str  # the run directory relative to OUTPUT ('' locally: the directory itself becomes OUTPUT)
+    lock_fd: Optional[int] = None
+    generation: int = 0  # GCS: generation of OUTPUT/manifest.json when the run started (0: none)
+    old_manifest: Optional[dict] = None
+    published: bool = False  # set the moment the release became visible: from then on nothing may undo it
+
+
+def _run_id() -> str:
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{now}-{uuid.uuid4().hex[:8]}"
+
+
+def _run_age_hours(run_id: str) -> Optional[float]:
+    try:
+        t = datetime.datetime.strptime(run_id.split("-")[0], "%Y%m%dT%H%M%SZ").replace(tzinfo=datetime.timezone.utc)
+    except ValueError:
+        return None
+    return (datetime.datetime.now(datetime.timezone.utc) - t).total_seconds() / 3600
+
+
+def check_output_path(output: str) -> str:
+    """OUTPUT without a trailing slash, a local parent resolved; refuses '', '/', '.', '..' and bucket roots."""
+    out = str(output).rstrip("/")
+    name = out.rsplit("/", 1)[-1]
+    if not out or name in ("", ".", "..") or (is_remote(out) and out.count("/") < 3):
+        raise PublishError(f"output: {output!r} is not a release directory; name one, e.g. releases/fm-eps10")
+    if not is_remote(out):  # one spelling of OUTPUT, so one lock and one set of run directories
+        out = os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(out))), os.path.basename(out))
+    return out
+
+
+def validate_manifest(text: str | bytes, where: str) -> dict:
+    """The manifest as a dict if it validates against the model, else PublishError."""
+    from dpcda.schemas.manifest import Manifest
+
+    try:
+        data = json.loads(text)
+        Manifest(**data)
+    except Exception:  # noqa: BLE001 - any failure means: not a release of ours
+        raise PublishError(
+            f"{where}: not a release of ours (no valid {MANIFEST}); refusing to replace it, move it "
+            f"away or choose another --output"
+        ) from None
+    return data
+
+
+def _inside(path: str, directory: str) -> bool:
+    if is_remote(path) != is_remote(directory):
+        return False
+    if is_remote(path):
+        return path == directory or path.startswith(directory + "/")
+    p, d = os.path.realpath(path), os.path.realpath(directory)
+    return p == d or p.startswith(d.rstrip(os.sep) + os.sep)
+
+
+def prepare(output: str, *, overwrite: bool, inputs: list[str]) -> Target:
+    """Checks OUTPUT, takes the lock (local) or notes the manifest generation (GCS), creates the run directory."""
+    out = check_output_path(output)
+    inside = [p for p in inputs if _inside(p, out)]
+    if inside:
+        raise PublishError(f"{out}: input {inside[0]} lies inside the output; a release never writes over its input")
+    return _prepare_gcs(out, overwrite) if is_remote(out) else _prepare_local(out, overwrite)
+
+
+def publish(target: Target, manifest: dict) -> None:
+    """Makes the run's release visible at OUTPUT (see the module docstring); the manifest goes in last."""
+    from dpcda.schemas.manifest import Manifest
+
+    text = Manifest(**manifest).write_json()
+    if is_remote(target.output):
+        _publish_gcs(target, manifest, text)
+    else:
+        _publish_local(target, manifest, text)
+
+
+def abandon(target: Optional[Target]) -> None:
+    """Removes the run's directory and releases the lock; OUTPUT is left as it was. After the switch (``published``)
+    the run's files ARE the release and are kept; what is left of the old one goes with the next run."""
+    if target is None:
+        return
+    try:
+        if target.published:
+            return
+        if is_remote(target.output):
+            _delete_gcs_prefix(target.workdir)
+        elif os.path.isdir(target.workdir):
+            shutil.rmtree(target.workdir, ignore_errors=True)
+    finally:
+        _unlock(target)
+
+
+def _after_switch(what: str, fn, *args) -> None:
+    """Clean-up after the release became visible: best effort, never reported as a failed release."""
+    try:
+        fn(*args)
+    except Exception as err:  # noqa: BLE001 - the release is published; leftovers go with the next run
+        log.warning("stage=publish %s failed (%s); the next run to this output removes what is left", what, err)
+
+
+# ---------------------------------------------------------------- local
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_AT_FDCWD = -100
+RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
+
+
+def _renameat2(src: str, dst: str, flags: int) -> bool:
+    """renameat2(2); False where the system does not offer it (then the caller falls back)."""
+    fn = getattr(_libc, "renameat2", None)
+    if fn is None:
+        return False
+    if fn(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), flags) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), src, None, dst)
+
+
+def _lock_path(out: str) -> str:
+    parent, name = os.path.split(os.path.abspath(out))
+    return os.path.join(parent, f".{name}.dpcda-lock")
+
+
+def output_busy(output: str) -> bool:
+    """True while a release to the local OUTPUT holds its lock (a run is under way); False on GCS (no lock)."""
+    out = check_output_path(output)
+    if is_remote(out) or not os.path.exists(_lock_path(out)):
+        return False
+    fd = os.open(_lock_path(out), os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def _prepare_local(out: str, overwrite: bool) -> Target:
+    parent = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(parent):
+        what = "is not a directory" if os.path.exists(parent) else "does not exist"
+        raise PublishError(f"{out}: the parent folder {parent} {what}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PublishError(f"{out}: the parent folder {parent} is not writable")
+    if os.path.islink(out):
+        raise PublishError(f"{out}: is a symbolic link; give the real path")
+    try:
+        fd = os.open(_lock_path(out), os.O_CREAT | os.O_RDWR, 0o644)
+    except OSError as err:
+        raise PublishError(f"{out}: cannot create the lock file {_lock_path(out)} ({err.strerror})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise PublishError(f"{out}: another release to this output is running; nothing was done") from None
+    target = Target(output=out, overwrite=overwrite, run_id=_run_id(), workdir="", prefix="", lock_fd=fd)
+    try:
+        _remove_stale_local(out)
+        target.old_manifest = _existing_local(out, overwrite)
+        target.workdir = f"{out}.tmp-{target.run_id}"
+        os.mkdir(target.workdir)
+        with open(os.path.join(target.workdir, RUN_MARKER), "w") as fh:
+            fh.write(target.run_id + "\n")
+    except BaseException:
+        _unlock(target)
+        raise
+    return target
+
+
+def _existing_local(out: str, overwrite: bool) -> Optional[dict]:
+    if not os.path.lexists(out):
+        return None
+    if not overwrite:
+        raise PublishError(f"{out}: a release already exists there; pass --overwrite to replace it")
+    if not os.path.isdir(out):
+        raise PublishError(f"{out}: is a file, not a release; refusing to replace it")
+    path = os.path.join(out, MANIFEST)
+    if not os.path.isfile(path):
+        return validate_manifest(b"", out)
+    with open(path, "rb") as fh:
+        return validate_manifest(fh.read(), out)
+
+
+def _our_run_dirs(out: str, mark: str) -> list[str]:
+    """Sibling directories ``OUTPUT<mark><run id>`` that carry our run marker (never anything else)."""
+    parent, name = os.path.split(out)
+    found = []
+    for entry in os.listdir(parent):
+        path = os.path.join(parent, entry)
+        if (
+            entry.startswith(name + mark)
+            and _RUN_ID.fullmatch(entry[len(name + mark) :])
+            and os.path.isdir(path)
+            and not os.path.islink(path)
+            and os.path.isfile(os.path.join(path, RUN_MARKER))
+        ):
+            found.append(path)
+    return sorted(found)
+
+
+def _remove_stale_local(out: str) -> None:
+    """Run directories of dead runs (we hold the lock, so no live run owns one). A run that had renamed the old
+    release aside (no renameat2) and died before moving the new one in left OUTPUT absent: the old release comes
+    back first."""
+    olds = _our_run_dirs(out, ".old-")
+    if olds and not os.path.lexists(out) and os.path.isfile(os.path.join(olds[-1], MANIFEST)):
+        log.warning("stage=publish restoring %s: a run died while replacing it", out)
+        os.rename(olds[-1], out)
+        os.remove(os.path.join(out, RUN_MARKER))
+        olds = olds[:-1]
+    for path in olds + _our_run_dirs(out, ".tmp-"):
+        log.info("stage=publish removing stale %s", os.path.basename(path))
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _check_parts(manifest: dict, read_size) -> None:
+    for f in manifest["output"]["files"]:
+        size = read_size(f["path"])
+        if size is None:
+            raise PublishError(f"{f['path']}: part missing before publishing; nothing was published")
+        if f.get("bytes") is not None and size != f["bytes"]:
+            raise PublishError(
+                f"{f['path']}: part has {size} bytes, the manifest says {f['bytes']}; nothing was published"
+            )
+
+
+def _publish_local(target: Target, manifest: dict, text: str) -> None:
+    work, out = target.workdir, target.output
+
+    def size(rel):
+        p = os.path.join(work, rel)
+        return os.path.getsize(p) if os.path.isfile(p) else None
+
+    _check_parts(manifest, size)
+    if os.path.exists(os.path.join(work, DRAFT)):
+        os.remove(os.path.join(work, DRAFT))
+    tmp = os.path.join(work, f".{MANIFEST}.tmp")
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, os.path.join(work, MANIFEST))
+    # OUTPUT may have changed since the run started (not through dpcda: we hold the lock): check again.
+    current = _existing_local(out, target.overwrite)
+    if current is None:
+        if not _renameat2(work, out, RENAME_NOREPLACE):
+            if os.path.lexists(out):
+                raise PublishError(f"{out}: appeared while the job ran; nothing was published")
+            os.rename(work, out)
+        target.published = True
+    elif _renameat2(work, out, RENAME_EXCHANGE):
+        target.published = True
+        _after_switch("removing the old release", shutil.rmtree, work)  # the old release, at the run's name now
+    else:
+        old = f"{out}.old-{target.run_id}"
+        with open(os.path.join(out, RUN_MARKER), "w") as fh:  # so that the aside copy can be recognised
+            fh.write(target.run_id + "\n")
+        os.rename(out, old)
+        try:
+            os.rename(work, out)
+        except BaseException:
+            os.rename(old, out)
+            os.remove(os.path.join(out, RUN_MARKER))
+            raise
+        target.published = True
+        _after_switch("removing the old release", shutil.rmtree, old)
+    # the run marker came along (a run that dies before the switch must leave a marked directory to sweep)
+    _after_switch("removing the run marker", os.remove, os.path.join(out, RUN_MARKER))
+    _after_switch("syncing the output folder", _fsync_dir, os.path.dirname(out))
+    _unlock(target)
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _unlock(target: Target) -> None:
+    if target.lock_fd is not None:
+        try:
+            fcntl.flock(target.lock_fd, fcntl.LOCK_UN)
+        finally:
+            os.close(target.lock_fd)
+            target.lock_fd = None
+
+
+# ---------------------------------------------------------------- GCS
+
+
+def gcs_client():
+    """A google-cloud-storage client (anonymous against an emulator named by STORAGE_EMULATOR_HOST)."""
+    from google.cloud import storage
+
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        return storage.Client.create_anonymous_client()
+    return storage.Client()
+
+
+def split_gs(path: str) -> tuple[str, str]:
+    if not path.startswith("gs://"):
+        raise PublishError(f"{path}: only local paths and gs:// are supported for output")
+    bucket, _, name = path[len("gs://") :].partition("/")
+    return bucket, name.rstrip("/")
+
+
+def _prepare_gcs(out: str, overwrite: bool) -> Target:
+    bucket_name, prefix = split_gs(out)
+    bucket = gcs_client().bucket(bucket_name)
+    blob = bucket.get_blob(f"{prefix}/{MANIFEST}")
+    run_id = _run_id()
+    target = Target(
+        output=out,
+        overwrite=overwrite,
+        run_id=run_id,
+        workdir=f"{out}/{RUNS}/{run_id}",
+        prefix=f"{RUNS}/{run_id}/",
+        generation=int(blob.generation) if blob else 0,
+    )
+    if blob is not None:
+        if not overwrite:
+            raise PublishError(f"{out}: a release already exists there; pass --overwrite to replace it")
+        target.old_manifest = validate_manifest(blob.download_as_bytes(), out)
+    else:
+        listing = bucket.list_blobs(prefix=f"{prefix}/", delimiter="/")  # the prefix's own objects and folders
+        foreign = [b.name for b in listing]
+        foreign += [p for p in listing.prefixes if p != f"{prefix}/{RUNS}/"]
+        if foreign:
+            raise PublishError(
+                f"{out}: holds objects but no release {MANIFEST} (e.g. gs://{bucket_name}/"
+                f"{sorted(foreign)[0]}); refusing to write there"
+            )
+    _remove_stale_gcs(bucket, prefix, target.old_manifest)
+    return target
+
+
+def _referenced_run(manifest: Optional[dict]) -> Optional[str]:
+    pre = (manifest or {}).get("output", {}).get("prefix") or ""
+    return pre.strip("/").split("/")[-1] if pre.startswith(f"{RUNS}/") else None
+
+
+def _remove_stale_gcs(bucket, prefix: str, current: Optional[dict]) -> None:
+    keep = _referenced_run(current)
+    runs: dict[str, list] = {}
+    for b in bucket.list_blobs(prefix=f"{prefix}/{RUNS}/"):
+        run = b.name[len(prefix) + len(RUNS) + 2 :].split("/")[0]
+        runs.setdefault(run, []).append(b)
+    for run, blobs in runs.items():
+        age = _run_age_hours(run)
+        if run != keep and age is not None and age > STALE_RUN_HOURS:
+            log.info("stage=publish removing stale run %s (%.0f h old)", run, age)
+            for b in blobs:
+                b.delete()
+
+
+def _delete_gcs_prefix(path: str) -> None:
+    from google.api_core import exceptions as gexc
+
+    bucket_name, prefix = split_gs(path)
+    bucket = gcs_client().bucket(bucket_name)
+    for b in bucket.list_blobs(prefix=prefix.rstrip("/") + "/"):
+        try:
+            b.delete()
+        except gexc.NotFound:  # another run removed it first
+            pass
+
+
+def _publish_gcs(target: Target, manifest: dict, text: str) -> None:
+    from google.api_core import exceptions as gexc
+
+    bucket_name, prefix = split_gs(target.output)
+    bucket = gcs_client().bucket(bucket_name)
+
+    def size(rel):
+        blob = bucket.get_blob(f"{prefix}/{rel}")
+        return None if blob is None else int(blob.size)
+
+    _check_parts(manifest, size)
+    draft = bucket.get_blob(f"{prefix}/{target.prefix}{DRAFT}")
+    if draft is not None:
+        draft.delete()
+    try:
+        bucket.blob(f"{prefix}/{MANIFEST}").upload_from_string(
+            text, content_type="application/json", if_generation_match=target.generation
+        )
+    except gexc.PreconditionFailed:
+        # The client retries an upload whose response was lost; its retry then fails the precondition although the
+        # first attempt wrote the object. Ours if the stored manifest is ours, to the byte.
+        current = bucket.get_blob(f"{prefix}/{MANIFEST}")
+        if current is None or current.download_as_bytes() != text.encode():
+            raise PublishError(
+                f"{target.output}: another release was published there while this job ran; nothing was published"
+            ) from None
+    target.published = True
+    old = target.old_manifest
+    if old is not None:
+        old_run = _referenced_run(old)
+        if old_run is not None and old_run != target.run_id:
+            _after_switch("removing the old release", _delete_gcs_prefix, f"{target.output}/{RUNS}/{old_run}")
+        elif old_run is None:  # a release laid out at OUTPUT itself: remove what it listed
+            _after_switch("removing the old release", _delete_listed, bucket, prefix, old)
+
+
+def _delete_listed(bucket, prefix: str, manifest: dict) -> None:
+    for f in manifest["output"]["files"]:
+        b = bucket.get_blob(f"{prefix}/{f['path']}")
+        if b is not None:
+            b.delete()

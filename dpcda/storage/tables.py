@@ -1,0 +1,196 @@
+"""Tables in and out: Parquet record batches <-> encoded blocks, by a public ``schemas.table.TableSchema``.
+
+``encode_batch`` maps each row to [0, 1]^d (see ``schemas.table`` for the layout) and the label to its class index;
+``decode_rows`` maps released rows back to a table with the input's Arrow schema. Decoding is post-processing of
+released values; nothing here reads data it is not given.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dpcda.schemas.table import Column, SchemaError, TableSchema
+from dpcda.storage.paths import open_file
+from dpcda.storage.shards import Block, InputError, _one_line, parquet_file
+
+
+def arrow_schema_of(path: str) -> pa.Schema:
+    """The Arrow schema of a Parquet file, from its footer (no row is read); metadata dropped."""
+    try:
+        with open_file(path) as fh:
+            pf = parquet_file(fh, path)
+            # field metadata too: the output schema is this one, and metadata may carry statistics of the rows
+            return pa.schema([f.remove_metadata() for f in pf.schema_arrow])
+    except (pa.ArrowException, OSError, ValueError) as err:
+        raise InputError(f"{path}: unreadable Parquet shard ({_one_line(err)})") from None
+
+
+def _values(col: pa.Array) -> pa.Array:
+    if pa.types.is_dictionary(col.type):
+        return col.cast(col.type.value_type)
+    return col
+
+
+def _category_codes(col: pa.Array, categories: list, path: str, name: str, first_row: int) -> np.ndarray:
+    """Index of each value in ``categories`` (-1 for null); a value outside the list is refused, by row only."""
+    values = _values(col)
+    lookup = pa.array(categories, type=values.type) if len(values) else pa.array([], type=values.type)
+    codes = pc.index_in(values, value_set=lookup)
+    out = codes.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    missing = np.flatnonzero((out < 0) & ~np.asarray(values.is_null()))
+    if missing.size:  # the value itself is private: name the row and the rule only
+        raise InputError(
+            f"{path}: column '{name}' row {first_row + int(missing[0])}: a value outside the declared categories"
+        )
+    return out
+
+
+def encode_batch(batch: pa.RecordBatch | pa.Table, schema: TableSchema, path: str, first_row: int) -> Block:
+    n = batch.num_rows
+    x = np.zeros((n, schema.encoded_width), dtype=np.float32)
+    for col, at in schema.layout():
+        arr = batch.column(col.name)
+        arr = _values(arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr)  # a dictionary's nulls
+        null = np.asarray(arr.is_null()) if arr.null_count else np.zeros(n, bool)
+        if null.any() and not col.nullable:
+            raise InputError(
+                f"{path}: column '{col.name}' row {first_row + int(np.flatnonzero(null)[0])}: missing value "
+                f"(the schema says the column is not nullable)"
+            )
+        if col.kind == "categorical":
+            codes = _category_codes(arr, col.categories, path, col.name, first_row)
+            rows = np.flatnonzero(codes >= 0)
+            x[rows, at + codes[rows]] = 1.0
+        else:
+            # unsafe on purpose: an integer beyond 2^53 rounds to a nearby float and is clipped below (a safe cast
+            # would fail with the private value in its message)
+            v = arr.cast(pa.float64(), safe=False).fill_null(0.0).to_numpy(zero_copy_only=False)
+            bad = np.flatnonzero(~np.isfinite(v) & ~null)
+            if bad.size:
+                raise InputError(f"{path}: column '{col.name}' row {first_row + int(bad[0])}: NaN or infinite")
+            if col.kind == "boolean":
+                odd = np.flatnonzero((v != 0) & (v != 1) & ~null)
+                if odd.size:
+                    raise InputError(f"{path}: column '{col.name}' row {first_row + int(odd[0])}: not 0/1 or a bool")
+                x[:, at] = np.where(null, 0.0, v)
+            else:
+                scaled = (np.clip(v, col.lower, col.upper) - col.lower) / (col.upper - col.lower)
+                x[:, at] = np.where(null, 0.0, scaled)
+        if col.nullable:
+            x[:, at + col.width - 1] = null
+    labels = _category_codes(
+        _combined(batch.column(schema.label.name)), schema.label.categories, path, schema.label.name, first_row
+    )
+    missing = np.flatnonzero(labels < 0)
+    if missing.size:
+        raise InputError(f"{path}: column '{schema.label.name}' row {first_row + int(missing[0])}: missing label")
+    return Block(x, labels, path, first_row)
+
+
+def _combined(arr):
+    return arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+
+
+def read_table_parquet(path: str, schema: TableSchema, batch_rows: int = 65536) -> Iterator[Block]:
+    """Encoded blocks of a Parquet table (only the declared columns are read)."""
+    try:
+        with open_file(path) as fh:
+            pf = parquet_file(fh, path)
+            schema.check_against(pf.schema_arrow, path)
+            names = [c.name for c in schema.columns] + [schema.label.name]
+            row = 0
+            for batch in pf.iter_batches(batch_size=batch_rows, columns=names):
+                yield encode_batch(batch, schema, path, row)
+                row += batch.num_rows
+    except (InputError, SchemaError):
+        raise
+    except (pa.ArrowException, OSError, ValueError) as err:
+        raise InputError(f"{path}: unreadable Parquet shard ({_one_line(err)})") from None
+
+
+def draws_per_row(schema: TableSchema) -> int:
+    """Uniforms ``sample`` decoding needs per row: one per categorical or boolean column, one per null indicator."""
+    return sum((c.kind != "numeric") + int(c.nullable) for c in schema.columns)
+
+
+def decode_uniforms(key: bytes, tag: str, rows: int, schema: TableSchema) -> np.ndarray:
+    """(rows, draws_per_row) uniforms in [0, 1) from the noise module, for ``sample`` decoding of one block."""
+    from dpcda.privacy.noise import NoiseStream
+
+    n = draws_per_row(schema)
+    words = NoiseStream(key, "table-decode", tag).words(rows * n)
+    return ((words >> np.uint64(11)).astype(np.float64) * 2.0**-53).reshape(rows, n)
+
+
+def _decode_column(col: Column, block: np.ndarray, u: Optional[np.ndarray], t: pa.DataType) -> pa.Array:
+    """Released encoded values of one column (rows, width) -> an Arrow array of type ``t``. ``u``: None (argmax
+    decoding) or (rows, draws) uniforms for this column (its value, then its null indicator)."""
+    if col.nullable:
+        ind = np.clip(block[:, -1].astype(np.float64), 0.0, 1.0)
+        null = u[:, -1] < ind if u is not None else ind > 0.5  # the null draw is the column's last
+    else:
+        null = np.zeros(len(block), bool)
+    body = block[:, : col.width - int(col.nullable)]
+    if col.kind == "categorical":
+        if u is not None:
+            w = np.clip(body, 0.0, None).astype(np.float64)
+            total = w.sum(axis=1, keepdims=True)
+            w = np.where(total > 0, w / np.where(total > 0, total, 1.0), 1.0 / w.shape[1])
+            idx = (np.cumsum(w, axis=1) < u[:, 0][:, None]).sum(axis=1).clip(0, w.shape[1] - 1)
+        else:
+            idx = body.argmax(axis=1)
+        cats = pa.array(col.categories, type=t.value_type if pa.types.is_dictionary(t) else t)
+        out = cats.take(pa.array(idx))
+        return _with_nulls(out, null, t)
+    v = body[:, 0].astype(np.float64)
+    if col.kind == "boolean":
+        bits = u[:, 0] < np.clip(v, 0.0, 1.0) if u is not None else v > 0.5
+        out = pa.array(bits) if pa.types.is_boolean(t) else pa.array(bits.astype(np.int64)).cast(t)
+        return _with_nulls(out, null, t)
+    value = col.lower + np.clip(v, 0.0, 1.0) * (col.upper - col.lower)
+    if pa.types.is_integer(t):
+        lo, hi = np.ceil(col.lower), np.floor(col.upper)
+        value = np.clip(np.round(value), lo, hi) if lo <= hi else np.full_like(value, lo)
+    return _with_nulls(pa.array(value).cast(t), null, t)  # in range: check_against compared bounds and type
+
+
+def _with_nulls(arr: pa.Array, null: np.ndarray, t: pa.DataType) -> pa.Array:
+    if pa.types.is_dictionary(t) and not pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_encode().cast(t)
+    if null.any():
+        arr = pc.if_else(pa.array(null), pa.nulls(len(arr), type=arr.type), arr)
+    return arr
+
+
+def decode_rows(
+    x01: np.ndarray,
+    labels: np.ndarray,
+    schema: TableSchema,
+    arrow_schema: pa.Schema,
+    *,
+    uniforms: Optional[np.ndarray] = None,
+) -> pa.Table:
+    """Released rows in encoded units ([0, 1] scale, before clipping) and class indices -> a table whose Arrow
+    schema is ``arrow_schema`` (the input's). ``uniforms`` (``decode_uniforms``) drive ``sample`` decoding."""
+    arrays = {}
+    k = 0
+    sample = schema.decoding == "sample"
+    if sample and (uniforms is None or uniforms.shape != (len(x01), draws_per_row(schema))):
+        raise ValueError(f"sample decoding needs ({len(x01)}, {draws_per_row(schema)}) uniforms (decode_uniforms)")
+    for col, at in schema.layout():
+        t = arrow_schema.field(col.name).type
+        n = (col.kind != "numeric") + int(col.nullable)
+        u = uniforms[:, k : k + n] if sample else None
+        k += n
+        arrays[col.name] = _decode_column(col, x01[:, at : at + col.width], u, t)
+    lt = arrow_schema.field(schema.label.name).type
+    labels = np.asarray(labels)
+    if labels.ndim == 2:
+        labels = labels.argmax(axis=1)
+    cats = pa.array(schema.label.categories, type=lt.value_type if pa.types.is_dictionary(lt) else lt)
+    arrays[schema.label.name] = _with_nulls(cats.take(pa.array(labels.astype(np.int64))), np.zeros(0, bool), lt)
+    return pa.Table.from_arrays([arrays[name] for name in arrow_schema.names], schema=arrow_schema)

@@ -1,0 +1,37 @@
+"""Calibrate: FirstPass (+ noise key side input) -> ReleasePlan, a pure function of its inputs."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import apache_beam as beam
+
+from dpcda.mechanisms.plan import build_plan
+
+log = logging.getLogger(__name__)
+
+
+def _plan(first, cfg, key, public_stats=None):
+    start = time.time()
+    plan = build_plan(first, cfg, key, public_stats)
+    log.info(
+        "stage=calibrate sigma_x=%.6g epsilon=%.4g delta=%g T_k=%d seconds=%.2f",
+        plan.sigma_x,
+        plan.accounting.epsilon,
+        plan.accounting.delta,
+        plan.samples_per_class,
+        time.time() - start,
+    )
+    return plan
+
+
+class Calibrate(beam.PTransform):
+    """FirstPass -> ReleasePlan (normalisation statistics, sigma_x, accounting)."""
+
+    def __init__(self, cfg, key_pcoll, public_stats=None):
+        super().__init__()
+        self.cfg, self.key, self.public_stats = cfg, key_pcoll, public_stats
+
+    def expand(self, first):
+        return first | "BuildPlan" >> beam.Map(_plan, self.cfg, beam.pvalue.AsSingleton(self.key), self.public_stats)

@@ -1,0 +1,44 @@
+"""DecodeTable: released Arrow blocks (features, label) -> tables with the input's columns (``storage.tables``)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+
+from dpcda.storage.tables import decode_rows, decode_uniforms
+
+
+def _decode(table: pa.Table, plan, key, schema, arrow_schema, fc: str, lc: str) -> pa.Table:
+    col = table.column(fc).combine_chunks()
+    z = col.flatten().to_numpy(zero_copy_only=False).reshape(len(col), -1).astype(np.float64)
+    x01 = z * plan.std + plan.mean  # back to encoded units with the release's (public or DP) statistics
+    labels = table.column(lc).to_numpy()
+    uniforms = None
+    if schema.decoding == "sample":
+        # the stream is named by the released block itself, so every block gets its own
+        tag = hashlib.blake2b(np.ascontiguousarray(z).tobytes(), digest_size=16).hexdigest()
+        uniforms = decode_uniforms(key, tag, len(z), schema)
+    return decode_rows(x01, labels, schema, arrow_schema, uniforms=uniforms)
+
+
+class DecodeTable(beam.PTransform):
+    """pyarrow.Table (features, label) -> pyarrow.Table with ``arrow_schema``; post-processing only."""
+
+    def __init__(self, plan, key, schema, arrow_schema, features_column: str, label_column: str):
+        super().__init__()
+        self.plan, self.key, self.schema, self.arrow_schema = plan, key, schema, arrow_schema
+        self.fc, self.lc = features_column, label_column
+
+    def expand(self, tables):
+        return tables | "Decode" >> beam.Map(
+            _decode,
+            beam.pvalue.AsSingleton(self.plan),
+            beam.pvalue.AsSingleton(self.key),
+            self.schema,
+            self.arrow_schema,
+            self.fc,
+            self.lc,
+        )

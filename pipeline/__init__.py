@@ -1,4 +1,0 @@
-"""CLI, options and graph wiring of the DP-CDA release job."""
-
-from storage.build import VERSION as __version__  # noqa: F401
-from storage.build import build_commit  # noqa: F401
