@@ -29,8 +29,8 @@ from benchmarks.files import write_csv, write_text
 from benchmarks.p3gm_table import CELLS, SAMPLES_CELL, cell_config, release_cell, score_release
 from dpcda.evaluation.train import Recipe, as_tensors, predict, stratified_split, train_one, use_bf16
 from dpcda.mechanisms.inprocess import first_pass
-from dpcda.mechanisms.p3gm import class_quota, sample_rows
-from dpcda.mechanisms.plan import normalize, sample_chunks
+from dpcda.mechanisms.p3gm import class_quota, sample_chunks, sample_rows
+from dpcda.mechanisms.plan import normalize
 from dpcda.pipeline.prepare import FASHION_MNIST_DIR, load_fashion_mnist
 from dpcda.privacy.noise import key_from_test_seed
 

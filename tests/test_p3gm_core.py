@@ -103,7 +103,7 @@ def test_ghost_clipped_sum_equals_torch_func_per_sample_gradients(dtype, tol):
 
 
 def test_parameter_count_matches_the_plans_draw_count():
-    from dpcda.mechanisms.plan import p3gm_parameters
+    from dpcda.mechanisms.p3gm import p3gm_parameters
 
     s = spec(latent_dim=4, hidden=11, num_classes=5)
     state = p3gm.init_state(13, s)

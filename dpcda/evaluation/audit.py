@@ -39,10 +39,10 @@ import numpy as np
 import torch
 from scipy import stats
 
+from dpcda.mechanisms import registry
 from dpcda.mechanisms.device import pick_device
 from dpcda.mechanisms.dpcda import mix_chunk  # Beam-free core of the mixing stage
-from dpcda.mechanisms.plan import synthesis_events
-from dpcda.privacy.accounting import RELATION_WORDS, ReleaseEvents, account, accountant_delta, relation_key
+from dpcda.privacy.accounting import RELATION_WORDS, ReleaseEvents, account, accountant_delta
 from dpcda.privacy.calibration import calibrate_noise, calibrate_sigma_x
 from dpcda.privacy.errors import DpcdaError
 from dpcda.privacy.events import CLIP_MARGIN, MODES
@@ -402,11 +402,13 @@ def run_audit(
         raise AuditError("samples_per_class >= 1, trials >= 4, dim >= 2 and clip > 0 are required")
     if (epsilon is None) == (sigma_x is None):
         raise AuditError("give exactly one of epsilon or sigma_x")
-    if mechanism in ("local", "randproj") and mode != "fixed":
-        raise AuditError(f"mode: {mechanism} offers mode fixed only")
-    if mechanism == "p3gm":
-        if mode != "poisson":
-            raise AuditError("mode: p3gm is accounted under add/remove only (mode poisson)")
+    try:
+        entry = registry.get(mechanism)
+    except registry.UnknownMechanism as err:
+        raise AuditError(str(err)) from None
+    if entry.audit_game == "dp-sgd-step":
+        if mode not in entry.modes:
+            raise AuditError(f"mode: {mechanism} is accounted under add/remove only (mode poisson)")
         return _run_dpsgd_audit(
             epsilon=epsilon,
             sigma_x=sigma_x,
@@ -421,17 +423,18 @@ def run_audit(
             claimed_epsilon=claimed_epsilon,
             t0=t0,
         )
+    if mode not in entry.modes:
+        raise AuditError(f"mode: {mechanism} offers mode {' or '.join(entry.modes)} only")
     projection, gain = None, 1.0
-    if mechanism == "randproj":
+    if entry.projects:
         from dpcda.mechanisms.randproj import projection_matrix
 
         projection = projection_matrix(dim, projection_dim, seed)
         gain = float(np.linalg.norm(projection, 2))
-    samples = samples_per_class if mechanism in ("dpcda", "dpmix") else 1
+    samples = samples_per_class if entry.mixes else 1
 
     def events(sigma):
-        return synthesis_events(
-            mechanism,
+        return entry.synthesis_events(
             mode,
             group_sizes=[class_size],
             samples=samples,
@@ -456,7 +459,7 @@ def run_audit(
     d, d_prime, u = canary_datasets(mode, class_size, dim, clip, seed)
     half = trials // 2
     scores = {}
-    if mechanism == "dpcda":
+    if entry.audit_game == "class-mixing":
         common = dict(
             mode=mode,
             mixing_order=mixing_order,
@@ -471,7 +474,7 @@ def run_audit(
             scores[name] = log_likelihood_ratio(
                 proj, mode=mode, shift=clip / mixing_order, rate=float(rate), sigma=float(sigma_x)
             )
-    elif mechanism == "dpmix":
+    elif entry.audit_game == "dataset-mixing":
         labels = {"D": np.r_[0, np.full(class_size - 1, 2)], "D'": np.r_[1, np.full(class_size - 1, 2)]}
         if mode == "poisson":  # D' removes the canary (features and label)
             labels["D'"] = labels["D'"][1:]
@@ -519,7 +522,7 @@ def run_audit(
         "sigma_x": float(sigma_x),
         "noise_multiplier": event.noise_multiplier,
         "sampling_rate": float(rate),
-        "neighbouring_relation": RELATION_WORDS[relation_key(mechanism, mode)],
+        "neighbouring_relation": RELATION_WORDS[entry.relation(mode)],
         "game": ("D' replaces the canary +c*u by -c*u" if mode == "fixed" else "D' removes the canary +c*u"),
         "target_epsilon": epsilon,
         "accounted_epsilon": accounted,
@@ -612,10 +615,16 @@ def json_safe(value):
     return value
 
 
+def _audit_mode(mechanism: str, mode: str) -> str:
+    """The mode a mechanism is audited in: its own where it offers one only (p3gm: poisson, add/remove)."""
+    modes = registry.get(mechanism).modes
+    return mode if mode in modes else modes[0] if len(modes) == 1 else mode
+
+
 def run_audit_cli(args) -> int:
     """``dpcda audit``: prints the result; exit status 1 when the bound exceeds the accounted epsilon."""
     result = run_audit(
-        mode="poisson" if args.mechanism == "p3gm" else args.mode,  # p3gm is add/remove only
+        mode=_audit_mode(args.mechanism, args.mode),
         mixing_order=args.mixing_order,
         epsilon=args.epsilon,
         delta=args.delta,
@@ -641,7 +650,9 @@ def audit_section(
     """
     mech = manifest["mechanism"]
     dev = pick_device("auto")
-    if mech.get("name") == "p3gm":  # its DP-SGD step at the release's noise multiplier, the canary in every batch
+    # p3gm: its DP-SGD step at the release's noise multiplier, the canary in every batch
+    name = mech.get("name", "dpcda")  # the manifest model's default: DP-CDA's section may leave it out
+    if registry.get(name).audit_game == "dp-sgd-step":
         size = class_size or 2
         result = run_audit(
             mode="poisson",
@@ -651,7 +662,7 @@ def audit_section(
             class_size=size,
             trials=trials or 20000,
             seed=seed,
-            mechanism="p3gm",
+            mechanism=name,
         )
         result["note"] = AUDIT_NOTE
         result["scope"] = (

@@ -385,13 +385,10 @@ def membership_audit(
             return lambda: (b for p in files for b in read_shard(p, "auto", fc, lc))
 
         space = "normalization.json (z-score, L2 clip)"
-    projection = None
-    if mech.get("name") == "randproj":  # the public R, rebuilt from the manifest
-        from dpcda.mechanisms.randproj import projection_matrix
+    from dpcda.mechanisms import registry
 
-        projection = projection_matrix(
-            int(inp["feature_dim"]), int(mech["projection_dim"]), int(mech["projection_seed"])
-        )
+    projection = registry.get(mech["name"]).test_projection(manifest) if mech.get("name") else None
+    if projection is not None:  # randproj: the public R, rebuilt from the manifest
         space += ", then the release's public random projection R"
 
     def to_space(x: np.ndarray, labels: np.ndarray, where: str) -> np.ndarray:

@@ -18,6 +18,7 @@ import numpy as np
 
 from dpcda.evaluation import report as report_mod
 from dpcda.evaluation.train import train_and_score
+from dpcda.mechanisms import registry
 from dpcda.mechanisms.plan import normalize
 from dpcda.privacy.errors import DpcdaError
 from dpcda.storage.paths import exists as _exists
@@ -141,15 +142,10 @@ def run_evaluation(
     dim = syn.features.shape[1]
     norm = _read_json(_find_normalization(release_dir, manifest))
     mech = (manifest or {}).get("mechanism", {})
-    projection = None
-    if mech.get("name") == "randproj":  # the public R, rebuilt from the manifest
-        from dpcda.mechanisms.randproj import projection_matrix
-
-        projection = projection_matrix(
-            int(manifest["input"]["feature_dim"]), int(mech["projection_dim"]), int(mech["projection_seed"])
-        )
+    entry = registry.get(mech["name"]) if mech.get("name") else None
+    projection = entry.test_projection(manifest) if entry else None  # randproj: the public R, rebuilt from the manifest
     test_x, test_y = load_test(test_glob, norm, dim, projection)
-    soft = load_soft_labels(release_dir, manifest) if mech.get("name") == "dpmix" else None
+    soft = load_soft_labels(release_dir, manifest) if entry and entry.label_scores else None
     declared = (manifest or {}).get("mechanism", {}).get("num_classes")
     num_classes = int(declared or max(int(syn.labels.max()), int(test_y.max())) + 1)
     if int(test_y.max()) >= num_classes or int(test_y.min()) < 0:

@@ -28,8 +28,9 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 import torch
 
+from dpcda.mechanisms.base import InProcess, Mechanism, PlanError
 from dpcda.mechanisms.postprocess import make_postprocess
-from dpcda.privacy.events import MAX_ROW_RECORDS
+from dpcda.privacy.events import MAX_ROW_RECORDS, MixingEvent
 from dpcda.privacy.noise import NoiseStream
 
 log = logging.getLogger(__name__)
@@ -180,3 +181,81 @@ def mix_class(
         else:
             labels = noisy_labels(class_index, num_classes, sigma_y, rows, label_stream)
         yield chunk, feats, labels
+
+
+# ---------------------------------------------------------------- the registry entry
+
+
+class Dpcda(Mechanism):
+    """Seed 000: each row averages l records of one class, plus Gaussian noise; T_k rows per class."""
+
+    name = "dpcda"
+    summary = "DP-CDA (seed 000): class-centric mixing of l records, Gaussian noise"
+    groups = "class"
+    mixes = True
+    graph = "dpcda.transforms.synthesize:MixClasses"
+    audit_game = "class-mixing"
+    paper_theorem = True  # seed 000's Theorem 1 applies (stated in the manifest, informational)
+    SAMPLING_WORDS = {
+        "fixed": "exactly l distinct records of the class, uniformly without replacement",
+        "poisson": "each record of the class independently with probability q_k = l / N_k_hat; sum divided by l",
+    }
+
+    def synthesis_events(self, mode, *, group_sizes, samples, mixing_order, clip, sigma_x, **_) -> list:
+        l = mixing_order
+        return [MixingEvent(mode, max(int(s), l), samples, l, clip, sigma_x) for s in group_sizes]
+
+    def calibration_events(self, events):
+        # the smallest class sets sigma_x (epsilon falls as N_k rises); the accountant re-checks every class
+        return lambda sigma: [min(events(sigma), key=lambda e: e.class_size)]
+
+    def rows(self, total: int, num_classes: int) -> tuple[int, int]:
+        per_class = total // num_classes
+        if per_class < 1:
+            raise PlanError(f"samples: T={total} gives no rows for {num_classes} classes (T_k = floor(T/K) = 0)")
+        return per_class, per_class * num_classes
+
+    def label_caveat(self) -> str:
+        return "Label noise (sigma_y) costs no privacy here: within a class the one-hot mean is always e_k."
+
+    def synthesize(self, ctx: InProcess):
+        plan, cfg = ctx.plan, ctx.cfg
+        for k in range(plan.num_classes):
+            for _, f, lab in mix_class(
+                ctx.normalized(ctx.x[ctx.y == k]),
+                key=ctx.key,
+                class_index=k,
+                num_classes=plan.num_classes,
+                mode=plan.mode,
+                mixing_order=plan.mixing_order,
+                sigma_x=plan.sigma_x,
+                samples=plan.samples_per_class,
+                chunk_rows=cfg.chunk_rows,
+                sampling_rate=plan.sampling_rates[k],
+                device=ctx.device,
+                sigma_y=plan.sigma_y,
+                lowpass=plan.lowpass,
+                denoise=plan.denoise_spec,
+                soft_labels=cfg.soft_labels,
+                basis=ctx.basis,
+                clip=plan.clip,
+            ):
+                yield (f, lab.argmax(axis=1), lab) if cfg.soft_labels else (f, lab, None)
+
+    def manifest_section(self, plan, *, chunk_rows, common, postprocessing, projection):
+        from dpcda.schemas.manifest import DpcdaMechanism
+
+        return DpcdaMechanism(
+            sampling=self.SAMPLING_WORDS[plan.mode],
+            mixing_order=plan.mixing_order,
+            sigma_y=plan.sigma_y,
+            samples_per_class=plan.samples_per_class,
+            class_sizes=list(plan.public_class_sizes) if plan.public_class_sizes else None,
+            class_sizes_dp=list(plan.dp_class_sizes) if plan.dp_class_sizes else None,
+            sampling_rates=[float(q) for q in plan.sampling_rates],
+            chunk_rows=chunk_rows,
+            postprocessing=postprocessing,
+            mixing_paths=list(plan.mixing_paths),
+            projection=projection,
+            **common,
+        )

@@ -17,8 +17,10 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 import torch
 
+from dpcda.mechanisms.base import InProcess, Mechanism
 from dpcda.mechanisms.dpcda import canonical_order, sample_rows
 from dpcda.mechanisms.postprocess import make_postprocess
+from dpcda.privacy.events import DpmixEvent
 from dpcda.privacy.noise import NoiseStream
 
 
@@ -85,3 +87,83 @@ def mix_dataset(
         if post is not None:
             feats = post(feats)
         yield chunk, feats, scores.astype(np.float32)
+
+
+# ---------------------------------------------------------------- the registry entry
+
+
+class Dpmix(Mechanism):
+    """Seed 001: each row mixes l records of the whole dataset, features and one-hot labels, plus noise."""
+
+    name = "dpmix"
+    summary = "DPMix (seed 001): mixing of l records of the whole dataset, features and labels"
+    groups = "dataset"
+    mixes = True
+    label_scores = True
+    graph = "dpcda.transforms.synthesize:MixWholeDataset"
+    audit_game = "dataset-mixing"
+    fixed_caveat = (
+        "fixed mode: the dataset size is public and stated here; the guarantee covers replacing one record (its "
+        "features and label)."
+    )
+    SAMPLING_WORDS = {
+        "fixed": "exactly l distinct records of the whole dataset, uniformly without replacement",
+        "poisson": "each record of the dataset independently with probability q = l / N_hat; sums divided by l",
+    }
+
+    def synthesis_events(self, mode, *, group_sizes, samples, mixing_order, clip, sigma_x, label_noise_ratio, **_):
+        n, l = int(group_sizes[0]), mixing_order
+        return [DpmixEvent(mode, max(n, l), samples, l, clip, sigma_x, label_noise_ratio * sigma_x)]
+
+    def label_noise_ratio(self, cfg):
+        return cfg.label_noise_ratio
+
+    def sigma_y(self, cfg, sigma_x: float) -> float:
+        return cfg.label_noise_ratio * sigma_x
+
+    def label_caveat(self) -> str:
+        return (
+            "DPMix: rows mix records of every class, so the labels are released as noisy one-hot means "
+            "(sigma_y = label_noise_ratio x sigma_x) and their noise is part of the accounted event."
+        )
+
+    def synthesize(self, ctx: InProcess):
+        plan = ctx.plan
+        for _, f, sc in mix_dataset(
+            ctx.normalized(ctx.x),
+            ctx.y,
+            key=ctx.key,
+            num_classes=plan.num_classes,
+            mode=plan.mode,
+            mixing_order=plan.mixing_order,
+            sigma_x=plan.sigma_x,
+            sigma_y=plan.sigma_y,
+            samples=plan.samples_total,
+            chunk_rows=ctx.cfg.chunk_rows,
+            sampling_rate=plan.sampling_rates[0],
+            device=ctx.device,
+            lowpass=plan.lowpass,
+            denoise=plan.denoise_spec,
+            basis=ctx.basis,
+            clip=plan.clip,
+        ):
+            yield f, sc.argmax(axis=1), sc
+
+    def manifest_section(self, plan, *, chunk_rows, common, postprocessing, projection):
+        from dpcda.schemas.manifest import DpmixMechanism
+
+        return DpmixMechanism(
+            name="dpmix",
+            sampling=self.SAMPLING_WORDS[plan.mode],
+            mixing_order=plan.mixing_order,
+            sigma_y=plan.sigma_y,
+            label_noise_ratio=plan.label_noise_ratio,
+            dataset_size=int(sum(plan.public_class_sizes)) if plan.public_class_sizes else None,
+            dataset_size_dp=int(sum(plan.dp_class_sizes)) if plan.dp_class_sizes else None,
+            sampling_rate=float(plan.sampling_rates[0]),
+            chunk_rows=chunk_rows,
+            postprocessing=postprocessing,
+            mixing_paths=list(plan.mixing_paths),
+            projection=projection,
+            **common,
+        )

@@ -21,7 +21,7 @@ from typing import Optional
 import numpy as np
 
 from dpcda.mechanisms import rowwise
-from dpcda.mechanisms.plan import PlanError
+from dpcda.mechanisms.base import PlanError
 from dpcda.privacy import dp_stats
 from dpcda.privacy.events import CLIP_MARGIN
 from dpcda.privacy.noise import NoiseStream, public_key

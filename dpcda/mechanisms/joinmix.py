@@ -33,6 +33,7 @@ from typing import Iterable, Iterator, Optional
 
 import numpy as np
 
+from dpcda.mechanisms import registry
 from dpcda.mechanisms.dpcda import label_scores, noisy_labels, sample_rows
 from dpcda.mechanisms.plan import normalize_into
 from dpcda.mechanisms.postprocess import make_postprocess
@@ -45,26 +46,35 @@ class Streams:
 
     mechanism: str
 
+    @property
+    def one_group(self) -> bool:
+        """The whole dataset is one group (DPMix's streams), not one group per class."""
+        return _one_group(self.mechanism)
+
     def index(self, key: bytes, group: int, chunk: int) -> NoiseStream:
-        if self.mechanism == "dpmix":
+        if self.one_group:
             return NoiseStream(key, "dpmix-index", chunk)
         return NoiseStream(key, "mix-index", group, chunk)
 
     def noise(self, key: bytes, group: int, chunk: int) -> NoiseStream:
-        if self.mechanism == "dpmix":
+        if self.one_group:
             return NoiseStream(key, "dpmix-noise", chunk)
         return NoiseStream(key, "mix-noise", group, chunk)
 
     def label(self, key: bytes, group: int, chunk: int) -> NoiseStream:
-        if self.mechanism == "dpmix":
+        if self.one_group:
             return NoiseStream(key, "dpmix-label", chunk)
         return NoiseStream(key, "label", group, chunk)
+
+
+def _one_group(mechanism: str) -> bool:
+    return registry.get(mechanism).groups == "dataset"
 
 
 def groups_of(mechanism: str, labels: np.ndarray) -> np.ndarray:
     """The group of each record: its class (dpcda) or 0, the whole dataset (dpmix)."""
     labels = np.asarray(labels, np.int64)
-    return np.zeros_like(labels) if mechanism == "dpmix" else labels
+    return np.zeros_like(labels) if _one_group(mechanism) else labels
 
 
 def block_counts(mechanism: str, labels: np.ndarray, num_groups: int) -> np.ndarray:
@@ -208,7 +218,7 @@ def finish_chunk(
     ``partials`` may hold None markers (a chunk whose rows drew no record still gets its rows of noise)."""
     parts = sorted((p for p in partials if p is not None), key=lambda p: p[0])
     sums = np.zeros((rows, dim), np.float64)
-    counts = np.zeros((rows, num_classes), np.float64) if streams.mechanism == "dpmix" else None
+    counts = np.zeros((rows, num_classes), np.float64) if streams.one_group else None
     for _, rid, s, c in parts:
         sums[rid] += s
         if counts is not None:
@@ -217,7 +227,7 @@ def finish_chunk(
     post = make_postprocess(lowpass=lowpass, denoise=denoise)
     if post is not None:
         feats = post(feats)
-    if streams.mechanism == "dpmix":
+    if streams.one_group:
         scores = streams.label(key, group, chunk).gaussian(counts / mixing_order, sigma_y)
         return feats, scores.astype(np.float32)
     label_stream = streams.label(key, group, chunk) if sigma_y > 0 else None

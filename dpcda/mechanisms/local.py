@@ -13,6 +13,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from dpcda.mechanisms.base import InProcess, Mechanism
+from dpcda.privacy.events import PerturbEvent
 from dpcda.privacy.noise import NoiseStream
 
 
@@ -31,3 +33,51 @@ def perturb_block(
         y = y @ projection
     out = NoiseStream(key, "perturb", *block).gaussian(y, sigma_x).astype(np.float32)
     return post(out) if post is not None else out
+
+
+# ---------------------------------------------------------------- the registry entry
+
+BLOCK_ROWS = 16384  # records per block of an in-process release
+
+
+class Local(Mechanism):
+    """Every record once, plus Gaussian noise (the baseline of seeds 000 and 001)."""
+
+    name = "local"
+    summary = "local perturbation: every record once, plus Gaussian noise"
+    modes = ("fixed",)
+    groups = "record"
+    graph = "dpcda.transforms.synthesize:PerturbEveryRecord"
+    audit_game = "perturbation"
+
+    def synthesis_events(self, mode, *, clip, sigma_x, gain=1.0, **_) -> list:
+        return [PerturbEvent(clip, sigma_x, gain)]
+
+    def label_caveat(self) -> str:
+        return (
+            f"{self.name}: every record is released once, with its label and class sizes as they are (both public "
+            f"under the replace-one-within-class relation)."
+        )
+
+    def projection_matrix(self, plan) -> Optional[np.ndarray]:
+        return None
+
+    def synthesize(self, ctx: InProcess):
+        from dpcda.mechanisms.postprocess import make_postprocess
+
+        plan = ctx.plan
+        projection = self.projection_matrix(plan)
+        post = make_postprocess(lowpass=plan.lowpass, denoise=plan.denoise_spec)
+        for start in range(0, len(ctx.y), BLOCK_ROWS):
+            rows = ctx.normalized(ctx.x[start : start + BLOCK_ROWS])
+            feats = perturb_block(
+                rows, key=ctx.key, block=("in-process", start), sigma_x=plan.sigma_x, projection=projection, post=post
+            )
+            yield feats, ctx.y[start : start + BLOCK_ROWS], None
+
+    def manifest_section(self, plan, *, chunk_rows, common, postprocessing, projection):
+        from dpcda.schemas.manifest import LocalMechanism
+
+        return LocalMechanism(
+            name="local", class_sizes=list(plan.public_class_sizes), postprocessing=postprocessing, **common
+        )

@@ -72,9 +72,11 @@ import torch
 import torch.nn.functional as F
 
 from dpcda.mechanisms import rowwise
+from dpcda.mechanisms.base import Budget, Calibrated, InProcess, Mechanism
 from dpcda.mechanisms.dpcda import canonical_order
 from dpcda.mechanisms.dppca import check_projection, project_rows
 from dpcda.mechanisms.dpsgd import clip_factors, noisy_sum, poisson_batch
+from dpcda.privacy.calibration import calibrate_noise
 from dpcda.privacy.events import CLIP_MARGIN
 from dpcda.privacy.noise import NoiseStream, public_key
 
@@ -670,7 +672,7 @@ def sample_rows(
 
 
 def spec_from_plan(plan) -> P3gmSpec:
-    """The public settings of the fit, from a release plan (``mechanisms.plan.P3gmPlan``)."""
+    """The public settings of the fit, from a release plan (its ``P3gmPlan``)."""
     p = plan.p3gm
     return P3gmSpec(
         latent_dim=p.latent_dim,
@@ -688,3 +690,177 @@ def spec_from_plan(plan) -> P3gmSpec:
         expected_batch=p.batch,
         label_weight=p.label_weight,
     )
+
+
+# ---------------------------------------------------------------- the registry entry
+
+
+def sample_chunks(plan, chunk_rows: int):
+    """(chunk, rows) of a release sampled ``chunk_rows`` at a time (p3gm): every chunk full but the last."""
+    for chunk in range(-(-plan.samples_total // chunk_rows)):
+        yield chunk, min(chunk_rows, plan.samples_total - chunk * chunk_rows)
+
+
+@dataclasses.dataclass(frozen=True)
+class P3gmPlan:
+    """What p3gm's fitting needs (all public or DP): the DP-EM noise and the DP-SGD schedule."""
+
+    latent_dim: int
+    components: int
+    em_iterations: int
+    em_noise_std: float  # on every coordinate of the EM sufficient statistics (sensitivity em_sensitivity)
+    em_sensitivity: float
+    em_share: float
+    sampling_rate: Fraction  # q = batch / N_hat, exact
+    steps: int
+    noise_multiplier: float  # z: the noise std on the sum of clipped gradients is z * grad_clip
+    grad_clip: float
+    lr: float
+    hidden: int
+    encoder_hidden: int
+    epochs: float
+    batch: int
+    label_weight: float  # of the label cross-entropy (public: the config's, or sqrt(d))
+
+
+def p3gm_parameters(dim: int, K: int, latent: int, hidden: int, encoder_hidden: Optional[int] = None) -> int:
+    """Weights and biases of p3gm's encoder [d, e, d'] (e: ``encoder_hidden``, default h), decoder [d', h, d + K]."""
+    e = hidden if encoder_hidden is None else encoder_hidden
+    return dim * e + e + e * latent + latent + latent * hidden + hidden + hidden * (dim + K) + dim + K
+
+
+class P3gm(Mechanism):
+    """Seed 004: rows sampled from a generative model whose every fitted quantity is DP (DP-PCA, DP-EM, DP-SGD)."""
+
+    name = "p3gm"
+    summary = "P3GM (seed 004): a VAE with a DP-PCA encoder and a DP-EM prior, trained with DP-SGD"
+    modes = ("poisson",)
+    groups = "dataset"
+    graph = "dpcda.transforms.synthesize:FitAndSampleP3gm"
+    audit_game = "dp-sgd-step"
+    one_worker = "p3gm fits its model on one worker; raise --max-class-bytes on bigger workers"
+    fits_model = True
+
+    def calibrate(self, events, budget: Budget, *, cfg, dim: int, num_classes: int, records: int, **_) -> Calibrated:
+        """DP-EM's noise spends its own share alone; the DP-SGD noise multiplier is then calibrated so that
+        everything (statistics, DP-PCA, DP-EM, DP-SGD) composes to the rest of the target."""
+        from dpcda.privacy.calibration import calibrate_alone
+        from dpcda.privacy.events import DpSgdEvent, IteratedGaussianEvent
+
+        n = max(int(records), 1)
+        rate = Fraction(min(cfg.p3gm_batch, n), n)
+        steps = max(1, math.ceil(cfg.p3gm_epochs / rate))
+        sens = em_sensitivity()
+        em_std = z = 0.0  # sigma_x 0: no noise, the non-private reference (epsilon infinite)
+        if cfg.sigma_x != 0:
+            em_std = sens * calibrate_alone(
+                lambda z: IteratedGaussianEvent("dp_em", cfg.p3gm_em_iterations, z * sens, sens),
+                name="dp_em",
+                target_epsilon=cfg.p3gm_em_budget_share * budget.reference_budget,
+                delta=budget.delta,
+            )
+        em = IteratedGaussianEvent("dp_em", cfg.p3gm_em_iterations, em_std, sens)
+        if cfg.sigma_x != 0:
+            z = calibrate_noise(
+                cfg.mode,
+                lambda s: [DpSgdEvent("dp_sgd", rate, steps, s)],
+                target_epsilon=budget.target_epsilon,
+                delta=budget.delta,
+                shared=[*budget.shared, em],
+                stated_delta=cfg.delta,
+            )
+        plan = P3gmPlan(
+            latent_dim=cfg.p3gm_latent_dim,
+            components=cfg.p3gm_components,
+            em_iterations=cfg.p3gm_em_iterations,
+            em_noise_std=em_std,
+            em_sensitivity=sens,
+            em_share=cfg.p3gm_em_budget_share,
+            sampling_rate=rate,
+            steps=steps,
+            noise_multiplier=z,
+            grad_clip=cfg.p3gm_grad_clip if z > 0 else math.inf,
+            lr=cfg.p3gm_lr,
+            hidden=cfg.p3gm_hidden,
+            encoder_hidden=cfg.p3gm_hidden if cfg.p3gm_encoder_hidden is None else cfg.p3gm_encoder_hidden,
+            epochs=cfg.p3gm_epochs,
+            batch=cfg.p3gm_batch,
+            label_weight=math.sqrt(dim) if cfg.p3gm_label_weight is None else float(cfg.p3gm_label_weight),
+        )
+        return Calibrated(sigma_x=0.0, per_group=(DpSgdEvent("dp_sgd", rate, steps, z),), shared=(em,), p3gm=plan)
+
+    def check_before_work(self, cfg, dim: int) -> None:
+        from dpcda.mechanisms.device import pick_device
+
+        check_shapes(
+            dim=dim,
+            num_classes=cfg.num_classes,
+            latent_dim=cfg.p3gm_latent_dim,
+            components=cfg.p3gm_components,
+            hidden=cfg.p3gm_hidden,
+            encoder_hidden=cfg.p3gm_encoder_hidden,
+            device=pick_device(cfg.device),
+        )
+
+    def extra_draws(self, calibrated: Calibrated, *, dim: int, num_classes: int) -> int:
+        """Gaussian draws that carry privacy noise: one per parameter per DP-SGD step, the EM statistics per
+        iteration."""
+        p = calibrated.p3gm
+        params = p3gm_parameters(dim, num_classes, p.latent_dim, p.hidden, p.encoder_hidden)
+        sgd = p.steps * params * (p.noise_multiplier > 0)
+        em = p.em_iterations * p.components * (1 + 2 * p.latent_dim) * (p.em_noise_std > 0)
+        return sgd + em
+
+    def label_caveat(self) -> str:
+        return (
+            "p3gm: the released rows and labels are sampled from a model whose every fitted quantity is DP (the "
+            "DP-PCA basis, the DP-EM mixture prior, the VAE trained with DP-SGD): sampling is post-processing."
+        )
+
+    def synthesize(self, ctx: InProcess):
+        plan = ctx.plan
+        spec = spec_from_plan(plan)
+        x = ctx.normalized(ctx.x)
+        model = fit(x, ctx.y, ctx.basis, plan.clip, spec, ctx.key, ctx.device, progress=ctx.progress)
+        if ctx.on_model is not None:
+            ctx.on_model(model, spec)
+        for chunk, rows in sample_chunks(plan, ctx.cfg.chunk_rows):
+            f, lab = sample_rows(model, spec, rows=rows, chunk=chunk, key=ctx.key, clip=plan.clip, device=ctx.device)
+            yield f, lab, None
+
+    def manifest_section(self, plan, *, chunk_rows, common, postprocessing, projection):
+        from dpcda.schemas.manifest import P3gmMechanism
+
+        p = plan.p3gm
+        return P3gmMechanism(
+            name="p3gm",
+            mode=plan.mode,
+            clip=plan.clip,
+            num_classes=plan.num_classes,
+            samples_total=plan.samples_total,
+            dataset_size_dp=int(sum(plan.dp_class_sizes)) if plan.dp_class_sizes else None,
+            latent_dim=p.latent_dim,
+            pca_covariance_noise_std=plan.pca_noise_std,
+            pca_epsilon_share=plan.pca_share,
+            em={
+                "components": p.components,
+                "iterations": p.em_iterations,
+                "noise_std": p.em_noise_std,
+                "sensitivity": p.em_sensitivity,
+                "epsilon_share": p.em_share,
+            },
+            dp_sgd={
+                "sampling_rate": float(p.sampling_rate),
+                "steps": p.steps,
+                "noise_multiplier": p.noise_multiplier,
+                "clip": p.grad_clip if math.isfinite(p.grad_clip) else None,
+                "lr": p.lr,
+                "epochs": p.epochs,
+                "expected_batch": p.batch,
+                "hidden": p.hidden,
+                "encoder_hidden": p.encoder_hidden,
+                "label_weight": p.label_weight,
+            },
+            sampling="z from the DP mixture prior, the row = the decoder's feature means, the label = the argmax of "
+            "its label scores (mechanisms.p3gm)",
+        )

@@ -18,7 +18,10 @@ from typing import Optional
 
 import numpy as np
 
+from dpcda.mechanisms import registry
+from dpcda.mechanisms.base import Budget, Mechanism, PlanError
 from dpcda.mechanisms.combiners import FirstPass
+from dpcda.mechanisms.p3gm import P3gmPlan
 from dpcda.privacy import dp_stats
 from dpcda.privacy.accounting import (
     Accounting,
@@ -26,11 +29,9 @@ from dpcda.privacy.accounting import (
     account,
     accountant_delta,
     adaptive_epsilon,
-    relation_key,
 )
-from dpcda.privacy.calibration import calibrate_alone, calibrate_gaussian, calibrate_noise
-from dpcda.privacy.errors import DpcdaError
-from dpcda.privacy.events import CLIP_MARGIN, DpmixEvent, DpSgdEvent, IteratedGaussianEvent, MixingEvent, PerturbEvent
+from dpcda.privacy.calibration import calibrate_gaussian
+from dpcda.privacy.events import CLIP_MARGIN
 from dpcda.privacy.noise import NoiseStream
 from dpcda.schemas.config import MAX_SAMPLES_PER_INPUT_ROW, ReleaseConfig
 from dpcda.storage.paths import open_file
@@ -39,32 +40,6 @@ from dpcda.storage.shards import InputError
 # With an explicit sigma_x there is no target epsilon to take shares of; the statistics then spend
 # their share of this reference budget (stated in the manifest).
 REFERENCE_EPSILON = 10.0
-
-
-class PlanError(DpcdaError, ValueError):
-    """The data and config cannot make a release (e.g. a class smaller than l in fixed mode)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class P3gmPlan:
-    """What p3gm's fitting needs (all public or DP): the DP-EM noise and the DP-SGD schedule (mechanisms.p3gm)."""
-
-    latent_dim: int
-    components: int
-    em_iterations: int
-    em_noise_std: float  # on every coordinate of the EM sufficient statistics (sensitivity em_sensitivity)
-    em_sensitivity: float
-    em_share: float
-    sampling_rate: Fraction  # q = batch / N_hat, exact
-    steps: int
-    noise_multiplier: float  # z: the noise std on the sum of clipped gradients is z * grad_clip
-    grad_clip: float
-    lr: float
-    hidden: int
-    encoder_hidden: int
-    epochs: float
-    batch: int
-    label_weight: float  # of the label cross-entropy (public: the config's, or sqrt(d))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,15 +85,24 @@ class ReleasePlan:
     p3gm: Optional[P3gmPlan] = None
 
     @property
+    def mechanism_entry(self) -> Mechanism:
+        return registry.get(self.mechanism)
+
+    @property
     def join_groups(self) -> tuple[int, ...]:
         return tuple(g for g, p in enumerate(self.mixing_paths) if p == "join")
 
+    @property
+    def one_group(self) -> bool:
+        """Rows are made from the whole dataset (one group), not per class."""
+        return self.mechanism_entry.groups == "dataset"
+
     def group_records(self, g: int) -> int:
         """Exact records of group g (private: the join path's index range)."""
-        return int(sum(self.class_rows)) if self.mechanism in ("dpmix", "p3gm") else int(self.class_rows[g])
+        return self.mechanism_entry.group_records(self, g)
 
     def group_samples(self, g: int) -> int:
-        return self.samples_total if self.mechanism == "dpmix" else self.samples_per_class
+        return self.mechanism_entry.group_samples(self, g)
 
     @property
     def guarantee_epsilon(self) -> float:
@@ -273,28 +257,11 @@ def resolve_lowpass(cfg: ReleaseConfig, dim: int) -> Optional[tuple[tuple[int, .
     return shape, int(cfg.lowpass)
 
 
-def synthesis_events(
-    mechanism: str,
-    mode: str,
-    *,
-    group_sizes,
-    samples: int,
-    mixing_order: int,
-    clip: float,
-    sigma_x: float,
-    label_noise_ratio: Optional[float] = None,
-    gain: float = 1.0,
-) -> list:
-    """The events a mechanism's synthesis spends at feature noise ``sigma_x``: one per group (dpcda: per class, with
-    ``samples`` rows each; dpmix: one, the dataset, ``samples`` rows; local/randproj: one Gaussian per record, in
-    parallel). Groups compose in parallel. Used by the plan and by ``dpcda account``."""
-    l, c = mixing_order, clip
-    if mechanism == "dpcda":
-        return [MixingEvent(mode, max(int(s), l), samples, l, c, sigma_x) for s in group_sizes]
-    if mechanism == "dpmix":
-        n = int(group_sizes[0])
-        return [DpmixEvent(mode, max(n, l), samples, l, c, sigma_x, label_noise_ratio * sigma_x)]
-    return [PerturbEvent(c, sigma_x, gain)]
+def synthesis_events(mechanism: str, mode: str, **kw) -> list:
+    """The events mechanism ``mechanism``'s synthesis spends (``Mechanism.synthesis_events``): one per group (dpcda:
+    per class; dpmix: one, the dataset; local/randproj: one Gaussian per record, in parallel). Groups compose in
+    parallel. Used by the plan, ``dpcda account`` and the audit."""
+    return registry.get(mechanism).synthesis_events(mode, **kw)
 
 
 def build_plan(
@@ -314,10 +281,11 @@ def build_plan(
     lowpass = resolve_lowpass(cfg, dim)
     mode, l, c, delta = cfg.mode, cfg.mixing_order, cfg.clip, cfg.delta
     budget = cfg.epsilon if cfg.epsilon is not None else REFERENCE_EPSILON
+    mech = registry.get(cfg.mechanism)
     caveats = [
         "Noise and sampling draw from ChaCha20 keystreams under a fresh 256-bit secret key: the guarantee holds "
         "against adversaries who cannot tell ChaCha20 from random bits (privacy.noise says how draws are made).",
-        "Label noise (sigma_y) costs no privacy here: within a class the one-hot mean is always e_k.",
+        mech.label_caveat(),
     ]
     shared: list = []
     adaptive: list = []
@@ -327,21 +295,19 @@ def build_plan(
             f"epsilon={REFERENCE_EPSILON:g}; the epsilon below is what the whole release spends."
         )
 
-    # the join path has no DP-PCA projection yet; p3gm fits on one worker
-    mixing_path = "memory" if cfg.projection or cfg.mechanism == "p3gm" else cfg.mixing_path
+    # the join path has no DP-PCA projection yet; some mechanisms fit on one worker
+    mixing_path = "memory" if cfg.projection or mech.one_worker else cfg.mixing_path
     why = (
         "the DP-PCA projection mixes in memory only; raise --max-class-bytes on bigger workers"
         if cfg.projection
-        else "p3gm fits its model on one worker; raise --max-class-bytes on bigger workers"
-        if cfg.mechanism == "p3gm"
-        else ""
+        else mech.one_worker
     )
     # Class sizes: public in fixed mode, a DP histogram in poisson mode.
     where = f"{cfg.input}: column '{cfg.label_column}'"
     budget_bytes = cfg.max_class_bytes or default_class_budget()
     if mode == "fixed":
-        small = [k for k in range(K) if counts[k] < l] if cfg.mechanism == "dpcda" else []
-        if cfg.mechanism == "dpmix" and rows < l:
+        small = [k for k in range(K) if counts[k] < l] if mech.mixes and mech.groups == "class" else []
+        if mech.mixes and mech.groups == "dataset" and rows < l:
             raise PlanError(f"{cfg.input}: {rows} records, fewer than mixing_order l={l}")
         if small:
             k = small[0]
@@ -354,21 +320,15 @@ def build_plan(
                 f"{where}: class {k} has {counts[k]} records, fewer than mixing_order l={l}; fixed mode "
                 f"draws l distinct records per row (lower l, or use --mode poisson){hint}"
             )
-        groups = [rows] if cfg.mechanism == "dpmix" else counts
+        groups = [rows] if mech.groups == "dataset" else counts
         paths = (
             choose_mixing_paths(groups, dim, budget_bytes, mixing_path, where=where, exact=True, why=why)
-            if cfg.mechanism in ("dpcda", "dpmix")
+            if mech.mixes
             else ()
         )
         sizes, n_public = counts, float(rows)
         dp_sizes = None
-        caveats.append(
-            "fixed mode: the dataset size is public and stated here; the guarantee covers replacing one "
-            "record (its features and label)."
-            if cfg.mechanism == "dpmix"
-            else "fixed mode: class sizes N_k are public and stated here; the guarantee covers "
-            "replacing one record's features within its class."
-        )
+        caveats.append(mech.fixed_caveat)
     else:
         # The histogram's output chooses q_k, T_k and sigma_x: it is accounted alone, at its own share of epsilon and
         # delta, and the rest is calibrated to what remains (adaptive composition; privacy.accounting).
@@ -385,7 +345,7 @@ def build_plan(
         # decided on the DP counts (plus 6 noise sds), never on the exact ones: whether the job stops is public
         grouped = (
             [dp_sizes.sum() + 6 * hist.noise_std * math.sqrt(K)]
-            if cfg.mechanism in ("dpmix", "p3gm")
+            if mech.groups == "dataset"
             else dp_sizes + 6 * hist.noise_std
         )
         paths = choose_mixing_paths(grouped, dim, budget_bytes, mixing_path, where=where, exact=False, why=why)
@@ -440,7 +400,7 @@ def build_plan(
     pca_std = None
     if cfg.pca_components is not None:  # the DP-PCA covariance: a Gaussian release of its own share (mechanisms.dppca)
         if cfg.pca_components >= dim:
-            what = "p3gm_latent_dim" if cfg.mechanism == "p3gm" else "projection"
+            what = "projection" if cfg.projection else f"{cfg.mechanism}_latent_dim"
             raise PlanError(f"{what}: K={cfg.pca_components} must be below the feature dimension d={dim}")
         bound = rows if mode == "fixed" else n_public + 6 * (adaptive[0][0].noise_std * math.sqrt(K) if adaptive else 0)
         if bound * 2.0 ** (2 * dp_stats.COV_QUANTUM_BITS) >= dp_stats.COV_MAX_SUM:  # decided on public counts
@@ -454,7 +414,6 @@ def build_plan(
         )
         shared.append(pca_ev)
         pca_std = pca_ev.noise_std
-    mech = cfg.mechanism
     N = rows if mode == "fixed" else int(n_public)
     T = cfg.samples or N
     cap = MAX_SAMPLES_PER_INPUT_ROW * max(int(n_public), 1)
@@ -463,22 +422,15 @@ def build_plan(
             f"samples: T={T} is more than {MAX_SAMPLES_PER_INPUT_ROW} times the input's rows; lower --samples"
         )
     sizes_list = [int(s) for s in sizes]
-    projection = None
-    gain = 1.0
-    if mech == "randproj":
-        from dpcda.mechanisms.randproj import projection_matrix
-
-        R = projection_matrix(dim, cfg.projection_dim, cfg.projection_seed)
-        gain = float(np.linalg.norm(R, 2))
-        projection = (cfg.projection_dim, cfg.projection_seed, gain)
-    ratio = cfg.label_noise_ratio if mech == "dpmix" else None
+    projection, gain = mech.projection(cfg, dim)
+    ratio = mech.label_noise_ratio(cfg)
+    T_k, T_total = mech.rows(T, K)
 
     def events(sigma: float) -> list:
-        return synthesis_events(
-            mech,
+        return mech.synthesis_events(
             mode,
-            group_sizes=sizes_list if mech == "dpcda" else [N],
-            samples=T_k if mech == "dpcda" else T,
+            group_sizes=sizes_list if mech.groups == "class" else [N],
+            samples=T_k if mech.groups == "class" else T,
             mixing_order=l,
             clip=c,
             sigma_x=sigma,
@@ -486,28 +438,18 @@ def build_plan(
             gain=gain,
         )
 
-    if mech == "dpcda":
-        T_k = T // K
-        if T_k < 1:
-            raise PlanError(f"samples: T={T} gives no rows for {K} classes (T_k = floor(T/K) = 0)")
-        T_total = T_k * K
-    else:
-        T_k, T_total = 0, T
-    p3gm = None
-    if mech == "p3gm":
-        p3gm, em_event, sgd_event = _p3gm_events(cfg, dim, K, N, shared, rest_budget, acc_delta, budget)
-        shared.append(em_event)
-        sigma_x = 0.0
-    elif cfg.sigma_x is not None:
-        sigma_x = float(cfg.sigma_x)
-    else:
-        # dpcda: the smallest class sets sigma_x (epsilon falls as N_k rises); account() re-checks every class
-        smallest = (lambda sigma: [min(events(sigma), key=lambda e: e.class_size)]) if mech == "dpcda" else events
-        sigma_x = calibrate_noise(
-            mode, smallest, target_epsilon=rest_budget, delta=acc_delta, shared=shared, scale=c, stated_delta=delta
-        )
-    sigma_y = ratio * sigma_x if mech == "dpmix" else cfg.sigma_y
-    per_group = (sgd_event,) if mech == "p3gm" else tuple(events(sigma_x))
+    calibrated = mech.calibrate(
+        events,
+        Budget(mode, rest_budget, acc_delta, delta, tuple(shared), budget),
+        cfg=cfg,
+        clip=c,
+        dim=dim,
+        num_classes=K,
+        records=N,
+    )
+    shared.extend(calibrated.shared)
+    sigma_x, per_group, p3gm = calibrated.sigma_x, calibrated.per_group, calibrated.p3gm
+    sigma_y = mech.sigma_y(cfg, sigma_x)
     out_dim = projection[0] if projection else dim
     mixed_dim = cfg.pca_components or out_dim  # with a DP-PCA projection the noise is drawn in K dimensions
     gaussian_draws = (
@@ -516,7 +458,7 @@ def build_plan(
         + T_total * K * (sigma_y > 0)
         + 2 * dim * (cfg.normalization == "dp")
         + K * (mode == "poisson")
-        + (_p3gm_draws(p3gm, dim, K) if p3gm is not None else 0)
+        + mech.extra_draws(calibrated, dim=dim, num_classes=K)
     )
     binomial_draws = T_total * (mode == "poisson")
     acc = account(
@@ -529,32 +471,17 @@ def build_plan(
             binomial_draws=binomial_draws,
         ),
         delta,
-        relation=relation_key(mech, mode),
+        relation=mech.relation(mode),
     )
     if cfg.epsilon is not None and acc.epsilon > cfg.epsilon:
         raise AssertionError(f"calibration overshot: {acc.epsilon} > {cfg.epsilon}")  # never expected
     end_to_end = cfg.normalization != "exact" and math.isfinite(acc.epsilon)
-    if sigma_x == 0 and mech != "p3gm":
+    if sigma_x == 0 and not mech.fits_model:
         caveats.append("sigma_x = 0: no noise on the features; epsilon is infinite.")
-    if mech == "p3gm":
-        caveats[1] = (
-            "p3gm: the released rows and labels are sampled from a model whose every fitted quantity is DP (the "
-            "DP-PCA basis, the DP-EM mixture prior, the VAE trained with DP-SGD): sampling is post-processing."
-        )
-        if not math.isfinite(acc.epsilon):
-            caveats.append("sigma_x = 0: p3gm was fitted without noise or clipping; epsilon is infinite.")
-    if mech == "dpmix":
-        caveats[1] = (
-            "DPMix: rows mix records of every class, so the labels are released as noisy one-hot means "
-            "(sigma_y = label_noise_ratio x sigma_x) and their noise is part of the accounted event."
-        )
-    elif mech != "dpcda":
-        caveats[1] = (
-            f"{mech}: every record is released once, with its label and class sizes as they are (both "
-            f"public under the replace-one-within-class relation)."
-        )
+    if mech.fits_model and not math.isfinite(acc.epsilon):
+        caveats.append(f"sigma_x = 0: {mech.name} was fitted without noise or clipping; epsilon is infinite.")
     return ReleasePlan(
-        mechanism=mech,
+        mechanism=mech.name,
         mode=mode,
         num_classes=K,
         feature_dim=dim,
@@ -594,67 +521,6 @@ def build_plan(
     )
 
 
-def _p3gm_events(cfg: ReleaseConfig, dim: int, K: int, n_hat: int, shared: list, rest_budget, acc_delta, budget):
-    """p3gm's DP-EM and DP-SGD: EM's noise spends its own share alone; the DP-SGD noise multiplier is then
-    calibrated so that everything (statistics, DP-PCA, DP-EM, DP-SGD) composes to the rest of the target."""
-    from dpcda.mechanisms.p3gm import em_sensitivity
-
-    n = max(int(n_hat), 1)
-    rate = Fraction(min(cfg.p3gm_batch, n), n)
-    steps = max(1, math.ceil(cfg.p3gm_epochs / rate))
-    sens = em_sensitivity()
-    em_std = z = 0.0  # sigma_x 0: no noise, the non-private reference (epsilon infinite)
-    if cfg.sigma_x != 0:
-        em_std = sens * calibrate_alone(
-            lambda z: IteratedGaussianEvent("dp_em", cfg.p3gm_em_iterations, z * sens, sens),
-            name="dp_em",
-            target_epsilon=cfg.p3gm_em_budget_share * budget,
-            delta=acc_delta,
-        )
-    em = IteratedGaussianEvent("dp_em", cfg.p3gm_em_iterations, em_std, sens)
-    if cfg.sigma_x != 0:
-        z = calibrate_noise(
-            cfg.mode,
-            lambda s: [DpSgdEvent("dp_sgd", rate, steps, s)],
-            target_epsilon=rest_budget,
-            delta=acc_delta,
-            shared=[*shared, em],
-            stated_delta=cfg.delta,
-        )
-    plan = P3gmPlan(
-        latent_dim=cfg.p3gm_latent_dim,
-        components=cfg.p3gm_components,
-        em_iterations=cfg.p3gm_em_iterations,
-        em_noise_std=em_std,
-        em_sensitivity=sens,
-        em_share=cfg.p3gm_em_budget_share,
-        sampling_rate=rate,
-        steps=steps,
-        noise_multiplier=z,
-        grad_clip=cfg.p3gm_grad_clip if z > 0 else math.inf,
-        lr=cfg.p3gm_lr,
-        hidden=cfg.p3gm_hidden,
-        encoder_hidden=cfg.p3gm_hidden if cfg.p3gm_encoder_hidden is None else cfg.p3gm_encoder_hidden,
-        epochs=cfg.p3gm_epochs,
-        batch=cfg.p3gm_batch,
-        label_weight=math.sqrt(dim) if cfg.p3gm_label_weight is None else float(cfg.p3gm_label_weight),
-    )
-    return plan, em, DpSgdEvent("dp_sgd", rate, steps, z)
-
-
-def p3gm_parameters(dim: int, K: int, latent: int, hidden: int, encoder_hidden: Optional[int] = None) -> int:
-    """Weights and biases of p3gm's encoder [d, e, d'] (e: ``encoder_hidden``, default h), decoder [d', h, d + K]."""
-    e = hidden if encoder_hidden is None else encoder_hidden
-    return dim * e + e + e * latent + latent + latent * hidden + hidden + hidden * (dim + K) + dim + K
-
-
-def _p3gm_draws(p: P3gmPlan, dim: int, K: int) -> int:
-    """Gaussian draws that carry privacy noise: one per parameter per DP-SGD step, the EM statistics per iteration."""
-    sgd = p.steps * p3gm_parameters(dim, K, p.latent_dim, p.hidden, p.encoder_hidden) * (p.noise_multiplier > 0)
-    em = p.em_iterations * p.components * (1 + 2 * p.latent_dim) * (p.em_noise_std > 0)
-    return sgd + em
-
-
 def _normalized64(
     features: np.ndarray, mean: np.ndarray, std: np.ndarray, clip: float, bounds: tuple[float, float]
 ) -> np.ndarray:
@@ -669,12 +535,6 @@ def _normalized64(
 def _check_clipped(rows: np.ndarray, clip: float) -> None:
     if rows.size and np.linalg.norm(np.asarray(rows, np.float64), axis=1).max() > clip * (1.0 - CLIP_MARGIN / 2):
         raise AssertionError("clip: a row's norm exceeds the clip margin after rounding")  # never expected
-
-
-def sample_chunks(plan: "ReleasePlan", chunk_rows: int):
-    """(chunk, rows) of a release sampled ``chunk_rows`` at a time (p3gm): every chunk full but the last."""
-    for chunk in range(-(-plan.samples_total // chunk_rows)):
-        yield chunk, min(chunk_rows, plan.samples_total - chunk * chunk_rows)
 
 
 def normalization_record(plan: "ReleasePlan") -> dict:

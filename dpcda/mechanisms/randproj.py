@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dpcda.mechanisms.local import Local
 from dpcda.privacy.noise import NoiseStream, public_key
 
 
@@ -21,3 +22,44 @@ def projection_matrix(dim: int, p: int, seed: int) -> np.ndarray:
         raise ValueError(f"projection: need d >= 1 and p >= 1, got d={dim}, p={p}")
     stream = NoiseStream(public_key("projection", seed), dim, p)
     return stream.gaussian(np.zeros((dim, p)), 1.0) / np.sqrt(p)
+
+
+# ---------------------------------------------------------------- the registry entry
+
+
+class Randproj(Local):
+    """Every record projected by the public R, plus Gaussian noise (DPPro, seed 001's baseline)."""
+
+    name = "randproj"
+    summary = "random projection: every record times a public random R, plus Gaussian noise"
+    projects = True
+
+    def projection(self, cfg, dim: int):
+        R = projection_matrix(dim, cfg.projection_dim, cfg.projection_seed)
+        gain = float(np.linalg.norm(R, 2))
+        return (cfg.projection_dim, cfg.projection_seed, gain), gain
+
+    def projection_matrix(self, plan) -> np.ndarray:
+        return projection_matrix(plan.feature_dim, plan.projection[0], plan.projection[1])
+
+    def output_dim(self, cfg, dim: int) -> int:
+        return cfg.projection_dim
+
+    def manifest_section(self, plan, *, chunk_rows, common, postprocessing, projection):
+        from dpcda.schemas.manifest import RandprojMechanism
+
+        p, seed, norm = plan.projection
+        return RandprojMechanism(
+            name="randproj",
+            projection_dim=p,
+            projection_seed=seed,
+            projection_norm=norm,
+            class_sizes=list(plan.public_class_sizes),
+            **common,
+        )
+
+    def test_projection(self, manifest: dict) -> np.ndarray:
+        mech = manifest["mechanism"]
+        return projection_matrix(
+            int(manifest["input"]["feature_dim"]), int(mech["projection_dim"]), int(mech["projection_seed"])
+        )

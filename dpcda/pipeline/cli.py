@@ -33,6 +33,7 @@ _KNOWN = (
     "LedgerError",
     "FeasibilityError",
     "PrivateSamplingError",
+    "UnknownMechanism",
 )  # every DpcdaError subclass, by name (a worker's error reaches the launcher as text; tests/test_errors.py checks)
 _PATTERN = re.compile(r"(?:^|\W)(%s): (.+)" % "|".join(_KNOWN))
 
@@ -71,8 +72,7 @@ def _setup_logging() -> None:
     # reports it (one line for bad input, the full traceback otherwise), so the log copy is noise.
     logging.getLogger("apache_beam.runners.common").setLevel(logging.CRITICAL)
     logging.getLogger("apache_beam.runners.dataflow").setLevel(logging.INFO)  # job state, for the operator
-    for ours in ("dpcda", "transforms", "mechanisms", "storage", "evaluation", "privacy", "pipeline"):
-        logging.getLogger(ours).setLevel(logging.INFO)
+    logging.getLogger("dpcda").setLevel(logging.INFO)  # the package's loggers: dpcda.release, dpcda.evaluation...
 
 
 # Release flags are the config model's fields (names with dashes, help from the field descriptions), so the CLI and
@@ -181,55 +181,15 @@ def cmd_release(args, beam_args) -> int:
         )
     overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config", "allow_exception_sampling")}
     cfg = load_config(args.config, overrides)
-    from dpcda.pipeline.release import run_release  # after the checks above: a bad flag fails before torch is imported
+    # after the checks above: a bad flag fails before torch is imported
+    from dpcda.pipeline.release import release_stages, run_release
 
     if not any(a.startswith("--runner") for a in beam_args):
         beam_args = DEFAULT_BEAM_ARGS + beam_args
     if not args.allow_exception_sampling:
         beam_args = beam_args + [NO_EXCEPTION_SAMPLING]
-    stages = []
-    if cfg.eval_input and cfg.table is not None:
-        from dpcda.evaluation.tabular import evaluate_table_release
-
-        stages.append(
-            (
-                "utility",
-                lambda workdir, manifest: evaluate_table_release(
-                    workdir, manifest, cfg.eval_input, cfg.table, test_public=cfg.eval_input_public
-                ),
-            )
-        )
-    elif cfg.eval_input:
-        from dpcda.evaluation.stage import evaluate_release
-
-        stages.append(
-            (
-                "utility",
-                lambda workdir, manifest: evaluate_release(
-                    workdir,
-                    manifest,
-                    cfg.eval_input,
-                    runs=cfg.eval_runs,
-                    epochs=cfg.eval_epochs,
-                    test_public=cfg.eval_input_public,
-                ),
-            )
-        )
-    if cfg.audit:
-        from dpcda.evaluation.audit import audit_section
-
-        stages.append(("audit", lambda workdir, manifest: audit_section(manifest)))
-    if cfg.membership_audit:  # after the canary audit: keeps its keys, adds "membership"
-        from dpcda.evaluation.membership import membership_audit_section
-
-        stages.append(
-            (
-                "audit",
-                lambda workdir, manifest: membership_audit_section(workdir, manifest, cfg.input, cfg.eval_input),
-            )
-        )
     manifest = run_release(
-        cfg, beam_args, tuple(stages), eval_input=cfg.eval_input, protect=(args.config,) if args.config else ()
+        cfg, beam_args, release_stages(cfg), eval_input=cfg.eval_input, protect=(args.config,) if args.config else ()
     )
     p = manifest["privacy"]
     print(
@@ -383,80 +343,11 @@ def cmd_ledger(args, _beam_args) -> int:
 
 
 def cmd_account(args, _beam_args) -> int:
-    from dpcda.mechanisms.plan import synthesis_events
-    from dpcda.privacy.accounting import RELATION_WORDS, ReleaseEvents, account, accountant_delta, relation_key
-    from dpcda.privacy.calibration import CalibrationError, calibrate_noise
+    from dpcda.api import account
 
-    if (args.epsilon is None) == (args.sigma_x is None):
-        raise CalibrationError("give exactly one of --epsilon or --sigma-x")
-    if args.mechanism == "p3gm":
-        return _account_p3gm(args)
-    if args.samples_per_class is None and args.mechanism in ("dpcda", "dpmix"):
-        raise CalibrationError(f"{args.mechanism}: give --samples-per-class")
-    mech, mode = args.mechanism, args.mode
-    if mech in ("local", "randproj") and mode != "fixed":
-        raise CalibrationError(f"mode: {mech} offers mode fixed only")
-    if mode == "fixed" and mech in ("dpcda", "dpmix") and args.class_size < args.mixing_order:
-        raise CalibrationError(
-            f"class_size {args.class_size} < mixing_order {args.mixing_order}: fixed mode "
-            f"needs at least l records per {'class' if mech == 'dpcda' else 'dataset'}"
-        )
-    gain = 1.0
-    if mech == "randproj":
-        import numpy as np
-
-        from dpcda.mechanisms.randproj import projection_matrix
-
-        if args.feature_dim is None:
-            raise CalibrationError("randproj: give --feature-dim d (the projection's norm depends on it)")
-        gain = float(np.linalg.norm(projection_matrix(args.feature_dim, args.projection_dim, args.projection_seed), 2))
-
-    def events(sigma):
-        return synthesis_events(
-            mech,
-            mode,
-            group_sizes=[args.class_size],
-            samples=args.samples_per_class,
-            mixing_order=args.mixing_order,
-            clip=args.clip,
-            sigma_x=sigma,
-            label_noise_ratio=args.label_noise_ratio,
-            gain=gain,
-        )
-
-    sigma = args.sigma_x
-    if sigma is None:
-        sigma = calibrate_noise(
-            mode,
-            events,
-            target_epsilon=args.epsilon,
-            delta=accountant_delta(args.delta),
-            scale=args.clip,
-            stated_delta=args.delta,
-        )
-    evs = tuple(events(sigma))
-    acc = account(ReleaseEvents(mode, (), evs), args.delta, relation=relation_key(mech, mode))
-    ev = evs[0]
-    out = {
-        "mechanism": mech,
-        "mode": mode,
-        "sigma_x": sigma,
-        "sigma_x_over_c": sigma / args.clip,
-        **({"sigma_y": getattr(ev, "sigma_y")} if mech == "dpmix" else {}),
-        **({"projection_norm": gain} if mech == "randproj" else {}),
-        "epsilon": acc.epsilon,
-        "delta": args.delta,
-        "target_epsilon": args.epsilon,
-        "accountant": acc.accountant,
-        "noise_multiplier": ev.noise_multiplier,
-        "sampling_rate": getattr(ev, "sampling_rate", 1.0),
-        "neighbouring_relation": RELATION_WORDS[relation_key(mech, mode)],
-        "components": acc.components,
-        "cross_check": acc.cross_check,
-        "delta_breakdown": acc.delta_breakdown,
-        "note": "synthesis only; a release also spends the statistics' share (see the manifest)",
-    }
-    _print_account(out, args.json, width=22)
+    fields = {k: v for k, v in vars(args).items() if k not in ("command", "json")}
+    out = account(**fields)
+    _print_account(out, args.json, width=24 if "sgd_steps" in out else 22)
     return 0
 
 
@@ -466,69 +357,6 @@ def _print_account(out: dict, as_json: bool, *, width: int) -> None:
         return
     for k, v in out.items():
         print(f"{k:>{width}}: {v:.6g}" if isinstance(v, float) and math.isfinite(v) else f"{k:>{width}}: {v}")
-
-
-def _account_p3gm(args) -> int:
-    """p3gm's whole chain as a release would plan it for a dataset of N rows, d features and K classes: the plan's own
-    calibration runs on public stand-ins for the data (N spread over the classes, zero feature sums): nothing here is
-    computed a second way."""
-    import numpy as np
-
-    from dpcda.mechanisms.combiners import FirstPass
-    from dpcda.mechanisms.plan import build_plan
-    from dpcda.privacy.calibration import CalibrationError
-    from dpcda.privacy.noise import fresh_key
-    from dpcda.schemas.config import load_config
-
-    if args.feature_dim is None or args.num_classes is None:
-        raise CalibrationError("p3gm: give --feature-dim d and --num-classes K (the covariance and model sizes)")
-    if args.sigma_x not in (None, 0):
-        raise CalibrationError("p3gm: --sigma-x takes 0 only (no noise); give --epsilon")
-    n, d, K = args.class_size, args.feature_dim, args.num_classes
-    knobs = {k: getattr(args, k) for k in P3GM_KNOBS if getattr(args, k, None) is not None}
-    cfg = load_config(  # load_config: a field error is one line (ConfigError), not pydantic's traceback
-        None,
-        dict(
-            input="(account)",
-            output="(account)",
-            mechanism="p3gm",
-            epsilon=args.epsilon,
-            sigma_x=args.sigma_x,
-            delta=args.delta,
-            clip=args.clip,
-            num_classes=K,
-            **knobs,
-        ),
-    )
-    first = FirstPass(
-        count=n,
-        sum_qu=np.zeros(d, np.int64),
-        sum_qv=np.zeros(d, np.int64),
-        class_counts=np.array([n // K + (k < n % K) for k in range(K)], np.int64),
-    )
-    plan = build_plan(first, cfg, fresh_key())
-    acc, p = plan.accounting, plan.p3gm
-    out = {
-        "mechanism": "p3gm",
-        "mode": plan.mode,
-        "epsilon": acc.epsilon,
-        "delta": args.delta,
-        "target_epsilon": args.epsilon,
-        "accountant": acc.accountant,
-        "neighbouring_relation": acc.relation,
-        "pca_covariance_noise_std": plan.pca_noise_std,
-        "em_noise_std": p.em_noise_std,
-        "em_sensitivity": p.em_sensitivity,
-        "sgd_noise_multiplier": p.noise_multiplier,
-        "sgd_sampling_rate": float(p.sampling_rate),
-        "sgd_steps": p.steps,
-        "components": acc.components,
-        "cross_check": acc.cross_check,
-        "delta_breakdown": acc.delta_breakdown,
-        "note": "N_hat here is N itself; a release plans with the DP count (q and the steps may differ slightly)",
-    }
-    _print_account(out, args.json, width=24)
-    return 0
 
 
 P3GM_KNOBS = ("p3gm_latent_dim", "p3gm_components", "p3gm_em_iterations", "p3gm_epochs", "p3gm_batch",
@@ -627,15 +455,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="drop the reservation although OUTPUT holds a later release of another run (known not published)",
     )
 
-    from dpcda.schemas.config import ReleaseConfig
+    from dpcda.schemas.config import MECHANISM_NAMES, ReleaseConfig
 
     defaults = {
         name: field.get_default() for name, field in ReleaseConfig.model_fields.items() if not field.is_required()
     }  # account and audit share the release's defaults
     acc = sub.add_parser("account", allow_abbrev=False, help="calibrate or account one group's synthesis without data")
-    acc.add_argument(
-        "--mechanism", choices=["dpcda", "dpmix", "local", "randproj", "p3gm"], default=defaults["mechanism"]
-    )
+    acc.add_argument("--mechanism", choices=MECHANISM_NAMES, default=defaults["mechanism"])
     acc.add_argument("--mode", choices=["fixed", "poisson"], default=defaults["mode"])
     acc.add_argument(
         "--class-size",
@@ -682,7 +508,7 @@ def build_parser() -> argparse.ArgumentParser:
     au = sub.add_parser("audit", allow_abbrev=False, help="empirical lower bound on epsilon for a configuration")
     au.add_argument(
         "--mechanism",
-        choices=["dpcda", "dpmix", "local", "randproj", "p3gm"],
+        choices=MECHANISM_NAMES,
         default=defaults["mechanism"],
         help="p3gm: its DP-SGD step (--mixing-order is the expected batch, --samples-per-class the steps)",
     )

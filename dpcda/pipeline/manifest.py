@@ -11,29 +11,15 @@ from dpcda.privacy import noise
 from dpcda.privacy.composition import release_events_to_json
 from dpcda.privacy.risk import risk_figures
 from dpcda.schemas.manifest import (
-    DpcdaMechanism,
-    DpmixMechanism,
     InputInfo,
-    LocalMechanism,
     Manifest,
     Noise,
     Normalization,
     Output,
-    P3gmMechanism,
     PostProcessing,
     Privacy,
-    RandprojMechanism,
     Software,
 )
-
-DPMIX_SAMPLING_WORDS = {
-    "fixed": "exactly l distinct records of the whole dataset, uniformly without replacement",
-    "poisson": "each record of the dataset independently with probability q = l / N_hat; sums divided by l",
-}
-SAMPLING_WORDS = {
-    "fixed": "exactly l distinct records of the class, uniformly without replacement",
-    "poisson": "each record of the class independently with probability q_k = l / N_k_hat; sum divided by l",
-}
 
 
 def software() -> Software:
@@ -87,7 +73,8 @@ def projection_section(plan):
 
 
 def mechanism_section(cfg, plan):
-    """The manifest's ``mechanism``: one model per mechanism (a discriminated union on ``name``)."""
+    """The manifest's ``mechanism``: one model per mechanism (a discriminated union on ``name``), which the
+    mechanism's registry entry builds (``Mechanism.manifest_section``)."""
     worst = plan.accounting.worst_class_event
     z = worst.noise_multiplier if worst else 0.0
     common = dict(
@@ -98,95 +85,21 @@ def mechanism_section(cfg, plan):
         num_classes=plan.num_classes,
         samples_total=plan.samples_total,
     )
-    if plan.mechanism == "dpmix":
-        return DpmixMechanism(
-            name="dpmix",
-            sampling=DPMIX_SAMPLING_WORDS[plan.mode],
-            mixing_order=plan.mixing_order,
-            sigma_y=plan.sigma_y,
-            label_noise_ratio=plan.label_noise_ratio,
-            dataset_size=int(sum(plan.public_class_sizes)) if plan.public_class_sizes else None,
-            dataset_size_dp=int(sum(plan.dp_class_sizes)) if plan.dp_class_sizes else None,
-            sampling_rate=float(plan.sampling_rates[0]),
-            chunk_rows=cfg.chunk_rows,
-            postprocessing=postprocessing(plan),
-            mixing_paths=list(plan.mixing_paths),
-            projection=projection_section(plan),
-            **common,
-        )
-    if plan.mechanism == "p3gm":
-        return p3gm_section(plan)
-    if plan.mechanism == "local":
-        return LocalMechanism(
-            name="local", class_sizes=list(plan.public_class_sizes), postprocessing=postprocessing(plan), **common
-        )
-    if plan.mechanism == "randproj":
-        p, seed, norm = plan.projection
-        return RandprojMechanism(
-            name="randproj",
-            projection_dim=p,
-            projection_seed=seed,
-            projection_norm=norm,
-            class_sizes=list(plan.public_class_sizes),
-            **common,
-        )
-    return DpcdaMechanism(
-        sampling=SAMPLING_WORDS[plan.mode],
-        mixing_order=plan.mixing_order,
-        sigma_y=plan.sigma_y,
-        samples_per_class=plan.samples_per_class,
-        class_sizes=list(plan.public_class_sizes) if plan.public_class_sizes else None,
-        class_sizes_dp=list(plan.dp_class_sizes) if plan.dp_class_sizes else None,
-        sampling_rates=[float(q) for q in plan.sampling_rates],
+    return plan.mechanism_entry.manifest_section(
+        plan,
         chunk_rows=cfg.chunk_rows,
+        common=common,
         postprocessing=postprocessing(plan),
-        mixing_paths=list(plan.mixing_paths),
         projection=projection_section(plan),
-        **common,
-    )
-
-
-def p3gm_section(plan) -> P3gmMechanism:
-    p = plan.p3gm
-    return P3gmMechanism(
-        name="p3gm",
-        mode=plan.mode,
-        clip=plan.clip,
-        num_classes=plan.num_classes,
-        samples_total=plan.samples_total,
-        dataset_size_dp=int(sum(plan.dp_class_sizes)) if plan.dp_class_sizes else None,
-        latent_dim=p.latent_dim,
-        pca_covariance_noise_std=plan.pca_noise_std,
-        pca_epsilon_share=plan.pca_share,
-        em={
-            "components": p.components,
-            "iterations": p.em_iterations,
-            "noise_std": p.em_noise_std,
-            "sensitivity": p.em_sensitivity,
-            "epsilon_share": p.em_share,
-        },
-        dp_sgd={
-            "sampling_rate": float(p.sampling_rate),
-            "steps": p.steps,
-            "noise_multiplier": p.noise_multiplier,
-            "clip": finite(p.grad_clip),
-            "lr": p.lr,
-            "epochs": p.epochs,
-            "expected_batch": p.batch,
-            "hidden": p.hidden,
-            "encoder_hidden": p.encoder_hidden,
-            "label_weight": p.label_weight,
-        },
-        sampling="z from the DP mixture prior, the row = the decoder's feature means, the label = the argmax of "
-        "its label scores (mechanisms.p3gm)",
     )
 
 
 def paper_epsilon(plan) -> float | None:
-    """Seed 000's Theorem 1 for this release's sigmas, as written: informational, never the guarantee (DP-CDA only)."""
+    """Seed 000's Theorem 1 for this release's sigmas, as written: informational, never the guarantee (where the
+    mechanism is seed 000's: ``Mechanism.paper_theorem``)."""
     from dpcda.evaluation.paper import theorem1_epsilon
 
-    if plan.mechanism != "dpcda":
+    if not plan.mechanism_entry.paper_theorem:
         return None
     return theorem1_epsilon(
         sigma_x=plan.sigma_x,

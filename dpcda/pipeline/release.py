@@ -1,7 +1,7 @@
 """The release job: checks everything it can before work, builds the Beam graph of DESIGN.md, publishes safely.
 
     ReadShards -> ComputeGlobalStats -> Calibrate --(side inputs)--+
-    ReadShards -> GroupByClass -> NormalizeAndClip -> MixWithinClass -> WriteSynthetic -> WriteDraftManifest
+    ReadShards -> Synthesize (the mechanism's PTransform: transforms.synthesize) -> WriteSynthetic -> WriteDraftManifest
 
 Order of a run: the inputs, config files and OUTPUT are checked (``storage.publish.prepare`` takes OUTPUT's lock and
 creates the run directory); the pipeline writes the parts and a manifest draft into the run directory; the
@@ -13,6 +13,7 @@ it was.
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import logging
 import time
@@ -21,6 +22,8 @@ from typing import Callable, Optional
 import apache_beam as beam
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
 
+from dpcda.mechanisms import registry
+from dpcda.mechanisms.base import Mechanism
 from dpcda.mechanisms.plan import PlanError, load_public_stats
 from dpcda.pipeline import __version__, build_commit
 from dpcda.pipeline.manifest import build_manifest
@@ -33,11 +36,7 @@ from dpcda.storage.paths import expand_glob, is_remote, join, not_regular_files,
 from dpcda.storage.shards import InputError, detect_format, read_shard
 from dpcda.storage.tables import arrow_schema_of
 from dpcda.transforms.calibrate import Calibrate
-from dpcda.transforms.group import GroupByClass, GroupDataset
 from dpcda.transforms.join import MixByJoin
-from dpcda.transforms.mix import MixDataset, MixWithinClass, PerturbRecords
-from dpcda.transforms.normalize import NormalizeAndClip, NormalizeDataset
-from dpcda.transforms.p3gm import FitP3gm, SampleP3gm
 from dpcda.transforms.read import ReadShards
 from dpcda.transforms.stats import ComputeDpBasis, ComputeGlobalStats
 from dpcda.transforms.table import DecodeTable
@@ -79,6 +78,12 @@ def _input_files(pattern: str, what: str) -> list[str]:
     return files
 
 
+def synthesis_transform(mech: Mechanism) -> type:
+    """The PTransform class a mechanism names (``Mechanism.graph``, ``module:Class``)."""
+    module, name = mech.graph.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def build_pipeline(
     p: beam.Pipeline,
     cfg: ReleaseConfig,
@@ -92,6 +97,7 @@ def build_pipeline(
 ):
     # The key is drawn on a worker and reaches the others as a side input: the runner keeps it for the job's
     # lifetime (docs/operations.md says where, and how to protect it).
+    mech = registry.get(cfg.mechanism)
     key = p | "NoiseKey" >> beam.Create([cfg.seed]) | "DrawKey" >> beam.Map(_noise_key)
     blocks = p | "ReadShards" >> ReadShards(
         files,
@@ -111,51 +117,14 @@ def build_pipeline(
     # The join path's groups (mechanisms.joinmix) are decided by the plan; both branches run, each on its own groups.
     joined = (
         blocks | "MixByJoin" >> MixByJoin(plan, key, chunk_rows=cfg.chunk_rows, soft_labels=cfg.soft_labels, **common)
-        if cfg.mechanism in ("dpcda", "dpmix") and cfg.mixing_path != "memory"
+        if mech.mixes and cfg.mixing_path != "memory"
         else None
     )
     basis = blocks | "ComputeDpBasis" >> ComputeDpBasis(plan, key) if cfg.pca_components else None
-    if cfg.mechanism == "dpcda":
-        synthetic = (
-            blocks
-            | "GroupByClass" >> GroupByClass(plan)
-            | "NormalizeAndClip" >> NormalizeAndClip(plan)
-            | "MixWithinClass"
-            >> MixWithinClass(
-                plan,
-                key,
-                device=cfg.device,
-                chunk_rows=cfg.chunk_rows,
-                soft_labels=cfg.soft_labels,
-                basis_pcoll=basis,
-                **common,
-            )
-        )
-    elif cfg.mechanism == "dpmix":
-        synthetic = (
-            blocks
-            | "KeepIfInMemory"
-            >> beam.Filter(lambda _b, p: p.mixing_paths[0] == "memory", beam.pvalue.AsSingleton(plan))
-            | "GroupDataset" >> GroupDataset()
-            | "NormalizeDataset" >> NormalizeDataset(plan)
-            | "MixDataset"
-            >> MixDataset(plan, key, device=cfg.device, chunk_rows=cfg.chunk_rows, basis_pcoll=basis, **common)
-        )
-    elif cfg.mechanism == "p3gm":
-        model = (
-            blocks
-            | "GroupDataset" >> GroupDataset()
-            | "NormalizeDataset" >> NormalizeDataset(plan)
-            | "FitP3gm" >> FitP3gm(plan, key, basis, device=cfg.device, expected_build=build)
-        )
-        synthetic = model | "SampleP3gm" >> SampleP3gm(
-            plan, key, chunk_rows=cfg.chunk_rows, device=cfg.device, **common
-        )
-    else:
-        synthetic = blocks | "PerturbRecords" >> PerturbRecords(plan, key, **common)
+    synthetic = blocks | "Synthesize" >> synthesis_transform(mech)(plan, key, cfg, basis, common)
     if joined is not None:
         synthetic = (synthetic, joined) | "BothPaths" >> beam.Flatten()
-    out_dim = cfg.projection_dim if cfg.mechanism == "randproj" else dim
+    out_dim = mech.output_dim(cfg, dim)
     if cfg.table is not None:  # post-processing: back to the input's columns and types
         synthetic = synthetic | "DecodeTable" >> DecodeTable(
             plan, key, cfg.table, arrow_schema, cfg.features_column, cfg.label_column
@@ -313,6 +282,53 @@ def run_pipeline(p: beam.Pipeline, options: PipelineOptions):
     return info, result
 
 
+def release_stages(cfg: ReleaseConfig) -> tuple[Stage, ...]:
+    """The stages that add manifest sections after the pipeline, in order: the evaluation (image or table), the
+    canary audit, the membership audit, as the config asks."""
+    stages = []
+    if cfg.eval_input and cfg.table is not None:
+        from dpcda.evaluation.tabular import evaluate_table_release
+
+        stages.append(
+            (
+                "utility",
+                lambda workdir, manifest: evaluate_table_release(
+                    workdir, manifest, cfg.eval_input, cfg.table, test_public=cfg.eval_input_public
+                ),
+            )
+        )
+    elif cfg.eval_input:
+        from dpcda.evaluation.stage import evaluate_release
+
+        stages.append(
+            (
+                "utility",
+                lambda workdir, manifest: evaluate_release(
+                    workdir,
+                    manifest,
+                    cfg.eval_input,
+                    runs=cfg.eval_runs,
+                    epochs=cfg.eval_epochs,
+                    test_public=cfg.eval_input_public,
+                ),
+            )
+        )
+    if cfg.audit:
+        from dpcda.evaluation.audit import audit_section
+
+        stages.append(("audit", lambda workdir, manifest: audit_section(manifest)))
+    if cfg.membership_audit:  # after the canary audit: keeps its keys, adds "membership"
+        from dpcda.evaluation.membership import membership_audit_section
+
+        stages.append(
+            (
+                "audit",
+                lambda workdir, manifest: membership_audit_section(workdir, manifest, cfg.input, cfg.eval_input),
+            )
+        )
+    return tuple(stages)
+
+
 def run_release(
     cfg: ReleaseConfig,
     beam_args: list[str],
@@ -421,19 +437,7 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
         from dpcda.mechanisms.dppca import check_projection
 
         check_projection(dim, cfg.pca_components)
-    if cfg.mechanism == "p3gm":
-        from dpcda.mechanisms.device import pick_device
-        from dpcda.mechanisms.p3gm import check_shapes
-
-        check_shapes(
-            dim=dim,
-            num_classes=cfg.num_classes,
-            latent_dim=cfg.p3gm_latent_dim,
-            components=cfg.p3gm_components,
-            hidden=cfg.p3gm_hidden,
-            encoder_hidden=cfg.p3gm_encoder_hidden,
-            device=pick_device(cfg.device),
-        )
+    registry.get(cfg.mechanism).check_before_work(cfg, dim)
     if _is_dataflow(options):
         local = [p for p in (cfg.input, cfg.output, eval_input, cfg.normalization_file) if p and not is_remote(p)]
         if local:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal, Optional, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -26,6 +26,11 @@ class ConfigError(DpcdaError, ValueError):
     """A configuration problem, with a message that names the field."""
 
 
+# The names of mechanisms.registry (schemas sit below mechanisms; tests/test_registry.py checks the two agree).
+MechanismName = Literal["dpcda", "dpmix", "local", "randproj", "p3gm"]
+MECHANISM_NAMES: tuple[str, ...] = get_args(MechanismName)
+
+
 class ReleaseConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -35,7 +40,7 @@ class ReleaseConfig(BaseModel):
     features_column: str = Field("features", description="name of the features column")
     label_column: str = Field("label", description="name of the label column")
 
-    mechanism: Literal["dpcda", "dpmix", "local", "randproj", "p3gm"] = Field(
+    mechanism: MechanismName = Field(
         "dpcda",
         description=(
             "dpcda: class-centric mixing (seed 000); dpmix: mixing across the whole dataset, labels included "

@@ -35,12 +35,12 @@ def _chunks(plan, chunk_rows):
 
 
 def _counts(block, plan):
-    groups = 1 if plan.mechanism == "dpmix" else plan.num_classes
+    groups = 1 if plan.one_group else plan.num_classes
     return (block.source, block.first_row), block_counts(plan.mechanism, block.labels, groups)
 
 
 def _offsets(counts, plan):
-    return record_offsets(counts, 1 if plan.mechanism == "dpmix" else plan.num_classes)
+    return record_offsets(counts, 1 if plan.one_group else plan.num_classes)
 
 
 class _PiecesFn(beam.DoFn):
@@ -103,7 +103,7 @@ class _PartialsFn(beam.DoFn):
             values,
             dim=plan.feature_dim,
             num_classes=plan.num_classes,
-            with_labels=plan.mechanism == "dpmix",
+            with_labels=plan.one_group,
         ):
             self.bytes.inc(part[2].nbytes + (part[3].nbytes if part[3] is not None else 0))
             yield k, part
@@ -124,7 +124,7 @@ class _FinishFn(beam.DoFn):
         partials = [p for p in partials if p is not None]  # one chunk's partial sums: held at once (sorted by block)
         self.held.update(sum(p[2].nbytes + (p[3].nbytes if p[3] is not None else 0) for p in partials))
         rows = min(self.chunk_rows, plan.group_samples(g) - c * self.chunk_rows)
-        dpmix = plan.mechanism == "dpmix"
+        dpmix = plan.one_group
         feats, labels = finish_chunk(
             partials,
             streams=Streams(plan.mechanism),

@@ -16,8 +16,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from dpcda.mechanisms.device import pick_device
-from dpcda.mechanisms.p3gm import spec_from_plan
-from dpcda.mechanisms.plan import sample_chunks
+from dpcda.mechanisms.p3gm import sample_chunks, spec_from_plan
 from dpcda.transforms.mix import check_build, finite_table
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,305 @@
+"""The Python API: a release and an accounting from Python, through the same code as ``dpcda release`` and
+``dpcda account``.
+
+    import dpcda
+
+    rel = dpcda.release("data/wa_churn/train/*.parquet", epsilon=10, config="examples/wa_churn.yaml", seed=None)
+    rel.table          # pyarrow.Table: the synthetic rows (a table release has the input's Arrow schema)
+    rel.manifest       # dict: what is guaranteed (manifest.json)
+    rel.write("releases/wa-churn-eps10")
+
+    dpcda.account(mechanism="dpcda", class_size=6000, samples_per_class=6000, mixing_order=16, epsilon=10)
+
+``release`` runs the Beam job (DirectRunner in this process unless ``beam_args`` say otherwise) into ``output``, or
+into a private temporary folder that ``Release.write`` publishes later under the same rules as the CLI (a release
+of ours only is replaced, atomically, never the input).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+import weakref
+from typing import Any, Optional
+
+DEFAULT_BEAM_ARGS = ("--runner=DirectRunner", "--direct_running_mode=in_memory")
+
+
+@dataclasses.dataclass
+class Release:
+    """A published release: its folder, its manifest and (read on first use) its rows."""
+
+    directory: str
+    manifest: dict
+    _table: Any = dataclasses.field(default=None, repr=False)
+
+    @property
+    def table(self):
+        """The synthetic rows as one pyarrow Table (the parts in order)."""
+        if self._table is None:
+            import pyarrow as pa
+
+            from dpcda.storage.paths import expand_glob, join, open_file
+            from dpcda.storage.shards import parquet_file
+
+            parts = expand_glob(
+                join(self.directory, self.manifest["output"].get("prefix", ""), "synthetic", "*.parquet")
+            )
+            tables = []
+            for path in parts:
+                with open_file(path) as fh:
+                    tables.append(parquet_file(fh, path).read())
+            self._table = pa.concat_tables(tables)
+        return self._table
+
+    def write(self, path: str, *, overwrite: bool = False) -> str:
+        """Publishes this release at local folder ``path`` (the CLI's rules: an existing ``path`` is replaced only
+        with ``overwrite`` and only if it is a release of ours; its parent folder is created); returns ``path``."""
+        from dpcda.storage import publish
+        from dpcda.storage.paths import is_remote
+
+        if is_remote(path) or is_remote(self.directory):
+            raise publish.PublishError(f"{path}: write() copies local folders; give output= to release to gs://")
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        target = publish.prepare(path, overwrite=overwrite, inputs=[self.directory])
+        try:
+            for name in os.listdir(self.directory):
+                if name in (publish.MANIFEST, publish.RUN_MARKER):
+                    continue
+                src, dst = os.path.join(self.directory, name), os.path.join(target.workdir, name)
+                (shutil.copytree if os.path.isdir(src) else shutil.copy2)(src, dst)
+            publish.publish(target, self.manifest)
+        except BaseException:
+            publish.abandon(target)
+            raise
+        return path
+
+
+def release(
+    source,
+    *,
+    epsilon: Optional[float] = None,
+    mechanism: Optional[str] = None,
+    schema=None,
+    config: Optional[str] = None,
+    output: Optional[str] = None,
+    overwrite: bool = False,
+    seed: Optional[int] = None,
+    beam_args: Optional[list[str]] = None,
+    **options,
+) -> Release:
+    """Releases ``source`` (a pyarrow Table, or a glob of Parquet/TFRecord shards, local or ``gs://``).
+
+    ``schema``: a table's declaration (a ``TableSchema``, or the ``table:`` mapping of a config file); ``config``: a
+    YAML/JSON config file, as ``--config``; ``options``: any other release field (``mixing_order=16``,
+    ``mode="poisson"``, ``num_classes=10``, ``eval_input=...``), as the CLI's flags. ``seed`` is for tests only: the
+    release is then reproducible and NOT private (its manifest says so). Raises the CLI's one-line errors
+    (``dpcda.privacy.errors.DpcdaError`` subclasses).
+    """
+    from dpcda.pipeline.release import release_stages, run_release
+    from dpcda.schemas.config import load_config
+
+    keep: list = []
+    if not isinstance(source, str):
+        source = _write_table(source, keep)
+    private = output is None
+    if private:
+        keep.append(tempfile.mkdtemp(prefix="dpcda-release-"))
+        output = os.path.join(keep[-1], "release")
+    fields = dict(options, input=source, output=output, epsilon=epsilon, mechanism=mechanism, seed=seed)
+    fields.update(overwrite=overwrite or None, table=schema)
+    try:
+        cfg = load_config(config, fields)
+        manifest = run_release(
+            cfg,
+            list(beam_args or DEFAULT_BEAM_ARGS),
+            release_stages(cfg),
+            eval_input=cfg.eval_input,
+            protect=(config,) if config else (),
+        )
+    except BaseException:
+        for folder in keep:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+    rel = Release(directory=output, manifest=manifest)
+    rel.table  # read the rows now: a temporary input or release folder goes with the Release object
+    for folder in keep:
+        weakref.finalize(rel, shutil.rmtree, folder, True)
+    return rel
+
+
+def _write_table(table, keep: list) -> str:
+    """A pyarrow Table (or anything ``pyarrow.table`` takes) as one Parquet shard in a private folder; its glob."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = table if isinstance(table, pa.Table) else pa.table(table)
+    folder = tempfile.mkdtemp(prefix="dpcda-input-")
+    keep.append(folder)
+    pq.write_table(table, os.path.join(folder, "part-00000-of-00001.parquet"))
+    return os.path.join(folder, "*.parquet")
+
+
+def account(
+    mechanism: str = "dpcda",
+    *,
+    class_size: int,
+    epsilon: Optional[float] = None,
+    sigma_x: Optional[float] = None,
+    mode: Optional[str] = None,
+    samples_per_class: Optional[int] = None,
+    mixing_order: Optional[int] = None,
+    clip: float = 1.0,
+    delta: float = 1e-5,
+    label_noise_ratio: float = 1.0,
+    feature_dim: Optional[int] = None,
+    num_classes: Optional[int] = None,
+    projection_dim: Optional[int] = None,
+    projection_seed: Optional[int] = None,
+    **p3gm_knobs,
+) -> dict:
+    """Calibrates (``epsilon``) or accounts (``sigma_x``) one group's synthesis of ``mechanism`` without data: what
+    ``dpcda account`` prints, as a dict. ``class_size`` is N_k (dpcda), the dataset size (dpmix, p3gm) or any size
+    (local, randproj); ``samples_per_class`` is T_k (dpcda) or T (dpmix)."""
+    import types
+
+    from dpcda.mechanisms import registry
+    from dpcda.privacy.accounting import RELATION_WORDS, ReleaseEvents, accountant_delta
+    from dpcda.privacy.accounting import account as account_events
+    from dpcda.privacy.calibration import CalibrationError, calibrate_noise
+    from dpcda.schemas.config import ReleaseConfig
+
+    fields = ReleaseConfig.model_fields
+    entry = registry.get(mechanism)
+    mode = mode or (entry.modes[0] if len(entry.modes) == 1 else fields["mode"].get_default())
+    mixing_order = mixing_order if mixing_order is not None else fields["mixing_order"].get_default()
+    projection_dim = projection_dim if projection_dim is not None else fields["projection_dim"].get_default()
+    projection_seed = projection_seed if projection_seed is not None else fields["projection_seed"].get_default()
+    if (epsilon is None) == (sigma_x is None):
+        raise CalibrationError("give exactly one of --epsilon or --sigma-x")
+    if entry.fits_model:
+        return _account_model(entry, class_size, epsilon, sigma_x, delta, clip, feature_dim, num_classes, p3gm_knobs)
+    if samples_per_class is None and entry.mixes:
+        raise CalibrationError(f"{mechanism}: give --samples-per-class")
+    if mode not in entry.modes:
+        raise CalibrationError(f"mode: {mechanism} offers mode {' or '.join(entry.modes)} only")
+    if mode == "fixed" and entry.mixes and class_size < mixing_order:
+        raise CalibrationError(
+            f"class_size {class_size} < mixing_order {mixing_order}: fixed mode "
+            f"needs at least l records per {'class' if entry.groups == 'class' else 'dataset'}"
+        )
+    knobs = types.SimpleNamespace(
+        projection_dim=projection_dim, projection_seed=projection_seed, label_noise_ratio=label_noise_ratio
+    )
+    gain = 1.0
+    if entry.projects:
+        if feature_dim is None:
+            raise CalibrationError(f"{mechanism}: give --feature-dim d (the projection's norm depends on it)")
+        _, gain = entry.projection(knobs, feature_dim)
+
+    def events(sigma):
+        return entry.synthesis_events(
+            mode,
+            group_sizes=[class_size],
+            samples=samples_per_class,
+            mixing_order=mixing_order,
+            clip=clip,
+            sigma_x=sigma,
+            label_noise_ratio=entry.label_noise_ratio(knobs),
+            gain=gain,
+        )
+
+    sigma = sigma_x
+    if sigma is None:
+        sigma = calibrate_noise(
+            mode, events, target_epsilon=epsilon, delta=accountant_delta(delta), scale=clip, stated_delta=delta
+        )
+    evs = tuple(events(sigma))
+    acc = account_events(ReleaseEvents(mode, (), evs), delta, relation=entry.relation(mode))
+    ev = evs[0]
+    return {
+        "mechanism": mechanism,
+        "mode": mode,
+        "sigma_x": sigma,
+        "sigma_x_over_c": sigma / clip,
+        **({"sigma_y": getattr(ev, "sigma_y")} if entry.label_noise_ratio(knobs) is not None else {}),
+        **({"projection_norm": gain} if entry.projects else {}),
+        "epsilon": acc.epsilon,
+        "delta": delta,
+        "target_epsilon": epsilon,
+        "accountant": acc.accountant,
+        "noise_multiplier": ev.noise_multiplier,
+        "sampling_rate": getattr(ev, "sampling_rate", 1.0),
+        "neighbouring_relation": RELATION_WORDS[entry.relation(mode)],
+        "components": acc.components,
+        "cross_check": acc.cross_check,
+        "delta_breakdown": acc.delta_breakdown,
+        "note": "synthesis only; a release also spends the statistics' share (see the manifest)",
+    }
+
+
+def _account_model(entry, n, epsilon, sigma_x, delta, clip, d, K, knobs) -> dict:
+    """A fitted model's whole chain (p3gm) as a release would plan it for a dataset of N rows, d features and K
+    classes: the plan's own calibration runs on public stand-ins for the data (N spread over the classes, zero feature
+    sums): nothing here is computed a second way."""
+    import numpy as np
+
+    from dpcda.mechanisms.combiners import FirstPass
+    from dpcda.mechanisms.plan import build_plan
+    from dpcda.privacy.calibration import CalibrationError
+    from dpcda.privacy.noise import fresh_key
+    from dpcda.schemas.config import load_config
+
+    if d is None or K is None:
+        raise CalibrationError(
+            f"{entry.name}: give --feature-dim d and --num-classes K (the covariance and model sizes)"
+        )
+    if sigma_x not in (None, 0):
+        raise CalibrationError(f"{entry.name}: --sigma-x takes 0 only (no noise); give --epsilon")
+    given = {k: v for k, v in knobs.items() if v is not None}
+    cfg = load_config(  # a field error is one line (ConfigError), not pydantic's traceback
+        None,
+        dict(
+            input="(account)",
+            output="(account)",
+            mechanism=entry.name,
+            epsilon=epsilon,
+            sigma_x=sigma_x,
+            delta=delta,
+            clip=clip,
+            num_classes=K,
+            **given,
+        ),
+    )
+    first = FirstPass(
+        count=n,
+        sum_qu=np.zeros(d, np.int64),
+        sum_qv=np.zeros(d, np.int64),
+        class_counts=np.array([n // K + (k < n % K) for k in range(K)], np.int64),
+    )
+    plan = build_plan(first, cfg, fresh_key())
+    acc, p = plan.accounting, plan.p3gm
+    return {
+        "mechanism": entry.name,
+        "mode": plan.mode,
+        "epsilon": acc.epsilon,
+        "delta": delta,
+        "target_epsilon": epsilon,
+        "accountant": acc.accountant,
+        "neighbouring_relation": acc.relation,
+        "pca_covariance_noise_std": plan.pca_noise_std,
+        "em_noise_std": p.em_noise_std,
+        "em_sensitivity": p.em_sensitivity,
+        "sgd_noise_multiplier": p.noise_multiplier,
+        "sgd_sampling_rate": float(p.sampling_rate),
+        "sgd_steps": p.steps,
+        "components": acc.components,
+        "cross_check": acc.cross_check,
+        "delta_breakdown": acc.delta_breakdown,
+        "note": "N_hat here is N itself; a release plans with the DP count (q and the steps may differ slightly)",
+    }
+
+
+__all__ = ["Release", "release", "account"]

@@ -1,0 +1,181 @@
+"""The ``Mechanism`` interface: what the release, the planner, the manifest and the audit ask of a mechanism.
+
+One subclass per mechanism, in the mechanism's own module (``mechanisms.dpcda``, ``dpmix``, ``local``, ``randproj``,
+``p3gm``); ``mechanisms.registry`` lists them. Nothing outside those modules compares a mechanism's name: it looks
+the mechanism up and asks. A mechanism says
+
+- its traits: the modes it offers, how its rows are grouped (per class, the whole dataset, or one row per record),
+  whether rows mix records (the join path), whether it always releases label scores;
+- its DP events for given public group sizes and feature noise (``synthesis_events``), and how its noise is
+  calibrated (``calibrate``; the planner in ``mechanisms.plan`` does the shared statistics and composition);
+- its Beam-free synthesis (``synthesize``, the in-process loop) and its PTransform (``graph``, a ``module:Class``
+  that the pipeline resolves: mechanisms stay below the Beam layer);
+- its manifest section and caveats, and what the evaluation rebuilds from a manifest (``test_projection``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, ClassVar, Iterator, Optional
+
+import numpy as np
+
+from dpcda.privacy.accounting import relation_key
+from dpcda.privacy.calibration import calibrate_noise
+from dpcda.privacy.errors import DpcdaError
+
+FIXED_CLASS_SIZES_CAVEAT = (
+    "fixed mode: class sizes N_k are public and stated here; the guarantee covers replacing one record's features "
+    "within its class."
+)
+
+
+class PlanError(DpcdaError, ValueError):
+    """The data and config cannot make a release (e.g. a class smaller than l in fixed mode)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibrated:
+    """The noise a mechanism's synthesis draws and the events it spends (what ``Mechanism.calibrate`` returns)."""
+
+    sigma_x: float
+    per_group: tuple  # the synthesis' events, one per group (parallel composition)
+    shared: tuple = ()  # events it adds to the shared ones (p3gm's DP-EM)
+    p3gm: Any = None  # mechanisms.plan.P3gmPlan
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """What calibration is given: the budget left for the synthesis and the events already spent."""
+
+    mode: str
+    target_epsilon: Optional[float]  # what remains for the synthesis (None: sigma_x given)
+    delta: float  # the accountant's delta
+    stated_delta: float
+    shared: tuple  # statistics, DP-PCA: composed with the synthesis
+    reference_budget: float  # the whole release's epsilon (or the reference one with an explicit sigma_x)
+
+
+class Mechanism:
+    """One mechanism of the product. Subclasses set the class attributes and override what differs."""
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    modes: ClassVar[tuple[str, ...]] = ("fixed", "poisson")
+    groups: ClassVar[str] = "class"  # 'class': rows made per class; 'dataset': one group; 'record': a row per record
+    mixes: ClassVar[bool] = False  # rows average records (l > 1): the join path, the per-group memory check
+    label_scores: ClassVar[bool] = False  # always releases the K label scores beside the hard label
+    graph: ClassVar[str] = ""  # "module:PTransform" of its Beam synthesis
+    audit_game: ClassVar[str] = ""  # the canary game evaluation.audit plays on it (mixing, perturbation, DP-SGD)
+    one_worker: ClassVar[str] = ""  # why the whole dataset must fit one worker ('' when it need not)
+    fixed_caveat: ClassVar[str] = FIXED_CLASS_SIZES_CAVEAT
+    projects: ClassVar[bool] = False  # every record is mapped by a public matrix (its norm is in the sensitivity)
+    fits_model: ClassVar[bool] = False  # rows are sampled from a DP-fitted model (no noise on the rows themselves)
+    paper_theorem: ClassVar[bool] = False  # seed 000's Theorem 1 (evaluation.paper) is stated beside the guarantee
+
+    # ---------------------------------------------------------------- privacy
+
+    def relation(self, mode: str) -> str:
+        """The key of ``privacy.accounting.RELATION_WORDS`` for this mechanism in ``mode``."""
+        return relation_key(self.name, mode)
+
+    def synthesis_events(
+        self,
+        mode: str,
+        *,
+        group_sizes,
+        samples: int,
+        mixing_order: int,
+        clip: float,
+        sigma_x: float,
+        label_noise_ratio: Optional[float] = None,
+        gain: float = 1.0,
+    ) -> list:
+        """The events the synthesis spends at feature noise ``sigma_x``, one per group (parallel composition)."""
+        raise NotImplementedError
+
+    def calibrate(self, events: Callable[[float], list], budget: Budget, *, cfg, clip: float, **_) -> Calibrated:
+        """sigma_x (the config's, or calibrated so that the synthesis composes to the budget left) and its events."""
+        if cfg.sigma_x is not None:
+            sigma_x = float(cfg.sigma_x)
+        else:
+            sigma_x = calibrate_noise(
+                budget.mode,
+                self.calibration_events(events),
+                target_epsilon=budget.target_epsilon,
+                delta=budget.delta,
+                shared=list(budget.shared),
+                scale=clip,
+                stated_delta=budget.stated_delta,
+            )
+        return Calibrated(sigma_x=sigma_x, per_group=tuple(events(sigma_x)))
+
+    def calibration_events(self, events: Callable[[float], list]) -> Callable[[float], list]:
+        """The events calibration searches over (DP-CDA: only the smallest class, which sets sigma_x)."""
+        return events
+
+    def label_noise_ratio(self, cfg) -> Optional[float]:
+        return None
+
+    def sigma_y(self, cfg, sigma_x: float) -> float:
+        return float(cfg.sigma_y)
+
+    def projection(self, cfg, dim: int) -> tuple[Optional[tuple[int, int, float]], float]:
+        """((p, public seed, ||R||_2), gain) of a public projection of every record, or (None, 1.0)."""
+        return None, 1.0
+
+    def extra_draws(self, calibrated: Calibrated, *, dim: int, num_classes: int) -> int:
+        """Gaussian draws carrying privacy noise beyond the rows' (p3gm's DP-SGD and DP-EM)."""
+        return 0
+
+    def check_before_work(self, cfg, dim: int) -> None:
+        """Checks that need the input's width, run by the launcher before any row is read (PlanError and kin)."""
+
+    # ---------------------------------------------------------------- rows
+
+    def rows(self, total: int, num_classes: int) -> tuple[int, int]:
+        """(rows per class, rows in all) for T requested rows (``samples``)."""
+        return 0, total
+
+    def group_records(self, plan, g: int) -> int:
+        """Exact records of group g (private: the join path's index range)."""
+        return int(sum(plan.class_rows)) if self.groups == "dataset" else int(plan.class_rows[g])
+
+    def group_samples(self, plan, g: int) -> int:
+        return plan.samples_total if self.groups == "dataset" else plan.samples_per_class
+
+    def output_dim(self, cfg, dim: int) -> int:
+        return dim
+
+    def synthesize(self, ctx: "InProcess") -> Iterator[tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]]:
+        """(features, hard labels, label scores or None) chunks of an in-process release (``mechanisms.inprocess``)."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- manifest and evaluation
+
+    def label_caveat(self) -> str:
+        raise NotImplementedError
+
+    def manifest_section(self, plan, *, chunk_rows: int, common: dict, postprocessing, projection):
+        """The manifest's ``mechanism`` model (``schemas.manifest``)."""
+        raise NotImplementedError
+
+    def test_projection(self, manifest: dict) -> Optional[np.ndarray]:
+        """The public map the evaluation applies to real test rows after the z-score (randproj's R), or None."""
+        return None
+
+
+@dataclasses.dataclass
+class InProcess:
+    """What an in-process synthesis gets: the data, the plan, and the shared pieces (``mechanisms.inprocess``)."""
+
+    x: np.ndarray
+    y: np.ndarray
+    plan: Any
+    cfg: Any
+    key: bytes
+    normalized: Callable[[np.ndarray], np.ndarray]
+    basis: Optional[np.ndarray]
+    device: Any
+    progress: Optional[Callable] = None
+    on_model: Optional[Callable] = None
