@@ -166,7 +166,7 @@ def image_release(tmp_path_factory):
 def test_evaluate_standalone_writes_report_and_pngs(image_release):
     from PIL import Image
 
-    from dpcda.evaluation.stage import evaluate_standalone
+    from dpcda.evaluation.standalone import evaluate_standalone
 
     release, test_glob, n_test = image_release
     rep = evaluate_standalone(str(release), test_glob, runs=1, epochs=3)
@@ -186,7 +186,8 @@ def test_evaluate_standalone_writes_report_and_pngs(image_release):
 
 
 def test_evaluate_standalone_custom_out_and_missing_normalization(image_release, tmp_path):
-    from dpcda.evaluation.stage import EvaluationError, evaluate_standalone
+    from dpcda.evaluation.stage import EvaluationError
+    from dpcda.evaluation.standalone import evaluate_standalone
 
     release, test_glob, _ = image_release
     rep = evaluate_standalone(str(release), test_glob, runs=1, epochs=1, out=str(tmp_path / "rep"))

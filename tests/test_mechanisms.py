@@ -150,7 +150,7 @@ def test_mechanism_options_that_do_not_apply_are_refused(bad, needle):
 
 
 def test_evaluation_trains_on_dpmix_soft_labels_and_randproj_projections(tmp_path):
-    from dpcda.evaluation.stage import evaluate_standalone
+    from dpcda.evaluation.standalone import evaluate_standalone
 
     x, y = make_dataset(n_per_class=80, num_classes=3, dim=16, seed=6)
     xt, yt = make_dataset(n_per_class=20, num_classes=3, dim=16, seed=7)

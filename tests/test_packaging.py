@@ -150,3 +150,40 @@ def test_transforms_are_thin():
             assert issubclass(cls, (beam.PTransform, beam.DoFn, beam.CombineFn)), (
                 f"{path.name}: {node.name} is not a Beam transform"
             )
+
+
+def test_no_import_circles():
+    """No two modules of dpcda import each other, directly or through others (imports inside functions count)."""
+    import ast
+
+    modules = {}
+    for path in (ROOT / "dpcda").rglob("*.py"):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        modules[name] = path
+    graph = {m: set() for m in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("dpcda"):
+                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            graph[name] |= {t for t in targets if t in modules and t not in (name, "dpcda")}
+    done, stack, cycles = set(), [], []
+
+    def visit(m):
+        if m in stack:
+            cycles.append(stack[stack.index(m) :] + [m])
+            return
+        if m in done:
+            return
+        stack.append(m)
+        for n in sorted(graph[m]):
+            visit(n)
+        stack.pop()
+        done.add(m)
+
+    for m in sorted(graph):
+        visit(m)
+    assert not cycles, cycles

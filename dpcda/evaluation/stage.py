@@ -245,26 +245,3 @@ def evaluate_release(
         "test_set_public": test_public,
         **({"test_rows": rep["test_rows"]} if test_public else {"outside_guarantee": TEST_DATA_NOTE}),
     }
-
-
-def evaluate_standalone(
-    synthetic_dir: str, test_glob: str, *, runs: int = 3, epochs: int = 10, out: Optional[str] = None, seed: int = 0
-) -> dict:
-    """``dpcda evaluate``: evaluates a release folder; returns the report dict with 'path' (report.json)."""
-    from dpcda.storage.publish import MANIFEST
-
-    manifest_path = _join(synthetic_dir, MANIFEST)
-    manifest = _read_json(manifest_path) if _exists(manifest_path) else None
-    if manifest and (manifest.get("input") or {}).get("table"):
-        from dpcda.evaluation.tabular import evaluate_table_dir
-
-        return evaluate_table_dir(synthetic_dir, manifest, test_glob, out or _join(synthetic_dir, EVAL_DIR), seed)
-    return run_evaluation(
-        synthetic_dir,
-        test_glob,
-        out or _join(synthetic_dir, EVAL_DIR),
-        runs=runs,
-        epochs=epochs,
-        manifest=manifest,
-        seed=seed,
-    )

@@ -364,7 +364,7 @@ P3GM_KNOBS = ("p3gm_latent_dim", "p3gm_components", "p3gm_em_iterations", "p3gm_
 
 
 def cmd_evaluate(args, _beam_args) -> int:
-    from dpcda.evaluation.stage import evaluate_standalone
+    from dpcda.evaluation.standalone import evaluate_standalone
 
     report = evaluate_standalone(
         args.synthetic, args.test, runs=args.runs, epochs=args.epochs, out=args.out, seed=args.seed
