@@ -33,9 +33,9 @@ setup(
         "scipy>=1.10",
         "threadpoolctl>=3.1",  # one BLAS thread for the per-record projection (mechanisms/rowwise.py)
         "daqp>=0.11",  # dense QP of seed 002's private sampling
-        # torch: install the CPU wheel first where no GPU is wanted (requirements.txt pins it); an unpinned
-        # resolution from PyPI pulls the multi-GB CUDA build
-        "torch>=2.4",
+        # pinned as requirements.txt pins it: a machine with the CPU wheel at hand (2.13.0+cpu) takes it; an
+        # unpinned resolution from PyPI pulls the newest multi-GB CUDA build
+        "torch==2.13.0",
     ],
     extras_require={
         "gcp": ["apache-beam[gcp]>=2.60,<3", "google-cloud-storage>=2", "google-crc32c>=1.5"],
