@@ -54,7 +54,9 @@ def test_release_end_to_end_manifest_and_balance(tmp_path, small_parquet):
     m = Manifest(**json.loads((out / "manifest.json").read_text()))
     jsonschema.validate(json.loads((out / "manifest.json").read_text()), json.loads(SCHEMA_PATH.read_text()))
     assert m.output.rows == 99 and sum(f.rows for f in m.output.files) == 99
-    assert m.privacy.epsilon <= 8.0 and m.privacy.end_to_end_dp and m.privacy.reproducible_seed
+    # a --seed release: the mechanism's epsilon is stated, but the release itself is not private
+    assert m.privacy.epsilon <= 8.0 and not m.privacy.end_to_end_dp and m.privacy.reproducible_seed
+    assert any("NOT private" in c and "not this release's" in c for c in m.privacy.caveats)
     assert m.mechanism.class_sizes == [40, 40, 40]
     assert set(m.privacy.components) == {"normalization", "mixing"}
     assert not any(p.name.startswith("out.tmp") for p in tmp_path.iterdir())

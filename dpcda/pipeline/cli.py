@@ -201,6 +201,11 @@ def cmd_release(args, beam_args) -> int:
                 "delta": p["delta"],
                 **_noise_summary(manifest["mechanism"]),
                 "end_to_end_dp": p["end_to_end_dp"],
+                **(
+                    {"NOT_PRIVATE": "test seed: the epsilon is the mechanism's under a secret key, not this release's"}
+                    if p.get("reproducible_seed")
+                    else {}
+                ),
                 **({"accuracy": manifest["utility"]["accuracy_mean"]} if manifest.get("utility") else {}),
             }
         )

@@ -176,13 +176,18 @@ def build_manifest(cfg, input_info: InputInfo, plan, outputs, prefix: str = "") 
                 acc.delta,
                 acc.relation,
             ),
-            end_to_end_dp=plan.end_to_end_dp,
+            # a --seed key is rebuilt by anyone who knows the seed: the release itself is not private
+            end_to_end_dp=plan.end_to_end_dp and not cfg.reproducible,
             reproducible_seed=cfg.reproducible,
             paper_theorem1_epsilon=finite(paper_epsilon(plan)),
             events=release_events_to_json(acc.events) if acc.events is not None else None,
             caveats=list(plan.caveats)
             + (
-                ["TEST SEED: the noise key is derived from a fixed seed; this release is reproducible and NOT private."]
+                [
+                    "TEST SEED: the noise key is derived from a fixed seed; anyone who knows it rebuilds every draw, "
+                    "so this release is reproducible and NOT private (end_to_end_dp false). privacy.epsilon is the "
+                    "mechanism's, under a secret key, not this release's."
+                ]
                 if cfg.reproducible
                 else []
             ),

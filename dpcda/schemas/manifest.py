@@ -239,7 +239,10 @@ class Privacy(_Frozen):
         description="what the claim means to a membership attacker: the smallest equal error rate and the largest "
         "advantage (TPR - FPR) any test can reach (privacy.risk; dpcda risk)",
     )
-    end_to_end_dp: bool
+    end_to_end_dp: bool = Field(
+        description="true only if everything released is DP under a secret key: false with exact normalization, an "
+        "infinite epsilon, or a --seed (reproducible_seed: epsilon is then the mechanism's, not the release's)"
+    )
     reproducible_seed: bool
     paper_theorem1_epsilon: Optional[float] = Field(
         None,
