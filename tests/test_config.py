@@ -84,3 +84,16 @@ def test_a_poisson_release_below_the_pld_accountants_delta_floor_is_refused_befo
     with pytest.raises(ConfigError, match=r"delta: 1e-14 is below 1\.01e-14, the least the DP statistics"):
         load_config(None, {**base, "mode": "fixed", "delta": 1e-14})
     assert load_config(None, {**base, "mode": "fixed", "delta": 1e-20, "sigma_x": 0.5, "epsilon": None}).delta == 1e-20
+
+
+def test_every_config_field_is_in_one_section_and_help_shows_them_grouped():
+    from dpcda.schemas.config import SECTIONS, ReleaseConfig
+    from tests.conftest import run_cli
+
+    placed = [name for names in SECTIONS.values() for name in names]
+    assert sorted(placed) == sorted(ReleaseConfig.model_fields), "each field in exactly one section"
+    text = run_cli("release", "--help").stdout
+    heads = [line[: -len(" options:")] for line in text.splitlines() if line.endswith(" options:") and line[0] != " "]
+    assert heads == list(SECTIONS), heads
+    body = text[text.index("input options:") :]  # after the usage line, which lists every flag
+    assert body.index("  --epsilon") > body.index("privacy options:") > body.index("  --label-column")

@@ -102,12 +102,19 @@ def release_flags() -> dict[str, tuple[str, object]]:
 def _release_parser(sub):
     import typing
 
+    from dpcda.schemas.config import SECTIONS
+
     p = sub.add_parser("release", allow_abbrev=False, help="run a release job (Beam)")
     p.add_argument("--config", default=None, help=CLI_ONLY_FLAGS["--config"])
-    for flag, (name, field) in release_flags().items():
+    flags = {name: (flag, field) for flag, (name, field) in release_flags().items()}
+    groups = {section: p.add_argument_group(f"{section} options") for section in SECTIONS}
+    for group, name in ((groups[section], n) for section, names in SECTIONS.items() for n in names):
+        if name not in flags:  # a section of the config file only (table)
+            continue
+        flag, field = flags[name]
         text = (field.description or "").replace("%", "%%")  # argparse formats help with %
         if field.annotation is bool:
-            p.add_argument(flag, dest=name, action="store_true", default=None, help=text)
+            group.add_argument(flag, dest=name, action="store_true", default=None, help=text)
             continue
         choices = typing.get_args(field.annotation) if typing.get_origin(field.annotation) is typing.Literal else ()
         default = field.get_default() if not field.is_required() else None
@@ -115,7 +122,7 @@ def _release_parser(sub):
         shown = (f"; one of {', '.join(choices)}" if choices else "") + shown
         # values reach the config model as text; it parses and checks them (so '8G', '0,1', '28,28' work) and a bad
         # value ends in its one-line error
-        p.add_argument(flag, dest=name, default=None, help=text + shown.replace("%", "%%"))
+        group.add_argument(flag, dest=name, default=None, help=text + shown.replace("%", "%%"))
     p.add_argument(
         "--allow-exception-sampling",
         action="store_true",

@@ -26,6 +26,32 @@ class ConfigError(DpcdaError, ValueError):
     """A configuration problem, with a message that names the field."""
 
 
+# The config's sections, in the order ``dpcda release --help`` shows them: every field is in exactly one
+# (tests/test_config.py checks). The model is still flat: a config file names the fields at its top level.
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "input": (
+        "input", "input_format", "features_column", "label_column", "num_classes", "feature_bounds", "out_of_bounds",
+        "table",
+    ),
+    "privacy": (
+        "epsilon", "delta", "sigma_x", "mode", "clip", "normalization", "normalization_file",
+        "allow_exact_normalization", "normalization_budget_share", "histogram_budget_share", "pca_budget_share",
+        "min_std", "seed",
+    ),
+    "mechanism": (
+        "mechanism", "mixing_order", "samples", "sigma_y", "label_noise_ratio", "projection", "projection_dim",
+        "projection_seed", "p3gm_latent_dim", "p3gm_components", "p3gm_em_iterations", "p3gm_em_budget_share",
+        "p3gm_epochs", "p3gm_batch", "p3gm_lr", "p3gm_grad_clip", "p3gm_hidden", "p3gm_encoder_hidden",
+        "p3gm_label_weight",
+    ),
+    "postprocess": ("soft_labels", "lowpass", "image_shape", "denoise"),
+    "scale": ("chunk_rows", "max_class_bytes", "mixing_path", "join_block_rows", "device"),
+    "evaluation": ("eval_input", "eval_input_public", "eval_runs", "eval_epochs", "audit", "membership_audit"),
+    "ledger": ("ledger", "dataset_id", "budget_cap"),
+    "output": ("output", "output_shards", "overwrite"),
+}  # fmt: skip
+
+
 # The names of mechanisms.registry (schemas sit below mechanisms; tests/test_registry.py checks the two agree).
 MechanismName = Literal["dpcda", "dpmix", "local", "randproj", "p3gm"]
 MECHANISM_NAMES: tuple[str, ...] = get_args(MechanismName)
