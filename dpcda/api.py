@@ -298,7 +298,8 @@ def _account_model(entry, n, epsilon, sigma_x, delta, clip, d, K, knobs) -> dict
         "components": acc.components,
         "cross_check": acc.cross_check,
         "delta_breakdown": acc.delta_breakdown,
-        "note": "N_hat here is N itself; a release plans with the DP count (q and the steps may differ slightly)",
+        "note": "planned as a release plans: from a DP class histogram of the stand-in counts (N spread over K), so "
+        "q, the steps and z vary slightly from run to run, as they do between releases",
     }
 
 

@@ -228,3 +228,25 @@ def test_dpmix_accounted_as_if_its_labels_were_free_is_caught():
     )
     assert r["violation"] and r["empirical_epsilon_lower_bound"] > 1.0
     assert r["accounted_epsilon"] > 3.0  # the honest accounting knows
+
+
+@pytest.mark.parametrize("case", ["dpmix", "local", "randproj"])
+def test_audit_section_plays_the_releases_own_mechanism(case, tmp_path):
+    """The manifest's audit section runs the game of the mechanism that made the release (its relation, its
+    events), for mechanisms without a mixing order too."""
+    from tests import golden
+    from tests.conftest import ROOT
+
+    recorded = json.loads((ROOT / "tests" / "recorded" / "golden_rows.json").read_text())[case]["manifest"]
+    audit = audit_section(recorded, trials=400)
+    assert audit["mechanism"] == case and audit["mode"] == recorded["mechanism"]["mode"]
+    assert audit["neighbouring_relation"] == recorded["privacy"]["neighbouring_relation"]
+    assert case != "randproj" or "release's R is not exercised" in audit["scope"]
+    assert golden.CASES[case]  # the recorded release this manifest came from
+
+
+def test_audit_cli_refuses_a_mode_the_mechanism_does_not_offer():
+    from tests.conftest import run_cli
+
+    res = run_cli("audit", "--mechanism", "local", "--mode", "poisson", "--epsilon", "1", "--trials", "10")
+    assert res.returncode == 2 and "mode: local offers mode fixed only" in res.stderr

@@ -493,6 +493,9 @@ def test_cli_sample_boolean_marks_dp_when_the_theorem_holds(cli, tmp_path):
     assert meta["dp"] is True and meta["epsilon"] == 100.0 and meta["dp_delta"] == 0.0
     assert meta["reproducible_seed"] is False and meta["conditions"]["reduced_space_given"] is False
     assert pcsv.read_csv(out).column_names == ["a", "b"]
+    assert cli("sample-boolean", *argv, "--overwrite", "--seed", 1) == 0  # a test seed rebuilds every draw
+    meta = json.loads((tmp_path / "out.csv.json").read_text())
+    assert meta["dp"] is False and meta["reproducible_seed"] is True
 
 
 @pytest.mark.parametrize(

@@ -615,10 +615,11 @@ def json_safe(value):
     return value
 
 
-def _audit_mode(mechanism: str, mode: str) -> str:
-    """The mode a mechanism is audited in: its own where it offers one only (p3gm: poisson, add/remove)."""
+def _audit_mode(mechanism: str, mode: Optional[str]) -> str:
+    """The mode a mechanism is audited in: the one asked for (refused by ``run_audit`` if the mechanism does not
+    offer it), else the mechanism's only mode (p3gm: poisson), else fixed."""
     modes = registry.get(mechanism).modes
-    return mode if mode in modes else modes[0] if len(modes) == 1 else mode
+    return mode if mode is not None else modes[0] if len(modes) == 1 else "fixed"
 
 
 def run_audit_cli(args) -> int:
@@ -670,7 +671,8 @@ def audit_section(
             "own q, step count and network are not exercised"
         )
         return json_safe(result)
-    l = int(mech["mixing_order"])
+    entry = registry.get(name)
+    l = int(mech.get("mixing_order", 1))  # local and randproj release each record once: no mixing order
     result = run_audit(
         mode=mech["mode"],
         mixing_order=l,
@@ -682,8 +684,15 @@ def audit_section(
         trials=trials or (200000 if dev.type == "cuda" else 20000),
         seed=seed,
         device=dev.type,
+        mechanism=name,
+        label_noise_ratio=float(mech.get("label_noise_ratio") or 1.0),
     )
     result["note"] = AUDIT_NOTE
+    if entry.projects:
+        result["scope"] = (
+            "the canary game on a public random projection of the audit's own small dimension, drawn from the audit's "
+            "seed: the release's R is not exercised"
+        )
     return json_safe(result)
 
 

@@ -37,6 +37,14 @@ from dpcda.schemas.config import MAX_SAMPLES_PER_INPUT_ROW, ReleaseConfig
 from dpcda.storage.paths import open_file
 from dpcda.storage.shards import InputError
 
+SECRET_KEY_CAVEAT = (
+    "Noise and sampling draw from ChaCha20 keystreams under a fresh 256-bit secret key: the guarantee holds against "
+    "adversaries who cannot tell ChaCha20 from random bits (privacy.noise says how draws are made)."
+)
+SEED_KEY_CAVEAT = (
+    "Noise and sampling draw from ChaCha20 keystreams under a key derived from a TEST seed, which rebuilds every draw "
+    "(privacy.noise says how draws are made)."
+)
 # With an explicit sigma_x there is no target epsilon to take shares of; the statistics then spend
 # their share of this reference budget (stated in the manifest).
 REFERENCE_EPSILON = 10.0
@@ -282,11 +290,7 @@ def build_plan(
     mode, l, c, delta = cfg.mode, cfg.mixing_order, cfg.clip, cfg.delta
     budget = cfg.epsilon if cfg.epsilon is not None else REFERENCE_EPSILON
     mech = registry.get(cfg.mechanism)
-    caveats = [
-        "Noise and sampling draw from ChaCha20 keystreams under a fresh 256-bit secret key: the guarantee holds "
-        "against adversaries who cannot tell ChaCha20 from random bits (privacy.noise says how draws are made).",
-        mech.label_caveat(),
-    ]
+    caveats = [SEED_KEY_CAVEAT if cfg.reproducible else SECRET_KEY_CAVEAT, mech.label_caveat()]
     shared: list = []
     adaptive: list = []
     if cfg.epsilon is None:

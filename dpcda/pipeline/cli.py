@@ -524,7 +524,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults["mechanism"],
         help="p3gm: its DP-SGD step (--mixing-order is the expected batch, --samples-per-class the steps)",
     )
-    au.add_argument("--mode", choices=["fixed", "poisson"], default=defaults["mode"])
+    au.add_argument(
+        "--mode", choices=["fixed", "poisson"], default=None, help="default: the mechanism's only mode, else fixed"
+    )
     au.add_argument("--mixing-order", type=int, default=defaults["mixing_order"])
     au.add_argument("--label-noise-ratio", type=float, default=defaults["label_noise_ratio"])
     au.add_argument("--epsilon", type=float, required=True)

@@ -21,6 +21,12 @@ from dpcda.schemas.manifest import (
     Software,
 )
 
+TEST_SEED_CAVEAT = (
+    "TEST SEED: the noise key is derived from a fixed seed; anyone who knows it rebuilds every draw, so this release "
+    "is reproducible and NOT private (end_to_end_dp false). privacy.epsilon is the mechanism's, under a secret key, "
+    "not this release's."
+)
+
 
 def software() -> Software:
     from importlib.metadata import version
@@ -181,16 +187,7 @@ def build_manifest(cfg, input_info: InputInfo, plan, outputs, prefix: str = "") 
             reproducible_seed=cfg.reproducible,
             paper_theorem1_epsilon=finite(paper_epsilon(plan)),
             events=release_events_to_json(acc.events) if acc.events is not None else None,
-            caveats=list(plan.caveats)
-            + (
-                [
-                    "TEST SEED: the noise key is derived from a fixed seed; anyone who knows it rebuilds every draw, "
-                    "so this release is reproducible and NOT private (end_to_end_dp false). privacy.epsilon is the "
-                    "mechanism's, under a secret key, not this release's."
-                ]
-                if cfg.reproducible
-                else []
-            ),
+            caveats=list(plan.caveats) + ([TEST_SEED_CAVEAT] if cfg.reproducible else []),
         ),
         output=Output(
             rows=sum(o.rows for o in outputs),

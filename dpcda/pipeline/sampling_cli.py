@@ -258,7 +258,7 @@ def sidecar(result, *, names, reproducible_seed: bool) -> dict:
         )
     return {
         "tool": SIDECAR_TOOL,
-        "dp": result.dp,
+        "dp": result.dp and not reproducible_seed,  # a --seed rebuilds every draw: not private, whatever the theorem
         "epsilon": c["epsilon"] if result.dp else None,
         "dp_delta": 0.0 if result.dp else None,
         "reason": result.reason,
@@ -375,7 +375,7 @@ def cmd_sample_boolean(args, _beam_args) -> int:
         for tmp in (tmp_table, tmp_side):
             if os.path.exists(tmp):
                 os.remove(tmp)
-    print(json.dumps({"output": out, "sidecar": side, "rows": meta["rows"], "dp": result.dp, "reason": result.reason}))
+    print(json.dumps({"output": out, "sidecar": side, "rows": meta["rows"], "dp": meta["dp"], "reason": result.reason}))
     if not result.dp:
         print(f"dpcda: warning: {result.reason}; written because of --allow-not-dp", file=sys.stderr)
     return 0
