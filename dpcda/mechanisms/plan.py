@@ -548,7 +548,7 @@ def build_plan(
             "DPMix: rows mix records of every class, so the labels are released as noisy one-hot means "
             "(sigma_y = label_noise_ratio x sigma_x) and their noise is part of the accounted event."
         )
-    elif mech != "dpcda":
+    elif mech in ("local", "randproj"):  # p3gm and dpmix said their own above
         caveats[1] = (
             f"{mech}: every record is released once, with its label and class sizes as they are (both "
             f"public under the replace-one-within-class relation)."

@@ -56,6 +56,54 @@ def new_run_id() -> str:
 CAP = "cap"  # the state of the entry that holds a dataset's stored cap (not a release)
 
 
+STATES = ("pending", "published", CAP)
+_NUMBER = (int, float)
+
+
+def entry_problem(entry) -> Optional[str]:
+    """What makes ``entry`` (one decoded ledger row) unusable, or None. A row is refused, never skipped: skipping it
+    would drop a release from the composed budget."""
+    if not isinstance(entry, dict):
+        return f"a JSON {type(entry).__name__}, not an entry"
+    need = {"run": str, "dataset_id": str, "state": str}
+    if entry.get("state") == CAP:
+        need["epsilon"] = _NUMBER
+    elif entry.get("state") in STATES:
+        need.update(mode=str, relation=str, delta=_NUMBER)
+    for field, kind in need.items():
+        if field not in entry:
+            return f"no '{field}'"
+        if not isinstance(entry[field], kind) or isinstance(entry[field], bool):
+            return f"'{field}' is a {type(entry[field]).__name__}"
+    if entry["state"] not in STATES:
+        return f"state '{entry['state'][:40]}' is none of {', '.join(STATES)}"
+    eps = entry.get("epsilon")
+    if entry["state"] != CAP and eps is not None and (not isinstance(eps, _NUMBER) or isinstance(eps, bool)):
+        return f"'epsilon' is a {type(eps).__name__}"
+    return None
+
+
+def decode_entry(raw, uri: str, where: str, dataset_id: Optional[str] = None, run: Optional[str] = None) -> dict:
+    """One stored row as an entry, or a LedgerError naming the ledger and the row (``where``; ``dataset_id`` and
+    ``run``: the row's own columns, where the store has them)."""
+    try:
+        entry = json.loads(raw) if isinstance(raw, (str, bytes)) else raw
+    except ValueError:
+        entry, problem = None, "not valid JSON"
+    else:
+        problem = entry_problem(entry)
+        if problem is None and dataset_id is not None and entry["dataset_id"] != dataset_id:
+            problem = f"its entry names dataset '{entry['dataset_id'][:80]}'"
+    if problem is None:
+        return entry
+    run = entry.get("run") if isinstance(entry, dict) and isinstance(entry.get("run"), str) else run
+    who = f" (run '{run[:80]}')" if isinstance(run, str) else ""
+    raise LedgerError(
+        f"ledger {uri}: {where}{who} is corrupt ({problem}); nothing was read or changed. Restore the ledger from a "
+        f"backup; a row is never skipped, since that would drop a release from the budget"
+    )
+
+
 def releases_of(entries: list[dict]) -> list[dict]:
     return [e for e in entries if e["state"] != CAP]
 
@@ -198,6 +246,11 @@ class SqliteLedger(Ledger):
             raise LedgerError(
                 f"ledger {path}: does not exist (create it once with 'dpcda ledger init --ledger {path}')"
             )
+        if create and not os.path.exists(path) and path.lower().endswith(".json"):
+            raise LedgerError(
+                f"ledger {path}: a local ledger is a SQLite file, not JSON; name it e.g. "
+                f"{path[: -len('.json')]}.db (a .json ledger is the one-object form on gs://)"
+            )
         try:
             with contextlib.closing(self._connect()) as conn:
                 if create:
@@ -224,8 +277,10 @@ class SqliteLedger(Ledger):
         conn = self._connect()
         try:
             conn.execute("BEGIN IMMEDIATE")  # the write lock first: no other writer reads the history meanwhile
-            rows = conn.execute("SELECT entry FROM releases WHERE dataset_id = ? ORDER BY seq", (dataset_id,))
-            entries = [json.loads(r[0]) for r in rows]
+            rows = conn.execute(
+                "SELECT seq, dataset_id, entry, run FROM releases WHERE dataset_id = ? ORDER BY seq", (dataset_id,)
+            )
+            entries = [decode_entry(r[2], self.uri, f"row {r[0]}", r[1], r[3]) for r in rows]
             new, result = fn(entries)
             conn.execute("DELETE FROM releases WHERE dataset_id = ?", (dataset_id,))
             conn.executemany(
@@ -245,10 +300,13 @@ class SqliteLedger(Ledger):
         try:
             with contextlib.closing(self._connect()) as conn:
                 if dataset_id is None:
-                    rows = conn.execute("SELECT entry FROM releases ORDER BY seq")
+                    rows = conn.execute("SELECT seq, dataset_id, entry, run FROM releases ORDER BY seq")
                 else:
-                    rows = conn.execute("SELECT entry FROM releases WHERE dataset_id = ? ORDER BY seq", (dataset_id,))
-                return [json.loads(r[0]) for r in rows]
+                    rows = conn.execute(
+                        "SELECT seq, dataset_id, entry, run FROM releases WHERE dataset_id = ? ORDER BY seq",
+                        (dataset_id,),
+                    )
+                return [decode_entry(r[2], self.uri, f"row {r[0]}", r[1], r[3]) for r in rows]
         except sqlite3.Error as err:
             raise LedgerError(f"ledger {self.uri}: {err}") from None
 
@@ -263,8 +321,8 @@ class GcsLedger(Ledger):
         bucket, self.name = split_gs(uri)
         if not self.name:
             raise LedgerError(f"ledger {uri}: name an object, e.g. gs://bucket/ledgers/privacy.json")
-        self.bucket = gcs_client().bucket(bucket)
-        with _gcs_errors(uri):
+        with _gcs_errors(uri):  # no credentials is one line too
+            self.bucket = gcs_client().bucket(bucket)
             exists = self.bucket.get_blob(self.name) is not None
             if create and not exists:
                 text = json.dumps({"format": FORMAT, "entries": []})
@@ -293,9 +351,10 @@ class GcsLedger(Ledger):
             data = json.loads(raw)
         except ValueError:
             raise LedgerError(f"ledger {self.uri}: not valid JSON") from None
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
+        if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries", []), list):
             raise LedgerError(f"ledger {self.uri}: not a ledger object (format {FORMAT} expected)")
-        return list(data.get("entries", [])), generation
+        entries = [decode_entry(e, self.uri, f"entry {i}") for i, e in enumerate(data.get("entries", []), 1)]
+        return entries, generation
 
     def _transact(self, dataset_id: str, fn: Transaction):
         from google.api_core import exceptions as gexc

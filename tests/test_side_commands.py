@@ -1,0 +1,127 @@
+"""The commands beside the release (ledger, risk, schema, feasibility) and the release's own edges, held to the
+release's contract: one ``dpcda: error:`` line on bad input, never a traceback, and outputs that replace only what
+is ours, never an input, atomically. Each test names the case of the bad-input campaign it covers."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from tests.conftest import make_dataset, write_dataset
+
+
+def cli(capsys, *args) -> tuple[int, str]:
+    """``dpcda ARGS`` in process; (exit status, stderr). A traceback fails the test."""
+    from dpcda.pipeline.cli import main
+
+    code = main([str(a) for a in args])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return code, err
+
+
+def one_line(err: str) -> str:
+    lines = [ln for ln in err.strip().splitlines() if ln.startswith("dpcda: error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+# ---------------------------------------------------------------- MEDIUM 2: each mechanism's caveat says its truth
+
+
+@pytest.mark.parametrize(
+    "mechanism, extra, says, never",
+    [
+        ("p3gm", {"p3gm_latent_dim": 3, "p3gm_hidden": 16}, "sampled from a model", "replace-one-within-class"),
+        ("local", {}, "released once", "sampled from a model"),
+        ("randproj", {"projection_dim": 4}, "released once", "sampled from a model"),
+        ("dpmix", {"num_classes": 3}, "noisy one-hot means", "replace-one-within-class"),
+    ],
+)
+def test_the_caveats_of_each_mechanism_say_what_it_releases(mechanism, extra, says, never):
+    from dpcda.mechanisms.inprocess import first_pass
+    from dpcda.mechanisms.plan import build_plan
+    from dpcda.privacy.noise import key_from_test_seed
+    from dpcda.schemas.config import load_config
+
+    x, y = make_dataset(n_per_class=30, num_classes=3, dim=12)
+    fields = {"input": "i", "output": "o", "epsilon": 2.0, "mechanism": mechanism, "num_classes": 3, **extra}
+    plan = build_plan(first_pass(x, y), load_config(None, fields), key_from_test_seed(0))
+    text = " ".join(plan.caveats)
+    assert says in text and never not in text
+
+
+# ---------------------------------------------------------------- MEDIUM 3: a corrupt ledger row is one line
+
+
+@pytest.fixture
+def ledger_db(tmp_path):
+    from dpcda.storage.ledger import open_ledger
+
+    path = tmp_path / "r.db"
+    open_ledger(str(path), create=True).set_cap("fm", 50.0)
+    return path
+
+
+@pytest.mark.parametrize("row", ["{not json", "{}", "[1, 2]", '{"run": "x", "dataset_id": "fm", "state": "pending"}'])
+def test_a_corrupt_ledger_row_is_one_line_naming_the_ledger_and_the_row(ledger_db, tmp_path, capsys, row):
+    with sqlite3.connect(ledger_db) as conn:
+        conn.execute("INSERT INTO releases (dataset_id, run, entry) VALUES ('fm', 'x', ?)", (row,))
+    for args in (["ledger", "show", "--ledger", ledger_db], ["ledger", "show", "--ledger", ledger_db, "--json"]):
+        code, err = cli(capsys, *args)
+        line = one_line(err)
+        assert code == 2 and str(ledger_db) in line and "row 2" in line and "run 'x'" in line
+    x, y = make_dataset(n_per_class=10, num_classes=2, dim=4)
+    inp = write_dataset(tmp_path / "in", x, y)
+    out = tmp_path / "rel"
+    code, err = cli(
+        capsys, "release", "--input", inp, "--output", out, "--epsilon", 1, "--ledger", ledger_db, "--dataset-id", "fm",
+        "--runner=DirectRunner", "--direct_running_mode=in_memory",
+    )  # fmt: skip
+    assert code == 2 and "row 2" in one_line(err) and not out.exists()
+    with sqlite3.connect(ledger_db) as conn:  # nothing was added or removed
+        assert [r[0] for r in conn.execute("SELECT run FROM releases ORDER BY seq")] == ["(cap)", "x"]
+
+
+@pytest.mark.parametrize("mode", ["gcs", "sqlite"])
+def test_a_corrupt_ledger_entry_is_refused_in_every_store(mode, tmp_path, request):
+    from dpcda.privacy.composition import LedgerError
+    from dpcda.storage.ledger import open_ledger
+
+    if mode == "gcs":
+        from google.cloud import storage
+
+        uri = f"{request.getfixturevalue('gcs')}/ledgers/bad.json"
+        open_ledger(uri, create=True)
+        blob = storage.Client.create_anonymous_client().bucket("lake").blob("ledgers/bad.json")
+        blob.upload_from_string(json.dumps({"format": "dpcda-ledger/1", "entries": [{"run": "x", "state": "cap"}]}))
+        with pytest.raises(LedgerError, match=r"entry 1 \(run 'x'\) is corrupt \(no 'dataset_id'\)"):
+            open_ledger(uri)
+    else:
+        path = tmp_path / "l.db"
+        ledger = open_ledger(str(path), create=True)
+        with sqlite3.connect(path) as conn:
+            conn.execute("""INSERT INTO releases (dataset_id, run, entry) VALUES ('a', 'r', '{"run": "r",
+                "dataset_id": "b", "state": "cap", "epsilon": 1}')""")
+        with pytest.raises(LedgerError, match="row 1 .run 'r'. is corrupt .its entry names dataset 'b'"):
+            ledger.reserve("a", {"run": "s", "mode": "fixed", "relation": "fixed", "epsilon": 1, "delta": 1e-5}, None)
+
+
+# ---------------------------------------------------------------- MEDIUM 4: a GCS ledger without credentials
+
+
+def test_a_gcs_ledger_without_credentials_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "no-such-key.json"))
+    for sub in ("init", "show"):
+        code, err = cli(capsys, "ledger", sub, "--ledger", "gs://nonexistent-bucket-zz/ledger.json")
+        line = one_line(err)
+        assert code == 2 and "gs://nonexistent-bucket-zz/ledger.json" in line and "Credentials" in line, line
+
+
+def test_a_local_ledger_named_json_is_refused_at_init(tmp_path, capsys):
+    code, err = cli(capsys, "ledger", "init", "--ledger", tmp_path / "ledger.json")
+    assert code == 2 and "a local ledger is a SQLite file" in one_line(err) and "ledger.db" in one_line(err)
+    assert not (tmp_path / "ledger.json").exists()
