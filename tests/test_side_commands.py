@@ -5,7 +5,9 @@ is ours, never an input, atomically. Each test names the case of the bad-input c
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+from unittest import mock
 
 import pytest
 
@@ -125,3 +127,27 @@ def test_a_local_ledger_named_json_is_refused_at_init(tmp_path, capsys):
     code, err = cli(capsys, "ledger", "init", "--ledger", tmp_path / "ledger.json")
     assert code == 2 and "a local ledger is a SQLite file" in one_line(err) and "ledger.db" in one_line(err)
     assert not (tmp_path / "ledger.json").exists()
+
+
+# ---------------------------------------------------------------- MEDIUM 7: risk --plot follows the release's rules
+
+
+def test_risk_plot_writes_only_where_asked_and_replaces_only_its_own(tmp_path, capsys):
+    (tmp_path / "out").mkdir()
+    code, err = cli(capsys, "risk", "--epsilon", 1, "--plot", tmp_path / "out")  # risk_plot_dir
+    assert code == 2 and "is a folder" in one_line(err)
+    assert os.listdir(tmp_path / "out") == [] and sorted(os.listdir(tmp_path)) == ["out"]
+    (tmp_path / "file").write_text("x")
+    code, err = cli(capsys, "risk", "--epsilon", 1, "--plot", tmp_path / "file" / "x.png")  # an unwritable path
+    assert code == 2 and "--plot" in one_line(err)
+    with mock.patch("os.replace", side_effect=PermissionError(13, "Permission denied")):
+        code, err = cli(capsys, "risk", "--epsilon", 1, "--plot", tmp_path / "ro.png")  # risk_plot_ro (root writes
+    assert code == 2 and "cannot write (Permission denied)" in one_line(err)  # through mode 555: made to fail)
+    assert sorted(os.listdir(tmp_path)) == ["file", "out"]  # no temporary file left
+    plot = tmp_path / "p.png"
+    assert cli(capsys, "risk", "--epsilon", 1, "--plot", plot)[0] == 0 and plot.read_bytes()[:4] == b"\x89PNG"
+    code, err = cli(capsys, "risk", "--epsilon", 1, "--plot", plot)
+    assert code == 2 and "--overwrite" in one_line(err)
+    assert cli(capsys, "risk", "--epsilon", 2, "--plot", plot, "--overwrite")[0] == 0  # our own plot: replaced
+    code, err = cli(capsys, "risk", "--epsilon", 1, "--plot", tmp_path / "file", "--overwrite")
+    assert code == 2 and "not an earlier" in one_line(err) and (tmp_path / "file").read_text() == "x"

@@ -301,6 +301,19 @@ def cmd_schema(args, _beam_args) -> int:
     return 0
 
 
+RISK_PLOT_TAG = {"Software": "dpcda risk"}  # a PNG text chunk: what says a plot is ours to replace
+
+
+def _our_risk_plot(path: str) -> bool:
+    from PIL import Image
+
+    try:
+        with Image.open(path) as img:
+            return img.format == "PNG" and img.info.get("Software") == RISK_PLOT_TAG["Software"]
+    except Exception:  # noqa: BLE001 - unreadable as a PNG: not ours
+        return False
+
+
 def cmd_risk(args, _beam_args) -> int:
     import numpy as np
 
@@ -310,6 +323,9 @@ def cmd_risk(args, _beam_args) -> int:
     figures = {"epsilon": args.epsilon, "delta": args.delta, **risk_figures(args.epsilon, args.delta)}
     if args.plot:
         from dpcda.evaluation.report import _pyplot
+        from dpcda.storage.outputs import check_file_output, write_file_output
+
+        check_file_output(args.plot, flag="--plot", overwrite=args.overwrite, ours=_our_risk_plot, what="plot.png")
 
         plt = _pyplot()
         fp = np.linspace(0, 1, 501)
@@ -324,7 +340,9 @@ def cmd_risk(args, _beam_args) -> int:
         ax.set_title("membership attacker trade-off")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(args.plot, dpi=100)
+        write_file_output(
+            args.plot, lambda tmp: fig.savefig(tmp, dpi=100, format="png", metadata=RISK_PLOT_TAG), flag="--plot"
+        )
         figures["plot"] = args.plot
     if args.json:
         print(json.dumps(figures))
@@ -585,6 +603,7 @@ def build_parser() -> argparse.ArgumentParser:
     risk.add_argument("--delta", type=float, default=1e-5)
     risk.add_argument("--json", action="store_true")
     risk.add_argument("--plot", default=None, help="write the trade-off curve to this PNG")
+    risk.add_argument("--overwrite", action="store_true", help="replace an earlier --plot of this command")
 
     schema = sub.add_parser("schema", allow_abbrev=False, help="draft a table schema from a Parquet schema")
     schema_sub = schema.add_subparsers(dest="schema_command", required=True)
