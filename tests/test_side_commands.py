@@ -151,3 +151,100 @@ def test_risk_plot_writes_only_where_asked_and_replaces_only_its_own(tmp_path, c
     assert cli(capsys, "risk", "--epsilon", 2, "--plot", plot, "--overwrite")[0] == 0  # our own plot: replaced
     code, err = cli(capsys, "risk", "--epsilon", 1, "--plot", tmp_path / "file", "--overwrite")
     assert code == 2 and "not an earlier" in one_line(err) and (tmp_path / "file").read_text() == "x"
+
+
+# ---------------------------------------------------------------- GCS: a part readable before the manifest counts
+
+
+def _gcs_release_with_ledger(gcs, tmp_path, n_per_class=10, **extra):
+    from dpcda.schemas.config import load_config
+    from dpcda.storage.ledger import open_ledger
+    from dpcda.storage.shards import write_parquet
+
+    x, y = make_dataset(n_per_class=n_per_class, num_classes=2, dim=4, seed=2)
+    write_parquet(f"{gcs}/in/a.parquet", x, y)
+    ledger = str(tmp_path / "l.db")
+    open_ledger(ledger, create=True)
+    fields = {"input": f"{gcs}/in/*.parquet", "output": f"{gcs}/rel", "epsilon": 2.0, "ledger": ledger}
+    return load_config(None, {**fields, "dataset_id": "toy", **extra}), ledger
+
+
+def _objects(prefix: str) -> list:
+    from dpcda.storage import publish
+
+    bucket, name = publish.split_gs(prefix)
+    return [b.name for b in publish.gcs_client().bucket(bucket).list_blobs(prefix=name + "/")]
+
+
+@pytest.mark.gcs
+def test_a_gcs_run_that_fails_after_its_parts_were_readable_keeps_counting(gcs, tmp_path):
+    from dpcda.pipeline.release import run_release
+    from dpcda.privacy.composition import LedgerError
+    from dpcda.storage.ledger import open_ledger, resolve
+
+    cfg, ledger = _gcs_release_with_ledger(gcs, tmp_path)
+    seen = []
+
+    def breaks(workdir, manifest):  # after the pipeline: the parts are under OUTPUT/runs/<run>/, listable
+        seen.extend(n for n in _objects(workdir) if "/synthetic/" in n)
+        raise RuntimeError("the evaluation broke")
+
+    with pytest.raises(RuntimeError, match="evaluation broke"):
+        run_release(cfg, ["--runner=DirectRunner", "--direct_running_mode=in_memory"], stages=(("evaluation", breaks),))
+    assert seen and _objects(f"{gcs}/rel") == []  # they were readable; then removed
+    (entry,) = open_ledger(ledger).entries("toy")
+    assert entry["state"] == "exposed" and entry["epsilon"] == 2.0
+    with pytest.raises(LedgerError, match="cannot be resolved"):
+        resolve(open_ledger(ledger), "toy", entry["run"], force=True, drop=True)
+    with pytest.raises(LedgerError, match="over the budget cap"):  # it counts: 2 + 2 > 3
+        open_ledger(ledger).reserve(
+            "toy", {"run": "n", "mode": "fixed", "relation": "fixed", "epsilon": 2.0, "delta": 1e-5}, 3.0
+        )
+
+
+@pytest.mark.gcs
+def test_a_gcs_run_refused_before_any_part_was_written_is_cancelled(gcs, tmp_path):
+    from dpcda.pipeline.cli import main
+    from dpcda.storage.ledger import open_ledger
+
+    cfg, ledger = _gcs_release_with_ledger(gcs, tmp_path, n_per_class=3)  # 3 records per class < l = 4
+    code = main(
+        ["release", "--input", cfg.input, "--output", cfg.output, "--epsilon", "2", "--ledger", ledger,
+         "--dataset-id", "toy", "--runner=DirectRunner", "--direct_running_mode=in_memory"]
+    )  # fmt: skip
+    assert code == 2 and open_ledger(ledger).entries() == [] and _objects(f"{gcs}/rel") == []
+
+
+@pytest.mark.gcs
+def test_exposure_on_gcs_is_decided_conservatively(gcs):
+    from dpcda.privacy.errors import DpcdaError
+    from dpcda.storage import publish
+
+    target = publish.prepare(f"{gcs}/rel", overwrite=False, inputs=[])
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt as interrupt:
+        assert publish.exposed_on_gcs(target, interrupt)
+        try:
+            raise DpcdaError("while cleaning up")
+        except DpcdaError as during:
+            assert publish.exposed_on_gcs(target, during)  # an interrupt in the chain: a job may still write
+    assert publish.exposed_on_gcs(target, RuntimeError("unknown"))  # unknown: counted
+    assert not publish.exposed_on_gcs(target, DpcdaError("bad row"))  # ours, after the runner stopped, nothing there
+    publish.gcs_client().bucket("lake").blob(f"rel/{target.prefix}synthetic/.temp/x").upload_from_string(b"x")
+    assert publish.exposed_on_gcs(target, DpcdaError("bad row"))  # something was there
+    publish.abandon(target, DpcdaError("bad row"))
+    assert target.exposed and _objects(f"{gcs}/rel") == []
+
+
+@pytest.mark.gcs
+def test_resolve_keeps_a_dead_gcs_run_counting_unless_dropped(gcs, tmp_path):
+    from dpcda.storage.ledger import open_ledger, resolve
+
+    ledger = open_ledger(str(tmp_path / "l.db"), create=True)
+    for run in ("a", "b"):
+        request = {"run": run, "mechanism": "dpcda", "mode": "fixed", "relation": "fixed", "epsilon": 1.0}
+        ledger.reserve("toy", {**request, "delta": 1e-5, "output": f"{gcs}/rel{run}"}, None)
+    assert resolve(ledger, "toy", "a", force=True) == "exposed"
+    assert resolve(ledger, "toy", "b", force=True, drop=True) == "dropped"
+    assert [(e["run"], e["state"]) for e in ledger.entries("toy")] == [("a", "exposed")]

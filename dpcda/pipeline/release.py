@@ -376,6 +376,8 @@ def _settle(ledger, dataset_id: str, run: str, output: str, err: BaseException) 
         if ours is not None:
             err.published = True
             ledger.record(dataset_id, run, ours)
+        elif getattr(err, "exposed", False):
+            ledger.expose(dataset_id, run)
         else:
             ledger.cancel(dataset_id, run)
     except BaseException as inner:  # noqa: BLE001 - never hide the release's own error
@@ -481,7 +483,8 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
             manifest["ledger"] = ledger_section
         publish.publish(target, manifest)
     except BaseException as err:
-        publish.abandon(target)
+        publish.abandon(target, err)
+        err.exposed = target.exposed  # GCS: a part may have been readable; the ledger keeps counting the run
         if target.published:
             err.published = True  # the CLI must not say "nothing was published"
         raise

@@ -5,7 +5,10 @@ composed by ``privacy.composition`` and checked against the cap in the same tran
 reservation), and is recorded with its stated guarantee and DP events once published (``record``). A release that
 fails or is interrupted before publishing removes its reservation (``cancel``); one that died without a word leaves
 it, and it keeps counting at its target epsilon (never less than it spent) until ``dpcda ledger resolve`` records or
-drops it.
+drops it. On a gs:// OUTPUT a run's parts sit under ``OUTPUT/runs/<run>/`` before the manifest commits them, where
+readers who may list the bucket can copy them: a run that fails after a part may have been readable is not
+cancelled but marked ``exposed`` (``publish.exposed_on_gcs``), and counts at its target epsilon for good; ``resolve``
+marks a dead GCS run ``exposed`` too, unless ``--drop`` says that nothing of it was readable.
 
 A ledger is created once (``dpcda ledger init``): a release or ``ledger show`` refuses a ledger that does not exist,
 so a mistyped path never starts an empty budget. ``dpcda ledger cap`` stores a dataset's cap in the ledger; a
@@ -56,7 +59,8 @@ def new_run_id() -> str:
 CAP = "cap"  # the state of the entry that holds a dataset's stored cap (not a release)
 
 
-STATES = ("pending", "published", CAP)
+EXPOSED = "exposed"  # a run that failed on GCS after a part of it may have been readable: counts as pending, forever
+STATES = ("pending", "published", EXPOSED, CAP)
 _NUMBER = (int, float)
 
 
@@ -186,7 +190,7 @@ class Ledger(abc.ABC):
             for e in entries:
                 if e["run"] == run and e["state"] == "published":
                     return entries, None  # recorded already (a retry after a lost response)
-                if e["run"] == run and e["state"] == "pending":
+                if e["run"] == run and e["state"] in ("pending", EXPOSED):
                     e.update(published)
                     return entries, None
             # its reservation was dropped (``resolve --drop`` while it ran): what was published is recorded anyway
@@ -214,6 +218,24 @@ class Ledger(abc.ABC):
             return [e for e in entries if not (e["run"] == run and e["state"] == "pending")], None
 
         self._transact(dataset_id, fn)
+
+    def expose(self, dataset_id: str, run: str) -> None:
+        """A reservation whose run failed after a part of it may have been readable (GCS): it is never cancelled
+        and keeps counting at its target epsilon (idempotent; a published entry stays as it is)."""
+
+        def fn(entries):
+            for e in entries:
+                if e["run"] == run and e["state"] == "pending":
+                    e.update(state=EXPOSED, exposed_at=_now())
+            return entries, None
+
+        self._transact(dataset_id, fn)
+        log.warning(
+            "stage=ledger dataset=%s run=%s: a part may have been readable before the run failed; its reservation "
+            "keeps counting at its target epsilon",
+            dataset_id,
+            run,
+        )
 
     def set_cap(self, dataset_id: str, epsilon: float) -> None:
         """Stores the dataset's budget cap (``dpcda ledger cap``); a release's --budget-cap can only lower it."""
@@ -449,14 +471,19 @@ def published_manifest(output: str, run: str) -> tuple[Optional[dict], Optional[
             current = json.loads(fh.read())
     except FileNotFoundError:
         return None, None
+    except Exception as err:  # gs://: google-cloud's NotFound (404) is not a FileNotFoundError
+        if is_remote(output) and getattr(err, "code", None) == 404:
+            return None, None
+        raise
     ours = current if (current.get("ledger") or {}).get("run") == run else None
     return ours, current
 
 
 def resolve(ledger: Ledger, dataset_id: str, run: str, *, force: bool = False, drop: bool = False) -> str:
     """A reservation left by a run that died: 'recorded' if OUTPUT holds the run's release (its manifest names the
-    run); 'dropped' only on evidence that the run published nothing (no manifest at OUTPUT, or one made before the
-    run reserved its budget) or with ``drop``. Refuses while the run may still be going: OUTPUT's lock is held, or
+    run); on gs:// 'exposed' otherwise (its parts may have been readable), unless ``drop``; 'dropped' only on
+    evidence that the run published nothing (no manifest at OUTPUT, or one made before the run reserved its budget)
+    or with ``drop``. Refuses while the run may still be going: OUTPUT's lock is held, or
     the reservation is younger than RESOLVE_AFTER_HOURS (``force`` overrides the age, never the lock)."""
     from dpcda.storage.publish import output_busy
 
@@ -464,6 +491,11 @@ def resolve(ledger: Ledger, dataset_id: str, run: str, *, force: bool = False, d
     if not found:
         raise LedgerError(f"ledger {ledger.uri}: dataset '{dataset_id}' has no run {run}")
     entry = found[0]
+    if entry["state"] == EXPOSED:
+        raise LedgerError(
+            f"ledger {ledger.uri}: run {run} failed after a part of it may have been readable on GCS; it keeps "
+            f"counting at its target epsilon and cannot be resolved"
+        )
     if entry["state"] != "pending":
         raise LedgerError(f"ledger {ledger.uri}: run {run} is already recorded as published")
     reserved = datetime.datetime.fromisoformat(entry["reserved_at"])
@@ -484,6 +516,9 @@ def resolve(ledger: Ledger, dataset_id: str, run: str, *, force: bool = False, d
     if ours is not None:
         ledger.record(dataset_id, run, ours)
         return "recorded"
+    if is_remote(entry["output"]) and not drop:  # its parts sat under OUTPUT/runs/<run>/, which readers may list
+        ledger.expose(dataset_id, run)
+        return EXPOSED
     made = (current or {}).get("created_at")
     older = made is not None and datetime.datetime.fromisoformat(made) < reserved
     if current is None or older or drop:
