@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 from unittest import mock
 
@@ -248,3 +249,115 @@ def test_resolve_keeps_a_dead_gcs_run_counting_unless_dropped(gcs, tmp_path):
     assert resolve(ledger, "toy", "a", force=True) == "exposed"
     assert resolve(ledger, "toy", "b", force=True, drop=True) == "dropped"
     assert [(e["run"], e["state"]) for e in ledger.entries("toy")] == [("a", "exposed")]
+
+
+# ---------------------------------------------------------------- Dataflow: workers, staging, jobs nobody publishes
+
+DATAFLOW = ["--runner=DataflowRunner", "--project=p", "--region=europe-west4", "--temp_location=gs://b/tmp"]
+STAGING = "--staging_location=gs://b/staging"
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--template_location=gs://b/t.json"], "--template_location"),
+        (["--runner=DirectRunner", "--template_location=/tmp/t.json"], "--template_location"),
+        (["--dry_run=True"], "--dry_run"),
+        ([*DATAFLOW], "--staging_location"),
+        ([*DATAFLOW, "--staging_location=gs://b/tmp/staging"], "lies inside --temp_location"),
+        ([*DATAFLOW, STAGING, "--experiments=use_multiple_sdk_containers"], "classes at once"),
+        ([*DATAFLOW, STAGING, "--number_of_worker_harness_threads=4"], "pass --max-class-bytes"),
+        (
+            [*DATAFLOW, STAGING, "--sdk_worker_parallelism=8", "--dataflow_service_options=worker_accelerator=x"],
+            "open the one GPU",
+        ),
+    ],
+)
+def test_launch_options_that_cannot_hold_are_refused_in_one_line(args, needle):
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from dpcda.pipeline.dataflow import check_job_options
+    from dpcda.pipeline.release import ReleaseError
+
+    with pytest.raises(ReleaseError, match=re.escape(needle)) as err:
+        check_job_options(PipelineOptions(args))
+    assert "\n" not in str(err.value)
+
+
+def test_dataflow_workers_run_one_sdk_process_and_one_class_at_a_time(monkeypatch):
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from dpcda.pipeline import dataflow
+    from dpcda.pipeline.release import ReleaseError
+
+    options = PipelineOptions([*DATAFLOW, STAGING])
+    dataflow.check_job_options(options)
+    flags = options.get_all_options()
+    assert dataflow.ONE_SDK_PROCESS in flags["experiments"] and flags["number_of_worker_harness_threads"] == 1
+    assert dataflow.sdk_processes(flags) == 1
+    mine = PipelineOptions([*DATAFLOW, STAGING, "--number_of_worker_harness_threads=4"])
+    dataflow.check_job_options(mine, max_class_bytes=1 << 30)  # the user sized the budget for four at once
+    assert mine.get_all_options()["number_of_worker_harness_threads"] == 4
+    monkeypatch.setattr(dataflow.sys, "version_info", (3, 12, 0))
+    with pytest.raises(ReleaseError, match=r"launch from a Python 3\.11 environment"):
+        dataflow.check_job_options(PipelineOptions([*DATAFLOW, STAGING]))
+
+
+def test_a_template_run_is_refused_before_the_ledger_or_output_is_touched(tmp_path, capsys):
+    from dpcda.storage.ledger import open_ledger
+
+    x, y = make_dataset(n_per_class=10, num_classes=2, dim=4)
+    inp = write_dataset(tmp_path / "in", x, y)
+    ledger = str(tmp_path / "l.db")
+    open_ledger(ledger, create=True)
+    code, err = cli(
+        capsys, "release", "--input", inp, "--output", tmp_path / "rel", "--epsilon", 1, "--ledger", ledger,
+        "--dataset-id", "toy", f"--template_location={tmp_path / 't.json'}", "--runner=DirectRunner",
+    )  # fmt: skip
+    assert code == 2 and "--template_location" in one_line(err)
+    assert (
+        open_ledger(ledger).entries() == [] and not (tmp_path / "rel").exists() and not (tmp_path / "t.json").exists()
+    )
+
+
+@pytest.mark.gcs
+def test_the_dataflow_job_description_runs_one_sdk_process_stages_apart_and_holds_no_key(gcs, tmp_path, monkeypatch):
+    """The job description that the launcher's options produce, written offline by Beam's DataflowRunner as a template
+    to a local file (the launcher itself refuses --template_location; here the refusal is lifted to read what it
+    would submit), its files and the pipeline graph (pipeline.pb) staged to the emulator. No key exists when they are
+    written: the launcher never draws one (the worker's DrawKey step does), so none can be in them."""
+    from dpcda.pipeline import __version__, build_commit, dataflow
+    from dpcda.pipeline import release as release_mod
+    from dpcda.schemas.config import load_config
+    from dpcda.storage import publish
+    from dpcda.storage.shards import write_parquet
+
+    monkeypatch.setattr(dataflow, "NO_JOB_OPTIONS", ("dry_run",))
+    drawn = []
+    monkeypatch.setattr(release_mod, "fresh_key", lambda: drawn.append("fresh") or b"\0" * 32)
+    monkeypatch.setattr(release_mod, "key_from_test_seed", lambda seed: drawn.append("seed") or b"\0" * 32)
+    x, y = make_dataset(n_per_class=10, num_classes=2, dim=4, seed=2)
+    write_parquet(f"{gcs}/in/a.parquet", x, y)
+    cfg = load_config(None, {"input": f"{gcs}/in/*.parquet", "output": f"{gcs}/rel", "epsilon": 2.0})
+    job = tmp_path / "job.json"
+    args = [
+        "--runner=DataflowRunner", "--project=dpcda-test", "--region=europe-west4", f"--temp_location={gcs}/tmp",
+        f"--staging_location={gcs}/staging", f"--template_location={job}", "--sdk_location=container",
+        f"--sdk_container_image=x/worker:{__version__}-{build_commit()}",
+    ]  # fmt: skip
+    with pytest.raises(Exception):  # the template is written and no job runs: nothing to publish
+        release_mod.run_release(cfg, args)
+    env = json.loads(job.read_text())["environment"]
+    assert "no_use_multiple_sdk_containers" in env["experiments"]
+    assert "use_multiple_sdk_containers" not in env["experiments"]
+    (pool,) = env["workerPools"]
+    assert pool["numThreadsPerWorker"] == 1
+    staged = "storage.googleapis.com/lake/staging/"
+    assert pool["packages"] and all(p["location"].startswith(staged) for p in pool["packages"])
+    options = env["sdkPipelineOptions"]["options"]
+    assert options["staging_location"].startswith(f"{gcs}/staging/")
+    assert options["temp_location"].startswith(f"{gcs}/tmp/")
+    assert options["pipelineUrl"].startswith(f"{gcs}/staging/") and options["pipelineUrl"].endswith("pipeline.pb")
+    names = [b.name for b in publish.gcs_client().bucket("lake").list_blobs(prefix="staging/")]
+    assert any(n.endswith("/pipeline.pb") for n in names)
+    assert drawn == []  # no key was made in the launcher: none is in the graph, the staged files or the template

@@ -23,6 +23,7 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 
 from dpcda.mechanisms.plan import PlanError, load_public_stats
 from dpcda.pipeline import __version__, build_commit
+from dpcda.pipeline.dataflow import check_job_options
 from dpcda.pipeline.manifest import build_manifest
 from dpcda.privacy.errors import DpcdaError
 from dpcda.privacy.noise import fresh_key, key_from_test_seed
@@ -329,6 +330,7 @@ def run_release(
     t0 = time.time()
     options = PipelineOptions(beam_args)
     check_launcher_options(options)
+    check_job_options(options, max_class_bytes=cfg.max_class_bytes)  # no template or dry run; Dataflow's workers
     files = _input_files(cfg.input, "input")
     if cfg.ledger is None:
         return _release(cfg, options, files, stages, eval_input, protect, None, t0)
