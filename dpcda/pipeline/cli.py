@@ -273,31 +273,61 @@ def cmd_prepare(args, _beam_args) -> int:
 
 
 SCHEMA_NOTE = """\
-# A DRAFT from the Parquet schema of {path} (types only; no row was read).
+# A DRAFT from the Parquet schema of {path} (types from its footer; null counts from the footers of the {files}
+# file(s); no row was read).
 # Fill in what only you can declare from public knowledge, never from the data (data-derived bounds and category
 # lists are not private): the label's categories (class k is categories[k]), each numeric column's lower/upper,
-# each categorical column's categories. nullable follows the Parquet field; set it false where the domain rules nulls
-# out (not because this table happens to hold none).
+# each categorical column's categories. nullable is false where the footers count no null in the column, true
+# otherwise (or where they do not say); the release states it in its public schema, so confirm it from the domain.
 # A release refuses to start while a bound or a category list is missing.
 """
+
+
+def _our_draft(path: str) -> bool:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read(len(SCHEMA_NOTE_START)) == SCHEMA_NOTE_START
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+SCHEMA_NOTE_START = SCHEMA_NOTE.split("{", 1)[0]
 
 
 def cmd_schema(args, _beam_args) -> int:
     import yaml
 
     from dpcda.schemas.table import SchemaError, infer_draft
-    from dpcda.storage.paths import expand_glob
+    from dpcda.storage.outputs import check_file_output, write_file_output
+    from dpcda.storage.paths import expand_glob, not_regular_files
     from dpcda.storage.shards import InputError
-    from dpcda.storage.tables import arrow_schema_of
+    from dpcda.storage.tables import arrow_schema_of, footer_null_counts
 
     files = expand_glob(args.input)
     if not files:
         raise InputError(f"{args.input}: no files match")
+    odd = not_regular_files(files)
+    if odd:  # a FIFO would hang the footer read
+        raise InputError(f"{odd[0]}: not a regular file (a directory, FIFO, socket or device)")
+    if args.out:
+        check_file_output(args.out, flag="--out", overwrite=args.overwrite, ours=_our_draft, what="table.yaml",
+                          inputs=files)  # fmt: skip
     schema = arrow_schema_of(files[0])
     if args.label not in schema.names:
         raise SchemaError(f"--label {args.label}: no such column (columns: {', '.join(schema.names)})")
-    draft = {"table": infer_draft(schema, args.label)}
-    print(SCHEMA_NOTE.format(path=files[0]) + yaml.safe_dump(draft, sort_keys=False, default_flow_style=None), end="")
+    draft = {"table": infer_draft(schema, args.label, footer_null_counts(files))}
+    text = SCHEMA_NOTE.format(path=files[0], files=len(files))
+    text += yaml.safe_dump(draft, sort_keys=False, default_flow_style=None)
+    if args.out:
+
+        def write(tmp):
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.write(text)
+
+        write_file_output(args.out, write, flag="--out")
+        print(json.dumps({"out": args.out, "columns": len(draft["table"]["columns"])}))
+    else:
+        print(text, end="")
     return 0
 
 
@@ -612,8 +642,14 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
         help="print a draft table: section (types from the Parquet footer; bounds and categories left for you)",
     )
-    infer.add_argument("--input", required=True, help="glob of Parquet shards (only the first file's footer is read)")
+    infer.add_argument(
+        "--input",
+        required=True,
+        help="glob of Parquet shards (the first file's schema; every file's footer for null counts; no row is read)",
+    )
     infer.add_argument("--label", required=True, help="the label column")
+    infer.add_argument("--out", default=None, help="write the draft to this file (default: print it)")
+    infer.add_argument("--overwrite", action="store_true", help="replace an earlier --out draft of this command")
 
     _release_parser(sub)
 

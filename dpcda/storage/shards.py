@@ -110,6 +110,13 @@ def parquet_file(fh, path: str) -> pq.ParquetFile:
     return pq.ParquetFile(io.BytesIO(fh.read()) if is_remote(path) else fh, pre_buffer=False)
 
 
+# an input of named columns without a table: section lands here (its features column is missing)
+TABLE_HINT = (
+    "; a table of named columns? declare its label and columns in the table: section of a --config file "
+    "(draft one with 'dpcda schema infer --input GLOB --label COLUMN --out table.yaml'; docs/tables.md)"
+)
+
+
 def read_parquet(
     path: str, features_column: str, label_column: str, batch_rows: int = 65536, width: Optional[int] = None
 ) -> Iterator[Block]:
@@ -119,7 +126,8 @@ def read_parquet(
             names = pf.schema_arrow.names
             for col in (features_column, label_column):
                 if col not in names:
-                    raise InputError(f"{path}: column '{col}' is missing (columns: {', '.join(names)})")
+                    hint = TABLE_HINT if col == features_column else ""
+                    raise InputError(f"{path}: column '{col}' is missing (columns: {', '.join(names)}){hint}")
                 if names.count(col) > 1:
                     raise InputError(
                         f"{path}: column '{col}' appears {names.count(col)} times; column names must be unique"
