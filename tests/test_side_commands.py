@@ -471,3 +471,29 @@ def test_a_release_from_an_inferred_diamonds_draft_has_no_nulls_where_the_input_
     assert out.num_rows > 0 and {name: out.column(name).null_count for name in out.column_names} == dict.fromkeys(
         out.column_names, 0
     )
+
+
+# ---------------------------------------------------------------- feasibility: overflow (LOW 11), plain words
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--dimension", 1000000000], "dimension must be in [1, 4000]"),
+        (["--dimension", 3000, "--degree", 1500], "exceed the floating-point range"),
+    ],
+)
+def test_feasibility_beyond_the_float_range_is_one_line(capsys, args, needle):
+    code, err = cli(capsys, "feasibility", "--epsilon", 1, *args)
+    assert code == 2 and needle in one_line(err)
+
+
+def test_feasibility_says_its_verdict_in_plain_words(capsys):
+    from dpcda.pipeline.cli import main
+
+    assert (
+        main(["feasibility", "--dimension", "10", "--epsilon", "1", "--synthetic-size", "100", "--records", "500"]) == 0
+    )
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("In plain words: to sample 100 synthetic row(s) of a table of 10 yes/no column(s)")
+    assert "500 record(s) is too few" in first and "6.87e+14 records" in first
