@@ -497,3 +497,18 @@ def test_feasibility_says_its_verdict_in_plain_words(capsys):
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("In plain words: to sample 100 synthetic row(s) of a table of 10 yes/no column(s)")
     assert "500 record(s) is too few" in first and "6.87e+14 records" in first
+
+
+# ---------------------------------------------------------------- LOW 12: randproj's p
+
+
+@pytest.mark.parametrize("p", [13, 1000000000])
+def test_a_projection_dim_above_d_is_one_line(tmp_path, capsys, p):
+    x, y = make_dataset(n_per_class=10, num_classes=2, dim=12)
+    inp = write_dataset(tmp_path / "in", x, y)
+    code, err = cli(
+        capsys, "release", "--input", inp, "--output", tmp_path / "o", "--epsilon", 10, "--mechanism", "randproj",
+        "--projection-dim", p, "--runner=DirectRunner", "--direct_running_mode=in_memory",
+    )  # fmt: skip
+    assert code == 2 and f"p={p} is more than the feature dimension d=12" in one_line(err)
+    assert not (tmp_path / "o").exists()
