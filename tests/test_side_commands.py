@@ -512,3 +512,42 @@ def test_a_projection_dim_above_d_is_one_line(tmp_path, capsys, p):
     )  # fmt: skip
     assert code == 2 and f"p={p} is more than the feature dimension d=12" in one_line(err)
     assert not (tmp_path / "o").exists()
+
+
+# ---------------------------------------------------------------- LOW 13: ledger cap ids and an infinite cap
+
+
+def test_ledger_cap_applies_the_release_dataset_id_rule_and_inf_is_no_cap(ledger_db, tmp_path, capsys):
+    from dpcda.schemas.config import ReleaseConfig
+    from dpcda.storage.ledger import DATASET_ID_MAX, DATASET_ID_PATTERN, open_ledger
+
+    field = ReleaseConfig.model_fields["dataset_id"]
+    rules = {type(m).__name__: m for m in field.metadata}
+    assert (
+        rules["_PydanticGeneralMetadata"].pattern == DATASET_ID_PATTERN and rules["MaxLen"].max_length == DATASET_ID_MAX
+    )
+    for bad in ("../../etc x", "", " x"):  # led_cap_badid, led_cap_emptyid
+        code, err = cli(capsys, "ledger", "cap", "--ledger", ledger_db, "--dataset-id", bad, "--epsilon", 3)
+        assert code == 2 and "dataset_id" in one_line(err)
+    code, err = cli(capsys, "ledger", "cap", "--ledger", ledger_db, "--dataset-id", "fm", "--epsilon", "inf")
+    assert code == 2 and "positive finite" in one_line(err)
+    x, y = make_dataset(n_per_class=10, num_classes=2, dim=4)
+    inp = write_dataset(tmp_path / "in", x, y)
+    code, err = cli(
+        capsys,
+        "release",
+        "--input",
+        inp,
+        "--output",
+        tmp_path / "rel",
+        "--epsilon",
+        1,
+        "--ledger",
+        ledger_db,
+        "--dataset-id",
+        "fm",
+        "--budget-cap",
+        "inf",
+    )  # fmt: skip  (led_capinf_rel)
+    assert code == 2 and "budget_cap" in one_line(err) and not (tmp_path / "rel").exists()
+    assert [e["dataset_id"] for e in open_ledger(str(ledger_db)).entries()] == ["fm"]  # the fixture's cap only

@@ -152,6 +152,8 @@ class Ledger(abc.ABC):
         """Composes the history with ``request`` (run, mechanism, mode, relation, epsilon, delta, output) and writes
         a reservation if the result fits the cap (the stored one, lowered by ``cap``); returns the manifest's
         ``ledger`` section. Raises LedgerError. Idempotent: a run already on the ledger is not added again."""
+        check_dataset_id(dataset_id)
+        check_cap(cap)  # --budget-cap inf is refused, as ledger cap --epsilon inf is
         entry = {**request, "dataset_id": dataset_id, "state": "pending", "reserved_at": _now(), "events": None}
 
         def fn(entries):
@@ -239,13 +241,38 @@ class Ledger(abc.ABC):
 
     def set_cap(self, dataset_id: str, epsilon: float) -> None:
         """Stores the dataset's budget cap (``dpcda ledger cap``); a release's --budget-cap can only lower it."""
-        if not (epsilon > 0 and math.isfinite(epsilon)):
-            raise LedgerError(f"ledger cap: epsilon must be a positive number, got {epsilon}")
+        check_dataset_id(dataset_id)
+        check_cap(epsilon, "ledger cap")
 
         def fn(entries):
             return [*(e for e in entries if e["state"] != CAP), _cap_entry(dataset_id, epsilon)], None
 
         self._transact(dataset_id, fn)
+
+
+DATASET_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$"  # the release's (schemas.config's dataset_id); a test checks
+DATASET_ID_MAX = 200
+
+
+def check_dataset_id(dataset_id) -> str:
+    """The release's rule for dataset ids, for every ledger command: what a release refuses is never stored."""
+    import re
+
+    if not isinstance(dataset_id, str) or not (
+        0 < len(dataset_id) <= DATASET_ID_MAX and re.match(DATASET_ID_PATTERN, dataset_id)
+    ):
+        raise LedgerError(
+            f"dataset_id {dataset_id!r}: letters, digits and . _ / : - (starting with a letter or digit), at most "
+            f"{DATASET_ID_MAX} characters"
+        )
+    return dataset_id
+
+
+def check_cap(cap: Optional[float], what: str = "budget_cap") -> Optional[float]:
+    """A cap is a positive finite epsilon (inf is no cap: leave the option out instead)."""
+    if cap is not None and not (cap > 0 and math.isfinite(cap)):
+        raise LedgerError(f"{what}: epsilon must be a positive finite number, got {cap}")
+    return cap
 
 
 def _cap_entry(dataset_id: str, epsilon: float) -> dict:
