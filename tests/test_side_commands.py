@@ -10,6 +10,7 @@ import re
 import sqlite3
 from unittest import mock
 
+import numpy as np
 import pytest
 
 from tests.conftest import make_dataset, write_dataset
@@ -551,3 +552,26 @@ def test_ledger_cap_applies_the_release_dataset_id_rule_and_inf_is_no_cap(ledger
     )  # fmt: skip  (led_capinf_rel)
     assert code == 2 and "budget_cap" in one_line(err) and not (tmp_path / "rel").exists()
     assert [e["dataset_id"] for e in open_ledger(str(ledger_db)).entries()] == ["fm"]  # the fixture's cap only
+
+
+# ---------------------------------------------------------------- LOW 14: non-finite rows that evaluate or audit
+
+
+def test_non_finite_evaluation_and_held_out_rows_are_one_line(tmp_path, capsys):
+    from tests.conftest import BEAM_ARGS
+
+    x, y = make_dataset(n_per_class=20, num_classes=2, dim=6)
+    inp = write_dataset(tmp_path / "in", x, y)
+    bad_x = x.copy()
+    bad_x[5, 2] = np.inf
+    bad = write_dataset(tmp_path / "posinf", bad_x, y, shards=1)
+    rel = tmp_path / "rel"
+    base = ["release", "--input", inp, "--output", rel, "--epsilon", 10, "--mixing-order", 2, *BEAM_ARGS]
+    code, err = cli(capsys, *base, "--eval-input", bad, "--eval-epochs", 1)  # eval_nan: refused before work
+    assert code == 2 and "row 5: a value is NaN or infinite" in one_line(err) and not rel.exists()
+    assert cli(capsys, *base)[0] == 0
+    code, err = cli(capsys, "audit-release", "--release", rel, "--train", inp, "--holdout", bad, "--rows", 10)
+    assert code == 2 and "row 5: a value is NaN or infinite" in one_line(err)  # ar_nan_hold
+    code, err = cli(capsys, "evaluate", "--synthetic", rel, "--test", bad, "--runs", 1, "--epochs", 1)
+    assert code == 2 and "row 5: a value is NaN or infinite" in one_line(err)
+    assert not (rel / "evaluation").exists()

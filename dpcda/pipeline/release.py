@@ -31,7 +31,7 @@ from dpcda.schemas.config import ReleaseConfig
 from dpcda.schemas.manifest import InputInfo, RunInfo
 from dpcda.storage import publish
 from dpcda.storage.paths import expand_glob, is_remote, join, not_regular_files, open_file
-from dpcda.storage.shards import InputError, detect_format, read_shard
+from dpcda.storage.shards import InputError, check_finite_files, detect_format, read_shard
 from dpcda.storage.tables import arrow_schema_of
 from dpcda.transforms.calibrate import Calibrate
 from dpcda.transforms.group import GroupByClass, GroupDataset
@@ -421,6 +421,7 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
         )
         if eval_dim != dim:
             raise InputError(f"{eval_input}: test rows have width {eval_dim}, the input has {dim}")
+        check_finite_files(eval_files, "auto", cfg.features_column, cfg.label_column)  # NaN/inf: before work
     if cfg.pca_components is not None:  # fixed-shape per-record arithmetic, checked on public stand-ins (rowwise)
         from dpcda.mechanisms.dppca import check_projection
 

@@ -314,11 +314,37 @@ def read_shard(
     return reader(path, features_column, label_column, batch_rows, width)
 
 
+def finite_blocks(blocks: Iterator[Block], features_column: str = "features") -> Iterator[Block]:
+    """``blocks``, each checked to hold finite features: a NaN or infinite value is refused in one line naming the
+    file and row, never the value (rows that evaluate or audit a release; the release's own input is checked by
+    ``transforms.read.validate_block``)."""
+    for block in blocks:
+        bad = ~np.isfinite(block.features)
+        if bad.any():
+            r = int(np.flatnonzero(bad.any(axis=1))[0])
+            raise InputError(
+                f"{block.source}: column '{features_column}' row {block.first_row + r}: a value is NaN or infinite "
+                f"(rows that evaluate or audit a release must be finite)"
+            )
+        yield block
+
+
+def check_finite_files(paths: list[str], fmt: str = "auto", features_column="features", label_column="label") -> None:
+    """Reads ``paths`` through ``finite_blocks`` (before work: an evaluation set that would fail after the release)."""
+    for _ in finite_blocks(
+        (b for p in paths for b in read_shard(p, fmt, features_column, label_column)), features_column
+    ):
+        pass
+
+
 def read_all(
     paths: list[str], fmt: str = "auto", features_column: str = "features", label_column: str = "label"
 ) -> Block:
-    """Every row of ``paths`` in one block (evaluation and tests; the pipeline streams instead)."""
-    blocks = [b for p in paths for b in read_shard(p, fmt, features_column, label_column)]
+    """Every row of ``paths`` in one block (evaluation and tests; the pipeline streams instead); non-finite
+    features are refused (``finite_blocks``)."""
+    blocks = [
+        b for p in paths for b in finite_blocks(read_shard(p, fmt, features_column, label_column), features_column)
+    ]
     if not blocks:
         raise InputError(f"{', '.join(paths) or '(no files)'}: zero rows")
     return Block(np.concatenate([b.features for b in blocks]), np.concatenate([b.labels for b in blocks]))
