@@ -575,3 +575,79 @@ def test_non_finite_evaluation_and_held_out_rows_are_one_line(tmp_path, capsys):
     code, err = cli(capsys, "evaluate", "--synthetic", rel, "--test", bad, "--runs", 1, "--epochs", 1)
     assert code == 2 and "row 5: a value is NaN or infinite" in one_line(err)
     assert not (rel / "evaluation").exists()
+
+
+# ---------------------------------------------------------------- LOW 15: the old rows
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("epsilon: 10\nepsilon: 5\n", "key 'epsilon' is given twice (lines 1 and 2)"),  # cfg_dupkey
+        ("mixing-order: 2\nmixing_order: 8\n", "'mixing-order' and 'mixing_order' are one field"),  # cfg_dashdup
+        ("table:\n  label: {name: a, name: b}\n", "key 'name' is given twice"),
+        ('{"epsilon": 1, "epsilon": 2}', "key 'epsilon' is given twice"),  # JSON is YAML
+    ],
+)
+def test_a_config_key_given_twice_is_refused(tmp_path, text, needle):
+    from dpcda.schemas.config import ConfigError, load_config
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        load_config(str(cfg), {"input": "i", "output": "o"})
+
+
+def test_a_clip_that_would_release_zeros_is_refused():
+    from dpcda.schemas.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="clip"):  # clip_tiny: 1e-300 released all-zero rows
+        load_config(None, {"input": "i", "output": "o", "epsilon": 1.0, "clip": 1e-300})
+    assert load_config(None, {"input": "i", "output": "o", "epsilon": 1.0, "clip": 1e-6}).clip == 1e-6
+
+
+def test_input_rows_and_globs_are_named_right(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dpcda.pipeline.prepare import write_shards
+    from dpcda.storage.shards import write_parquet
+
+    x, y = make_dataset(n_per_class=10, num_classes=2, dim=4)
+    rows = [list(r) for r in x]
+    rows[14] = None  # featnullrow: pyarrow cannot decode it, and its error says index 15
+    (tmp_path / "null").mkdir()
+    feats = pa.array(rows, type=pa.list_(pa.float32(), 4))
+    pq.write_table(pa.table({"features": feats, "label": y}), tmp_path / "null" / "a.parquet")
+    code, err = cli(
+        capsys, "release", "--input", tmp_path / "null" / "a.parquet", "--output", tmp_path / "o", "--epsilon", 1
+    )
+    assert code == 2 and "column 'features' row 14: missing value" in one_line(err)
+    write_shards(x, y, str(tmp_path / "t"), "tfrecord", 1)
+    (tfr,) = (tmp_path / "t").iterdir()
+    for name, first, other in (("pq_first", "a.parquet", "b.tfrecord"), ("tfr_first", "a.tfrecord", "b.parquet")):
+        d = tmp_path / name
+        d.mkdir()
+        for file in (first, other):
+            if file.endswith(".parquet"):
+                write_parquet(str(d / file), x, y)
+            else:
+                (d / file).write_bytes(tfr.read_bytes())
+        code, err = cli(capsys, "release", "--input", d / "*", "--output", tmp_path / "o", "--epsilon", 1)
+        kind = "TFRecord file among Parquet" if other.endswith("tfrecord") else "Parquet file among TFRecord"
+        assert code == 2 and f"{other}: a {kind} shards" in one_line(err)
+
+
+def test_one_row_per_class_too_few_names_the_default_it_comes_from():
+    from dpcda.mechanisms.inprocess import first_pass
+    from dpcda.mechanisms.plan import PlanError, build_plan
+    from dpcda.privacy.noise import key_from_test_seed
+    from dpcda.schemas.config import load_config
+
+    x, y = make_dataset(n_per_class=1, num_classes=2, dim=4)
+    fields = {"input": "in/*.parquet", "output": "o", "epsilon": 10.0, "mode": "poisson", "mixing_order": 1}
+    cfg = load_config(None, {**fields, "num_classes": 2})  # tbl_onerow: one row, poisson
+    with pytest.raises(PlanError) as err:  # test key 9: the DP row count comes out at 1
+        build_plan(first_pass(x[:1], y[:1]), cfg, key_from_test_seed(9))
+    line = str(err.value)
+    assert "samples: T=" not in line and "T defaults to the input's row count" in line and "--samples >= 2" in line

@@ -489,7 +489,9 @@ def build_plan(
     if mech == "dpcda":
         T_k = T // K
         if T_k < 1:
-            raise PlanError(f"samples: T={T} gives no rows for {K} classes (T_k = floor(T/K) = 0)")
+            dp = ", its DP estimate in poisson mode" if mode == "poisson" else ""
+            given = f"samples: T={T}" if cfg.samples else f"{cfg.input}: T defaults to the input's row count{dp}, {T},"
+            raise PlanError(f"{given} gives no rows for {K} classes (T_k = floor(T/K) = 0); pass --samples >= {K}")
         T_total = T_k * K
     else:
         T_k, T_total = 0, T

@@ -142,7 +142,27 @@ def read_parquet(
     except InputError:
         raise
     except (pa.ArrowException, OSError, ValueError) as err:
+        null_row = (
+            _null_fixed_list_row(path, features_column) if "Expected all lists to be of size" in str(err) else None
+        )
+        if null_row is not None:  # pyarrow cannot decode a null fixed_size_list row; its index is off by one
+            raise InputError(f"{path}: column '{features_column}' row {null_row}: missing value") from None
         raise InputError(f"{path}: unreadable Parquet shard ({_one_line(err)})") from None
+
+
+def _null_fixed_list_row(path: str, column: str) -> Optional[int]:
+    """The first row of ``column`` that pyarrow cannot decode (a null fixed_size_list row), found one row at a time;
+    None if every row decodes (the error was something else)."""
+    row = 0
+    try:
+        with open_file(path) as fh:
+            for batch in parquet_file(fh, path).iter_batches(batch_size=1, columns=[column]):
+                if batch.column(0).null_count:
+                    return row
+                row += batch.num_rows
+    except (pa.ArrowException, OSError, ValueError):
+        return row
+    return None
 
 
 def _one_line(err: BaseException) -> str:
@@ -309,9 +329,24 @@ def read_shard(
     batch_rows: int = 65536,
     width: Optional[int] = None,
 ) -> Iterator[Block]:
-    """Blocks of one shard; ``width`` (the feature dimension of the whole input) is checked when given."""
-    reader = read_parquet if detect_format(path, fmt) == "parquet" else read_tfrecord
-    return reader(path, features_column, label_column, batch_rows, width)
+    """Blocks of one shard; ``width`` (the feature dimension of the whole input) is checked when given. A shard that
+    will not read in the input's format while its name says the other one is named as such (a mixed glob)."""
+    chosen = detect_format(path, fmt)
+    reader = read_parquet if chosen == "parquet" else read_tfrecord
+    try:
+        yield from reader(path, features_column, label_column, batch_rows, width)
+    except InputError as err:
+        try:
+            own = detect_format(path)
+        except InputError:
+            own = chosen
+        if own != chosen and ("unreadable" in str(err) or "corrupt" in str(err)):
+            names = {"parquet": "Parquet", "tfrecord": "TFRecord"}
+            raise InputError(
+                f"{path}: a {names[own]} file among {names[chosen]} shards (the input's format comes from its first "
+                f"file's name, or --input-format); give one glob per format"
+            ) from None
+        raise
 
 
 def finite_blocks(blocks: Iterator[Block], features_column: str = "features") -> Iterator[Block]:
