@@ -569,12 +569,21 @@ def test_non_finite_evaluation_and_held_out_rows_are_one_line(tmp_path, capsys):
     base = ["release", "--input", inp, "--output", rel, "--epsilon", 10, "--mixing-order", 2, *BEAM_ARGS]
     code, err = cli(capsys, *base, "--eval-input", bad, "--eval-epochs", 1)  # eval_nan: refused before work
     assert code == 2 and "row 5: a value is NaN or infinite" in one_line(err) and not rel.exists()
-    assert cli(capsys, *base)[0] == 0
+    good = write_dataset(tmp_path / "test", x, y, shards=1)
+    assert cli(capsys, *base, "--eval-input", good, "--eval-epochs", 1)[0] == 0
+    report = (rel / "evaluation" / "report.json").read_bytes()
     code, err = cli(capsys, "audit-release", "--release", rel, "--train", inp, "--holdout", bad, "--rows", 10)
     assert code == 2 and "row 5: a value is NaN or infinite" in one_line(err)  # ar_nan_hold
-    code, err = cli(capsys, "evaluate", "--synthetic", rel, "--test", bad, "--runs", 1, "--epochs", 1)
+    ev = ["evaluate", "--synthetic", rel, "--runs", 1, "--epochs", 1]
+    code, err = cli(capsys, *ev, "--test", bad, "--out", tmp_path / "ev")
     assert code == 2 and "row 5: a value is NaN or infinite" in one_line(err)
-    assert not (rel / "evaluation").exists()
+    # evaluate's output follows the release's rules: not over the release's own evaluation, not into its test files
+    for out in ((), ("--out", rel / "evaluation")):
+        code, err = cli(capsys, *ev, "--test", good, *out)
+        assert code == 2 and "holds the release's own evaluation" in one_line(err)
+    code, err = cli(capsys, *ev, "--test", good, "--out", tmp_path / "test")
+    assert code == 2 and "holds the input" in one_line(err)
+    assert (rel / "evaluation" / "report.json").read_bytes() == report and not (tmp_path / "ev").exists()
 
 
 # ---------------------------------------------------------------- LOW 15: the old rows
@@ -651,3 +660,17 @@ def test_one_row_per_class_too_few_names_the_default_it_comes_from():
         build_plan(first_pass(x[:1], y[:1]), cfg, key_from_test_seed(9))
     line = str(err.value)
     assert "samples: T=" not in line and "T defaults to the input's row count" in line and "--samples >= 2" in line
+
+
+def test_a_table_evaluation_says_where_it_is(caplog):
+    from dpcda.evaluation.tabular import train_on_synthetic
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(40, 3)), np.arange(40) % 2
+    with caplog.at_level("INFO", logger="dpcda.evaluation"):
+        train_on_synthetic(x, y, x, y, 2)
+    steps = [r.getMessage() for r in caplog.records if "stage=evaluate step=" in r.getMessage()]
+    assert steps == [
+        "stage=evaluate step=1/4 training logistic_regression on 40 synthetic rows",
+        "stage=evaluate step=2/4 training gradient_boosting on 40 synthetic rows",
+    ]

@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import re
 import signal
 import sys
@@ -583,12 +584,37 @@ P3GM_KNOBS = ("p3gm_latent_dim", "p3gm_components", "p3gm_em_iterations", "p3gm_
               "p3gm_hidden", "p3gm_encoder_hidden")  # fmt: skip
 
 
+def _evaluation_out(args) -> str:
+    """Where ``dpcda evaluate`` writes: never over the release's own evaluation (its manifest's utility section names
+    it: replacing it would change a published release), never into a folder of test files, a file or a link."""
+    from dpcda.evaluation.stage import EVAL_DIR
+    from dpcda.storage.outputs import check_dir_output
+    from dpcda.storage.paths import exists, expand_glob, is_remote, join, open_file
+    from dpcda.storage.publish import MANIFEST, PublishError
+
+    own = join(args.synthetic, EVAL_DIR)
+    out = args.out or own
+    manifest_path = join(args.synthetic, MANIFEST)
+    same = out.rstrip("/") == own.rstrip("/") or (not is_remote(out) and os.path.realpath(out) == os.path.realpath(own))
+    if same and exists(manifest_path):
+        try:
+            with open_file(manifest_path) as fh:
+                utility = (json.loads(fh.read()) or {}).get("utility")
+        except (OSError, ValueError):
+            utility = None  # the evaluation itself says what is wrong with the manifest
+        if utility:
+            raise PublishError(
+                f"{out}: holds the release's own evaluation (its manifest's utility section names it); pass --out DIR "
+                f"to write this one elsewhere"
+            )
+    return check_dir_output(out, flag="--out", inputs=expand_glob(args.test))
+
+
 def cmd_evaluate(args, _beam_args) -> int:
     from dpcda.evaluation.stage import evaluate_standalone
 
-    report = evaluate_standalone(
-        args.synthetic, args.test, runs=args.runs, epochs=args.epochs, out=args.out, seed=args.seed
-    )
+    out = _evaluation_out(args)
+    report = evaluate_standalone(args.synthetic, args.test, runs=args.runs, epochs=args.epochs, out=out, seed=args.seed)
     print(
         json.dumps(
             {

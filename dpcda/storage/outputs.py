@@ -66,3 +66,20 @@ def write_file_output(path: str, write: Callable[[str], None], *, flag: str) -> 
     finally:
         if os.path.lexists(tmp):
             os.unlink(tmp)
+
+
+def check_dir_output(path: str, *, flag: str, inputs: Iterable[str] = ()) -> str:
+    """A folder a command writes its files into (``evaluate --out``): never a file or a link, never a folder that
+    holds an input (by real path). PublishError, one line, otherwise."""
+    path = str(path).rstrip("/") or "/"
+    if is_remote(path):
+        return path
+    if os.path.islink(path):
+        raise PublishError(f"{flag} {path}: is a symbolic link; give the real path")
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise PublishError(f"{flag} {path}: is a file, not a folder")
+    real = os.path.realpath(path)
+    for src in inputs:
+        if not is_remote(src) and os.path.commonpath([real, os.path.realpath(src)]) == real:
+            raise PublishError(f"{flag} {path}: holds the input {src}; write somewhere else")
+    return path
