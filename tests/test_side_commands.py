@@ -696,3 +696,13 @@ def test_prepare_never_writes_over_shards_it_did_not_write(tmp_path, capsys):
     (out / "test" / "notes.txt").write_text("mine")
     code, err = cli(capsys, "prepare", "digits", "--out", out, "--shards", 2)
     assert code == 2 and "notes.txt" in one_line(err) and (out / "test" / "notes.txt").read_text() == "mine"
+
+
+def test_ledger_init_adds_nothing_to_a_foreign_sqlite_file(tmp_path, capsys):
+    other = tmp_path / "app.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE users (name TEXT)")
+    code, err = cli(capsys, "ledger", "init", "--ledger", other)
+    assert code == 2 and "a SQLite file of something else (tables users)" in one_line(err)
+    with sqlite3.connect(other) as conn:
+        assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master")] == ["users"]

@@ -302,6 +302,12 @@ class SqliteLedger(Ledger):
             )
         try:
             with contextlib.closing(self._connect()) as conn:
+                tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+                if create and tables - {"releases", "sqlite_sequence"}:
+                    raise LedgerError(
+                        f"ledger {path}: a SQLite file of something else (tables {', '.join(sorted(tables))}); "
+                        f"refusing to add a ledger to it"
+                    )
                 if create:
                     conn.execute(
                         "CREATE TABLE IF NOT EXISTS releases (seq INTEGER PRIMARY KEY AUTOINCREMENT, dataset_id TEXT "
