@@ -706,3 +706,28 @@ def test_ledger_init_adds_nothing_to_a_foreign_sqlite_file(tmp_path, capsys):
     assert code == 2 and "a SQLite file of something else (tables users)" in one_line(err)
     with sqlite3.connect(other) as conn:
         assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master")] == ["users"]
+
+
+def test_negative_bounds_need_no_equals_sign_and_argparse_errors_are_one_line(tmp_path, capsys):
+    from dpcda.pipeline.cli import _join_negative_values, main
+
+    assert _join_negative_values(["release", "--feature-bounds", "-1,1", "--epsilon", "1"]) == [
+        "release", "--feature-bounds=-1,1", "--epsilon", "1",
+    ]  # fmt: skip
+    code, err = cli(
+        capsys,
+        "release",
+        "--input",
+        tmp_path / "none",
+        "--output",
+        tmp_path / "o",
+        "--feature-bounds",
+        "-1,1",
+        "--epsilon",
+        1,
+    )  # fmt: skip  (bounds_neg_space)
+    assert code == 2 and "no input files match" in one_line(err)
+    with pytest.raises(SystemExit) as exit_:
+        main(["release", "--input"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.strip() == "dpcda: error: release: argument --input: expected one argument"

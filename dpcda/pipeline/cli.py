@@ -645,8 +645,32 @@ def cmd_audit_release(args, beam_args) -> int:
     return run(args, beam_args)
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse's errors as the CLI's other errors: one ``dpcda: error:`` line and exit status 2 (not the usage)."""
+
+    def error(self, message):
+        sub = self.prog.split(" ", 1)[1] + ": " if " " in self.prog else ""
+        print(f"dpcda: error: {sub}{message.splitlines()[0] if message else ''}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+
+
+_NEGATIVE = re.compile(r"^-(\d|\.\d)")
+
+
+def _join_negative_values(argv: list[str]) -> list[str]:
+    """``--flag -1,1`` as ``--flag=-1,1``: argparse takes a value starting with '-' for an option unless it is a
+    plain number, so a negative bound list needed the '=' form."""
+    out: list[str] = []
+    for tok in argv:
+        if out and _NEGATIVE.match(tok) and out[-1].startswith("--") and "=" not in out[-1]:
+            out[-1] = f"{out[-1]}={tok}"
+        else:
+            out.append(tok)
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dpcda", description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser = _OneLineParser(prog="dpcda", description=__doc__.splitlines()[0], allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
 
     prep = sub.add_parser("prepare", allow_abbrev=False, help="turn a public dataset into input shards")
@@ -830,7 +854,7 @@ def _interrupted(err: BaseException) -> bool:
 
 def main(argv=None) -> int:
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parser.parse_known_args(_join_negative_values(list(sys.argv[1:] if argv is None else argv)))
     if extra and args.command != "release":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     _setup_logging()
