@@ -731,3 +731,23 @@ def test_negative_bounds_need_no_equals_sign_and_argparse_errors_are_one_line(tm
         main(["release", "--input"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.strip() == "dpcda: error: release: argument --input: expected one argument"
+
+
+def test_a_gcs_release_without_credentials_or_listing_is_one_line(tmp_path, monkeypatch, capsys):
+    from apache_beam.io.filesystem import BeamIOError
+    from apache_beam.io.filesystems import FileSystems
+
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "no-such-key.json"))
+    x, y = make_dataset(n_per_class=10, num_classes=2, dim=4)
+    inp = write_dataset(tmp_path / "in", x, y)
+    code, err = cli(capsys, "release", "--input", inp, "--output", "gs://nobucket-zz/rel", "--epsilon", 1)
+    assert code == 2 and "gs://nobucket-zz/rel: DefaultCredentialsError" in one_line(err)
+
+    def fails(patterns):
+        raise BeamIOError("List operation failed", {patterns[0]: RuntimeError("timeout")})
+
+    monkeypatch.setattr(FileSystems, "match", staticmethod(fails))
+    code, err = cli(capsys, "release", "--input", "gs://nobucket-zz/in/*.parquet", "--output", tmp_path / "o",
+                    "--epsilon", 1)  # fmt: skip
+    assert code == 2 and "gs://nobucket-zz/in/*.parquet: cannot list the files" in one_line(err)

@@ -130,7 +130,15 @@ def prepare(output: str, *, overwrite: bool, inputs: list[str]) -> Target:
     inside = [p for p in inputs if _inside(p, out)]
     if inside:
         raise PublishError(f"{out}: input {inside[0]} lies inside the output; a release never writes over its input")
-    return _prepare_gcs(out, overwrite) if is_remote(out) else _prepare_local(out, overwrite)
+    if not is_remote(out):
+        return _prepare_local(out, overwrite)
+    from google.api_core import exceptions as gexc
+    from google.auth import exceptions as auth_exc
+
+    try:
+        return _prepare_gcs(out, overwrite)
+    except (gexc.GoogleAPIError, auth_exc.GoogleAuthError) as err:  # no credentials, no bucket, no permission
+        raise PublishError(f"{out}: {type(err).__name__}: {str(err).splitlines()[0][:200]}") from None
 
 
 def publish(target: Target, manifest: dict) -> None:
