@@ -237,6 +237,21 @@ def test_exposure_on_gcs_is_decided_conservatively(gcs):
     assert publish.exposed_on_gcs(target, DpcdaError("bad row"))  # something was there
     publish.abandon(target, DpcdaError("bad row"))
     assert target.exposed and _objects(f"{gcs}/rel") == []
+    # a deletion that fails leaves parts readable: exposed, and the run's own error is not replaced
+    other = publish.prepare(f"{gcs}/rel", overwrite=False, inputs=[])
+    with mock.patch.object(publish, "_delete_gcs_prefix", side_effect=RuntimeError("503")):
+        publish.abandon(other, DpcdaError("bad row"))
+    assert other.exposed
+    # an error raised while the first one was handled (a second Ctrl-C in abandon) still says so
+    first = DpcdaError("bad row")
+    first.exposed = True
+    try:
+        try:
+            raise first
+        except DpcdaError:
+            raise KeyboardInterrupt
+    except KeyboardInterrupt as second:
+        assert publish.exposed_in(second) and not publish.exposed_in(DpcdaError("x"))
 
 
 @pytest.mark.gcs

@@ -378,7 +378,7 @@ def _settle(ledger, dataset_id: str, run: str, output: str, err: BaseException) 
         if ours is not None:
             err.published = True
             ledger.record(dataset_id, run, ours)
-        elif getattr(err, "exposed", False):
+        elif publish.exposed_in(err):
             ledger.expose(dataset_id, run)
         else:
             ledger.cancel(dataset_id, run)
@@ -486,8 +486,10 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
             manifest["ledger"] = ledger_section
         publish.publish(target, manifest)
     except BaseException as err:
-        publish.abandon(target, err)
-        err.exposed = target.exposed  # GCS: a part may have been readable; the ledger keeps counting the run
+        try:
+            publish.abandon(target, err)
+        finally:  # GCS: a part may have been readable; the ledger keeps counting the run (publish.exposed_in)
+            err.exposed = target.exposed
         if target.published:
             err.published = True  # the CLI must not say "nothing was published"
         raise

@@ -162,9 +162,13 @@ def abandon(target: Optional[Target], err: Optional[BaseException] = None) -> No
         if target.published:
             return
         if is_remote(target.output):
-            target.exposed = True  # until shown otherwise, also if the check or the deletion below fails
+            target.exposed = True  # until shown otherwise, also if the check below is interrupted
             target.exposed = exposed_on_gcs(target, err)
-            _delete_gcs_prefix(target.workdir)
+            try:
+                _delete_gcs_prefix(target.workdir)
+            except Exception as gone:  # noqa: BLE001 - what stays is swept later; the run's own error stands
+                target.exposed = True  # parts may stay readable until then
+                log.warning("stage=abandon could not delete %s (%s); a later run removes it", target.workdir, gone)
         elif os.path.isdir(target.workdir):
             shutil.rmtree(target.workdir, ignore_errors=True)
     finally:
@@ -443,6 +447,17 @@ def _remove_stale_gcs(bucket, prefix: str, current: Optional[dict]) -> None:
             log.info("stage=publish removing stale run %s (%.0f h old)", run, age)
             for b in blobs:
                 b.delete()
+
+
+def exposed_in(err: Optional[BaseException]) -> bool:
+    """Whether ``err``, or an error it was raised during (a second interrupt while ``abandon`` ran), carries
+    ``exposed = True`` (set from ``Target.exposed`` by the launcher)."""
+    seen, chain = err, 0
+    while seen is not None and chain < 50:
+        if getattr(seen, "exposed", False):
+            return True
+        seen, chain = seen.__cause__ or seen.__context__, chain + 1
+    return False
 
 
 def exposed_on_gcs(target: Target, err: Optional[BaseException]) -> bool:
