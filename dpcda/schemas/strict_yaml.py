@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import yaml
 
+from dpcda.privacy.errors import DpcdaError
 
-class DuplicateKey(yaml.YAMLError):
-    """A key given twice; the message names it and its line."""
+
+class DuplicateKey(DpcdaError, yaml.YAMLError):
+    """A key given twice; the message names it and its line (``load_config`` reports it as a ConfigError)."""
 
 
 class _StrictLoader(yaml.SafeLoader):
