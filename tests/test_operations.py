@@ -714,7 +714,13 @@ class _FakePipeline:
         return self.result
 
 
-DATAFLOW = ["--runner=DataflowRunner", "--project=p", "--region=europe-west4"]
+DATAFLOW = [
+    "--runner=DataflowRunner",
+    "--project=p",
+    "--region=europe-west4",
+    "--temp_location=gs://b/tmp",
+    "--staging_location=gs://b/staging",
+]
 
 
 def test_launcher_logs_the_job_and_cancels_it_when_interrupted(caplog):

@@ -336,7 +336,7 @@ def membership_audit(
     from dpcda.mechanisms.device import pick_device
     from dpcda.mechanisms.plan import normalize
     from dpcda.storage.paths import expand_glob
-    from dpcda.storage.shards import InputError, read_shard
+    from dpcda.storage.shards import InputError, finite_blocks, read_shard
 
     t0 = time.time()
     if rows < 4:
@@ -382,7 +382,7 @@ def membership_audit(
     else:
 
         def reader(files):
-            return lambda: (b for p in files for b in read_shard(p, "auto", fc, lc))
+            return lambda: (b for p in files for b in finite_blocks(read_shard(p, "auto", fc, lc), fc))
 
         space = "normalization.json (z-score, L2 clip)"
     from dpcda.mechanisms import registry

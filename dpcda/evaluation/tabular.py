@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import math
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -29,6 +31,7 @@ from dpcda.schemas.table import TableSchema
 from dpcda.storage.paths import expand_glob, is_remote, join, open_file
 from dpcda.storage.tables import encode_batch
 
+log = logging.getLogger("dpcda.evaluation")
 REPORT = "report.json"
 MARGINALS = "marginals.png"
 MODELS = ("logistic_regression", "gradient_boosting")
@@ -68,7 +71,9 @@ def train_on_synthetic(xs: np.ndarray, ys: np.ndarray, xt: np.ndarray, yt: np.nd
     from sklearn.metrics import balanced_accuracy_score, roc_auc_score
 
     out = {}
-    for name in MODELS:
+    for i, name in enumerate(MODELS, 1):
+        t0 = time.time()
+        log.info("stage=evaluate step=%d/%d training %s on %d synthetic rows", i, len(MODELS) + 2, name, len(ys))
         if len(np.unique(ys)) < 2:  # nothing to learn: the constant prediction
             proba = np.zeros((len(xt), k))
             proba[:, int(ys[0]) if len(ys) else 0] = 1.0
@@ -84,6 +89,7 @@ def train_on_synthetic(xs: np.ndarray, ys: np.ndarray, xt: np.ndarray, yt: np.nd
             auc = None
         balanced = float(balanced_accuracy_score(yt, proba.argmax(axis=1)))
         out[name] = {"roc_auc": auc, "balanced_accuracy": balanced, "accuracy": acc}
+        log.info("stage=evaluate %s done in %.1f s", name, time.time() - t0)
     return out
 
 
@@ -183,8 +189,12 @@ def evaluate_tables(synth: pa.Table, test: pa.Table, schema: TableSchema, seed: 
     bs = encode_batch(synth, schema, "synthetic", 0)
     bt = encode_batch(test, schema, "test", 0)
     models = train_on_synthetic(bs.features, bs.labels, bt.features, bt.labels, schema.num_classes, seed)
+    t0 = time.time()
+    log.info("stage=evaluate step=%d/%d column distances and correlations", len(MODELS) + 1, len(MODELS) + 2)
     cols = column_distances(test, synth, schema)
     marginals = table_metrics(test, synth, schema)
+    gap = correlation_gap(bt.features, bs.features)
+    log.info("stage=evaluate column figures done in %.1f s", time.time() - t0)
     return {
         "fidelity": marginals["fidelity"],
         "roc_auc": models["gradient_boosting"]["roc_auc"],
@@ -194,7 +204,7 @@ def evaluate_tables(synth: pa.Table, test: pa.Table, schema: TableSchema, seed: 
         "accuracy": models["gradient_boosting"]["accuracy"],
         "marginals": marginals,
         "column_distance_mean": float(np.mean([c["distance"] for c in cols.values()])),
-        "correlation_gap": correlation_gap(bt.features, bs.features),
+        "correlation_gap": gap,
         "columns": cols,
     }
 
@@ -204,6 +214,7 @@ def _write_outputs(out: str, figures: dict, test: pa.Table, synth: pa.Table, sch
         import os
 
         os.makedirs(out, exist_ok=True)
+    log.info("stage=evaluate step=%d/%d drawing the marginals", len(MODELS) + 2, len(MODELS) + 2)
     write_marginals(join(out, MARGINALS), test, synth, schema)
     path = join(out, REPORT)
     with open_file(path, "wb") as fh:

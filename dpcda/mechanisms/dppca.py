@@ -111,7 +111,12 @@ def _project_block(xb: np.ndarray, basis: np.ndarray, clip: float) -> tuple[np.n
 @functools.lru_cache(maxsize=None)
 def check_projection(dim: int, components: int) -> None:
     """Position invariance of ``_project_block`` at this shape (on one BLAS thread, as ``project_rows`` runs it), on
-    public random rows and a public random basis: ``rowwise.TRIALS`` blocks."""
+    public random rows and a public random basis: ``rowwise.TRIALS`` blocks. K >= d is refused first, in one line
+    (the trials on a d x K basis would take minutes for nothing: the plan refuses it anyway)."""
+    if not 0 < components < dim:
+        raise PlanError(
+            f"projection: K={components} must be below the feature dimension d={dim} (dp-pca:K, or p3gm_latent_dim)"
+        )
     stream = NoiseStream(public_key("rowwise-check", 0), "projection", dim, components)
     u = stream.uniform((PROJECT_BLOCK + components) * dim) - 0.5
     xb, basis = u[: PROJECT_BLOCK * dim].reshape(PROJECT_BLOCK, dim), u[PROJECT_BLOCK * dim :].reshape(dim, components)

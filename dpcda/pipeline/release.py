@@ -26,6 +26,7 @@ from dpcda.mechanisms import registry
 from dpcda.mechanisms.base import Mechanism
 from dpcda.mechanisms.plan import PlanError, load_public_stats
 from dpcda.pipeline import __version__, build_commit
+from dpcda.pipeline.dataflow import check_job_options
 from dpcda.pipeline.manifest import build_manifest
 from dpcda.privacy.errors import DpcdaError
 from dpcda.privacy.noise import fresh_key, key_from_test_seed
@@ -33,7 +34,7 @@ from dpcda.schemas.config import ReleaseConfig
 from dpcda.schemas.manifest import InputInfo, RunInfo
 from dpcda.storage import publish
 from dpcda.storage.paths import expand_glob, is_remote, join, not_regular_files, open_file
-from dpcda.storage.shards import InputError, detect_format, read_shard
+from dpcda.storage.shards import InputError, check_finite_files, detect_format, read_shard
 from dpcda.storage.tables import arrow_schema_of
 from dpcda.transforms.calibrate import Calibrate
 from dpcda.transforms.join import MixByJoin
@@ -345,6 +346,7 @@ def run_release(
     t0 = time.time()
     options = PipelineOptions(beam_args)
     check_launcher_options(options)
+    check_job_options(options, max_class_bytes=cfg.max_class_bytes)  # no template or dry run; Dataflow's workers
     files = _input_files(cfg.input, "input")
     if cfg.ledger is None:
         return _release(cfg, options, files, stages, eval_input, protect, None, t0)
@@ -392,6 +394,8 @@ def _settle(ledger, dataset_id: str, run: str, output: str, err: BaseException) 
         if ours is not None:
             err.published = True
             ledger.record(dataset_id, run, ours)
+        elif publish.exposed_in(err):
+            ledger.expose(dataset_id, run)
         else:
             ledger.cancel(dataset_id, run)
     except BaseException as inner:  # noqa: BLE001 - never hide the release's own error
@@ -433,6 +437,7 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
         )
         if eval_dim != dim:
             raise InputError(f"{eval_input}: test rows have width {eval_dim}, the input has {dim}")
+        check_finite_files(eval_files, "auto", cfg.features_column, cfg.label_column)  # NaN/inf: before work
     if cfg.pca_components is not None:  # fixed-shape per-record arithmetic, checked on public stand-ins (rowwise)
         from dpcda.mechanisms.dppca import check_projection
 
@@ -485,7 +490,10 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
             manifest["ledger"] = ledger_section
         publish.publish(target, manifest)
     except BaseException as err:
-        publish.abandon(target)
+        try:
+            publish.abandon(target, err)
+        finally:  # GCS: a part may have been readable; the ledger keeps counting the run (publish.exposed_in)
+            err.exposed = target.exposed
         if target.published:
             err.published = True  # the CLI must not say "nothing was published"
         raise

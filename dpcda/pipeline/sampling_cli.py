@@ -112,10 +112,28 @@ def _g(x) -> str:
     return f"{x:.3g}" if abs(x) >= 1e6 or (0 < abs(x) < 1e-3) else f"{x:g}"
 
 
+def plain_words(c: dict) -> str:
+    """The verdict without the paper's notation: what the private table needs, and whether it has it."""
+    what = (
+        f"In plain words: to sample {c['synthetic_size']} synthetic row(s) of a table of {c['dimension']} yes/no "
+        f"column(s) with epsilon {c['epsilon']:g} (pure DP), the private table needs at least "
+        f"{_g(c['min_records'])} records"
+    )
+    if c["records"] is None:
+        return what + "; pass --records N to check a table of N records."
+    verdict = (
+        "enough: the theorem certifies the sample as private"
+        if c["dp"]
+        else "too few: the theorem does NOT certify the sample as private"
+    )
+    return what + f"; {c['records']} record(s) is {verdict}."
+
+
 def feasibility_text(c: dict) -> str:
     acc = c["accuracy_theorem"]
     m_note = "given" if c["reduced_space_given"] else f"default {c['reduced_space'] // c['walsh_count']} x Walsh count"
     lines = [
+        plain_words(c),
         f"Theorem 4.1 (seed 002): {c['guarantee']}; neighbours: {c['neighbouring_relation']}",
         f"  p={c['dimension']}, d={c['degree']} ({c['walsh_count']} Walsh functions), eps={c['epsilon']:g}, "
         f"k={c['synthetic_size']}, delta={c['delta']:g}, Delta={c['big_delta']:g}, m={c['reduced_space']} ({m_note})",

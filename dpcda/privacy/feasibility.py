@@ -119,8 +119,11 @@ def _gamma(gamma) -> float:
     return gamma
 
 
+MAX_DIMENSION = 4000  # Theorem 4.2's 2^(p/4) stays a float (below 2^1024); the sampler itself takes 20 columns
+
+
 def _dimension_and_degree(p, degree) -> tuple[int, int]:
-    p = _int("dimension", p, 1)
+    p = _int("dimension", p, 1, MAX_DIMENSION)
     return p, _int("degree", degree, 1, p)
 
 
@@ -281,7 +284,18 @@ def conditions(
     ``reduced_space`` None: the sampler's default m (``default_reduced_space``). ``min_records`` is the least n at
     that m; ``min_records_any_reduced_space`` the least n at m = binom(p, <= d), below which no m can go. ``dp`` is
     None without ``records``; otherwise True exactly when records >= min_records. ``reason`` is one line.
+    Figures beyond the floating-point range (a high degree) are one FeasibilityError line.
     """
+    try:
+        return _conditions(p, epsilon, synthetic_size, records, reduced_space, degree, delta, big_delta, gamma)
+    except OverflowError:
+        raise FeasibilityError(
+            f"dimension {p}, degree {degree}: the theorem's figures exceed the floating-point range (about 1e308); "
+            f"give a smaller dimension or degree"
+        ) from None
+
+
+def _conditions(p, epsilon, synthetic_size, records, reduced_space, degree, delta, big_delta, gamma) -> dict:
     count = walsh_count(p, degree)
     epsilon = _positive("epsilon", epsilon)
     k = _int("synthetic_size", synthetic_size, 1)

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dpcda.privacy.errors import DpcdaError
+from dpcda.schemas import strict_yaml
 from dpcda.schemas.table import TableSchema
 
 MAX_CLASSES = 1 << 16
@@ -82,7 +83,12 @@ class ReleaseConfig(BaseModel):
         ),
     )
     mixing_order: int = Field(4, ge=1, le=MAX_MIXING_ORDER, description="l: records mixed into each synthetic row")
-    clip: float = Field(1.0, gt=0, le=1e6, description="c: L2 clip norm after the z-score")
+    clip: float = Field(
+        1.0,
+        ge=1e-6,
+        le=1e6,
+        description="c: L2 clip norm after the z-score (from 1e-6: rows stay above float32's floor)",
+    )
     epsilon: Optional[float] = Field(None, gt=0, description="target epsilon (calibrates sigma_x)")
     sigma_x: Optional[float] = Field(
         None, ge=0, le=1e12, description=("explicit feature noise std (instead of epsilon; 0: no noise, not private)")
@@ -567,9 +573,11 @@ def load_config(path: Optional[str], overrides: dict) -> ReleaseConfig:
         if not p.is_file():
             raise ConfigError(f"--config: {path}: {'is not a file' if p.exists() else 'no such file'}")
         try:
-            loaded = yaml.safe_load(p.read_text()) or {}
+            loaded = strict_yaml.load(p.read_text()) or {}
         except UnicodeDecodeError:
             raise ConfigError(f"--config: {path}: not a text file") from None
+        except strict_yaml.DuplicateKey as err:
+            raise ConfigError(f"--config: {path}: {err}") from None
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
             where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""

@@ -221,11 +221,13 @@ def parse_table_schema(data: dict, where: str = "table") -> TableSchema:
         raise SchemaError(f"{where}: must be a mapping with label and columns ({err})") from None
 
 
-def infer_draft(arrow_schema: pa.Schema, label: Optional[str]) -> dict:
+def infer_draft(arrow_schema: pa.Schema, label: Optional[str], null_counts: Optional[dict] = None) -> dict:
     """A draft ``table:`` section from the Arrow schema alone (types and names; no row is read).
 
     Bounds and categories are left empty on purpose: the user must fill them from public knowledge. A release with
-    the draft as it is refuses to start and names the first column to confirm.
+    the draft as it is refuses to start and names the first column to confirm. ``null_counts`` (column -> nulls in
+    the input, from the Parquet footers' statistics; None where unknown): a column known to hold no null is drafted
+    ``nullable: false``, so that a release from the draft does not invent nulls the table never had.
     """
     columns = []
     for f in arrow_schema:
@@ -239,5 +241,7 @@ def infer_draft(arrow_schema: pa.Schema, label: Optional[str]) -> dict:
         else:
             col = {"name": f.name, "kind": "categorical", "categories": []}
         col["nullable"] = bool(f.nullable)  # from the footer; the user may narrow it from the domain
+        if null_counts is not None and null_counts.get(f.name) == 0:
+            col["nullable"] = False  # the footers' statistics: no file holds a null in this column
         columns.append(col)
     return {"label": {"name": label or "CHOOSE_THE_LABEL_COLUMN", "categories": []}, "columns": columns}

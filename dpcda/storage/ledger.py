@@ -5,7 +5,10 @@ composed by ``privacy.composition`` and checked against the cap in the same tran
 reservation), and is recorded with its stated guarantee and DP events once published (``record``). A release that
 fails or is interrupted before publishing removes its reservation (``cancel``); one that died without a word leaves
 it, and it keeps counting at its target epsilon (never less than it spent) until ``dpcda ledger resolve`` records or
-drops it.
+drops it. On a gs:// OUTPUT a run's parts sit under ``OUTPUT/runs/<run>/`` before the manifest commits them, where
+readers who may list the bucket can copy them: a run that fails after a part may have been readable is not
+cancelled but marked ``exposed`` (``publish.exposed_on_gcs``), and counts at its target epsilon for good; ``resolve``
+marks a dead GCS run ``exposed`` too, unless ``--drop`` says that nothing of it was readable.
 
 A ledger is created once (``dpcda ledger init``): a release or ``ledger show`` refuses a ledger that does not exist,
 so a mistyped path never starts an empty budget. ``dpcda ledger cap`` stores a dataset's cap in the ledger; a
@@ -56,6 +59,55 @@ def new_run_id() -> str:
 CAP = "cap"  # the state of the entry that holds a dataset's stored cap (not a release)
 
 
+EXPOSED = "exposed"  # a run that failed on GCS after a part of it may have been readable: counts as pending, forever
+STATES = ("pending", "published", EXPOSED, CAP)
+_NUMBER = (int, float)
+
+
+def entry_problem(entry) -> Optional[str]:
+    """What makes ``entry`` (one decoded ledger row) unusable, or None. A row is refused, never skipped: skipping it
+    would drop a release from the composed budget."""
+    if not isinstance(entry, dict):
+        return f"a JSON {type(entry).__name__}, not an entry"
+    need = {"run": str, "dataset_id": str, "state": str}
+    if entry.get("state") == CAP:
+        need["epsilon"] = _NUMBER
+    elif entry.get("state") in STATES:
+        need.update(mode=str, relation=str, delta=_NUMBER)
+    for field, kind in need.items():
+        if field not in entry:
+            return f"no '{field}'"
+        if not isinstance(entry[field], kind) or isinstance(entry[field], bool):
+            return f"'{field}' is a {type(entry[field]).__name__}"
+    if entry["state"] not in STATES:
+        return f"state '{entry['state'][:40]}' is none of {', '.join(STATES)}"
+    eps = entry.get("epsilon")
+    if entry["state"] != CAP and eps is not None and (not isinstance(eps, _NUMBER) or isinstance(eps, bool)):
+        return f"'epsilon' is a {type(eps).__name__}"
+    return None
+
+
+def decode_entry(raw, uri: str, where: str, dataset_id: Optional[str] = None, run: Optional[str] = None) -> dict:
+    """One stored row as an entry, or a LedgerError naming the ledger and the row (``where``; ``dataset_id`` and
+    ``run``: the row's own columns, where the store has them)."""
+    try:
+        entry = json.loads(raw) if isinstance(raw, (str, bytes)) else raw
+    except ValueError:
+        entry, problem = None, "not valid JSON"
+    else:
+        problem = entry_problem(entry)
+        if problem is None and dataset_id is not None and entry["dataset_id"] != dataset_id:
+            problem = f"its entry names dataset '{entry['dataset_id'][:80]}'"
+    if problem is None:
+        return entry
+    run = entry.get("run") if isinstance(entry, dict) and isinstance(entry.get("run"), str) else run
+    who = f" (run '{run[:80]}')" if isinstance(run, str) else ""
+    raise LedgerError(
+        f"ledger {uri}: {where}{who} is corrupt ({problem}); nothing was read or changed. Restore the ledger from a "
+        f"backup; a row is never skipped, since that would drop a release from the budget"
+    )
+
+
 def releases_of(entries: list[dict]) -> list[dict]:
     return [e for e in entries if e["state"] != CAP]
 
@@ -100,6 +152,8 @@ class Ledger(abc.ABC):
         """Composes the history with ``request`` (run, mechanism, mode, relation, epsilon, delta, output) and writes
         a reservation if the result fits the cap (the stored one, lowered by ``cap``); returns the manifest's
         ``ledger`` section. Raises LedgerError. Idempotent: a run already on the ledger is not added again."""
+        check_dataset_id(dataset_id)
+        check_cap(cap)  # --budget-cap inf is refused, as ledger cap --epsilon inf is
         entry = {**request, "dataset_id": dataset_id, "state": "pending", "reserved_at": _now(), "events": None}
 
         def fn(entries):
@@ -138,7 +192,7 @@ class Ledger(abc.ABC):
             for e in entries:
                 if e["run"] == run and e["state"] == "published":
                     return entries, None  # recorded already (a retry after a lost response)
-                if e["run"] == run and e["state"] == "pending":
+                if e["run"] == run and e["state"] in ("pending", EXPOSED):
                     e.update(published)
                     return entries, None
             # its reservation was dropped (``resolve --drop`` while it ran): what was published is recorded anyway
@@ -167,15 +221,58 @@ class Ledger(abc.ABC):
 
         self._transact(dataset_id, fn)
 
+    def expose(self, dataset_id: str, run: str) -> None:
+        """A reservation whose run failed after a part of it may have been readable (GCS): it is never cancelled
+        and keeps counting at its target epsilon (idempotent; a published entry stays as it is)."""
+
+        def fn(entries):
+            for e in entries:
+                if e["run"] == run and e["state"] == "pending":
+                    e.update(state=EXPOSED, exposed_at=_now())
+            return entries, None
+
+        self._transact(dataset_id, fn)
+        log.warning(
+            "stage=ledger dataset=%s run=%s: a part may have been readable before the run failed; its reservation "
+            "keeps counting at its target epsilon",
+            dataset_id,
+            run,
+        )
+
     def set_cap(self, dataset_id: str, epsilon: float) -> None:
         """Stores the dataset's budget cap (``dpcda ledger cap``); a release's --budget-cap can only lower it."""
-        if not (epsilon > 0 and math.isfinite(epsilon)):
-            raise LedgerError(f"ledger cap: epsilon must be a positive number, got {epsilon}")
+        check_dataset_id(dataset_id)
+        check_cap(epsilon, "ledger cap")
 
         def fn(entries):
             return [*(e for e in entries if e["state"] != CAP), _cap_entry(dataset_id, epsilon)], None
 
         self._transact(dataset_id, fn)
+
+
+DATASET_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$"  # the release's (schemas.config's dataset_id); a test checks
+DATASET_ID_MAX = 200
+
+
+def check_dataset_id(dataset_id) -> str:
+    """The release's rule for dataset ids, for every ledger command: what a release refuses is never stored."""
+    import re
+
+    if not isinstance(dataset_id, str) or not (
+        0 < len(dataset_id) <= DATASET_ID_MAX and re.match(DATASET_ID_PATTERN, dataset_id)
+    ):
+        raise LedgerError(
+            f"dataset_id {dataset_id!r}: letters, digits and . _ / : - (starting with a letter or digit), at most "
+            f"{DATASET_ID_MAX} characters"
+        )
+    return dataset_id
+
+
+def check_cap(cap: Optional[float], what: str = "budget_cap") -> Optional[float]:
+    """A cap is a positive finite epsilon (inf is no cap: leave the option out instead)."""
+    if cap is not None and not (cap > 0 and math.isfinite(cap)):
+        raise LedgerError(f"{what}: epsilon must be a positive finite number, got {cap}")
+    return cap
 
 
 def _cap_entry(dataset_id: str, epsilon: float) -> dict:
@@ -198,8 +295,19 @@ class SqliteLedger(Ledger):
             raise LedgerError(
                 f"ledger {path}: does not exist (create it once with 'dpcda ledger init --ledger {path}')"
             )
+        if create and not os.path.exists(path) and path.lower().endswith(".json"):
+            raise LedgerError(
+                f"ledger {path}: a local ledger is a SQLite file, not JSON; name it e.g. "
+                f"{path[: -len('.json')]}.db (a .json ledger is the one-object form on gs://)"
+            )
         try:
             with contextlib.closing(self._connect()) as conn:
+                tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+                if create and tables - {"releases", "sqlite_sequence"}:
+                    raise LedgerError(
+                        f"ledger {path}: a SQLite file of something else (tables {', '.join(sorted(tables))}); "
+                        f"refusing to add a ledger to it"
+                    )
                 if create:
                     conn.execute(
                         "CREATE TABLE IF NOT EXISTS releases (seq INTEGER PRIMARY KEY AUTOINCREMENT, dataset_id TEXT "
@@ -224,8 +332,10 @@ class SqliteLedger(Ledger):
         conn = self._connect()
         try:
             conn.execute("BEGIN IMMEDIATE")  # the write lock first: no other writer reads the history meanwhile
-            rows = conn.execute("SELECT entry FROM releases WHERE dataset_id = ? ORDER BY seq", (dataset_id,))
-            entries = [json.loads(r[0]) for r in rows]
+            rows = conn.execute(
+                "SELECT seq, dataset_id, entry, run FROM releases WHERE dataset_id = ? ORDER BY seq", (dataset_id,)
+            )
+            entries = [decode_entry(r[2], self.uri, f"row {r[0]}", r[1], r[3]) for r in rows]
             new, result = fn(entries)
             conn.execute("DELETE FROM releases WHERE dataset_id = ?", (dataset_id,))
             conn.executemany(
@@ -245,10 +355,13 @@ class SqliteLedger(Ledger):
         try:
             with contextlib.closing(self._connect()) as conn:
                 if dataset_id is None:
-                    rows = conn.execute("SELECT entry FROM releases ORDER BY seq")
+                    rows = conn.execute("SELECT seq, dataset_id, entry, run FROM releases ORDER BY seq")
                 else:
-                    rows = conn.execute("SELECT entry FROM releases WHERE dataset_id = ? ORDER BY seq", (dataset_id,))
-                return [json.loads(r[0]) for r in rows]
+                    rows = conn.execute(
+                        "SELECT seq, dataset_id, entry, run FROM releases WHERE dataset_id = ? ORDER BY seq",
+                        (dataset_id,),
+                    )
+                return [decode_entry(r[2], self.uri, f"row {r[0]}", r[1], r[3]) for r in rows]
         except sqlite3.Error as err:
             raise LedgerError(f"ledger {self.uri}: {err}") from None
 
@@ -263,8 +376,8 @@ class GcsLedger(Ledger):
         bucket, self.name = split_gs(uri)
         if not self.name:
             raise LedgerError(f"ledger {uri}: name an object, e.g. gs://bucket/ledgers/privacy.json")
-        self.bucket = gcs_client().bucket(bucket)
-        with _gcs_errors(uri):
+        with _gcs_errors(uri):  # no credentials is one line too
+            self.bucket = gcs_client().bucket(bucket)
             exists = self.bucket.get_blob(self.name) is not None
             if create and not exists:
                 text = json.dumps({"format": FORMAT, "entries": []})
@@ -293,9 +406,10 @@ class GcsLedger(Ledger):
             data = json.loads(raw)
         except ValueError:
             raise LedgerError(f"ledger {self.uri}: not valid JSON") from None
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
+        if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries", []), list):
             raise LedgerError(f"ledger {self.uri}: not a ledger object (format {FORMAT} expected)")
-        return list(data.get("entries", [])), generation
+        entries = [decode_entry(e, self.uri, f"entry {i}") for i, e in enumerate(data.get("entries", []), 1)]
+        return entries, generation
 
     def _transact(self, dataset_id: str, fn: Transaction):
         from google.api_core import exceptions as gexc
@@ -390,14 +504,19 @@ def published_manifest(output: str, run: str) -> tuple[Optional[dict], Optional[
             current = json.loads(fh.read())
     except FileNotFoundError:
         return None, None
+    except Exception as err:  # gs://: google-cloud's NotFound (404) is not a FileNotFoundError
+        if is_remote(output) and getattr(err, "code", None) == 404:
+            return None, None
+        raise
     ours = current if (current.get("ledger") or {}).get("run") == run else None
     return ours, current
 
 
 def resolve(ledger: Ledger, dataset_id: str, run: str, *, force: bool = False, drop: bool = False) -> str:
     """A reservation left by a run that died: 'recorded' if OUTPUT holds the run's release (its manifest names the
-    run); 'dropped' only on evidence that the run published nothing (no manifest at OUTPUT, or one made before the
-    run reserved its budget) or with ``drop``. Refuses while the run may still be going: OUTPUT's lock is held, or
+    run); on gs:// 'exposed' otherwise (its parts may have been readable), unless ``drop``; 'dropped' only on
+    evidence that the run published nothing (no manifest at OUTPUT, or one made before the run reserved its budget)
+    or with ``drop``. Refuses while the run may still be going: OUTPUT's lock is held, or
     the reservation is younger than RESOLVE_AFTER_HOURS (``force`` overrides the age, never the lock)."""
     from dpcda.storage.publish import output_busy
 
@@ -405,6 +524,11 @@ def resolve(ledger: Ledger, dataset_id: str, run: str, *, force: bool = False, d
     if not found:
         raise LedgerError(f"ledger {ledger.uri}: dataset '{dataset_id}' has no run {run}")
     entry = found[0]
+    if entry["state"] == EXPOSED:
+        raise LedgerError(
+            f"ledger {ledger.uri}: run {run} failed after a part of it may have been readable on GCS; it keeps "
+            f"counting at its target epsilon and cannot be resolved"
+        )
     if entry["state"] != "pending":
         raise LedgerError(f"ledger {ledger.uri}: run {run} is already recorded as published")
     reserved = datetime.datetime.fromisoformat(entry["reserved_at"])
@@ -425,6 +549,9 @@ def resolve(ledger: Ledger, dataset_id: str, run: str, *, force: bool = False, d
     if ours is not None:
         ledger.record(dataset_id, run, ours)
         return "recorded"
+    if is_remote(entry["output"]) and not drop:  # its parts sat under OUTPUT/runs/<run>/, which readers may list
+        ledger.expose(dataset_id, run)
+        return EXPOSED
     made = (current or {}).get("created_at")
     older = made is not None and datetime.datetime.fromisoformat(made) < reserved
     if current is None or older or drop:

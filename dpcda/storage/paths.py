@@ -37,9 +37,16 @@ def exists(path: str) -> bool:
 def expand_glob(pattern: str) -> list[str]:
     """Sorted paths matching ``pattern`` (local or gs://); ``not_regular_files`` says which local ones are not files."""
     if is_remote(pattern):
+        from apache_beam.io.filesystem import BeamIOError
         from apache_beam.io.filesystems import FileSystems
 
-        return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
+        try:
+            return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
+        except (BeamIOError, ValueError) as err:  # no credentials, no bucket, no network: one line
+            from dpcda.storage.shards import InputError
+
+            cause = " ".join(str(err).split())[:240]
+            raise InputError(f"{pattern}: cannot list the files ({type(err).__name__}: {cause})") from None
     return sorted(p for p in _glob.glob(pattern, recursive=True) if not p.endswith("/"))
 
 

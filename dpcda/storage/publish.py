@@ -71,6 +71,9 @@ class Target:
     generation: int = 0  # GCS: generation of OUTPUT/manifest.json when the run started (0: none)
     old_manifest: Optional[dict] = None
     published: bool = False  # set the moment the release became visible: from then on nothing may undo it
+    # GCS: set by ``abandon`` when a part of this run may have been readable (``exposed_on_gcs``): its ledger
+    # reservation must then keep counting
+    exposed: bool = False
 
 
 def _run_id() -> str:
@@ -127,7 +130,15 @@ def prepare(output: str, *, overwrite: bool, inputs: list[str]) -> Target:
     inside = [p for p in inputs if _inside(p, out)]
     if inside:
         raise PublishError(f"{out}: input {inside[0]} lies inside the output; a release never writes over its input")
-    return _prepare_gcs(out, overwrite) if is_remote(out) else _prepare_local(out, overwrite)
+    if not is_remote(out):
+        return _prepare_local(out, overwrite)
+    from google.api_core import exceptions as gexc
+    from google.auth import exceptions as auth_exc
+
+    try:
+        return _prepare_gcs(out, overwrite)
+    except (gexc.GoogleAPIError, auth_exc.GoogleAuthError) as err:  # no credentials, no bucket, no permission
+        raise PublishError(f"{out}: {type(err).__name__}: {str(err).splitlines()[0][:200]}") from None
 
 
 def publish(target: Target, manifest: dict) -> None:
@@ -141,16 +152,23 @@ def publish(target: Target, manifest: dict) -> None:
         _publish_local(target, manifest, text)
 
 
-def abandon(target: Optional[Target]) -> None:
+def abandon(target: Optional[Target], err: Optional[BaseException] = None) -> None:
     """Removes the run's directory and releases the lock; OUTPUT is left as it was. After the switch (``published``)
-    the run's files ARE the release and are kept; what is left of the old one goes with the next run."""
+    the run's files ARE the release and are kept; what is left of the old one goes with the next run. On GCS it
+    first decides ``target.exposed`` (``exposed_on_gcs``) from ``err``, the error that ended the run."""
     if target is None:
         return
     try:
         if target.published:
             return
         if is_remote(target.output):
-            _delete_gcs_prefix(target.workdir)
+            target.exposed = True  # until shown otherwise, also if the check below is interrupted
+            target.exposed = exposed_on_gcs(target, err)
+            try:
+                _delete_gcs_prefix(target.workdir)
+            except Exception as gone:  # noqa: BLE001 - what stays is swept later; the run's own error stands
+                target.exposed = True  # parts may stay readable until then
+                log.warning("stage=abandon could not delete %s (%s); a later run removes it", target.workdir, gone)
         elif os.path.isdir(target.workdir):
             shutil.rmtree(target.workdir, ignore_errors=True)
     finally:
@@ -429,6 +447,44 @@ def _remove_stale_gcs(bucket, prefix: str, current: Optional[dict]) -> None:
             log.info("stage=publish removing stale run %s (%.0f h old)", run, age)
             for b in blobs:
                 b.delete()
+
+
+def exposed_in(err: Optional[BaseException]) -> bool:
+    """Whether ``err``, or an error it was raised during (a second interrupt while ``abandon`` ran), carries
+    ``exposed = True`` (set from ``Target.exposed`` by the launcher)."""
+    seen, chain = err, 0
+    while seen is not None and chain < 50:
+        if getattr(seen, "exposed", False):
+            return True
+        seen, chain = seen.__cause__ or seen.__context__, chain + 1
+    return False
+
+
+def exposed_on_gcs(target: Target, err: Optional[BaseException]) -> bool:
+    """Whether a failed GCS run may have had a part readable under ``OUTPUT/runs/<run>/`` (readers who may list the
+    bucket could have copied it): the ledger then keeps counting the run at its target epsilon.
+
+    Not exposed only when both hold: (1) the run's prefix holds no object now, and (2) the run ended in one of our
+    own errors (a ``DpcdaError`` in ``err``'s chain), with no interrupt in it. Our errors reach here once the runner
+    has stopped (the DirectRunner raises after its workers stop; a Dataflow job's failure is raised once the job is
+    in a terminal state), so no worker writes after the listing. An interrupt, a polling error or anything unknown
+    may leave a remote job running while the launcher cancels it: exposed. A listing that fails: exposed."""
+    from dpcda.privacy.errors import DpcdaError
+
+    ours, seen, chain = False, err, 0
+    while seen is not None and chain < 50:
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+        ours = ours or isinstance(seen, DpcdaError)
+        seen, chain = seen.__cause__ or seen.__context__, chain + 1
+    if not ours:
+        return True
+    try:
+        bucket_name, prefix = split_gs(target.workdir)
+        listing = gcs_client().bucket(bucket_name).list_blobs(prefix=prefix.rstrip("/") + "/", max_results=1)
+        return any(True for _ in listing)
+    except Exception:  # noqa: BLE001 - cannot tell: count it
+        return True
 
 
 def _delete_gcs_prefix(path: str) -> None:

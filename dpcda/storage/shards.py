@@ -110,6 +110,13 @@ def parquet_file(fh, path: str) -> pq.ParquetFile:
     return pq.ParquetFile(io.BytesIO(fh.read()) if is_remote(path) else fh, pre_buffer=False)
 
 
+# an input of named columns without a table: section lands here (its features column is missing)
+TABLE_HINT = (
+    "; a table of named columns? declare its label and columns in the table: section of a --config file "
+    "(draft one with 'dpcda schema infer --input GLOB --label COLUMN --out table.yaml'; docs/tables.md)"
+)
+
+
 def read_parquet(
     path: str, features_column: str, label_column: str, batch_rows: int = 65536, width: Optional[int] = None
 ) -> Iterator[Block]:
@@ -119,7 +126,8 @@ def read_parquet(
             names = pf.schema_arrow.names
             for col in (features_column, label_column):
                 if col not in names:
-                    raise InputError(f"{path}: column '{col}' is missing (columns: {', '.join(names)})")
+                    hint = TABLE_HINT if col == features_column else ""
+                    raise InputError(f"{path}: column '{col}' is missing (columns: {', '.join(names)}){hint}")
                 if names.count(col) > 1:
                     raise InputError(
                         f"{path}: column '{col}' appears {names.count(col)} times; column names must be unique"
@@ -134,7 +142,27 @@ def read_parquet(
     except InputError:
         raise
     except (pa.ArrowException, OSError, ValueError) as err:
+        null_row = (
+            _null_fixed_list_row(path, features_column) if "Expected all lists to be of size" in str(err) else None
+        )
+        if null_row is not None:  # pyarrow cannot decode a null fixed_size_list row; its index is off by one
+            raise InputError(f"{path}: column '{features_column}' row {null_row}: missing value") from None
         raise InputError(f"{path}: unreadable Parquet shard ({_one_line(err)})") from None
+
+
+def _null_fixed_list_row(path: str, column: str) -> Optional[int]:
+    """The first row of ``column`` that pyarrow cannot decode (a null fixed_size_list row), found one row at a time;
+    None if every row decodes (the error was something else)."""
+    row = 0
+    try:
+        with open_file(path) as fh:
+            for batch in parquet_file(fh, path).iter_batches(batch_size=1, columns=[column]):
+                if batch.column(0).null_count:
+                    return row
+                row += batch.num_rows
+    except (pa.ArrowException, OSError, ValueError):
+        return row
+    return None
 
 
 def _one_line(err: BaseException) -> str:
@@ -301,16 +329,57 @@ def read_shard(
     batch_rows: int = 65536,
     width: Optional[int] = None,
 ) -> Iterator[Block]:
-    """Blocks of one shard; ``width`` (the feature dimension of the whole input) is checked when given."""
-    reader = read_parquet if detect_format(path, fmt) == "parquet" else read_tfrecord
-    return reader(path, features_column, label_column, batch_rows, width)
+    """Blocks of one shard; ``width`` (the feature dimension of the whole input) is checked when given. A shard that
+    will not read in the input's format while its name says the other one is named as such (a mixed glob)."""
+    chosen = detect_format(path, fmt)
+    reader = read_parquet if chosen == "parquet" else read_tfrecord
+    try:
+        yield from reader(path, features_column, label_column, batch_rows, width)
+    except InputError as err:
+        try:
+            own = detect_format(path)
+        except InputError:
+            own = chosen
+        if own != chosen and ("unreadable" in str(err) or "corrupt" in str(err)):
+            names = {"parquet": "Parquet", "tfrecord": "TFRecord"}
+            raise InputError(
+                f"{path}: a {names[own]} file among {names[chosen]} shards (the input's format comes from its first "
+                f"file's name, or --input-format); give one glob per format"
+            ) from None
+        raise
+
+
+def finite_blocks(blocks: Iterator[Block], features_column: str = "features") -> Iterator[Block]:
+    """``blocks``, each checked to hold finite features: a NaN or infinite value is refused in one line naming the
+    file and row, never the value (rows that evaluate or audit a release; the release's own input is checked by
+    ``transforms.read.validate_block``)."""
+    for block in blocks:
+        bad = ~np.isfinite(block.features)
+        if bad.any():
+            r = int(np.flatnonzero(bad.any(axis=1))[0])
+            raise InputError(
+                f"{block.source}: column '{features_column}' row {block.first_row + r}: a value is NaN or infinite "
+                f"(rows that evaluate or audit a release must be finite)"
+            )
+        yield block
+
+
+def check_finite_files(paths: list[str], fmt: str = "auto", features_column="features", label_column="label") -> None:
+    """Reads ``paths`` through ``finite_blocks`` (before work: an evaluation set that would fail after the release)."""
+    for _ in finite_blocks(
+        (b for p in paths for b in read_shard(p, fmt, features_column, label_column)), features_column
+    ):
+        pass
 
 
 def read_all(
     paths: list[str], fmt: str = "auto", features_column: str = "features", label_column: str = "label"
 ) -> Block:
-    """Every row of ``paths`` in one block (evaluation and tests; the pipeline streams instead)."""
-    blocks = [b for p in paths for b in read_shard(p, fmt, features_column, label_column)]
+    """Every row of ``paths`` in one block (evaluation and tests; the pipeline streams instead); non-finite
+    features are refused (``finite_blocks``)."""
+    blocks = [
+        b for p in paths for b in finite_blocks(read_shard(p, fmt, features_column, label_column), features_column)
+    ]
     if not blocks:
         raise InputError(f"{', '.join(paths) or '(no files)'}: zero rows")
     return Block(np.concatenate([b.features for b in blocks]), np.concatenate([b.labels for b in blocks]))
