@@ -1,0 +1,315 @@
+"""The noise module's streams and Gaussian sampler on a torch device: the same words, the same sampler, bit for bit.
+
+Relation-agnostic, like ``privacy.noise`` (whose docstring states the mechanism): nothing here decides what is
+sampled, only where the arithmetic runs. The only module of ``privacy/`` that imports torch; ``privacy.noise`` loads
+it lazily, when a caller asks for a device.
+
+Words. The ChaCha20 block function of RFC 8439 in vectorised torch integer operations (int64 tensors holding
+32-bit values, masked after every addition), one block per lane, keyed by the same host-side subkey
+BLAKE2b-256(run key, path) and with the same (counter, nonce) layout as the OpenSSL stream that ``NoiseStream``
+reads: block B of a path has counter B and a zero nonce, word w of the stream is bytes 8w..8w+7 of the keystream
+(little-endian). A stream ends after 2^32 blocks, where OpenSSL refuses to go on; so does this one. Where
+``torch.compile`` works, the block function and the sampler run as fused kernels (inductor: C++ on the CPU, Triton
+on CUDA); otherwise eagerly. Both are the same integer arithmetic, so both give the same words.
+
+Gaussian. For each element the device reads the same two top words of the 192-bit uniform U that the host reads
+(word layout of ``NoiseStream._uniform_words``, blocks of ``noise._BLOCK`` elements), forms the same float64 p,
+evaluates Wichura's AS 241 in float64 and rounds to the grid. Its float error obeys the bound the host assumes
+(``noise.Z_ERROR``; tested against mpmath), so wherever the float value lies farther than (twice) that bound
+from a cell boundary, its cell is the exact cell at u, the host's output. Every other element (a near-boundary
+cell, p's rare low-precision case w0 < 2^11, a non-finite value) is handed back to the host, which decides it
+with its own code from the full U. The output is therefore the exact rounded Gaussian at U, element for element
+the host's; the tests check that identity on CPU tensors and, where present, on CUDA.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from dpcda.privacy import noise as _host
+
+_M32 = 0xFFFFFFFF
+_CONSTANTS = (0x61707865, 0x3320646E, 0x79622D32, 0x6B206574)  # "expand 32-byte k"
+MAX_BLOCKS = 1 << 32  # OpenSSL (through ``cryptography``) refuses to wrap the 32-bit block counter
+MAX_WORDS = 8 * MAX_BLOCKS
+_BATCH_BLOCKS = 1 << 14  # ChaCha20 blocks per kernel call (1 MiB of keystream): one compiled shape
+_BATCH_ELEMS = 1 << 17  # Gaussian elements per sampler call (a multiple of noise._BLOCK): one compiled shape
+_COMPILE_ENV = "DPCDA_NOISE_COMPILE"  # "0": run eagerly
+
+
+def _rotl(x: torch.Tensor, n: int) -> torch.Tensor:
+    return ((x << n) & _M32) | (x >> (32 - n))
+
+
+def _quarter(x: list, a: int, b: int, c: int, d: int) -> None:
+    x[a] = (x[a] + x[b]) & _M32
+    x[d] = _rotl(x[d] ^ x[a], 16)
+    x[c] = (x[c] + x[d]) & _M32
+    x[b] = _rotl(x[b] ^ x[c], 12)
+    x[a] = (x[a] + x[b]) & _M32
+    x[d] = _rotl(x[d] ^ x[a], 8)
+    x[c] = (x[c] + x[d]) & _M32
+    x[b] = _rotl(x[b] ^ x[c], 7)
+
+
+def chacha20_blocks(key_words: torch.Tensor, nonce_words: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """(M, 16) int64 holding the 32-bit output words of the RFC 8439 block function (section 2.3).
+
+    ``key_words`` (8,) and ``nonce_words`` (3,) int64 hold the key and nonce as little-endian 32-bit words,
+    ``counters`` (M,) int64 the 32-bit block counters.
+    """
+    ones = torch.ones_like(counters)
+    init = [ones * c for c in _CONSTANTS]
+    init += [ones * key_words[i] for i in range(8)]
+    init += [counters & _M32] + [ones * nonce_words[i] for i in range(3)]
+    x = list(init)
+    for _ in range(10):  # 20 rounds: column rounds, then diagonal rounds
+        _quarter(x, 0, 4, 8, 12)
+        _quarter(x, 1, 5, 9, 13)
+        _quarter(x, 2, 6, 10, 14)
+        _quarter(x, 3, 7, 11, 15)
+        _quarter(x, 0, 5, 10, 15)
+        _quarter(x, 1, 6, 11, 12)
+        _quarter(x, 2, 7, 8, 13)
+        _quarter(x, 3, 4, 9, 14)
+    return torch.stack([(x[i] + init[i]) & _M32 for i in range(16)], dim=1)
+
+
+# ---------------------------------------------------------------- AS 241 and the grid, elementwise
+
+
+def _poly(coef, x):
+    acc = x * coef[-1]
+    acc = acc + coef[-2]
+    for a in coef[-3::-1]:
+        acc = acc * x
+        acc = acc + a
+    return acc
+
+
+def upper_quantile(p: torch.Tensor) -> torch.Tensor:
+    """t >= 0 with P(Z > t) = p for float64 p in (0, 1/2]: ``noise.upper_quantile`` (AS 241), branch-free."""
+    q = p - 0.5
+    r = 0.180625 - q * q
+    central = -((_poly(_host._A, r) / _poly(_host._B, r)) * q)
+    rt = torch.sqrt(-torch.log(torch.where(p < 0.075, p, 0.25)))
+    r1 = rt - 1.6
+    near = _poly(_host._C, r1) / _poly(_host._D, r1)
+    rf = r1 - 3.4
+    far = _poly(_host._E, rf) / _poly(_host._F, rf)
+    return torch.where(p < 0.075, torch.where(rt > 5.0, far, near), central)
+
+
+def _sampler(lo0, hi0, lo1, hi1, center, sigma_over_g, inv_g, err_t, err_c):
+    """Cells k (float64), a flag for elements the host must decide, and t (for the host's refusal check).
+
+    (lo, hi) are the 32-bit halves of the uniform's two top words; the arithmetic is ``noise._rounded_gaussian``'s.
+    err_t, err_c: the host's error bound per element, err = err_t (1 + t) + err_c (|c| + sigma t) in grid units.
+    """
+    flip = hi0 >> 31  # U >= 2^191: z = +t, and U' = 2^192 - 1 - U
+    mask = (-flip) & _M32
+    a_hi = (hi0 ^ mask) & 0x7FFFFFFF
+    a_lo = lo0 ^ mask
+    b_hi = hi1 ^ mask
+    b_lo = lo1 ^ mask
+    w0 = (a_hi << 32) | a_lo  # < 2^63: the host's w0
+    w1 = ((b_hi << 21) | (b_lo >> 11)).to(torch.float64)  # < 2^53, exact
+    p = w0.to(torch.float64) * 2.0**-64 + w1 * 2.0**-117
+    t = upper_quantile(p)
+    scaled = torch.where(flip == 1, t, -t) * sigma_over_g + center * inv_g
+    k = torch.round(scaled)  # half to even, as numpy's rint
+    err = err_t * (1.0 + t) + err_c * (center.abs() * inv_g + sigma_over_g * t)
+    small = w0 < 2048  # p from 116 bits is not precise enough (probability 2^-52): the host recomputes it
+    host = small | ~((scaled - k).abs() < 0.5 - 2.0 * err)  # also catches non-finite values
+    return torch.where(small, 0.0, k), host, torch.where(small, 0.0, t)
+
+
+# ---------------------------------------------------------------- compiled or eager
+
+
+_KERNELS: dict = {}
+
+
+def compile_enabled() -> bool:
+    return os.environ.get(_COMPILE_ENV, "1") != "0"
+
+
+def _kernel(name: str, fn, compiled: bool):
+    if not compiled:
+        return fn
+    if name not in _KERNELS:
+        try:
+            _KERNELS[name] = torch.compile(fn, dynamic=False, fullgraph=True)
+        except Exception:  # noqa: BLE001 - no compiler: the eager function is the same arithmetic
+            _KERNELS[name] = fn
+    return _KERNELS[name]
+
+
+def _run(name: str, fn, compiled: bool, *args):
+    k = _kernel(name, fn, compiled)
+    if k is fn:
+        return fn(*args)
+    try:
+        return k(*args)
+    except Exception:  # noqa: BLE001 - compilation failed at first call (no C++ compiler, no Triton): run eagerly
+        _KERNELS[name] = fn
+        return fn(*args)
+
+
+def backend(compiled: bool = True) -> str:
+    """'compiled' where torch.compile produced the kernels, else 'eager'."""
+    if not (compiled and compile_enabled()):
+        return "eager"
+    return "compiled" if any(k is not _FUNCS[n] for n, k in _KERNELS.items()) else "eager"
+
+
+def _sampler64(w0, w1, center, sigma_over_g, inv_g, err_t, err_c):
+    """``_sampler`` on 64-bit words (int64 bit patterns), as read on the host."""
+    return _sampler(
+        w0 & _M32, (w0 >> 32) & _M32, w1 & _M32, (w1 >> 32) & _M32, center, sigma_over_g, inv_g, err_t, err_c
+    )
+
+
+_FUNCS = {"chacha": chacha20_blocks, "sampler": _sampler, "sampler64": _sampler64}
+
+
+# ---------------------------------------------------------------- streams
+
+
+def _words32(key: bytes, n: int, base: int = 0) -> list:
+    return [int.from_bytes(key[4 * i : 4 * i + 4], "little") + base for i in range(n)]
+
+
+def stream_halves(subkey: bytes, start: int, n: int, device, *, compiled: bool = True):
+    """(lo, hi) int64 tensors (n,): the 32-bit halves of words start..start+n-1 of the stream keyed by ``subkey``."""
+    if start < 0 or n < 0 or start + n > MAX_WORDS:
+        raise ValueError(
+            "Exceeded the maximum number of bytes that can be encrypted with ChaCha20 for this nonce. The 32-bit "
+            "counter portion of the nonce would overflow."
+        )
+    device = torch.device(device)
+    if n == 0:
+        empty = torch.zeros(0, dtype=torch.int64, device=device)
+        return empty, empty
+    key_t = torch.tensor(_words32(subkey, 8), dtype=torch.int64, device=device)
+    nonce_t = torch.zeros(3, dtype=torch.int64, device=device)
+    first, last = start // 8, (start + n - 1) // 8
+    blocks = last - first + 1
+    use = compiled and compile_enabled()
+    parts = []
+    for b in range(0, blocks, _BATCH_BLOCKS):
+        m = min(_BATCH_BLOCKS, blocks - b)
+        size = _BATCH_BLOCKS if use else m  # the compiled kernel sees one shape; the tail is padded
+        counters = torch.arange(first + b, first + b + size, dtype=torch.int64, device=device)
+        parts.append(_run("chacha", chacha20_blocks, use, key_t, nonce_t, counters)[:m])
+    words = torch.cat(parts).reshape(-1, 2)[start % 8 : start % 8 + n]
+    return words[:, 0].contiguous(), words[:, 1].contiguous()
+
+
+def stream_words(subkey: bytes, start: int, n: int, device, *, compiled: bool = True) -> torch.Tensor:
+    """int64 tensor (n,): words start..start+n-1 of the stream as 64-bit patterns (view as uint64 on the host)."""
+    lo, hi = stream_halves(subkey, start, n, device, compiled=compiled)
+    signed_hi = hi - ((hi >> 31) << 32)  # the top half as a signed 32-bit value: no int64 overflow below
+    return signed_hi * (1 << 32) + lo
+
+
+def _element_word_index(total: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Stream offsets (from the draw's first word) of each element's top, middle and low 64-bit words.
+
+    The host reads each block of ``noise._BLOCK`` elements as 3n words: n top words, n middle, n low.
+    """
+    blk = _host._BLOCK
+    full, rest = divmod(total, blk)
+    i0 = torch.arange(total, dtype=torch.int64, device=device)
+    b = i0 // blk
+    n_b = torch.full((total,), blk, dtype=torch.int64, device=device)
+    n_b[full * blk :] = rest
+    i0 = i0 + 2 * blk * b  # block b starts at word 3 blk b
+    return i0, i0 + n_b, i0 + 2 * n_b
+
+
+def rounded_gaussian(
+    center: torch.Tensor,
+    sigma: float,
+    *,
+    subkey: bytes,
+    start: int,
+    host_words=None,
+    compiled: bool = True,
+) -> tuple[torch.Tensor, int]:
+    """float64 tensor like ``center``: ``g * round((center + sigma Z) / g)`` at the uniforms of stream words
+    ``start``.., exactly ``NoiseStream.gaussian``'s output; and how many elements the host decided.
+
+    ``host_words``: the 3n stream words as a numpy uint64 array already read on the host (OpenSSL), or None to
+    make them on ``center``'s device with the torch block function.
+    """
+    import numpy as np
+
+    device = center.device
+    c = center.reshape(-1).to(torch.float64)
+    total = c.numel()
+    g = _host.grid_for(sigma)
+    scalars = [sigma / g, 1.0 / g, sigma * _host.Z_ERROR / g, 2.0**-50]  # 0-d tensors: one compiled kernel
+    sc = [torch.tensor(v, dtype=torch.float64, device=device) for v in scalars]
+    if host_words is None:
+        lo, hi = stream_halves(subkey, start, 3 * total, device, compiled=compiled)
+        words64 = None
+    else:
+        words64 = torch.from_numpy(np.ascontiguousarray(host_words[: 3 * total]).view(np.int64)).to(device)
+        lo = hi = None
+    i0, i1, i2 = _element_word_index(total, device)
+    use = compiled and compile_enabled()
+    out_k, out_host, out_t = [], [], []
+    for s in range(0, total, _BATCH_ELEMS):
+        m = min(_BATCH_ELEMS, total - s)
+        j0, j1 = i0[s : s + m], i1[s : s + m]
+        if words64 is None:
+            args, name, fn = [lo[j0], hi[j0], lo[j1], hi[j1], c[s : s + m]], "sampler", _sampler
+        else:
+            args, name, fn = [words64[j0], words64[j1], c[s : s + m]], "sampler64", _sampler64
+        if use and m < _BATCH_ELEMS:  # pad the tail to the compiled shape (padding is discarded)
+            args = [torch.nn.functional.pad(a, (0, _BATCH_ELEMS - m)) for a in args]
+        k, host, t = _run(name, fn, use, *args, *sc)
+        out_k.append(k[:m])
+        out_host.append(host[:m])
+        out_t.append(t[:m])
+    k = torch.cat(out_k)
+    host = torch.cat(out_host)
+    t = torch.cat(out_t)
+    _refuse_like_the_host(c, t, k, sigma, g)
+    todo = torch.nonzero(host).reshape(-1)
+    if todo.numel():  # rare: the host decides these elements from the full 192-bit U, with its own code
+        u = np.empty((3, todo.numel()), np.uint64)
+        for row, ii in enumerate((i0, i1, i2)):
+            sel = ii[todo]
+            if words64 is None:
+                u[row] = (hi[sel].cpu().numpy().astype(np.uint64) << np.uint64(32)) | lo[sel].cpu().numpy().astype(
+                    np.uint64
+                )
+            else:
+                u[row] = host_words[sel.cpu().numpy()]
+        exact = _host._rounded_gaussian(c[todo].cpu().numpy(), float(sigma), g, u) / g
+        k[todo] = torch.from_numpy(exact).to(device)
+    return (k * g).reshape(center.shape), int(todo.numel())
+
+
+def _refuse_like_the_host(c: torch.Tensor, t: torch.Tensor, k: torch.Tensor, sigma: float, g: float) -> None:
+    """Raise where the host would: per block of noise._BLOCK elements, a non-finite value or too large an error."""
+    blk = _host._BLOCK
+    total = c.numel()
+    pad = (-total) % blk
+    cabs = torch.nn.functional.pad(c.abs(), (0, pad)).reshape(-1, blk)
+    tt = torch.nn.functional.pad(t, (0, pad)).reshape(-1, blk)
+    finite = torch.nn.functional.pad(torch.isfinite(k), (0, pad), value=True).reshape(-1, blk).all(dim=1)
+    cmax, tmax = cabs.amax(dim=1), tt.amax(dim=1)
+    err = (sigma * _host.Z_ERROR * (1.0 + tmax) + 2.0**-50 * (cmax + sigma * tmax)) / g
+    bad = ~finite | ~torch.isfinite(err) | (err > 0.125)
+    if bool(bad.any()):
+        b = int(torch.nonzero(bad)[0])
+        cm = float(cmax[b])
+        if not bool(finite[b]) or not math.isfinite(float(err[b])):
+            raise ArithmeticError(f"noise sampler: values overflow (sigma={sigma:g}, values up to {cm:g})")
+        raise ArithmeticError(f"noise sampler: sigma={sigma:g} is too small for values of size {cm:g}")
