@@ -286,3 +286,15 @@ def test_outputs_do_not_depend_on_the_thread_count():
 def test_default_threads_are_the_cores_the_process_may_use():
     noise.set_threads(None)
     assert noise.threads() == len(os.sched_getaffinity(0))
+
+
+def test_noise_threads_flag_reaches_the_config():
+    from dpcda.pipeline.cli import release_flags
+    from dpcda.schemas.config import ConfigError, load_config
+
+    assert release_flags()["--noise-threads"][0] == "noise_threads"
+    base = {"input": "x", "output": "y", "sigma_x": 0.5, "mode": "fixed", "num_classes": 3}
+    assert load_config(None, {**base, "noise_threads": "3"}).noise_threads == 3
+    assert load_config(None, base).noise_threads is None  # the process's cores
+    with pytest.raises(ConfigError, match="noise_threads"):
+        load_config(None, {**base, "noise_threads": 0})
