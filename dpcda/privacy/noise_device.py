@@ -82,6 +82,7 @@ def chacha20_blocks(key_words: torch.Tensor, nonce_words: torch.Tensor, counters
 
 
 def _poly(coef, x):
+    """Horner's rule as the host evaluates it; ``coef`` may hold tensors (coefficients chosen per element)."""
     acc = x * coef[-1]
     acc = acc + coef[-2]
     for a in coef[-3::-1]:
@@ -91,20 +92,32 @@ def _poly(coef, x):
 
 
 def upper_quantile(p: torch.Tensor) -> torch.Tensor:
-    """t >= 0 with P(Z > t) = p for float64 p in (0, 1/2]: ``noise.upper_quantile`` (AS 241), branch-free."""
+    """t >= 0 with P(Z > t) = p for float64 p in (0, 1/2]: ``noise.upper_quantile`` (AS 241), branch-free.
+
+    AS 241's three rational approximations share one pair of degree-7 polynomials whose coefficients and argument
+    are chosen per element (central: A/B at 0.180625 - q^2; tail: C/D at r - 1.6, or E/F at r - 5 where r > 5),
+    so each element evaluates the operations the host evaluates for it, once.
+    """
     q = p - 0.5
-    r = 0.180625 - q * q
-    central = -((_poly(_host._A, r) / _poly(_host._B, r)) * q)
-    rt = torch.sqrt(-torch.log(torch.where(p < 0.075, p, 0.25)))
+    tail = p < 0.075
+    rt = torch.sqrt(-torch.log(torch.where(tail, p, 0.25)))
+    far = tail & (rt > 5.0)
     r1 = rt - 1.6
-    near = _poly(_host._C, r1) / _poly(_host._D, r1)
-    rf = r1 - 3.4
-    far = _poly(_host._E, rf) / _poly(_host._F, rf)
-    return torch.where(p < 0.075, torch.where(rt > 5.0, far, near), central)
+    x = torch.where(tail, torch.where(far, r1 - 3.4, r1), 0.180625 - q * q)
+
+    def pick(i, central, near, far_c):  # float64 coefficients (torch.where on two Python floats gives float32)
+        c0, c1, c2 = (torch.tensor(v[i], dtype=torch.float64, device=p.device) for v in (central, near, far_c))
+        return torch.where(tail, torch.where(far, c2, c1), c0)
+
+    num = _poly([pick(i, _host._A, _host._C, _host._E) for i in range(8)], x)
+    den = _poly([pick(i, _host._B, _host._D, _host._F) for i in range(8)], x)
+    ratio = num / den
+    return torch.where(tail, ratio, -(ratio * q))
 
 
-def _sampler(lo0, hi0, lo1, hi1, center, sigma_over_g, inv_g, err_t, err_c):
-    """Cells k (float64), a flag for elements the host must decide, and t (for the host's refusal check).
+def _sampler(lo0, hi0, lo1, hi1, center, sigma_over_g, inv_g, g, err_t, err_c):
+    """The rounded Gaussian k g per element (0 where the host must decide), a flag for elements the host must
+    decide, and t (0 there), for ``_block_stats``.
 
     (lo, hi) are the 32-bit halves of the uniform's two top words; the arithmetic is ``noise._rounded_gaussian``'s.
     err_t, err_c: the host's error bound per element, err = err_t (1 + t) + err_c (|c| + sigma t) in grid units.
@@ -124,7 +137,20 @@ def _sampler(lo0, hi0, lo1, hi1, center, sigma_over_g, inv_g, err_t, err_c):
     err = err_t * (1.0 + t) + err_c * (center.abs() * inv_g + sigma_over_g * t)
     small = w0 < 2048  # p from 116 bits is not precise enough (probability 2^-52): the host recomputes it
     host = small | ~((scaled - k).abs() < 0.5 - 2.0 * err)  # also catches non-finite values
-    return torch.where(small, 0.0, k), host, torch.where(small, 0.0, t)
+    return torch.where(small, 0.0, k) * g, host, torch.where(small, 0.0, t)
+
+
+def _block_stats(values, host, t, center):
+    """Per block of ``noise._BLOCK`` elements: max |c|, max t and whether every value is finite (the host's
+    refusal test); padding (U = 0, c = 0) changes none of them."""
+    blk = _host._BLOCK
+    return (
+        values,
+        host,
+        center.abs().reshape(-1, blk).amax(dim=1),
+        t.reshape(-1, blk).amax(dim=1),
+        torch.isfinite(values).reshape(-1, blk).all(dim=1),
+    )
 
 
 # ---------------------------------------------------------------- compiled or eager
@@ -166,14 +192,12 @@ def backend(compiled: bool = True) -> str:
     return "compiled" if any(k is not _FUNCS[n] for n, k in _KERNELS.items()) else "eager"
 
 
-def _sampler64(w0, w1, center, sigma_over_g, inv_g, err_t, err_c):
+def _sampler64(w0, w1, center, *scalars):
     """``_sampler`` on 64-bit words (int64 bit patterns), as read on the host."""
-    return _sampler(
-        w0 & _M32, (w0 >> 32) & _M32, w1 & _M32, (w1 >> 32) & _M32, center, sigma_over_g, inv_g, err_t, err_c
-    )
+    return _sampler(w0 & _M32, (w0 >> 32) & _M32, w1 & _M32, (w1 >> 32) & _M32, center, *scalars)
 
 
-_FUNCS = {"chacha": chacha20_blocks, "sampler": _sampler, "sampler64": _sampler64}
+_FUNCS: dict = {}  # name -> eager function (filled below)
 
 
 # ---------------------------------------------------------------- streams
@@ -216,19 +240,61 @@ def stream_words(subkey: bytes, start: int, n: int, device, *, compiled: bool = 
     return signed_hi * (1 << 32) + lo
 
 
-def _element_word_index(total: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Stream offsets (from the draw's first word) of each element's top, middle and low 64-bit words.
+def _word_offsets(elements: torch.Tensor, total: int) -> list:
+    """Offsets (from the draw's first word) of the top, middle and low 64-bit words of ``elements``.
 
     The host reads each block of ``noise._BLOCK`` elements as 3n words: n top words, n middle, n low.
     """
     blk = _host._BLOCK
+    b, j = elements // blk, elements % blk
+    n_b = torch.where(b == total // blk, total % blk, blk)
+    first = 3 * blk * b + j
+    return [first, first + n_b, first + 2 * n_b]
+
+
+def _batches(words: list, c: torch.Tensor, total: int, pad: bool):
+    """Per batch of ``_BATCH_ELEMS`` elements: the words as (blocks, 3, blk) tensors in the host's block layout
+    (n top words, n middle, n low per block), the centres, and how many elements are real. With ``pad`` every
+    batch has the full shape (one compiled kernel): the last block and batch are zero-padded."""
+    blk = _host._BLOCK
+    per = _BATCH_ELEMS // blk
     full, rest = divmod(total, blk)
-    i0 = torch.arange(total, dtype=torch.int64, device=device)
-    b = i0 // blk
-    n_b = torch.full((total,), blk, dtype=torch.int64, device=device)
-    n_b[full * blk :] = rest
-    i0 = i0 + 2 * blk * b  # block b starts at word 3 blk b
-    return i0, i0 + n_b, i0 + 2 * n_b
+    for b0 in range(0, full + (1 if rest else 0), per):
+        nfull = min(per, full - b0) if b0 < full else 0
+        tail = rest if (b0 + nfull == full and rest and nfull < per) else 0
+        real = nfull * blk + tail
+        if not tail and (nfull == per or not pad):
+            yield (
+                b0 * blk,
+                (
+                    [w[3 * blk * b0 : 3 * blk * (b0 + nfull)].reshape(nfull, 3, blk) for w in words],
+                    c[b0 * blk : b0 * blk + real],
+                    real,
+                ),
+            )
+            continue
+        nb = per if pad else nfull + 1
+        out = []
+        for w in words:
+            x = torch.zeros((nb, 3, blk), dtype=w.dtype, device=w.device)
+            x[:nfull] = w[3 * blk * b0 : 3 * blk * (b0 + nfull)].reshape(nfull, 3, blk)
+            if tail:
+                x[nfull, :, :tail] = w[3 * blk * full : 3 * total].reshape(3, tail)
+            out.append(x)
+        cc = torch.zeros(nb * blk, dtype=c.dtype, device=c.device)
+        cc[:real] = c[b0 * blk : b0 * blk + real]
+        yield b0 * blk, (out, cc, real)
+
+
+def _sampler_blocks(lo, hi, center, *scalars):
+    """``_sampler`` and ``_block_stats`` on (blocks, 3, blk) halves in the host's block layout."""
+    lo0, hi0, lo1, hi1 = (x[:, i].reshape(-1) for i in (0, 1) for x in (lo, hi))
+    return _block_stats(*_sampler(lo0, hi0, lo1, hi1, center, *scalars), center)
+
+
+def _sampler_blocks64(w, center, *scalars):
+    """The same on (blocks, 3, blk) 64-bit words (int64 bit patterns), as read on the host."""
+    return _block_stats(*_sampler64(w[:, 0].reshape(-1), w[:, 1].reshape(-1), center, *scalars), center)
 
 
 def rounded_gaussian(
@@ -252,59 +318,42 @@ def rounded_gaussian(
     c = center.reshape(-1).to(torch.float64)
     total = c.numel()
     g = _host.grid_for(sigma)
-    scalars = [sigma / g, 1.0 / g, sigma * _host.Z_ERROR / g, 2.0**-50]  # 0-d tensors: one compiled kernel
+    scalars = [sigma / g, 1.0 / g, g, sigma * _host.Z_ERROR / g, 2.0**-50]  # 0-d tensors: one compiled kernel
     sc = [torch.tensor(v, dtype=torch.float64, device=device) for v in scalars]
     if host_words is None:
-        lo, hi = stream_halves(subkey, start, 3 * total, device, compiled=compiled)
-        words64 = None
+        words = list(stream_halves(subkey, start, 3 * total, device, compiled=compiled))
+        name, fn = "sampler", _sampler_blocks
     else:
-        words64 = torch.from_numpy(np.ascontiguousarray(host_words[: 3 * total]).view(np.int64)).to(device)
-        lo = hi = None
-    i0, i1, i2 = _element_word_index(total, device)
+        words = [torch.from_numpy(np.ascontiguousarray(host_words[: 3 * total]).view(np.int64)).to(device)]
+        name, fn = "sampler64", _sampler_blocks64
     use = compiled and compile_enabled()
-    out_k, out_host, out_t = [], [], []
-    for s in range(0, total, _BATCH_ELEMS):
-        m = min(_BATCH_ELEMS, total - s)
-        j0, j1 = i0[s : s + m], i1[s : s + m]
-        if words64 is None:
-            args, name, fn = [lo[j0], hi[j0], lo[j1], hi[j1], c[s : s + m]], "sampler", _sampler
-        else:
-            args, name, fn = [words64[j0], words64[j1], c[s : s + m]], "sampler64", _sampler64
-        if use and m < _BATCH_ELEMS:  # pad the tail to the compiled shape (padding is discarded)
-            args = [torch.nn.functional.pad(a, (0, _BATCH_ELEMS - m)) for a in args]
-        k, host, t = _run(name, fn, use, *args, *sc)
-        out_k.append(k[:m])
-        out_host.append(host[:m])
-        out_t.append(t[:m])
-    k = torch.cat(out_k)
-    host = torch.cat(out_host)
-    t = torch.cat(out_t)
-    _refuse_like_the_host(c, t, k, sigma, g)
-    todo = torch.nonzero(host).reshape(-1)
+    out = torch.empty(total, dtype=torch.float64, device=device)
+    todo, stats = [], []
+    for s, (w, cc, real) in _batches(words, c, total, pad=use):
+        values, host, cmax, tmax, finite = _run(name, fn, use, *w, cc, *sc)
+        out[s : s + real] = values[:real]
+        todo.append(torch.nonzero(host[:real]).reshape(-1) + s)
+        stats.append((cmax, tmax, finite))
+    if stats:
+        _refuse_like_the_host(*(torch.cat(x) for x in zip(*stats)), sigma, g)
+    todo = torch.cat(todo) if todo else torch.zeros(0, dtype=torch.int64, device=device)
     if todo.numel():  # rare: the host decides these elements from the full 192-bit U, with its own code
         u = np.empty((3, todo.numel()), np.uint64)
-        for row, ii in enumerate((i0, i1, i2)):
-            sel = ii[todo]
-            if words64 is None:
-                u[row] = (hi[sel].cpu().numpy().astype(np.uint64) << np.uint64(32)) | lo[sel].cpu().numpy().astype(
-                    np.uint64
-                )
+        for row, off in enumerate(_word_offsets(todo, total)):
+            if host_words is None:
+                lo, hi = (x[off].cpu().numpy().astype(np.uint64) for x in words)
+                u[row] = (hi << np.uint64(32)) | lo
             else:
-                u[row] = host_words[sel.cpu().numpy()]
-        exact = _host._rounded_gaussian(c[todo].cpu().numpy(), float(sigma), g, u) / g
-        k[todo] = torch.from_numpy(exact).to(device)
-    return (k * g).reshape(center.shape), int(todo.numel())
+                u[row] = host_words[off.cpu().numpy()]
+        out[todo] = torch.from_numpy(_host._rounded_gaussian(c[todo].cpu().numpy(), float(sigma), g, u)).to(device)
+    return out.reshape(center.shape), int(todo.numel())
 
 
-def _refuse_like_the_host(c: torch.Tensor, t: torch.Tensor, k: torch.Tensor, sigma: float, g: float) -> None:
+_FUNCS.update(chacha=chacha20_blocks, sampler=_sampler_blocks, sampler64=_sampler_blocks64)
+
+
+def _refuse_like_the_host(cmax: torch.Tensor, tmax: torch.Tensor, finite: torch.Tensor, sigma: float, g: float) -> None:
     """Raise where the host would: per block of noise._BLOCK elements, a non-finite value or too large an error."""
-    blk = _host._BLOCK
-    total = c.numel()
-    pad = (-total) % blk
-    cabs = torch.nn.functional.pad(c.abs(), (0, pad)).reshape(-1, blk)
-    tt = torch.nn.functional.pad(t, (0, pad)).reshape(-1, blk)
-    finite = torch.nn.functional.pad(torch.isfinite(k), (0, pad), value=True).reshape(-1, blk).all(dim=1)
-    cmax, tmax = cabs.amax(dim=1), tt.amax(dim=1)
     err = (sigma * _host.Z_ERROR * (1.0 + tmax) + 2.0**-50 * (cmax + sigma * tmax)) / g
     bad = ~finite | ~torch.isfinite(err) | (err > 0.125)
     if bool(bad.any()):
