@@ -298,3 +298,23 @@ def test_noise_threads_flag_reaches_the_config():
     assert load_config(None, base).noise_threads is None  # the process's cores
     with pytest.raises(ConfigError, match="noise_threads"):
         load_config(None, {**base, "noise_threads": 0})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA")
+@pytest.mark.parametrize("mode", ["fixed", "poisson"])
+def test_mixing_on_cuda_releases_the_rows_the_cpu_releases(mode):
+    """mix_chunk draws the noise on the card there: every released row equals the CPU's, bit for bit."""
+    from fractions import Fraction
+
+    from dpcda.mechanisms.dpcda import mix_class
+
+    x = np.random.default_rng(0).normal(size=(700, 40)) * 0.05
+    kw = dict(key=KEY, class_index=1, num_classes=3, mode=mode, mixing_order=8, sigma_x=0.3, samples=5000)
+    kw.update(chunk_rows=2048, sampling_rate=Fraction(8, 700), sigma_y=0.5)
+    cpu, cuda = list(mix_class(x, device="cpu", **kw)), list(mix_class(x, device="cuda", **kw))
+    assert len(cpu) == len(cuda) == 3
+    for (c1, f1, l1), (c2, f2, l2) in zip(cpu, cuda):
+        assert c1 == c2
+        np.testing.assert_array_equal(f1, f2)
+        np.testing.assert_array_equal(l1, l2)

@@ -75,6 +75,11 @@ SAMPLER = (
     "variation from the exact rounded Gaussian < 2^-174 per draw); indices by rejection (exact); poisson row "
     "sizes by inversion of a 192-bit Binomial table (< 2^-171 per draw)"
 )
+WORDS = (
+    "mixing noise on a CUDA worker: ChaCha20 and the sampler in torch on the card (privacy.noise_device: the same "
+    "words and outputs as the OpenSSL stream, bit for bit, identity-tested), near-boundary cells decided on the "
+    "host; everything else: OpenSSL and numpy on the host, on all its cores"
+)
 _BLOCK = 8192  # elements per vectorised block (keeps temporaries in cache)
 _DENSE_KEYS = 1 << 22  # random keys per batch in the dense distinct-index sampler
 _ZEROS = bytes(1 << 20)  # plaintext for the keystream, 1 MiB at a time
