@@ -35,8 +35,16 @@ _M32 = 0xFFFFFFFF
 _CONSTANTS = (0x61707865, 0x3320646E, 0x79622D32, 0x6B206574)  # "expand 32-byte k"
 MAX_BLOCKS = 1 << 32  # OpenSSL (through ``cryptography``) refuses to wrap the 32-bit block counter
 MAX_WORDS = 8 * MAX_BLOCKS
-_BATCH_BLOCKS = 1 << 14  # ChaCha20 blocks per kernel call (1 MiB of keystream): one compiled shape
-_BATCH_ELEMS = 1 << 17  # Gaussian elements per sampler call (a multiple of noise._BLOCK): one compiled shape
+# Work per kernel call, one compiled shape each (the last call is padded): ChaCha20 blocks (CPU: 1 MiB of keystream)
+# and Gaussian elements (a multiple of noise._BLOCK). A card takes far larger calls: launches and syncs stay rare.
+_BATCH_BLOCKS = {"cpu": 1 << 14, "cuda": 1 << 20}
+_BATCH_ELEMS = {"cpu": 1 << 17, "cuda": 1 << 22}
+
+
+def _batch(table: dict, device: torch.device) -> int:
+    return table.get(device.type, table["cpu"])
+
+
 _COMPILE_ENV = "DPCDA_NOISE_COMPILE"  # "0": run eagerly
 
 
@@ -224,9 +232,10 @@ def stream_halves(subkey: bytes, start: int, n: int, device, *, compiled: bool =
     blocks = last - first + 1
     use = compiled and compile_enabled()
     parts = []
-    for b in range(0, blocks, _BATCH_BLOCKS):
-        m = min(_BATCH_BLOCKS, blocks - b)
-        size = _BATCH_BLOCKS if use else m  # the compiled kernel sees one shape; the tail is padded
+    per = _batch(_BATCH_BLOCKS, device)
+    for b in range(0, blocks, per):
+        m = min(per, blocks - b)
+        size = per if use else m  # the compiled kernel sees one shape; the tail is padded
         counters = torch.arange(first + b, first + b + size, dtype=torch.int64, device=device)
         parts.append(_run("chacha", chacha20_blocks, use, key_t, nonce_t, counters)[:m])
     words = torch.cat(parts).reshape(-1, 2)[start % 8 : start % 8 + n]
@@ -253,11 +262,11 @@ def _word_offsets(elements: torch.Tensor, total: int) -> list:
 
 
 def _batches(words: list, c: torch.Tensor, total: int, pad: bool):
-    """Per batch of ``_BATCH_ELEMS`` elements: the words as (blocks, 3, blk) tensors in the host's block layout
+    """Per batch of ``_batch(_BATCH_ELEMS)`` elements: the words as (blocks, 3, blk) tensors in the host's block layout
     (n top words, n middle, n low per block), the centres, and how many elements are real. With ``pad`` every
     batch has the full shape (one compiled kernel): the last block and batch are zero-padded."""
     blk = _host._BLOCK
-    per = _BATCH_ELEMS // blk
+    per = _batch(_BATCH_ELEMS, c.device) // blk
     full, rest = divmod(total, blk)
     for b0 in range(0, full + (1 if rest else 0), per):
         nfull = min(per, full - b0) if b0 < full else 0
@@ -328,15 +337,16 @@ def rounded_gaussian(
         name, fn = "sampler64", _sampler_blocks64
     use = compiled and compile_enabled()
     out = torch.empty(total, dtype=torch.float64, device=device)
-    todo, stats = [], []
+    flags = torch.empty(total, dtype=torch.bool, device=device)
+    stats = []
     for s, (w, cc, real) in _batches(words, c, total, pad=use):
         values, host, cmax, tmax, finite = _run(name, fn, use, *w, cc, *sc)
         out[s : s + real] = values[:real]
-        todo.append(torch.nonzero(host[:real]).reshape(-1) + s)
+        flags[s : s + real] = host[:real]
         stats.append((cmax, tmax, finite))
-    if stats:
+    if stats:  # one synchronisation for the refusal test, one for the host's share
         _refuse_like_the_host(*(torch.cat(x) for x in zip(*stats)), sigma, g)
-    todo = torch.cat(todo) if todo else torch.zeros(0, dtype=torch.int64, device=device)
+    todo = torch.nonzero(flags).reshape(-1)
     if todo.numel():  # rare: the host decides these elements from the full 192-bit U, with its own code
         u = np.empty((3, todo.numel()), np.uint64)
         for row, off in enumerate(_word_offsets(todo, total)):
