@@ -93,6 +93,7 @@ _OVERFLOW = (
 )
 _THREADS: Optional[int] = None
 _POOL: Optional[ThreadPoolExecutor] = None
+_POOL_PID = 0
 _POOL_LOCK = threading.Lock()
 
 
@@ -160,10 +161,11 @@ def threads() -> int:
 
 
 def _pool(n: int) -> ThreadPoolExecutor:
-    global _POOL
+    """The noise threads of this process (a forked worker starts its own: threads do not survive a fork)."""
+    global _POOL, _POOL_PID
     with _POOL_LOCK:
-        if _POOL is None or _POOL._max_workers != n:
-            _POOL = ThreadPoolExecutor(max_workers=n, thread_name_prefix="dpcda-noise")
+        if _POOL is None or _POOL._max_workers != n or _POOL_PID != os.getpid():
+            _POOL, _POOL_PID = ThreadPoolExecutor(max_workers=n, thread_name_prefix="dpcda-noise"), os.getpid()
         return _POOL
 
 
@@ -208,7 +210,7 @@ class NoiseStream:
         self.device = device
         self._subkey = subkey(key, path)
         self._pos = 0  # 64-bit words read so far
-        self._enc = _encryptor(self._subkey, 0)
+        self._enc = None  # the OpenSSL stream at _pos, made when first read
 
     @property
     def position(self) -> int:
@@ -218,8 +220,14 @@ class NoiseStream:
     def _seek(self, word: int) -> None:
         if word > MAX_STREAM_WORDS:
             raise ValueError(_OVERFLOW)
-        self._enc = _encryptor(self._subkey, word) if word < MAX_STREAM_WORDS else None
+        self._enc = None  # made at the next sequential read
         self._pos = word
+
+    def _sequential(self):
+        """The OpenSSL stream at the current position."""
+        if self._enc is None:
+            self._enc = _encryptor(self._subkey, self._pos)
+        return self._enc
 
     def words(self, n: int) -> np.ndarray:
         """``n`` uniform uint64 words: the next 8n keystream bytes (little-endian)."""
@@ -242,7 +250,7 @@ class NoiseStream:
             self._seek(start + n)
             return
         if n:
-            _fill_from(self._enc, out, 0, n)
+            _fill_from(self._sequential(), out, 0, n)
         self._pos += n
 
     def uniform_int(self, bound: int, size) -> np.ndarray:
@@ -351,18 +359,22 @@ class NoiseStream:
             raise ValueError(_OVERFLOW)
         task = _TASK_BLOCKS * _BLOCK
         workers = threads()
-        if workers > 1 and flat.size > task:  # spans of blocks in parallel, each reading its own stream span
+        try:
+            if workers > 1 and flat.size > task:  # spans of blocks in parallel, each reading its own stream span
 
-            def span(s: int) -> None:
-                _gaussian_span(
-                    _encryptor(self._subkey, first + 3 * s), flat, out, s, min(flat.size, s + task), sigma, g
-                )
+                def span(s: int) -> None:
+                    enc = _encryptor(self._subkey, first + 3 * s)
+                    _gaussian_span(enc, flat, out, s, min(flat.size, s + task), sigma, g)
 
-            list(_pool(workers).map(span, range(0, flat.size, task)))
+                list(_pool(workers).map(span, range(0, flat.size, task)))
+            else:
+                _gaussian_span(self._sequential(), flat, out, 0, flat.size, sigma, g)
+                self._pos += 3 * flat.size
+                return out.reshape(c.shape)
+        except BaseException:  # the draw's words are spent, whatever happened: the stream stays consistent
             self._seek(first + 3 * flat.size)
-        else:
-            _gaussian_span(self._enc, flat, out, 0, flat.size, sigma, g)
-            self._pos += 3 * flat.size
+            raise
+        self._seek(first + 3 * flat.size)
         return out.reshape(c.shape)
 
     def _gaussian_on_device(self, center, sigma: float):
@@ -383,10 +395,11 @@ class NoiseStream:
             total = c.numel()
             first = self._pos
             host_words = self.words(3 * total) if device.type == "cpu" else None
-            out, _ = noise_device.rounded_gaussian(
-                c, float(sigma), subkey=self._subkey, start=first, host_words=host_words
-            )
-            if host_words is None:
+            try:
+                out, _ = noise_device.rounded_gaussian(
+                    c, float(sigma), subkey=self._subkey, start=first, host_words=host_words
+                )
+            finally:
                 self._seek(first + 3 * total)
         return out.cpu().numpy() if as_numpy else out
 
