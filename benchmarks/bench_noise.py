@@ -65,6 +65,16 @@ def numpy_normal(n: int, threads: int, repeat: int) -> float:
     return best(run, repeat)
 
 
+def sampler_only(n: int) -> None:
+    """The host's per-block sampler (``noise._rounded_gaussian``) on words already drawn: its share of the cost."""
+    blk = noise._BLOCK
+    words = NoiseStream(KEY, "s").words(3 * blk).reshape(3, blk)
+    center = np.zeros(blk)
+    g = noise.grid_for(0.7)
+    for _ in range(0, n, blk):
+        noise._rounded_gaussian(center, 0.7, g, words)
+
+
 def measure(args, device: torch.device, threads: int, compiled_ok: bool) -> list[dict]:
     n, rep = args.n, args.repeat
     noise.set_threads(threads)
@@ -98,6 +108,7 @@ def measure(args, device: torch.device, threads: int, compiled_ok: bool) -> list
             gaussians=n,
         )
         row("host keystream (OpenSSL)", best(lambda: NoiseStream(KEY, "w").words(3 * n), rep), nbytes=24 * n)
+        row("host sampler alone, 1 thread (numpy, words given)", best(lambda: sampler_only(n), rep), gaussians=n)
     sk = noise.subkey(KEY, ("d",))
     ct = torch.zeros(n, dtype=torch.float64, device=device)
     modes = [("eager", False)] + ([("compiled", True)] if compiled_ok else [])

@@ -327,6 +327,13 @@ class NoiseStream:
         if q == 1:
             return np.full(size, int(n), np.int64)
         th = _binomial_thresholds(int(n), q.numerator, q.denominator)
+        if self.device is not None and str(self.device) != "cpu":  # words and comparison on the card: same draws
+            from dpcda.privacy import noise_device
+
+            first = self._pos
+            m = noise_device.binomial(self._subkey, first, n, q.numerator, q.denominator, size, self.device)
+            self._seek(first + UNIFORM_WORDS * size)
+            return m.cpu().numpy()
         u = self._uniform_words(size)
         # m = number of thresholds C_j <= U (C_j = 2^192 F(j), increasing), compared word by word.
         t0, t1, t2 = (th[None, :, i] for i in range(UNIFORM_WORDS))

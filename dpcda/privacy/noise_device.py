@@ -372,3 +372,37 @@ def _refuse_like_the_host(cmax: torch.Tensor, tmax: torch.Tensor, finite: torch.
         if not bool(finite[b]) or not math.isfinite(float(err[b])):
             raise ArithmeticError(f"noise sampler: values overflow (sigma={sigma:g}, values up to {cm:g})")
         raise ArithmeticError(f"noise sampler: sigma={sigma:g} is too small for values of size {cm:g}")
+
+
+# ---------------------------------------------------------------- Binomial row sizes
+
+
+def binomial_from_halves(lo: torch.Tensor, hi: torch.Tensor, thresholds) -> torch.Tensor:
+    """int64 m per draw: how many table thresholds C_j are <= U (``NoiseStream.binomial``'s inversion).
+
+    ``lo``, ``hi``: (3, n) halves of the 192-bit uniforms, row 0 the most significant word (the host's layout);
+    ``thresholds``: the host's (M, 3) uint64 table. The comparison is exact integer arithmetic on 32-bit pieces.
+    """
+    import numpy as np
+
+    th = np.asarray(thresholds, np.uint64)
+    if th.shape[0] == 0:
+        return torch.zeros(lo.shape[1], dtype=torch.int64, device=lo.device)
+    pieces = []
+    for i in range(3):  # most significant first: hi then lo of each word
+        pieces.append(((th[:, i] >> np.uint64(32)).astype(np.int64), hi[i]))
+        pieces.append(((th[:, i] & np.uint64(_M32)).astype(np.int64), lo[i]))
+    t_last, u_last = pieces[-1]
+    le = torch.from_numpy(t_last).to(lo.device)[None, :] <= u_last[:, None]
+    for t_np, u in reversed(pieces[:-1]):
+        t = torch.from_numpy(t_np).to(lo.device)[None, :]
+        le = (t < u[:, None]) | ((t == u[:, None]) & le)
+    return le.sum(dim=1)
+
+
+def binomial(subkey: bytes, start: int, n: int, num: int, den: int, size: int, device, *, compiled: bool = True):
+    """``size`` draws of Binomial(n, num/den) from stream words start.. (3 size of them), made on ``device``:
+    ``NoiseStream.binomial``'s output, element for element."""
+    lo, hi = stream_halves(subkey, start, 3 * size, device, compiled=compiled)
+    th = _host._binomial_thresholds(int(n), int(num), int(den))
+    return binomial_from_halves(lo.reshape(3, size), hi.reshape(3, size), th)
