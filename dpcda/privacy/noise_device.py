@@ -24,6 +24,7 @@ the host's; the tests check that identity on CPU tensors and, where present, on 
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 
@@ -188,7 +189,13 @@ def _run(name: str, fn, compiled: bool, *args):
         return fn(*args)
     try:
         return k(*args)
-    except Exception:  # noqa: BLE001 - compilation failed at first call (no C++ compiler, no Triton): run eagerly
+    except Exception as err:  # noqa: BLE001 - compilation failed at first call (no C++ compiler, no Triton)
+        logging.getLogger(__name__).warning(
+            "torch.compile failed for the noise kernel %r (%s: %s); running it eagerly, the same arithmetic",
+            name,
+            type(err).__name__,
+            err,
+        )
         _KERNELS[name] = fn
         return fn(*args)
 
