@@ -4,8 +4,9 @@
     python -m benchmarks.bench_mix_gpu --n 20000 --t 20000 --l 16   # a small CPU run
 
 Gathered bytes = T_k * l * d * 8 (each selected record read once per synthetic row, float64). The ceiling is a
-device-to-device copy measured on the same card (bytes read + written). Indices and noise come from the CPU
-(``privacy.noise``), as in a release; the table also says how much of the time that takes. Beam-free.
+device-to-device copy measured on the same card (bytes read + written). Indices come from the CPU, the noise from
+where the rows are (``privacy.noise``; on CUDA ``privacy.noise_device``), as in a release. The noise columns time
+the same chunks' noise alone (same streams, same shapes) and give its share of the mixing time. Beam-free.
 """
 
 from __future__ import annotations
@@ -39,6 +40,23 @@ def sync(device):
         torch.cuda.synchronize()
 
 
+def noise_time(key, args, chunk: int, device) -> float:
+    """Seconds the mixing noise alone takes for T_k rows in chunks of ``chunk``: the same streams and shapes as
+    ``mix_chunk`` draws (a tensor on CUDA, an array on the host)."""
+    means = torch.zeros((chunk, args.d), dtype=torch.float64, device=device)
+    host = means.cpu().numpy()
+    sync(device)
+    t = time.perf_counter()
+    done, c = 0, 0
+    while done < args.t:
+        rows = min(chunk, args.t - done)
+        stream = NoiseStream(key, "mix-noise", 0, c)
+        stream.gaussian(means[:rows] if device.type == "cuda" else host[:rows], 0.1)
+        done, c = done + rows, c + 1
+    sync(device)
+    return time.perf_counter() - t
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=10**6)
@@ -58,8 +76,10 @@ def main(argv=None) -> None:
         f"device {name}; N_k={args.n} T_k={args.t} l={args.l} d={args.d}; gathered {gathered / 1e9:.1f} GB; "
         f"copy bandwidth {bw:.0f} GB/s"
     )
-    print("| chunk_rows | seconds | gathered GB/s | fraction of copy bandwidth | rows/s |")
-    print("|---:|---:|---:|---:|---:|")
+    print(
+        "| chunk_rows | seconds | gathered GB/s | fraction of copy bandwidth | rows/s | noise seconds | noise share |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for chunk in args.chunk_rows:
         mix_chunk(
             x,
@@ -87,9 +107,10 @@ def main(argv=None) -> None:
             done, c = done + rows, c + 1
         sync(device)
         secs = time.perf_counter() - t
+        noise_secs = noise_time(key, args, chunk, device)
         print(
             f"| {chunk} | {secs:.3f} | {gathered / secs / 1e9:.1f} | {gathered / secs / 1e9 / bw:.2f} | "
-            f"{args.t / secs:,.0f} |"
+            f"{args.t / secs:,.0f} | {noise_secs:.3f} | {noise_secs / secs:.0%} |"
         )
 
 

@@ -3,7 +3,8 @@
 One class at a time: ``T_k`` synthetic rows in chunks of ``chunk_rows``. Each chunk draws its indices from the
 stream ("mix-index", k, chunk) and its noise from ("mix-noise", k, chunk), so a retried chunk reproduces its rows.
 Rows are gathered and summed with ``embedding_bag`` in float64 (CUDA when present, the same code on the CPU; no
-(rows, l, d) intermediate), then the noise is drawn on the CPU: every released value is
+(rows, l, d) intermediate), then the noise is drawn where the rows are (on CUDA: ``privacy.noise_device``, the same
+output bit for bit; elsewhere on the host): every released value is
 ``g * round((mean + sigma_x Z) / g)`` (``NoiseStream.gaussian``).
 
 fixed: each row averages exactly ``l`` distinct records, a uniform l-subset (exact).
@@ -93,6 +94,8 @@ def mix_chunk(
         if order is not None:
             idx = order[idx]
         sums = torch.nn.functional.embedding_bag(idx, x, torch.from_numpy(offsets).to(x.device), mode="sum")
+        if x.device.type == "cuda":  # the noise where the rows are: the same output bit for bit (privacy.noise_device)
+            return noise_stream.gaussian(sums / mixing_order, sigma_x).cpu().numpy()
         means = (sums / mixing_order).cpu().numpy()
     else:  # every row empty (an empty poisson class, or q small): the sums are 0
         means = np.zeros((rows, x.shape[1]), np.float64)

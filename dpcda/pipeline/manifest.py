@@ -136,7 +136,10 @@ def noise_section(plan) -> Noise:
         ),
     }
     return Noise(
-        generator=noise.GENERATOR, sampler=noise.SAMPLER, grids={k: noise.grid_for(s) for k, s in sigmas.items() if s}
+        generator=noise.GENERATOR,
+        sampler=noise.SAMPLER,
+        words=noise.WORDS,
+        grids={k: noise.grid_for(s) for k, s in sigmas.items() if s},
     )
 
 

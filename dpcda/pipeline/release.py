@@ -29,7 +29,7 @@ from dpcda.pipeline import __version__, build_commit
 from dpcda.pipeline.dataflow import check_job_options
 from dpcda.pipeline.manifest import build_manifest
 from dpcda.privacy.errors import DpcdaError
-from dpcda.privacy.noise import fresh_key, key_from_test_seed
+from dpcda.privacy.noise import fresh_key, key_from_test_seed, set_threads
 from dpcda.schemas.config import ReleaseConfig
 from dpcda.schemas.manifest import InputInfo, RunInfo
 from dpcda.storage import publish
@@ -347,6 +347,7 @@ def run_release(
     options = PipelineOptions(beam_args)
     check_launcher_options(options)
     check_job_options(options, max_class_bytes=cfg.max_class_bytes)  # no template or dry run; Dataflow's workers
+    set_threads(cfg.noise_threads)  # this process's noise threads; no output depends on the count
     files = _input_files(cfg.input, "input")
     if cfg.ledger is None:
         return _release(cfg, options, files, stages, eval_input, protect, None, t0)

@@ -43,10 +43,15 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import secrets
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal, localcontext
 from fractions import Fraction
 from functools import lru_cache
+from typing import Optional
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
@@ -70,10 +75,26 @@ SAMPLER = (
     "variation from the exact rounded Gaussian < 2^-174 per draw); indices by rejection (exact); poisson row "
     "sizes by inversion of a 192-bit Binomial table (< 2^-171 per draw)"
 )
+WORDS = (
+    "mixing noise on a CUDA worker: ChaCha20 and the sampler in torch on the card (privacy.noise_device: the same "
+    "words and outputs as the OpenSSL stream, bit for bit, identity-tested), near-boundary cells decided on the "
+    "host; everything else: OpenSSL and numpy on the host, on all its cores"
+)
 _BLOCK = 8192  # elements per vectorised block (keeps temporaries in cache)
 _DENSE_KEYS = 1 << 22  # random keys per batch in the dense distinct-index sampler
 _ZEROS = bytes(1 << 20)  # plaintext for the keystream, 1 MiB at a time
 _SLACK_WORDS = 8
+_TASK_BLOCKS = 16  # Gaussian blocks per thread task (128 Ki elements)
+_TASK_WORDS = 1 << 20  # keystream words per thread task
+MAX_STREAM_WORDS = 8 << 32  # 2^32 ChaCha20 blocks: OpenSSL refuses to wrap the 32-bit block counter
+_OVERFLOW = (
+    "Exceeded the maximum number of bytes that can be encrypted with ChaCha20 for this nonce. The 32-bit counter "
+    "portion of the nonce would overflow."
+)
+_THREADS: Optional[int] = None
+_POOL: Optional[ThreadPoolExecutor] = None
+_POOL_PID = 0
+_POOL_LOCK = threading.Lock()
 
 
 def fresh_key() -> bytes:
@@ -115,17 +136,98 @@ def sampler_delta(epsilon: float, *, gaussian_draws: int, binomial_draws: int = 
     return (1.0 + math.exp(epsilon)) * tau * (1 + 1e-12)  # round up
 
 
+# ---------------------------------------------------------------- threads
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def set_threads(n: Optional[int]) -> None:
+    """Host threads that draw noise (None: ``available_cores()``). No output depends on it: a draw's words sit at
+    fixed stream positions, and each thread reads its own span of them."""
+    global _THREADS
+    if n is not None and int(n) < 1:
+        raise ValueError(f"noise threads must be at least 1, got {n}")
+    _THREADS = None if n is None else int(n)
+
+
+def threads() -> int:
+    return _THREADS or available_cores()
+
+
+def _pool(n: int) -> ThreadPoolExecutor:
+    """The noise threads of this process (a forked worker starts its own: threads do not survive a fork)."""
+    global _POOL, _POOL_PID
+    with _POOL_LOCK:
+        if _POOL is None or _POOL._max_workers != n or _POOL_PID != os.getpid():
+            _POOL, _POOL_PID = ThreadPoolExecutor(max_workers=n, thread_name_prefix="dpcda-noise"), os.getpid()
+        return _POOL
+
+
+def _encryptor(key: bytes, word: int):
+    """The OpenSSL ChaCha20 stream of subkey ``key`` positioned at 64-bit word ``word`` (block counter word // 8)."""
+    block, skip = divmod(int(word), 8)
+    if not 0 <= block < 1 << 32:
+        raise ValueError(_OVERFLOW)
+    enc = Cipher(algorithms.ChaCha20(key, block.to_bytes(4, "little") + bytes(12)), mode=None).encryptor()
+    if skip:
+        enc.update(bytes(8 * skip))
+    return enc
+
+
+def _fill_from(enc, out: np.ndarray, first: int, n: int) -> None:
+    """Words first..first+n-1 of ``out`` (a uint64 buffer with room beyond them) from ``enc``, in order."""
+    view = memoryview(out).cast("B")[8 * first :]
+    for start in range(0, 8 * n, len(_ZEROS)):
+        size = min(len(_ZEROS), 8 * n - start)
+        enc.update_into(_ZEROS[:size], view[start:])
+
+
+def _is_tensor(x) -> bool:
+    torch = sys.modules.get("torch")  # never imported here: a tensor can only exist if torch is loaded
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
 # ---------------------------------------------------------------- the stream
 
 
 class NoiseStream:
-    """ChaCha20 keystream for one (purpose, class, chunk) path; every draw reads the next bytes."""
+    """ChaCha20 keystream for one (purpose, class, chunk) path; every draw reads the next bytes.
 
-    def __init__(self, key: bytes, *path):
+    ``device`` (a torch device, optional): ``gaussian`` runs there (``privacy.noise_device``), with the same output
+    bit for bit; so does ``gaussian`` on a tensor. Words read on the host are drawn by ``threads()`` threads.
+    """
+
+    def __init__(self, key: bytes, *path, device=None):
         if not path:
             raise ValueError("a noise stream needs a path, e.g. ('mix', k, chunk)")
         self.path = path
-        self._enc = Cipher(algorithms.ChaCha20(subkey(key, path), bytes(16)), mode=None).encryptor()
+        self.device = device
+        self._subkey = subkey(key, path)
+        self._pos = 0  # 64-bit words read so far
+        self._enc = None  # the OpenSSL stream at _pos, made when first read
+
+    @property
+    def position(self) -> int:
+        """64-bit words of the stream read so far."""
+        return self._pos
+
+    def _seek(self, word: int) -> None:
+        if word > MAX_STREAM_WORDS:
+            raise ValueError(_OVERFLOW)
+        self._enc = None  # made at the next sequential read
+        self._pos = word
+
+    def _sequential(self):
+        """The OpenSSL stream at the current position."""
+        if self._enc is None:
+            self._enc = _encryptor(self._subkey, self._pos)
+        return self._enc
 
     def words(self, n: int) -> np.ndarray:
         """``n`` uniform uint64 words: the next 8n keystream bytes (little-endian)."""
@@ -135,10 +237,21 @@ class NoiseStream:
         return out[:n]
 
     def _fill(self, out: np.ndarray, n: int) -> None:
-        view = memoryview(out).cast("B")
-        for start in range(0, 8 * n, len(_ZEROS)):
-            size = min(len(_ZEROS), 8 * n - start)
-            self._enc.update_into(_ZEROS[:size], view[start:])
+        if self._pos + n > MAX_STREAM_WORDS:
+            raise ValueError(_OVERFLOW)
+        workers = threads()
+        if workers > 1 and n >= 2 * _TASK_WORDS:  # spans of the stream in parallel, each from its own position
+            start = self._pos
+
+            def span(first: int) -> None:
+                _fill_from(_encryptor(self._subkey, start + first), out, first, min(_TASK_WORDS, n - first))
+
+            list(_pool(workers).map(span, range(0, n, _TASK_WORDS)))
+            self._seek(start + n)
+            return
+        if n:
+            _fill_from(self._sequential(), out, 0, n)
+        self._pos += n
 
     def uniform_int(self, bound: int, size) -> np.ndarray:
         """int64 array of shape ``size``, uniform on range(bound), exactly (rejection, no modulo bias)."""
@@ -214,6 +327,13 @@ class NoiseStream:
         if q == 1:
             return np.full(size, int(n), np.int64)
         th = _binomial_thresholds(int(n), q.numerator, q.denominator)
+        if self.device is not None and str(self.device) != "cpu":  # words and comparison on the card: same draws
+            from dpcda.privacy import noise_device
+
+            first = self._pos
+            m = noise_device.binomial(self._subkey, first, n, q.numerator, q.denominator, size, self.device)
+            self._seek(first + UNIFORM_WORDS * size)
+            return m.cpu().numpy()
         u = self._uniform_words(size)
         # m = number of thresholds C_j <= U (C_j = 2^192 F(j), increasing), compared word by word.
         t0, t1, t2 = (th[None, :, i] for i in range(UNIFORM_WORDS))
@@ -233,16 +353,73 @@ class NoiseStream:
         ``center`` is an array (float64 values taken as exact); ``sigma`` = 0 returns ``center`` unchanged (no
         noise, no privacy).
         """
+        if self.device is not None or _is_tensor(center):
+            return self._gaussian_on_device(center, sigma)
         c = np.asarray(center, dtype=np.float64)
         if sigma == 0:
             return c.copy()
         g = grid_for(sigma)
         flat = c.reshape(-1)
         out = np.empty(flat.size, np.float64)
-        for start in range(0, flat.size, _BLOCK):
-            stop = min(flat.size, start + _BLOCK)
-            out[start:stop] = _rounded_gaussian(flat[start:stop], float(sigma), g, self._uniform_words(stop - start))
+        first = self._pos
+        if first + 3 * flat.size > MAX_STREAM_WORDS:
+            raise ValueError(_OVERFLOW)
+        task = _TASK_BLOCKS * _BLOCK
+        workers = threads()
+        try:
+            if workers > 1 and flat.size > task:  # spans of blocks in parallel, each reading its own stream span
+
+                def span(s: int) -> None:
+                    enc = _encryptor(self._subkey, first + 3 * s)
+                    _gaussian_span(enc, flat, out, s, min(flat.size, s + task), sigma, g)
+
+                list(_pool(workers).map(span, range(0, flat.size, task)))
+            else:
+                _gaussian_span(self._sequential(), flat, out, 0, flat.size, sigma, g)
+                self._pos += 3 * flat.size
+                return out.reshape(c.shape)
+        except BaseException:  # the draw's words are spent, whatever happened: the stream stays consistent
+            self._seek(first + 3 * flat.size)
+            raise
+        self._seek(first + 3 * flat.size)
         return out.reshape(c.shape)
+
+    def _gaussian_on_device(self, center, sigma: float):
+        """``gaussian`` with the sampler in torch on ``self.device`` (or the tensor's device); same output.
+
+        On a CPU device the words come from OpenSSL on the host (faster there than any torch kernel); elsewhere
+        the torch block function makes them on the device.
+        """
+        from dpcda.privacy import noise_device
+
+        torch = sys.modules["torch"]
+        as_numpy = not _is_tensor(center)
+        device = torch.device(self.device) if self.device is not None else center.device
+        c = torch.as_tensor(np.asarray(center, np.float64) if as_numpy else center).to(device, torch.float64)
+        if sigma == 0:
+            out = c.clone()
+        else:
+            total = c.numel()
+            first = self._pos
+            host_words = self.words(3 * total) if device.type == "cpu" else None
+            try:
+                out, _ = noise_device.rounded_gaussian(
+                    c, float(sigma), subkey=self._subkey, start=first, host_words=host_words
+                )
+            finally:
+                self._seek(first + 3 * total)
+        return out.cpu().numpy() if as_numpy else out
+
+
+def _gaussian_span(enc, flat: np.ndarray, out: np.ndarray, start: int, stop: int, sigma: float, g: float) -> None:
+    """out[start:stop] from ``enc`` positioned at the span's first word: blocks of _BLOCK elements, each reading
+    3n words (n top, n middle, n low words of the 192-bit uniforms)."""
+    buf = np.empty(3 * _BLOCK + _SLACK_WORDS, np.uint64)
+    for s in range(start, stop, _BLOCK):
+        e = min(stop, s + _BLOCK)
+        n = e - s
+        _fill_from(enc, buf, 0, 3 * n)
+        out[s:e] = _rounded_gaussian(flat[s:e], float(sigma), g, buf[: 3 * n].reshape(UNIFORM_WORDS, n))
 
 
 def _has_repeat(idx: np.ndarray) -> np.ndarray:

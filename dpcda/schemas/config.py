@@ -228,6 +228,9 @@ class ReleaseConfig(BaseModel):
     )
     output_shards: int = Field(0, ge=0, le=100_000, description="Parquet part files (0: the runner decides)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where the mixing runs (auto: CUDA if present)")
+    noise_threads: Optional[int] = Field(
+        None, ge=1, le=4096, description="host threads drawing noise (default: the cores the process may use)"
+    )
     seed: Optional[int] = Field(None, ge=0, lt=1 << 63, description="TEST ONLY: fixed noise key; marks the manifest")
     overwrite: bool = Field(False, description="replace an existing release of ours at the output")
 

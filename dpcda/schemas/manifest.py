@@ -203,6 +203,7 @@ class Normalization(_Frozen):
 class Noise(_Frozen):
     generator: str = Field(description="where the random bits come from")
     sampler: str = Field(description="how indices and Gaussian noise are drawn from them")
+    words: Optional[str] = Field(None, description="where the keystream words and the Gaussian noise were computed")
     grids: dict[str, float] = Field(
         description="output grid of each Gaussian release, by name: every noisy value is a multiple of it"
     )

@@ -1,0 +1,415 @@
+"""The noise module's streams and Gaussian sampler on a torch device: the same words, the same sampler, bit for bit.
+
+Relation-agnostic, like ``privacy.noise`` (whose docstring states the mechanism): nothing here decides what is
+sampled, only where the arithmetic runs. The only module of ``privacy/`` that imports torch; ``privacy.noise`` loads
+it lazily, when a caller asks for a device.
+
+Words. The ChaCha20 block function of RFC 8439 in vectorised torch integer operations (int64 tensors holding
+32-bit values, masked after every addition), one block per lane, keyed by the same host-side subkey
+BLAKE2b-256(run key, path) and with the same (counter, nonce) layout as the OpenSSL stream that ``NoiseStream``
+reads: block B of a path has counter B and a zero nonce, word w of the stream is bytes 8w..8w+7 of the keystream
+(little-endian). A stream ends after 2^32 blocks, where OpenSSL refuses to go on; so does this one. Where
+``torch.compile`` works, the block function and the sampler run as fused kernels (inductor: C++ on the CPU, Triton
+on CUDA); otherwise eagerly. Both are the same integer arithmetic, so both give the same words.
+
+Gaussian. For each element the device reads the same two top words of the 192-bit uniform U that the host reads
+(word layout of ``NoiseStream._uniform_words``, blocks of ``noise._BLOCK`` elements), forms the same float64 p,
+evaluates Wichura's AS 241 in float64 and rounds to the grid. Its float error obeys the bound the host assumes
+(``noise.Z_ERROR``; tested against mpmath), so wherever the float value lies farther than (twice) that bound
+from a cell boundary, its cell is the exact cell at u, the host's output. Every other element (a near-boundary
+cell, p's rare low-precision case w0 < 2^11, a non-finite value) is handed back to the host, which decides it
+with its own code from the full U. The output is therefore the exact rounded Gaussian at U, element for element
+the host's; the tests check that identity on CPU tensors and, where present, on CUDA.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+
+import torch
+
+from dpcda.privacy import noise as _host
+
+_M32 = 0xFFFFFFFF
+_CONSTANTS = (0x61707865, 0x3320646E, 0x79622D32, 0x6B206574)  # "expand 32-byte k"
+MAX_BLOCKS = 1 << 32  # OpenSSL (through ``cryptography``) refuses to wrap the 32-bit block counter
+MAX_WORDS = 8 * MAX_BLOCKS
+# Work per kernel call, one compiled shape each (the last call is padded): ChaCha20 blocks (CPU: 1 MiB of keystream)
+# and Gaussian elements (a multiple of noise._BLOCK). A card takes far larger calls: launches and syncs stay rare.
+_BATCH_BLOCKS = {"cpu": 1 << 14, "cuda": 1 << 20}
+_BATCH_ELEMS = {"cpu": 1 << 17, "cuda": 1 << 22}
+
+
+def _batch(table: dict, device: torch.device) -> int:
+    return table.get(device.type, table["cpu"])
+
+
+_COMPILE_ENV = "DPCDA_NOISE_COMPILE"  # "0": run eagerly
+
+
+def _rotl(x: torch.Tensor, n: int) -> torch.Tensor:
+    return ((x << n) & _M32) | (x >> (32 - n))
+
+
+def _quarter(x: list, a: int, b: int, c: int, d: int) -> None:
+    x[a] = (x[a] + x[b]) & _M32
+    x[d] = _rotl(x[d] ^ x[a], 16)
+    x[c] = (x[c] + x[d]) & _M32
+    x[b] = _rotl(x[b] ^ x[c], 12)
+    x[a] = (x[a] + x[b]) & _M32
+    x[d] = _rotl(x[d] ^ x[a], 8)
+    x[c] = (x[c] + x[d]) & _M32
+    x[b] = _rotl(x[b] ^ x[c], 7)
+
+
+def chacha20_blocks(key_words: torch.Tensor, nonce_words: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """(M, 16) int64 holding the 32-bit output words of the RFC 8439 block function (section 2.3).
+
+    ``key_words`` (8,) and ``nonce_words`` (3,) int64 hold the key and nonce as little-endian 32-bit words,
+    ``counters`` (M,) int64 the 32-bit block counters.
+    """
+    ones = torch.ones_like(counters)
+    init = [ones * c for c in _CONSTANTS]
+    init += [ones * key_words[i] for i in range(8)]
+    init += [counters & _M32] + [ones * nonce_words[i] for i in range(3)]
+    x = list(init)
+    for _ in range(10):  # 20 rounds: column rounds, then diagonal rounds
+        _quarter(x, 0, 4, 8, 12)
+        _quarter(x, 1, 5, 9, 13)
+        _quarter(x, 2, 6, 10, 14)
+        _quarter(x, 3, 7, 11, 15)
+        _quarter(x, 0, 5, 10, 15)
+        _quarter(x, 1, 6, 11, 12)
+        _quarter(x, 2, 7, 8, 13)
+        _quarter(x, 3, 4, 9, 14)
+    return torch.stack([(x[i] + init[i]) & _M32 for i in range(16)], dim=1)
+
+
+# ---------------------------------------------------------------- AS 241 and the grid, elementwise
+
+
+def _poly(coef, x):
+    """Horner's rule as the host evaluates it; ``coef`` may hold tensors (coefficients chosen per element)."""
+    acc = x * coef[-1]
+    acc = acc + coef[-2]
+    for a in coef[-3::-1]:
+        acc = acc * x
+        acc = acc + a
+    return acc
+
+
+def upper_quantile(p: torch.Tensor) -> torch.Tensor:
+    """t >= 0 with P(Z > t) = p for float64 p in (0, 1/2]: ``noise.upper_quantile`` (AS 241), branch-free.
+
+    AS 241's three rational approximations share one pair of degree-7 polynomials whose coefficients and argument
+    are chosen per element (central: A/B at 0.180625 - q^2; tail: C/D at r - 1.6, or E/F at r - 5 where r > 5),
+    so each element evaluates the operations the host evaluates for it, once.
+    """
+    q = p - 0.5
+    tail = p < 0.075
+    rt = torch.sqrt(-torch.log(torch.where(tail, p, 0.25)))
+    far = tail & (rt > 5.0)
+    r1 = rt - 1.6
+    x = torch.where(tail, torch.where(far, r1 - 3.4, r1), 0.180625 - q * q)
+
+    def pick(i, central, near, far_c):  # float64 coefficients (torch.where on two Python floats gives float32)
+        c0, c1, c2 = (torch.tensor(v[i], dtype=torch.float64, device=p.device) for v in (central, near, far_c))
+        return torch.where(tail, torch.where(far, c2, c1), c0)
+
+    num = _poly([pick(i, _host._A, _host._C, _host._E) for i in range(8)], x)
+    den = _poly([pick(i, _host._B, _host._D, _host._F) for i in range(8)], x)
+    ratio = num / den
+    return torch.where(tail, ratio, -(ratio * q))
+
+
+def _sampler(lo0, hi0, lo1, hi1, center, sigma_over_g, inv_g, g, err_t, err_c):
+    """The rounded Gaussian k g per element (0 where the host must decide), a flag for elements the host must
+    decide, and t (0 there), for ``_block_stats``.
+
+    (lo, hi) are the 32-bit halves of the uniform's two top words; the arithmetic is ``noise._rounded_gaussian``'s.
+    err_t, err_c: the host's error bound per element, err = err_t (1 + t) + err_c (|c| + sigma t) in grid units.
+    """
+    flip = hi0 >> 31  # U >= 2^191: z = +t, and U' = 2^192 - 1 - U
+    mask = (-flip) & _M32
+    a_hi = (hi0 ^ mask) & 0x7FFFFFFF
+    a_lo = lo0 ^ mask
+    b_hi = hi1 ^ mask
+    b_lo = lo1 ^ mask
+    w0 = (a_hi << 32) | a_lo  # < 2^63: the host's w0
+    w1 = ((b_hi << 21) | (b_lo >> 11)).to(torch.float64)  # < 2^53, exact
+    p = w0.to(torch.float64) * 2.0**-64 + w1 * 2.0**-117
+    t = upper_quantile(p)
+    scaled = torch.where(flip == 1, t, -t) * sigma_over_g + center * inv_g
+    k = torch.round(scaled)  # half to even, as numpy's rint
+    err = err_t * (1.0 + t) + err_c * (center.abs() * inv_g + sigma_over_g * t)
+    small = w0 < 2048  # p from 116 bits is not precise enough (probability 2^-52): the host recomputes it
+    host = small | ~((scaled - k).abs() < 0.5 - 2.0 * err)  # also catches non-finite values
+    return torch.where(small, 0.0, k) * g, host, torch.where(small, 0.0, t)
+
+
+def _block_stats(values, host, t, center):
+    """Per block of ``noise._BLOCK`` elements: max |c|, max t and whether every value is finite (the host's
+    refusal test); padding (U = 0, c = 0) changes none of them."""
+    blk = _host._BLOCK
+    return (
+        values,
+        host,
+        center.abs().reshape(-1, blk).amax(dim=1),
+        t.reshape(-1, blk).amax(dim=1),
+        torch.isfinite(values).reshape(-1, blk).all(dim=1),
+    )
+
+
+# ---------------------------------------------------------------- compiled or eager
+
+
+_KERNELS: dict = {}
+
+
+def compile_enabled() -> bool:
+    return os.environ.get(_COMPILE_ENV, "1") != "0"
+
+
+def _kernel(name: str, fn, compiled: bool):
+    if not compiled:
+        return fn
+    if name not in _KERNELS:
+        try:
+            _KERNELS[name] = torch.compile(fn, dynamic=False, fullgraph=True)
+        except Exception:  # noqa: BLE001 - no compiler: the eager function is the same arithmetic
+            _KERNELS[name] = fn
+    return _KERNELS[name]
+
+
+def _run(name: str, fn, compiled: bool, *args):
+    k = _kernel(name, fn, compiled)
+    if k is fn:
+        return fn(*args)
+    try:
+        return k(*args)
+    except Exception as err:  # noqa: BLE001 - compilation failed at first call (no C++ compiler, no Triton)
+        logging.getLogger(__name__).warning(
+            "torch.compile failed for the noise kernel %r (%s: %s); running it eagerly, the same arithmetic",
+            name,
+            type(err).__name__,
+            err,
+        )
+        _KERNELS[name] = fn
+        return fn(*args)
+
+
+def backend(compiled: bool = True) -> str:
+    """'compiled' where torch.compile produced the kernels, else 'eager'."""
+    if not (compiled and compile_enabled()):
+        return "eager"
+    return "compiled" if any(k is not _FUNCS[n] for n, k in _KERNELS.items()) else "eager"
+
+
+def _sampler64(w0, w1, center, *scalars):
+    """``_sampler`` on 64-bit words (int64 bit patterns), as read on the host."""
+    return _sampler(w0 & _M32, (w0 >> 32) & _M32, w1 & _M32, (w1 >> 32) & _M32, center, *scalars)
+
+
+_FUNCS: dict = {}  # name -> eager function (filled below)
+
+
+# ---------------------------------------------------------------- streams
+
+
+def _words32(key: bytes, n: int, base: int = 0) -> list:
+    return [int.from_bytes(key[4 * i : 4 * i + 4], "little") + base for i in range(n)]
+
+
+def stream_halves(subkey: bytes, start: int, n: int, device, *, compiled: bool = True):
+    """(lo, hi) int64 tensors (n,): the 32-bit halves of words start..start+n-1 of the stream keyed by ``subkey``."""
+    if start < 0 or n < 0 or start + n > MAX_WORDS:
+        raise ValueError(
+            "Exceeded the maximum number of bytes that can be encrypted with ChaCha20 for this nonce. The 32-bit "
+            "counter portion of the nonce would overflow."
+        )
+    device = torch.device(device)
+    if n == 0:
+        empty = torch.zeros(0, dtype=torch.int64, device=device)
+        return empty, empty
+    key_t = torch.tensor(_words32(subkey, 8), dtype=torch.int64, device=device)
+    nonce_t = torch.zeros(3, dtype=torch.int64, device=device)
+    first, last = start // 8, (start + n - 1) // 8
+    blocks = last - first + 1
+    use = compiled and compile_enabled()
+    parts = []
+    per = _batch(_BATCH_BLOCKS, device)
+    for b in range(0, blocks, per):
+        m = min(per, blocks - b)
+        size = per if use else m  # the compiled kernel sees one shape; the tail is padded
+        counters = torch.arange(first + b, first + b + size, dtype=torch.int64, device=device)
+        parts.append(_run("chacha", chacha20_blocks, use, key_t, nonce_t, counters)[:m])
+    words = torch.cat(parts).reshape(-1, 2)[start % 8 : start % 8 + n]
+    return words[:, 0].contiguous(), words[:, 1].contiguous()
+
+
+def stream_words(subkey: bytes, start: int, n: int, device, *, compiled: bool = True) -> torch.Tensor:
+    """int64 tensor (n,): words start..start+n-1 of the stream as 64-bit patterns (view as uint64 on the host)."""
+    lo, hi = stream_halves(subkey, start, n, device, compiled=compiled)
+    signed_hi = hi - ((hi >> 31) << 32)  # the top half as a signed 32-bit value: no int64 overflow below
+    return signed_hi * (1 << 32) + lo
+
+
+def _word_offsets(elements: torch.Tensor, total: int) -> list:
+    """Offsets (from the draw's first word) of the top, middle and low 64-bit words of ``elements``.
+
+    The host reads each block of ``noise._BLOCK`` elements as 3n words: n top words, n middle, n low.
+    """
+    blk = _host._BLOCK
+    b, j = elements // blk, elements % blk
+    n_b = torch.where(b == total // blk, total % blk, blk)
+    first = 3 * blk * b + j
+    return [first, first + n_b, first + 2 * n_b]
+
+
+def _batches(words: list, c: torch.Tensor, total: int, pad: bool):
+    """Per batch of ``_batch(_BATCH_ELEMS)`` elements: the words as (blocks, 3, blk) tensors in the host's block layout
+    (n top words, n middle, n low per block), the centres, and how many elements are real. With ``pad`` every
+    batch has the full shape (one compiled kernel): the last block and batch are zero-padded."""
+    blk = _host._BLOCK
+    per = _batch(_BATCH_ELEMS, c.device) // blk
+    full, rest = divmod(total, blk)
+    for b0 in range(0, full + (1 if rest else 0), per):
+        nfull = min(per, full - b0) if b0 < full else 0
+        tail = rest if (b0 + nfull == full and rest and nfull < per) else 0
+        real = nfull * blk + tail
+        if not tail and (nfull == per or not pad):
+            yield (
+                b0 * blk,
+                (
+                    [w[3 * blk * b0 : 3 * blk * (b0 + nfull)].reshape(nfull, 3, blk) for w in words],
+                    c[b0 * blk : b0 * blk + real],
+                    real,
+                ),
+            )
+            continue
+        nb = per if pad else nfull + 1
+        out = []
+        for w in words:
+            x = torch.zeros((nb, 3, blk), dtype=w.dtype, device=w.device)
+            x[:nfull] = w[3 * blk * b0 : 3 * blk * (b0 + nfull)].reshape(nfull, 3, blk)
+            if tail:
+                x[nfull, :, :tail] = w[3 * blk * full : 3 * total].reshape(3, tail)
+            out.append(x)
+        cc = torch.zeros(nb * blk, dtype=c.dtype, device=c.device)
+        cc[:real] = c[b0 * blk : b0 * blk + real]
+        yield b0 * blk, (out, cc, real)
+
+
+def _sampler_blocks(lo, hi, center, *scalars):
+    """``_sampler`` and ``_block_stats`` on (blocks, 3, blk) halves in the host's block layout."""
+    lo0, hi0, lo1, hi1 = (x[:, i].reshape(-1) for i in (0, 1) for x in (lo, hi))
+    return _block_stats(*_sampler(lo0, hi0, lo1, hi1, center, *scalars), center)
+
+
+def _sampler_blocks64(w, center, *scalars):
+    """The same on (blocks, 3, blk) 64-bit words (int64 bit patterns), as read on the host."""
+    return _block_stats(*_sampler64(w[:, 0].reshape(-1), w[:, 1].reshape(-1), center, *scalars), center)
+
+
+def rounded_gaussian(
+    center: torch.Tensor,
+    sigma: float,
+    *,
+    subkey: bytes,
+    start: int,
+    host_words=None,
+    compiled: bool = True,
+) -> tuple[torch.Tensor, int]:
+    """float64 tensor like ``center``: ``g * round((center + sigma Z) / g)`` at the uniforms of stream words
+    ``start``.., exactly ``NoiseStream.gaussian``'s output; and how many elements the host decided.
+
+    ``host_words``: the 3n stream words as a numpy uint64 array already read on the host (OpenSSL), or None to
+    make them on ``center``'s device with the torch block function.
+    """
+    import numpy as np
+
+    device = center.device
+    c = center.reshape(-1).to(torch.float64)
+    total = c.numel()
+    g = _host.grid_for(sigma)
+    scalars = [sigma / g, 1.0 / g, g, sigma * _host.Z_ERROR / g, 2.0**-50]  # 0-d tensors: one compiled kernel
+    sc = [torch.tensor(v, dtype=torch.float64, device=device) for v in scalars]
+    if host_words is None:
+        words = list(stream_halves(subkey, start, 3 * total, device, compiled=compiled))
+        name, fn = "sampler", _sampler_blocks
+    else:
+        words = [torch.from_numpy(np.ascontiguousarray(host_words[: 3 * total]).view(np.int64)).to(device)]
+        name, fn = "sampler64", _sampler_blocks64
+    use = compiled and compile_enabled()
+    out = torch.empty(total, dtype=torch.float64, device=device)
+    flags = torch.empty(total, dtype=torch.bool, device=device)
+    stats = []
+    for s, (w, cc, real) in _batches(words, c, total, pad=use):
+        values, host, cmax, tmax, finite = _run(name, fn, use, *w, cc, *sc)
+        out[s : s + real] = values[:real]
+        flags[s : s + real] = host[:real]
+        stats.append((cmax, tmax, finite))
+    if stats:  # one synchronisation for the refusal test, one for the host's share
+        _refuse_like_the_host(*(torch.cat(x) for x in zip(*stats)), sigma, g)
+    todo = torch.nonzero(flags).reshape(-1)
+    if todo.numel():  # rare: the host decides these elements from the full 192-bit U, with its own code
+        u = np.empty((3, todo.numel()), np.uint64)
+        for row, off in enumerate(_word_offsets(todo, total)):
+            if host_words is None:
+                lo, hi = (x[off].cpu().numpy().astype(np.uint64) for x in words)
+                u[row] = (hi << np.uint64(32)) | lo
+            else:
+                u[row] = host_words[off.cpu().numpy()]
+        out[todo] = torch.from_numpy(_host._rounded_gaussian(c[todo].cpu().numpy(), float(sigma), g, u)).to(device)
+    return out.reshape(center.shape), int(todo.numel())
+
+
+_FUNCS.update(chacha=chacha20_blocks, sampler=_sampler_blocks, sampler64=_sampler_blocks64)
+
+
+def _refuse_like_the_host(cmax: torch.Tensor, tmax: torch.Tensor, finite: torch.Tensor, sigma: float, g: float) -> None:
+    """Raise where the host would: per block of noise._BLOCK elements, a non-finite value or too large an error."""
+    err = (sigma * _host.Z_ERROR * (1.0 + tmax) + 2.0**-50 * (cmax + sigma * tmax)) / g
+    bad = ~finite | ~torch.isfinite(err) | (err > 0.125)
+    if bool(bad.any()):
+        b = int(torch.nonzero(bad)[0])
+        cm = float(cmax[b])
+        if not bool(finite[b]) or not math.isfinite(float(err[b])):
+            raise ArithmeticError(f"noise sampler: values overflow (sigma={sigma:g}, values up to {cm:g})")
+        raise ArithmeticError(f"noise sampler: sigma={sigma:g} is too small for values of size {cm:g}")
+
+
+# ---------------------------------------------------------------- Binomial row sizes
+
+
+def binomial_from_halves(lo: torch.Tensor, hi: torch.Tensor, thresholds) -> torch.Tensor:
+    """int64 m per draw: how many table thresholds C_j are <= U (``NoiseStream.binomial``'s inversion).
+
+    ``lo``, ``hi``: (3, n) halves of the 192-bit uniforms, row 0 the most significant word (the host's layout);
+    ``thresholds``: the host's (M, 3) uint64 table. The comparison is exact integer arithmetic on 32-bit pieces.
+    """
+    import numpy as np
+
+    th = np.asarray(thresholds, np.uint64)
+    if th.shape[0] == 0:
+        return torch.zeros(lo.shape[1], dtype=torch.int64, device=lo.device)
+    pieces = []
+    for i in range(3):  # most significant first: hi then lo of each word
+        pieces.append(((th[:, i] >> np.uint64(32)).astype(np.int64), hi[i]))
+        pieces.append(((th[:, i] & np.uint64(_M32)).astype(np.int64), lo[i]))
+    t_last, u_last = pieces[-1]
+    le = torch.from_numpy(t_last).to(lo.device)[None, :] <= u_last[:, None]
+    for t_np, u in reversed(pieces[:-1]):
+        t = torch.from_numpy(t_np).to(lo.device)[None, :]
+        le = (t < u[:, None]) | ((t == u[:, None]) & le)
+    return le.sum(dim=1)
+
+
+def binomial(subkey: bytes, start: int, n: int, num: int, den: int, size: int, device, *, compiled: bool = True):
+    """``size`` draws of Binomial(n, num/den) from stream words start.. (3 size of them), made on ``device``:
+    ``NoiseStream.binomial``'s output, element for element."""
+    lo, hi = stream_halves(subkey, start, 3 * size, device, compiled=compiled)
+    th = _host._binomial_thresholds(int(n), int(num), int(den))
+    return binomial_from_halves(lo.reshape(3, size), hi.reshape(3, size), th)

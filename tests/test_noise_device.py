@@ -1,0 +1,385 @@
+"""The noise module on a torch device (privacy/noise_device.py) and on several host threads: the same words and the
+same outputs as the host reference, element for element.
+
+The identity is the contract: CPU tensors here, CUDA under the ``gpu`` marker. Compiled kernels (``torch.compile``)
+are checked under ``slow`` (compiling takes minutes on a small CPU); the default tier runs the same arithmetic
+eagerly. Every key is a fixed test key.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import mpmath
+import numpy as np
+import pytest
+import torch
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+from dpcda.privacy import noise, noise_device
+from dpcda.privacy.noise import NoiseStream, grid_for, key_from_test_seed
+
+KEY = key_from_test_seed(34)
+CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA")])
+DEVICES = ["cpu", CUDA]
+
+
+@pytest.fixture(autouse=True)
+def _eager_and_default_threads(monkeypatch):
+    """Eager kernels unless a test asks for compiled ones (compiling takes minutes on a small CPU)."""
+    monkeypatch.setenv("DPCDA_NOISE_COMPILE", "0")
+    yield
+    noise.set_threads(None)
+
+
+def _openssl(key: bytes, counter: int, nonce: bytes, nbytes: int) -> bytes:
+    enc = Cipher(algorithms.ChaCha20(key, counter.to_bytes(4, "little") + nonce), mode=None).encryptor()
+    return enc.update(bytes(nbytes))
+
+
+def _words32(b: bytes) -> list:
+    return [int.from_bytes(b[4 * i : 4 * i + 4], "little") for i in range(len(b) // 4)]
+
+
+def _block_bytes(key: bytes, nonce: bytes, counter: int, device: str, compiled: bool = False) -> bytes:
+    fn = noise_device._kernel("chacha", noise_device.chacha20_blocks, compiled)
+    out = fn(
+        torch.tensor(_words32(key), dtype=torch.int64, device=device),
+        torch.tensor(_words32(nonce), dtype=torch.int64, device=device),
+        torch.tensor([counter], dtype=torch.int64, device=device),
+    )
+    return b"".join(int(w).to_bytes(4, "little") for w in out[0].cpu().tolist())
+
+
+# ---------------------------------------------------------------- the block function and the words
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rfc8439_block_function_vectors(device):
+    """RFC 8439 section 2.3.2 (key 00..1f, nonce 00 00 00 09 00 00 00 4a 00 00 00 00, counter 1) and appendix A.1
+    test vector 1 (zero key, zero nonce, counter 0): the serialised blocks."""
+    v232 = bytes.fromhex(
+        "10f1e7e4d13b5915500fdd1fa32071c4c7d1f4c733c068030422aa9ac3d46c4e"
+        "d2826446079faa0914c2d705d98b02a2b5129cd1de164eb9cbd083e8a2503c4e"
+    )
+    assert _block_bytes(bytes(range(32)), bytes.fromhex("000000090000004a00000000"), 1, device) == v232
+    a1 = bytes.fromhex(
+        "76b8e0ada0f13d90405d6ae55386bd28bdd219b8a08ded1aa836efcc8b770dc7"
+        "da41597c5157488d7724e03fb8d84a376a43b8f41518a11cc387b669b2ee6586"
+    )
+    assert _block_bytes(bytes(32), bytes(12), 0, device) == a1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_random_keys_nonces_and_counters_match_openssl(device):
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        key, nonce = rng.bytes(32), rng.bytes(12)
+        counter = int(rng.integers(0, 1 << 32))
+        assert _block_bytes(key, nonce, counter, device) == _openssl(key, counter, nonce, 64)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_stream_words_match_the_host_stream_across_block_boundaries(device):
+    rng = np.random.default_rng(1)
+    for trial in range(12):
+        key = rng.bytes(32)
+        path = ("words", trial)
+        ref = NoiseStream(key, *path).words(3000)
+        start = int(rng.integers(0, 2000))
+        n = int(rng.integers(1, 1000))
+        got = noise_device.stream_words(noise.subkey(key, path), start, n, device, compiled=False)
+        np.testing.assert_array_equal(got.cpu().numpy().view(np.uint64), ref[start : start + n])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_words_at_the_end_of_the_32_bit_counter_match_openssl_and_both_refuse_to_wrap(device):
+    """The stream's last blocks (counter up to 2^32 - 1): equal to OpenSSL started at that counter; one word more
+    and both the host (OpenSSL refuses to wrap the counter) and the device raise."""
+    sk = noise.subkey(KEY, ("end",))
+    for start_block, skip in ((2**32 - 3, 0), (2**32 - 2, 5), (2**32 - 1, 7)):
+        start = 8 * start_block + skip
+        n = noise.MAX_STREAM_WORDS - start
+        want = np.frombuffer(_openssl(sk, start_block, bytes(12), 8 * (n + skip))[8 * skip :], np.uint64)
+        got = noise_device.stream_words(sk, start, n, device, compiled=False).cpu().numpy().view(np.uint64)
+        np.testing.assert_array_equal(got, want)
+        host = NoiseStream(KEY, "end")
+        host._seek(start)
+        np.testing.assert_array_equal(host.words(n), want)
+        with pytest.raises(ValueError, match="counter"):
+            noise_device.stream_words(sk, start, n + 1, device, compiled=False)
+        with pytest.raises(ValueError, match="counter"):
+            host.words(1)
+    with pytest.raises(ValueError, match="counter"):  # the cipher library itself refuses, the reference we follow
+        Cipher(algorithms.ChaCha20(sk, (2**32 - 1).to_bytes(4, "little") + bytes(12)), mode=None).encryptor().update(
+            bytes(65)
+        )
+
+
+def test_host_seek_equals_reading_through():
+    s = NoiseStream(KEY, "seek")
+    ref = s.words(5000)
+    for pos in (0, 1, 7, 8, 9, 1234, 4999):
+        t = NoiseStream(KEY, "seek")
+        t._seek(pos)
+        np.testing.assert_array_equal(t.words(5000 - pos), ref[pos:])
+
+
+# ---------------------------------------------------------------- the Gaussian sampler
+
+
+def test_device_as241_error_is_far_below_the_assumed_bound():
+    rng = np.random.default_rng(0)
+    p = np.concatenate(
+        [
+            np.exp(rng.uniform(math.log(2.0**-193), math.log(0.5), 250)),
+            rng.uniform(0.02, 0.5, 100),
+            [2.0**-193, 1e-30, 0.075, 0.0749999, 0.5],
+        ]
+    )
+    t = noise_device.upper_quantile(torch.from_numpy(p)).numpy()
+    mpmath.mp.prec = 320
+    worst = max(
+        float(abs(mpmath.mpf(tt) - mpmath.sqrt(2) * mpmath.erfinv(1 - 2 * mpmath.mpf(pp))) / (1 + abs(tt)))
+        for pp, tt in zip(p, t)
+    )
+    assert worst < noise.Z_ERROR / 2**6, worst
+
+
+def _centers(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=n) * 0.3
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("sigma", [0.2262, 1.0, 1e-3])
+def test_gaussian_on_the_device_equals_the_host_element_for_element(device, sigma):
+    """Words from OpenSSL (the CPU device's source) and from the torch block function: both equal the host."""
+    c = _centers(200_003 if sigma == 0.2262 else 50_003, 2)  # crosses blocks of 8192 and a partial last block
+    ref = NoiseStream(KEY, "gauss", sigma).gaussian(c, sigma)
+    got = NoiseStream(KEY, "gauss", sigma, device=device).gaussian(c, sigma)
+    np.testing.assert_array_equal(got, ref)
+    out, _ = noise_device.rounded_gaussian(
+        torch.from_numpy(c[:50_000]).to(device),
+        sigma,
+        subkey=noise.subkey(KEY, ("gauss", sigma)),
+        start=0,
+        compiled=False,
+    )
+    np.testing.assert_array_equal(out.cpu().numpy(), ref[:50_000])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gaussian_on_the_device_keeps_the_stream_position_and_the_shape(device):
+    c = _centers(3 * 4099, 3).reshape(3, 4099)
+    host = NoiseStream(KEY, "pos")
+    ref = [host.words(5), host.gaussian(c, 0.5), host.gaussian(c[0, :7], 0.5), host.words(3)]
+    dev = NoiseStream(KEY, "pos", device=device)
+    got = [dev.words(5), dev.gaussian(torch.from_numpy(c).to(device), 0.5), dev.gaussian(c[0, :7], 0.5), dev.words(3)]
+    assert got[1].shape == c.shape and got[1].device.type == torch.device(device).type
+    for a, b in zip(ref, got):
+        np.testing.assert_array_equal(a, b.cpu().numpy() if isinstance(b, torch.Tensor) else b)
+    np.testing.assert_array_equal(NoiseStream(KEY, "z", device=device).gaussian(c, 0.0), c)
+
+
+def _block_words(u_ints: list) -> np.ndarray:
+    mask = (1 << 64) - 1
+    return np.array([[(u >> 128) & mask, (u >> 64) & mask, u & mask] for u in u_ints], np.uint64).reshape(-1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_near_boundary_cells_are_handed_to_the_host_and_decided_exactly(device):
+    """U values on either side of a cell boundary (float cannot tell them apart) and in p's low-precision range:
+    the device hands them to the host, whose exact decision is the output."""
+    sigma, center = 0.0695, 0.123456789
+    g = grid_for(sigma)
+    mpmath.mp.prec = 320
+    u_ints, cells = [], []
+    for k in (-3, 0, 5, 40, -47):
+        b = (k + mpmath.mpf(0.5)) * g
+        u_b = mpmath.ncdf((b - mpmath.mpf(center)) / mpmath.mpf(sigma))
+        base = int(mpmath.floor(u_b * mpmath.mpf(2) ** 192 - mpmath.mpf(0.5)))
+        for off in (-2, -1, 0, 1, 2, 3):
+            u_ints.append(base + off)
+            cells.append(k if off <= 0 else k + 1)
+    u_ints += [0, 1, 5 << 64, (1 << 192) - 1, (1 << 192) - 2, 1 << 191, (1 << 191) - 1]  # tails, centre, w0 < 2^11
+    n = len(u_ints)
+    words = _block_words(u_ints).reshape(n, 3).T.reshape(-1).copy()  # the block layout: n top, n middle, n low
+    centers = np.full(n, center)
+    ref = noise._rounded_gaussian(centers, sigma, g, words.reshape(3, n))
+    np.testing.assert_array_equal(np.rint(ref[: len(cells)] / g).astype(int), cells)
+    for source in ("host words", "device words"):
+        if source == "host words":
+            out, decided = noise_device.rounded_gaussian(
+                torch.from_numpy(centers).to(device), sigma, subkey=b"", start=0, host_words=words, compiled=False
+            )
+        else:  # the same uniforms through the torch path's halves: feed the sampler directly
+            w = torch.from_numpy(words.view(np.int64)).to(device)
+            k, host, _ = noise_device._sampler64(
+                w[:n], w[n : 2 * n], torch.from_numpy(centers).to(device), *_scalars(sigma, device)
+            )
+            decided = int(host.sum())
+            ok = ~host.cpu().numpy()
+            np.testing.assert_array_equal(k.cpu().numpy()[ok], ref[ok])
+            continue
+        np.testing.assert_array_equal(out.cpu().numpy(), ref)
+        assert decided >= 20  # at least the 2 x 2 nearest U of each of the 5 boundaries, and w0 < 2^11
+
+
+def _scalars(sigma, device):
+    g = grid_for(sigma)
+    return [
+        torch.tensor(v, dtype=torch.float64, device=device)
+        for v in (sigma / g, 1 / g, g, sigma * noise.Z_ERROR / g, 2.0**-50)
+    ]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_device_refuses_where_the_host_refuses(device):
+    for center, sigma in ((np.array([1e10, 0.0]), 1e-10), (np.array([0.0, 1e308]), 1e-300)):
+        with pytest.raises(ArithmeticError) as host_err:
+            NoiseStream(KEY, "r").gaussian(center, sigma)
+        with pytest.raises(ArithmeticError) as dev_err:
+            NoiseStream(KEY, "r", device=device).gaussian(center, sigma)
+        assert str(dev_err.value) == str(host_err.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", DEVICES)
+def test_one_million_gaussians_equal_the_host_compiled_and_eager(device, monkeypatch):
+    monkeypatch.delenv("DPCDA_NOISE_COMPILE")
+    c = _centers(1_000_000, 4)
+    ref = NoiseStream(KEY, "million").gaussian(c, 0.2262)
+    sk = noise.subkey(KEY, ("million",))
+    for compiled in (False, True):
+        out, _ = noise_device.rounded_gaussian(
+            torch.from_numpy(c).to(device), 0.2262, subkey=sk, start=0, compiled=compiled
+        )
+        np.testing.assert_array_equal(out.cpu().numpy(), ref)
+        words = NoiseStream(KEY, "million").words(3_000_000)
+        out, _ = noise_device.rounded_gaussian(
+            torch.from_numpy(c).to(device), 0.2262, subkey=sk, start=0, host_words=words, compiled=compiled
+        )
+        np.testing.assert_array_equal(out.cpu().numpy(), ref)
+        got = noise_device.stream_words(sk, 3, 1_000_000, device, compiled=compiled).cpu().numpy().view(np.uint64)
+        np.testing.assert_array_equal(got, words[3:1_000_003])
+
+
+# ---------------------------------------------------------------- threads
+
+
+def test_outputs_do_not_depend_on_the_thread_count():
+    c = _centers(400_000, 5)
+    results = []
+    for n in (1, 2, 3, 8):
+        noise.set_threads(n)
+        s = NoiseStream(KEY, "threads")
+        results.append((s.words(3), s.gaussian(c, 0.7), s.words(2_500_001), s.binomial(100, 1 / 7, 50), s.words(4)))
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError):
+        noise.set_threads(0)
+
+
+def test_default_threads_are_the_cores_the_process_may_use():
+    noise.set_threads(None)
+    assert noise.threads() == len(os.sched_getaffinity(0))
+
+
+def test_noise_threads_flag_reaches_the_config():
+    from dpcda.pipeline.cli import release_flags
+    from dpcda.schemas.config import ConfigError, load_config
+
+    assert release_flags()["--noise-threads"][0] == "noise_threads"
+    base = {"input": "x", "output": "y", "sigma_x": 0.5, "mode": "fixed", "num_classes": 3}
+    assert load_config(None, {**base, "noise_threads": "3"}).noise_threads == 3
+    assert load_config(None, base).noise_threads is None  # the process's cores
+    with pytest.raises(ConfigError, match="noise_threads"):
+        load_config(None, {**base, "noise_threads": 0})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA")
+@pytest.mark.parametrize("mode", ["fixed", "poisson"])
+def test_mixing_on_cuda_releases_the_rows_the_cpu_releases(mode):
+    """mix_chunk draws the noise on the card there: every released row equals the CPU's, bit for bit."""
+    from fractions import Fraction
+
+    from dpcda.mechanisms.dpcda import mix_class
+
+    x = np.random.default_rng(0).normal(size=(700, 40)) * 0.05
+    kw = dict(key=KEY, class_index=1, num_classes=3, mode=mode, mixing_order=8, sigma_x=0.3, samples=5000)
+    kw.update(chunk_rows=2048, sampling_rate=Fraction(8, 700), sigma_y=0.5)
+    cpu, cuda = list(mix_class(x, device="cpu", **kw)), list(mix_class(x, device="cuda", **kw))
+    assert len(cpu) == len(cuda) == 3
+    for (c1, f1, l1), (c2, f2, l2) in zip(cpu, cuda):
+        assert c1 == c2
+        np.testing.assert_array_equal(f1, f2)
+        np.testing.assert_array_equal(l1, l2)
+
+
+def test_noise_benchmark_prints_every_path_beside_the_references(capsys, tmp_path):
+    from benchmarks.bench_noise import main as bench_noise
+
+    out = tmp_path / "bench_noise.md"
+    bench_noise(["--n", "20000", "--repeat", "1", "--no-compile", "--threads", "1", "--out", str(out)])
+    text = capsys.readouterr().out
+    for row in (
+        "numpy standard_normal",
+        "torch.randn",
+        "host exact Gaussian",
+        "host keystream",
+        "device words (eager)",
+    ):
+        assert row in text
+    assert out.read_text().startswith("Generated by `python -m benchmarks.bench_noise --n 20000")
+
+
+# ---------------------------------------------------------------- Binomial row sizes
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_binomial_on_the_device_equals_the_host(device):
+    from fractions import Fraction
+
+    for n, q, size in ((6000, Fraction(8, 5950), 100_000), (50, Fraction(1, 3), 20_000), (10, Fraction(9, 10), 5000)):
+        host = NoiseStream(KEY, "bin", n)
+        ref = [host.words(3), host.binomial(n, q, size), host.words(2)]
+        sk = noise.subkey(KEY, ("bin", n))
+        got = noise_device.binomial(sk, 3, n, q.numerator, q.denominator, size, device, compiled=False)
+        np.testing.assert_array_equal(got.cpu().numpy(), ref[1])
+        if device != "cpu":  # the stream dispatches to the card and keeps its position
+            dev = NoiseStream(KEY, "bin", n, device=device)
+            for a, b in zip(ref, [dev.words(3), dev.binomial(n, q, size), dev.words(2)]):
+                np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_binomial_uniforms_at_a_threshold_are_counted_exactly(device):
+    """U equal to a threshold C_j, one below and one above (differing in the lowest piece or the highest): the count
+    of thresholds <= U is exact."""
+    th = noise._binomial_thresholds(6000, 8, 5950)
+    values = [(int(a) << 128) | (int(b) << 64) | int(c) for a, b, c in th.tolist()]
+    us = [0, (1 << 192) - 1]
+    for v in values[:6] + values[-3:]:
+        us += [v - 1, v, v + 1, v ^ (1 << 191)]
+    mask = (1 << 64) - 1
+    words = np.array([[(u >> s) & mask for u in us] for s in (128, 64, 0)], np.uint64)
+    lo = torch.from_numpy((words & np.uint64(0xFFFFFFFF)).astype(np.int64)).to(device)
+    hi = torch.from_numpy((words >> np.uint64(32)).astype(np.int64)).to(device)
+    got = noise_device.binomial_from_halves(lo, hi, th).cpu().tolist()
+    assert got == [sum(v <= u for v in values) for u in us]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", DEVICES)
+def test_one_million_binomials_equal_the_host(device):
+    from fractions import Fraction
+
+    q = Fraction(16, 6011)
+    ref = NoiseStream(KEY, "bin-million").binomial(6000, q, 1_000_000)
+    sk = noise.subkey(KEY, ("bin-million",))
+    got = noise_device.binomial(sk, 0, 6000, q.numerator, q.denominator, 1_000_000, device, compiled=False)
+    np.testing.assert_array_equal(got.cpu().numpy(), ref)
