@@ -8,8 +8,11 @@ eagerly. Every key is a fixed test key.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
+import threading
+from fractions import Fraction
 
 import mpmath
 import numpy as np
@@ -281,6 +284,98 @@ def test_outputs_do_not_depend_on_the_thread_count():
             np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError):
         noise.set_threads(0)
+
+
+def _meeting(fn, parties: int = 2):
+    """``fn`` whose first ``parties`` calls wait for one another (10 s at most): two draws are then both under way
+    before either reads a word, so a draw that took its start from the stream before the other moved it would read
+    the other's words."""
+    barrier, calls = threading.Barrier(parties, timeout=10), itertools.count()
+
+    def wrapped(*args):
+        if next(calls) < parties:
+            try:
+                barrier.wait()
+            except threading.BrokenBarrierError:
+                pass
+        return fn(*args)
+
+    return wrapped
+
+
+_DRAWS = {  # sizes against spans of 2^10 words and 8192 Gaussians: "on threads" draws run on the noise threads
+    "words": (None, lambda s: s.words(1000)),
+    "words on threads": (None, lambda s: s.words(5000)),
+    "gaussian": (None, lambda s: s.gaussian(_centers(3000, 6), 0.7)),
+    "gaussian on threads": (None, lambda s: s.gaussian(_centers(20_000, 6), 0.7)),
+    "gaussian on a cpu device": ("cpu", lambda s: s.gaussian(_centers(3000, 6), 0.7)),
+    "binomial": (None, lambda s: s.binomial(100, Fraction(1, 7), 1000)),
+}
+
+
+@pytest.mark.parametrize("kind", list(_DRAWS))
+def test_two_threads_drawing_from_one_stream_read_disjoint_words(kind, monkeypatch):
+    """One stream, two threads, one draw each: the two outputs are the stream's first and second draws (in either
+    order), never the same words twice."""
+    monkeypatch.setattr(noise, "_TASK_WORDS", 1 << 10)
+    monkeypatch.setattr(noise, "_TASK_BLOCKS", 1)
+    noise.set_threads(2)
+    device, draw = _DRAWS[kind]
+    ref = NoiseStream(KEY, "shared", kind, device=device)
+    first, second = draw(ref), draw(ref)
+    monkeypatch.setattr(noise, "_encryptor", _meeting(noise._encryptor))
+    monkeypatch.setattr(noise, "_pool", _meeting(noise._pool))
+    s = NoiseStream(KEY, "shared", kind, device=device)
+    got = {}
+    workers = [threading.Thread(target=lambda name=name: got.update({name: draw(s)})) for name in "ab"]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+
+    def bits(x):
+        return np.asarray(x).view(np.uint64).tobytes()
+
+    assert {bits(got["a"]), bits(got["b"])} == {bits(first), bits(second)}
+    assert s.position == ref.position
+
+
+def test_a_draw_interrupted_part_way_leaves_its_words_unused(monkeypatch):
+    """A draw that fails after reading part of its words (a cancellation between two pieces): the next draws start
+    after the failed draw's words, on one thread or on several, so no released word is ever released again."""
+    monkeypatch.setattr(noise, "_ZEROS", bytes(4096))  # pieces of 512 words
+    monkeypatch.setattr(noise, "_TASK_WORDS", 1 << 10)
+    noise.set_threads(2)
+    ref = NoiseStream(KEY, "interrupted").words(20_000)
+    opened = noise._encryptor
+
+    class _Interrupted:  # the OpenSSL stream of the first draw: its second piece fails
+        def __init__(self, enc):
+            self.enc, self.pieces = enc, 0
+
+        def update(self, data):
+            return self.enc.update(data)
+
+        def update_into(self, data, buf):
+            self.pieces += 1
+            if self.pieces == 2:
+                raise RuntimeError("cancelled")
+            return self.enc.update_into(data, buf)
+
+    monkeypatch.setattr(
+        noise, "_encryptor", lambda key, word: _Interrupted(opened(key, word)) if word == 0 else opened(key, word)
+    )
+    s = NoiseStream(KEY, "interrupted")
+    with pytest.raises(RuntimeError, match="cancelled"):
+        s.words(2000)  # one thread, four pieces
+    assert s.position == 2000
+    a = s.words(10)  # one thread
+    b = s.words(6000)  # spans on two threads, each from its own position
+    c = s.uniform_int(1 << 62, 10)  # one thread again
+    np.testing.assert_array_equal(a, ref[2000:2010])
+    np.testing.assert_array_equal(b, ref[2010:8010])
+    np.testing.assert_array_equal(c, (ref[8010:8020] % np.uint64(1 << 62)).astype(np.int64))
+    assert not np.isin(a, b).any()
 
 
 def test_default_threads_are_the_cores_the_process_may_use():
