@@ -23,7 +23,7 @@ output is a function of U alone. Phi^-1 is evaluated in float64 with Wichura's A
 1e-16; we assume 2^-40 (1 + |z|), and the tests check it against mpmath over the whole range). Any output whose
 float value lies within (twice) the error bound of a cell boundary is decided exactly instead: u is compared with
 Phi(boundary) computed in 170-digit decimal arithmetic. So given U, the output is exactly the ideal mechanism's
-output at u. The only gap left is u's resolution: every output
+output at u (a zero always as +0.0, whichever path decided it). The only gap left is u's resolution: every output
 cell receives a number of U values within one of 2^192 times its ideal probability, the implementation's support is
 |Z| <= Phi^-1(1 - 2^-193) < 16.5 (ideal mass outside it: below 2^-191), and fewer than 33 * 2^13 + 2 < 2^18.1 cells
 lie inside. The total variation distance from the ideal mechanism is therefore below tau = 2^-174 per draw.
@@ -600,6 +600,7 @@ def _rounded_gaussian(center: np.ndarray, sigma: float, g: float, u: np.ndarray)
     for i in ambiguous:
         u_int = (int(u[0, i]) << 128) | (int(u[1, i]) << 64) | int(u[2, i])
         k[i] = _exact_cell(float(center[i]), sigma, g, u_int, int(k[i]))
+    k += 0.0  # every zero +0.0: rint gives -0.0 for scaled in (-1/2, 0), the exact path +0.0 (x + 0.0 is x otherwise)
     k *= g
     return k
 

@@ -19,7 +19,8 @@ evaluates Wichura's AS 241 in float64 and rounds to the grid. Its float error ob
 from a cell boundary, its cell is the exact cell at u, the host's output. Every other element (a near-boundary
 cell, p's rare low-precision case w0 < 2^11, a non-finite value) is handed back to the host, which decides it
 with its own code from the full U. The output is therefore the exact rounded Gaussian at U, element for element
-the host's; the tests check that identity on CPU tensors and, where present, on CUDA.
+the host's, every zero +0.0; the tests check that identity, in the bits, on CPU tensors and, where present, on
+CUDA.
 """
 
 from __future__ import annotations
@@ -145,7 +146,8 @@ def _sampler(lo0, hi0, lo1, hi1, center, sigma_over_g, inv_g, g, err_t, err_c):
     err = err_t * (1.0 + t) + err_c * (center.abs() * inv_g + sigma_over_g * t)
     small = w0 < 2048  # p from 116 bits is not precise enough (probability 2^-52): the host recomputes it
     host = small | ~((scaled - k).abs() < 0.5 - 2.0 * err)  # also catches non-finite values
-    return torch.where(small, 0.0, k) * g, host, torch.where(small, 0.0, t)
+    # k == 0 also matches -0.0 (round of a value in (-1/2, 0)): every zero is released as +0.0, as the host does
+    return torch.where(small | (k == 0), 0.0, k) * g, host, torch.where(small, 0.0, t)
 
 
 def _block_stats(values, host, t, center):
