@@ -287,6 +287,35 @@ def test_every_zero_is_plus_zero_on_the_host_and_the_device(device):
     _same_bits(NoiseStream(KEY, "zeros", device=device).gaussian(c, sigma), host)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_device_refusal_counts_low_precision_uniforms_like_the_host(device):
+    """U = 0 (top word below 2^11: p recomputed exactly, t = 16.4) beside a value just short of the refusal bound at
+    t = 0: the host's block maximum of t includes that element, so the host refuses, and so must the device."""
+    sigma = 1.0
+    g = grid_for(sigma)
+
+    def err(tmax, cmax):  # the host's bound, in grid units
+        return (sigma * noise.Z_ERROR * (1.0 + tmax) + 2.0**-50 * (cmax + sigma * tmax)) / g
+
+    t_low = float(noise.upper_quantile(np.array([2.0**-193]))[0])
+    big = 2.0**35 - 8000.0
+    assert err(0.0, big) < 0.125 < err(t_low, big)
+    centers = np.array([big, 0.0])
+    words = _block_words([1 << 191, 0]).reshape(2, 3).T.copy()
+    with pytest.raises(ArithmeticError) as host_err:
+        noise._rounded_gaussian(centers, sigma, g, words.copy())
+    with pytest.raises(ArithmeticError) as dev_err:
+        noise_device.rounded_gaussian(
+            torch.from_numpy(centers).to(device),
+            sigma,
+            subkey=b"",
+            start=0,
+            host_words=words.reshape(-1),
+            compiled=False,
+        )
+    assert str(dev_err.value) == str(host_err.value)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 def test_one_million_gaussians_equal_the_host_compiled_and_eager(device, monkeypatch):

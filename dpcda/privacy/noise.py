@@ -568,8 +568,9 @@ _LOW63 = np.uint64((1 << 63) - 1)
 _SHIFT11 = np.uint64(11)
 
 
-def _rounded_gaussian(center: np.ndarray, sigma: float, g: float, u: np.ndarray) -> np.ndarray:
-    """The ideal rounded Gaussian at the 192-bit uniforms ``u`` (3, n); see the module docstring."""
+def _tail_p(u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For the 192-bit uniforms ``u`` (3, n): which are above 1/2 (z = +t, else z = -t), and the float64 tail
+    probability p = min(u, 1 - u) whose upper quantile is t = |z|."""
     flip = u[0] >> np.uint64(63)  # 1 where U >= 2^191: u > 1/2 and z = +t; else z = -t
     mask = np.uint64(0) - flip  # all ones where flipped: U' = 2^192 - 1 - U, so p = 1 - u
     w0 = (u[0] ^ mask) & _LOW63
@@ -583,8 +584,14 @@ def _rounded_gaussian(center: np.ndarray, sigma: float, g: float, u: np.ndarray)
     for i in small:
         exact = (int(w0[i]) << 128) | (int(u[1, i] ^ mask[i]) << 64) | int(u[2, i] ^ mask[i])
         p[i] = float(Fraction(2 * exact + 1, 2**193))
+    return flip.astype(bool), p
+
+
+def _rounded_gaussian(center: np.ndarray, sigma: float, g: float, u: np.ndarray) -> np.ndarray:
+    """The ideal rounded Gaussian at the 192-bit uniforms ``u`` (3, n); see the module docstring."""
+    flip, p = _tail_p(u)
     t = upper_quantile(p)
-    scaled = np.where(flip.astype(bool), t, -t)
+    scaled = np.where(flip, t, -t)
     scaled *= sigma / g
     scaled += center / g  # (center + sigma z) / g: g is a power of two, so the divisions are exact
     k = np.rint(scaled)
