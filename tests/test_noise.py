@@ -5,7 +5,9 @@ Statistical tests state their false-failure rate; every generator is keyed by a 
 
 from __future__ import annotations
 
+import copy
 import math
+import pickle
 from fractions import Fraction
 
 import mpmath
@@ -209,6 +211,49 @@ def test_streams_reproduce_and_differ_by_path_and_key():
     np.testing.assert_array_equal(np.concatenate([s.words(3), s.words(5)]), NoiseStream(KEY, "x").words(8))
     with pytest.raises(ValueError, match="32 bytes"):
         NoiseStream(b"short", "x")
+
+
+def test_a_stream_cannot_be_copied_or_pickled(monkeypatch):
+    """A copy would draw the same noise as the original (and a pickle would hold the stream's subkey): copying,
+    deep-copying and pickling a stream raise, before or after any draw, on one thread or several, and so does
+    copying anything that holds one. Workers make their streams from the key and path where they draw."""
+    monkeypatch.setattr(noise, "_TASK_WORDS", 1 << 10)
+    monkeypatch.setattr(noise, "_TASK_BLOCKS", 1)
+    fresh, drawn, threaded = (NoiseStream(KEY, "copy", i) for i in range(3))
+    on_device = NoiseStream(KEY, "copy", 3, device="cpu")
+    drawn.words(3)
+    drawn.gaussian(np.zeros(10), 1.0)
+    noise.set_threads(2)
+    try:
+        threaded.words(5000)
+        threaded.gaussian(np.zeros(20_000), 1.0)
+    finally:
+        noise.set_threads(None)
+    copiers = (
+        copy.copy,
+        copy.deepcopy,
+        pickle.dumps,
+        lambda x: pickle.dumps(x, protocol=0),
+        lambda x: x.__getstate__(),
+    )
+    for stream in (fresh, drawn, threaded, on_device):
+        for copier in copiers:
+            with pytest.raises(TypeError, match="cannot be copied"):
+                copier(stream)
+    with pytest.raises(TypeError, match="cannot be copied"):
+        copy.deepcopy({"streams": [fresh]})
+
+
+def test_empty_draws_at_the_end_of_the_stream_return_empty_arrays():
+    for device in (None, "cpu"):
+        s = NoiseStream(KEY, "end", device=device)
+        s._seek(noise.MAX_STREAM_WORDS)
+        assert s.gaussian(np.zeros((0, 3)), 1.0).shape == (0, 3)
+        assert s.words(0).shape == (0,) and s.uniform_int(5, 0).shape == (0,)
+        assert s.binomial(10, Fraction(1, 3), 0).shape == (0,)
+        with pytest.raises(ValueError, match="counter"):
+            s.gaussian(np.zeros(1), 1.0)
+        assert s.position == noise.MAX_STREAM_WORDS
 
 
 def test_independent_paths_are_uncorrelated():

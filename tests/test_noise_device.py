@@ -8,8 +8,11 @@ eagerly. Every key is a fixed test key.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
+import threading
+from fractions import Fraction
 
 import mpmath
 import numpy as np
@@ -40,6 +43,14 @@ def _openssl(key: bytes, counter: int, nonce: bytes, nbytes: int) -> bytes:
 
 def _words32(b: bytes) -> list:
     return [int.from_bytes(b[4 * i : 4 * i + 4], "little") for i in range(len(b) // 4)]
+
+
+def _same_bits(got, want) -> None:
+    """The identity is in the bits: ``assert_array_equal`` calls -0.0 and +0.0 equal, this does not."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, got.shape, want.dtype, want.shape)
+    bits = {8: np.uint64, 4: np.uint32}[got.dtype.itemsize]
+    np.testing.assert_array_equal(np.ascontiguousarray(got).view(bits), np.ascontiguousarray(want).view(bits))
 
 
 def _block_bytes(key: bytes, nonce: bytes, counter: int, device: str, compiled: bool = False) -> bytes:
@@ -159,7 +170,7 @@ def test_gaussian_on_the_device_equals_the_host_element_for_element(device, sigm
     c = _centers(200_003 if sigma == 0.2262 else 50_003, 2)  # crosses blocks of 8192 and a partial last block
     ref = NoiseStream(KEY, "gauss", sigma).gaussian(c, sigma)
     got = NoiseStream(KEY, "gauss", sigma, device=device).gaussian(c, sigma)
-    np.testing.assert_array_equal(got, ref)
+    _same_bits(got, ref)
     out, _ = noise_device.rounded_gaussian(
         torch.from_numpy(c[:50_000]).to(device),
         sigma,
@@ -167,7 +178,7 @@ def test_gaussian_on_the_device_equals_the_host_element_for_element(device, sigm
         start=0,
         compiled=False,
     )
-    np.testing.assert_array_equal(out.cpu().numpy(), ref[:50_000])
+    _same_bits(out.cpu().numpy(), ref[:50_000])
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -179,8 +190,8 @@ def test_gaussian_on_the_device_keeps_the_stream_position_and_the_shape(device):
     got = [dev.words(5), dev.gaussian(torch.from_numpy(c).to(device), 0.5), dev.gaussian(c[0, :7], 0.5), dev.words(3)]
     assert got[1].shape == c.shape and got[1].device.type == torch.device(device).type
     for a, b in zip(ref, got):
-        np.testing.assert_array_equal(a, b.cpu().numpy() if isinstance(b, torch.Tensor) else b)
-    np.testing.assert_array_equal(NoiseStream(KEY, "z", device=device).gaussian(c, 0.0), c)
+        _same_bits(b.cpu().numpy() if isinstance(b, torch.Tensor) else b, a)
+    _same_bits(NoiseStream(KEY, "z", device=device).gaussian(c, 0.0), c)
 
 
 def _block_words(u_ints: list) -> np.ndarray:
@@ -221,9 +232,9 @@ def test_near_boundary_cells_are_handed_to_the_host_and_decided_exactly(device):
             )
             decided = int(host.sum())
             ok = ~host.cpu().numpy()
-            np.testing.assert_array_equal(k.cpu().numpy()[ok], ref[ok])
+            _same_bits(k.cpu().numpy()[ok], ref[ok])
             continue
-        np.testing.assert_array_equal(out.cpu().numpy(), ref)
+        _same_bits(out.cpu().numpy(), ref)
         assert decided >= 20  # at least the 2 x 2 nearest U of each of the 5 boundaries, and w0 < 2^11
 
 
@@ -245,6 +256,66 @@ def test_device_refuses_where_the_host_refuses(device):
         assert str(dev_err.value) == str(host_err.value)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_every_zero_is_plus_zero_on_the_host_and_the_device(device):
+    """A value rounding to cell 0 from below is -0.0 under rint and +0.0 on the exact path, and which path an element
+    takes depends on the other values of its block (their size widens the error bound): each released zero must be
+    +0.0, the same bits on both paths whatever the block holds."""
+    sigma = 1.0
+    g = grid_for(sigma)
+    mpmath.mp.prec = 320
+    t = (mpmath.mpf(0.5) - mpmath.mpf(2) ** -9) * g / sigma  # z = -t: (c + sigma z) / g = -0.498 at c = 0
+    u_zero = int(mpmath.floor(mpmath.ncdf(-t) * mpmath.mpf(2) ** 192))
+    words = _block_words([1 << 191, u_zero]).reshape(2, 3).T.copy()
+    for big in (0.0, 2.0**30):  # 2^30 beside it: the element goes to the exact path on the host, not on the device
+        centers = np.array([big, 0.0])
+        ref = noise._rounded_gaussian(centers, sigma, g, words.copy())
+        assert ref[1] == 0 and not np.signbit(ref[1])
+        out, _ = noise_device.rounded_gaussian(
+            torch.from_numpy(centers).to(device),
+            sigma,
+            subkey=b"",
+            start=0,
+            host_words=words.reshape(-1),
+            compiled=False,
+        )
+        _same_bits(out.cpu().numpy(), ref)
+    c = np.zeros(50_000)  # about 10^-4 of these draws are 0 (here 5)
+    host = NoiseStream(KEY, "zeros").gaussian(c, sigma)
+    zeros = host == 0
+    assert zeros.sum() >= 5 and not np.signbit(host[zeros]).any()
+    _same_bits(NoiseStream(KEY, "zeros", device=device).gaussian(c, sigma), host)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_device_refusal_counts_low_precision_uniforms_like_the_host(device):
+    """U = 0 (top word below 2^11: p recomputed exactly, t = 16.4) beside a value just short of the refusal bound at
+    t = 0: the host's block maximum of t includes that element, so the host refuses, and so must the device."""
+    sigma = 1.0
+    g = grid_for(sigma)
+
+    def err(tmax, cmax):  # the host's bound, in grid units
+        return (sigma * noise.Z_ERROR * (1.0 + tmax) + 2.0**-50 * (cmax + sigma * tmax)) / g
+
+    t_low = float(noise.upper_quantile(np.array([2.0**-193]))[0])
+    big = 2.0**35 - 8000.0
+    assert err(0.0, big) < 0.125 < err(t_low, big)
+    centers = np.array([big, 0.0])
+    words = _block_words([1 << 191, 0]).reshape(2, 3).T.copy()
+    with pytest.raises(ArithmeticError) as host_err:
+        noise._rounded_gaussian(centers, sigma, g, words.copy())
+    with pytest.raises(ArithmeticError) as dev_err:
+        noise_device.rounded_gaussian(
+            torch.from_numpy(centers).to(device),
+            sigma,
+            subkey=b"",
+            start=0,
+            host_words=words.reshape(-1),
+            compiled=False,
+        )
+    assert str(dev_err.value) == str(host_err.value)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 def test_one_million_gaussians_equal_the_host_compiled_and_eager(device, monkeypatch):
@@ -256,12 +327,12 @@ def test_one_million_gaussians_equal_the_host_compiled_and_eager(device, monkeyp
         out, _ = noise_device.rounded_gaussian(
             torch.from_numpy(c).to(device), 0.2262, subkey=sk, start=0, compiled=compiled
         )
-        np.testing.assert_array_equal(out.cpu().numpy(), ref)
+        _same_bits(out.cpu().numpy(), ref)
         words = NoiseStream(KEY, "million").words(3_000_000)
         out, _ = noise_device.rounded_gaussian(
             torch.from_numpy(c).to(device), 0.2262, subkey=sk, start=0, host_words=words, compiled=compiled
         )
-        np.testing.assert_array_equal(out.cpu().numpy(), ref)
+        _same_bits(out.cpu().numpy(), ref)
         got = noise_device.stream_words(sk, 3, 1_000_000, device, compiled=compiled).cpu().numpy().view(np.uint64)
         np.testing.assert_array_equal(got, words[3:1_000_003])
 
@@ -278,9 +349,101 @@ def test_outputs_do_not_depend_on_the_thread_count():
         results.append((s.words(3), s.gaussian(c, 0.7), s.words(2_500_001), s.binomial(100, 1 / 7, 50), s.words(4)))
     for other in results[1:]:
         for a, b in zip(results[0], other):
-            np.testing.assert_array_equal(a, b)
+            _same_bits(b, a)
     with pytest.raises(ValueError):
         noise.set_threads(0)
+
+
+def _meeting(fn, parties: int = 2):
+    """``fn`` whose first ``parties`` calls wait for one another (10 s at most): two draws are then both under way
+    before either reads a word, so a draw that took its start from the stream before the other moved it would read
+    the other's words."""
+    barrier, calls = threading.Barrier(parties, timeout=10), itertools.count()
+
+    def wrapped(*args):
+        if next(calls) < parties:
+            try:
+                barrier.wait()
+            except threading.BrokenBarrierError:
+                pass
+        return fn(*args)
+
+    return wrapped
+
+
+_DRAWS = {  # sizes against spans of 2^10 words and 8192 Gaussians: "on threads" draws run on the noise threads
+    "words": (None, lambda s: s.words(1000)),
+    "words on threads": (None, lambda s: s.words(5000)),
+    "gaussian": (None, lambda s: s.gaussian(_centers(3000, 6), 0.7)),
+    "gaussian on threads": (None, lambda s: s.gaussian(_centers(20_000, 6), 0.7)),
+    "gaussian on a cpu device": ("cpu", lambda s: s.gaussian(_centers(3000, 6), 0.7)),
+    "binomial": (None, lambda s: s.binomial(100, Fraction(1, 7), 1000)),
+}
+
+
+@pytest.mark.parametrize("kind", list(_DRAWS))
+def test_two_threads_drawing_from_one_stream_read_disjoint_words(kind, monkeypatch):
+    """One stream, two threads, one draw each: the two outputs are the stream's first and second draws (in either
+    order), never the same words twice."""
+    monkeypatch.setattr(noise, "_TASK_WORDS", 1 << 10)
+    monkeypatch.setattr(noise, "_TASK_BLOCKS", 1)
+    noise.set_threads(2)
+    device, draw = _DRAWS[kind]
+    ref = NoiseStream(KEY, "shared", kind, device=device)
+    first, second = draw(ref), draw(ref)
+    monkeypatch.setattr(noise, "_encryptor", _meeting(noise._encryptor))
+    monkeypatch.setattr(noise, "_pool", _meeting(noise._pool))
+    s = NoiseStream(KEY, "shared", kind, device=device)
+    got = {}
+    workers = [threading.Thread(target=lambda name=name: got.update({name: draw(s)})) for name in "ab"]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+
+    def bits(x):
+        return np.asarray(x).view(np.uint64).tobytes()
+
+    assert {bits(got["a"]), bits(got["b"])} == {bits(first), bits(second)}
+    assert s.position == ref.position
+
+
+def test_a_draw_interrupted_part_way_leaves_its_words_unused(monkeypatch):
+    """A draw that fails after reading part of its words (a cancellation between two pieces): the next draws start
+    after the failed draw's words, on one thread or on several, so no released word is ever released again."""
+    monkeypatch.setattr(noise, "_ZEROS", bytes(4096))  # pieces of 512 words
+    monkeypatch.setattr(noise, "_TASK_WORDS", 1 << 10)
+    noise.set_threads(2)
+    ref = NoiseStream(KEY, "interrupted").words(20_000)
+    opened = noise._encryptor
+
+    class _Interrupted:  # the OpenSSL stream of the first draw: its second piece fails
+        def __init__(self, enc):
+            self.enc, self.pieces = enc, 0
+
+        def update(self, data):
+            return self.enc.update(data)
+
+        def update_into(self, data, buf):
+            self.pieces += 1
+            if self.pieces == 2:
+                raise RuntimeError("cancelled")
+            return self.enc.update_into(data, buf)
+
+    monkeypatch.setattr(
+        noise, "_encryptor", lambda key, word: _Interrupted(opened(key, word)) if word == 0 else opened(key, word)
+    )
+    s = NoiseStream(KEY, "interrupted")
+    with pytest.raises(RuntimeError, match="cancelled"):
+        s.words(2000)  # one thread, four pieces
+    assert s.position == 2000
+    a = s.words(10)  # one thread
+    b = s.words(6000)  # spans on two threads, each from its own position
+    c = s.uniform_int(1 << 62, 10)  # one thread again
+    np.testing.assert_array_equal(a, ref[2000:2010])
+    np.testing.assert_array_equal(b, ref[2010:8010])
+    np.testing.assert_array_equal(c, (ref[8010:8020] % np.uint64(1 << 62)).astype(np.int64))
+    assert not np.isin(a, b).any()
 
 
 def test_default_threads_are_the_cores_the_process_may_use():
@@ -316,8 +479,8 @@ def test_mixing_on_cuda_releases_the_rows_the_cpu_releases(mode):
     assert len(cpu) == len(cuda) == 3
     for (c1, f1, l1), (c2, f2, l2) in zip(cpu, cuda):
         assert c1 == c2
-        np.testing.assert_array_equal(f1, f2)
-        np.testing.assert_array_equal(l1, l2)
+        _same_bits(f2, f1)
+        _same_bits(l2, l1)
 
 
 def test_noise_benchmark_prints_every_path_beside_the_references(capsys, tmp_path):

@@ -23,10 +23,10 @@ output is a function of U alone. Phi^-1 is evaluated in float64 with Wichura's A
 1e-16; we assume 2^-40 (1 + |z|), and the tests check it against mpmath over the whole range). Any output whose
 float value lies within (twice) the error bound of a cell boundary is decided exactly instead: u is compared with
 Phi(boundary) computed in 170-digit decimal arithmetic. So given U, the output is exactly the ideal mechanism's
-output at u. The only gap left is u's resolution: every output cell receives a number of U values within one of
-2^192 times its ideal probability, the implementation's support is |Z| <= Phi^-1(1 - 2^-193) < 16.5 (ideal mass
-outside it: below 2^-191), and fewer than 33 * 2^13 + 2 < 2^18.1 cells lie inside. The total variation distance
-from the ideal mechanism is therefore below tau = 2^-174 per draw.
+output at u (a zero always as +0.0, whichever path decided it). The only gap left is u's resolution: every output
+cell receives a number of U values within one of 2^192 times its ideal probability, the implementation's support is
+|Z| <= Phi^-1(1 - 2^-193) < 16.5 (ideal mass outside it: below 2^-191), and fewer than 33 * 2^13 + 2 < 2^18.1 cells
+lie inside. The total variation distance from the ideal mechanism is therefore below tau = 2^-174 per draw.
 
 Binomial draws (``binomial``, poisson-mode row sizes) use the inverse CDF of Binomial(n, q), q rational, tabulated
 to 192 bits in decimal arithmetic up to the point M where the upper tail is below 2^-193 (every threshold below
@@ -91,6 +91,7 @@ _OVERFLOW = (
     "Exceeded the maximum number of bytes that can be encrypted with ChaCha20 for this nonce. The 32-bit counter "
     "portion of the nonce would overflow."
 )
+_NO_COPY = "a NoiseStream cannot be copied or pickled: a copy would draw the same noise again (make one where it draws)"
 _THREADS: Optional[int] = None
 _POOL: Optional[ThreadPoolExecutor] = None
 _POOL_PID = 0
@@ -201,6 +202,9 @@ class NoiseStream:
 
     ``device`` (a torch device, optional): ``gaussian`` runs there (``privacy.noise_device``), with the same output
     bit for bit; so does ``gaussian`` on a tensor. Words read on the host are drawn by ``threads()`` threads.
+    Each draw reserves its range of words before reading any (so threads sharing a stream read disjoint words, and
+    a failed draw's words are never used again), and a stream cannot be copied or pickled: a copy would draw the
+    same noise again.
     """
 
     def __init__(self, key: bytes, *path, device=None):
@@ -209,25 +213,60 @@ class NoiseStream:
         self.path = path
         self.device = device
         self._subkey = subkey(key, path)
-        self._pos = 0  # 64-bit words read so far
-        self._enc = None  # the OpenSSL stream at _pos, made when first read
+        self._lock = threading.Lock()  # guards _pos and _enc: a stream may be shared by threads
+        self._pos = 0  # 64-bit words reserved so far (read, or being read by a draw under way)
+        self._enc = None  # an OpenSSL stream positioned at _pos that no draw holds, if one is ready
 
     @property
     def position(self) -> int:
-        """64-bit words of the stream read so far."""
+        """64-bit words of the stream reserved so far: every draw's words lie below it, and none is drawn twice."""
         return self._pos
 
     def _seek(self, word: int) -> None:
+        """Tests only: the next draw starts at ``word`` (seeking back would draw words again)."""
         if word > MAX_STREAM_WORDS:
             raise ValueError(_OVERFLOW)
-        self._enc = None  # made at the next sequential read
-        self._pos = word
+        with self._lock:
+            self._enc = None  # made at the next sequential read
+            self._pos = word
 
-    def _sequential(self):
-        """The OpenSSL stream at the current position."""
-        if self._enc is None:
-            self._enc = _encryptor(self._subkey, self._pos)
-        return self._enc
+    def _reserve(self, n: int):
+        """Words [first, first + n) for one draw, and the OpenSSL stream at ``first`` if one is ready (else None).
+
+        The range is taken before any word of it is drawn, under the stream's lock, so two threads drawing from one
+        stream read disjoint words, and a draw that fails part-way leaves its words unused for good (never read
+        again by a later draw, which may run from its own position on other threads)."""
+        n = int(n)
+        with self._lock:
+            first = self._pos
+            if first + n > MAX_STREAM_WORDS:
+                raise ValueError(_OVERFLOW)
+            if n == 0:
+                return first, None
+            enc, self._enc = self._enc, None
+            self._pos = first + n
+        return first, enc
+
+    def _keep(self, enc, end: int) -> None:
+        """After a draw that read ``enc`` up to word ``end``: keep it for the next draw if that one starts there."""
+        with self._lock:
+            if self._pos == end and self._enc is None:
+                self._enc = enc
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError(_NO_COPY)
+
+    def __reduce__(self):
+        raise TypeError(_NO_COPY)
+
+    def __getstate__(self):
+        raise TypeError(_NO_COPY)
+
+    def __copy__(self):
+        raise TypeError(_NO_COPY)
+
+    def __deepcopy__(self, memo):
+        raise TypeError(_NO_COPY)
 
     def words(self, n: int) -> np.ndarray:
         """``n`` uniform uint64 words: the next 8n keystream bytes (little-endian)."""
@@ -237,21 +276,25 @@ class NoiseStream:
         return out[:n]
 
     def _fill(self, out: np.ndarray, n: int) -> None:
-        if self._pos + n > MAX_STREAM_WORDS:
-            raise ValueError(_OVERFLOW)
+        """The next ``n`` words into ``out`` (room beyond them), reserved first."""
+        first, enc = self._reserve(n)
+        self._fill_reserved(out, first, n, enc)
+
+    def _fill_reserved(self, out: np.ndarray, first: int, n: int, enc) -> None:
+        """Reserved words [first, first + n) into ``out``; ``enc``: the OpenSSL stream at ``first``, or None."""
+        if n == 0:
+            return
         workers = threads()
         if workers > 1 and n >= 2 * _TASK_WORDS:  # spans of the stream in parallel, each from its own position
-            start = self._pos
 
-            def span(first: int) -> None:
-                _fill_from(_encryptor(self._subkey, start + first), out, first, min(_TASK_WORDS, n - first))
+            def span(off: int) -> None:
+                _fill_from(_encryptor(self._subkey, first + off), out, off, min(_TASK_WORDS, n - off))
 
             list(_pool(workers).map(span, range(0, n, _TASK_WORDS)))
-            self._seek(start + n)
             return
-        if n:
-            _fill_from(self._sequential(), out, 0, n)
-        self._pos += n
+        enc = enc if enc is not None else _encryptor(self._subkey, first)
+        _fill_from(enc, out, 0, n)
+        self._keep(enc, first + n)
 
     def uniform_int(self, bound: int, size) -> np.ndarray:
         """int64 array of shape ``size``, uniform on range(bound), exactly (rejection, no modulo bias)."""
@@ -330,9 +373,8 @@ class NoiseStream:
         if self.device is not None and str(self.device) != "cpu":  # words and comparison on the card: same draws
             from dpcda.privacy import noise_device
 
-            first = self._pos
+            first, _ = self._reserve(UNIFORM_WORDS * size)
             m = noise_device.binomial(self._subkey, first, n, q.numerator, q.denominator, size, self.device)
-            self._seek(first + UNIFORM_WORDS * size)
             return m.cpu().numpy()
         u = self._uniform_words(size)
         # m = number of thresholds C_j <= U (C_j = 2^192 F(j), increasing), compared word by word.
@@ -361,27 +403,22 @@ class NoiseStream:
         g = grid_for(sigma)
         flat = c.reshape(-1)
         out = np.empty(flat.size, np.float64)
-        first = self._pos
-        if first + 3 * flat.size > MAX_STREAM_WORDS:
-            raise ValueError(_OVERFLOW)
+        first, enc = self._reserve(3 * flat.size)  # spent whatever happens below (a refusal included)
+        if flat.size == 0:
+            return out.reshape(c.shape)
         task = _TASK_BLOCKS * _BLOCK
         workers = threads()
-        try:
-            if workers > 1 and flat.size > task:  # spans of blocks in parallel, each reading its own stream span
+        if workers > 1 and flat.size > task:  # spans of blocks in parallel, each reading its own stream span
 
-                def span(s: int) -> None:
-                    enc = _encryptor(self._subkey, first + 3 * s)
-                    _gaussian_span(enc, flat, out, s, min(flat.size, s + task), sigma, g)
+            def span(s: int) -> None:
+                enc = _encryptor(self._subkey, first + 3 * s)
+                _gaussian_span(enc, flat, out, s, min(flat.size, s + task), sigma, g)
 
-                list(_pool(workers).map(span, range(0, flat.size, task)))
-            else:
-                _gaussian_span(self._sequential(), flat, out, 0, flat.size, sigma, g)
-                self._pos += 3 * flat.size
-                return out.reshape(c.shape)
-        except BaseException:  # the draw's words are spent, whatever happened: the stream stays consistent
-            self._seek(first + 3 * flat.size)
-            raise
-        self._seek(first + 3 * flat.size)
+            list(_pool(workers).map(span, range(0, flat.size, task)))
+        else:
+            enc = enc if enc is not None else _encryptor(self._subkey, first)
+            _gaussian_span(enc, flat, out, 0, flat.size, sigma, g)
+            self._keep(enc, first + 3 * flat.size)
         return out.reshape(c.shape)
 
     def _gaussian_on_device(self, center, sigma: float):
@@ -400,14 +437,14 @@ class NoiseStream:
             out = c.clone()
         else:
             total = c.numel()
-            first = self._pos
-            host_words = self.words(3 * total) if device.type == "cpu" else None
-            try:
-                out, _ = noise_device.rounded_gaussian(
-                    c, float(sigma), subkey=self._subkey, start=first, host_words=host_words
-                )
-            finally:
-                self._seek(first + 3 * total)
+            first, enc = self._reserve(3 * total)  # spent whatever happens below
+            host_words = None
+            if device.type == "cpu":
+                host_words = np.empty(3 * total + _SLACK_WORDS, np.uint64)
+                self._fill_reserved(host_words, first, 3 * total, enc)
+            out, _ = noise_device.rounded_gaussian(
+                c, float(sigma), subkey=self._subkey, start=first, host_words=host_words
+            )
         return out.cpu().numpy() if as_numpy else out
 
 
@@ -531,8 +568,9 @@ _LOW63 = np.uint64((1 << 63) - 1)
 _SHIFT11 = np.uint64(11)
 
 
-def _rounded_gaussian(center: np.ndarray, sigma: float, g: float, u: np.ndarray) -> np.ndarray:
-    """The ideal rounded Gaussian at the 192-bit uniforms ``u`` (3, n); see the module docstring."""
+def _tail_p(u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For the 192-bit uniforms ``u`` (3, n): which are above 1/2 (z = +t, else z = -t), and the float64 tail
+    probability p = min(u, 1 - u) whose upper quantile is t = |z|."""
     flip = u[0] >> np.uint64(63)  # 1 where U >= 2^191: u > 1/2 and z = +t; else z = -t
     mask = np.uint64(0) - flip  # all ones where flipped: U' = 2^192 - 1 - U, so p = 1 - u
     w0 = (u[0] ^ mask) & _LOW63
@@ -546,8 +584,14 @@ def _rounded_gaussian(center: np.ndarray, sigma: float, g: float, u: np.ndarray)
     for i in small:
         exact = (int(w0[i]) << 128) | (int(u[1, i] ^ mask[i]) << 64) | int(u[2, i] ^ mask[i])
         p[i] = float(Fraction(2 * exact + 1, 2**193))
+    return flip.astype(bool), p
+
+
+def _rounded_gaussian(center: np.ndarray, sigma: float, g: float, u: np.ndarray) -> np.ndarray:
+    """The ideal rounded Gaussian at the 192-bit uniforms ``u`` (3, n); see the module docstring."""
+    flip, p = _tail_p(u)
     t = upper_quantile(p)
-    scaled = np.where(flip.astype(bool), t, -t)
+    scaled = np.where(flip, t, -t)
     scaled *= sigma / g
     scaled += center / g  # (center + sigma z) / g: g is a power of two, so the divisions are exact
     k = np.rint(scaled)
@@ -563,6 +607,7 @@ def _rounded_gaussian(center: np.ndarray, sigma: float, g: float, u: np.ndarray)
     for i in ambiguous:
         u_int = (int(u[0, i]) << 128) | (int(u[1, i]) << 64) | int(u[2, i])
         k[i] = _exact_cell(float(center[i]), sigma, g, u_int, int(k[i]))
+    k += 0.0  # every zero +0.0: rint gives -0.0 for scaled in (-1/2, 0), the exact path +0.0 (x + 0.0 is x otherwise)
     k *= g
     return k
 

@@ -18,8 +18,10 @@ evaluates Wichura's AS 241 in float64 and rounds to the grid. Its float error ob
 (``noise.Z_ERROR``; tested against mpmath), so wherever the float value lies farther than (twice) that bound
 from a cell boundary, its cell is the exact cell at u, the host's output. Every other element (a near-boundary
 cell, p's rare low-precision case w0 < 2^11, a non-finite value) is handed back to the host, which decides it
-with its own code from the full U. The output is therefore the exact rounded Gaussian at U, element for element
-the host's; the tests check that identity on CPU tensors and, where present, on CUDA.
+with its own code from the full U (block by block; a block's largest t includes the host's t of these elements, so
+the device refuses exactly where the host does). The output is therefore the exact rounded Gaussian at U, element
+for element the host's, every zero +0.0; the tests check that identity, in the bits, on CPU tensors and, where
+present, on CUDA.
 """
 
 from __future__ import annotations
@@ -126,7 +128,7 @@ def upper_quantile(p: torch.Tensor) -> torch.Tensor:
 
 def _sampler(lo0, hi0, lo1, hi1, center, sigma_over_g, inv_g, g, err_t, err_c):
     """The rounded Gaussian k g per element (0 where the host must decide), a flag for elements the host must
-    decide, and t (0 there), for ``_block_stats``.
+    decide, and t, for ``_block_stats`` (0 where p is imprecise: ``rounded_gaussian`` adds the host's t there).
 
     (lo, hi) are the 32-bit halves of the uniform's two top words; the arithmetic is ``noise._rounded_gaussian``'s.
     err_t, err_c: the host's error bound per element, err = err_t (1 + t) + err_c (|c| + sigma t) in grid units.
@@ -146,7 +148,8 @@ def _sampler(lo0, hi0, lo1, hi1, center, sigma_over_g, inv_g, g, err_t, err_c):
     err = err_t * (1.0 + t) + err_c * (center.abs() * inv_g + sigma_over_g * t)
     small = w0 < 2048  # p from 116 bits is not precise enough (probability 2^-52): the host recomputes it
     host = small | ~((scaled - k).abs() < 0.5 - 2.0 * err)  # also catches non-finite values
-    return torch.where(small, 0.0, k) * g, host, torch.where(small, 0.0, t)
+    # k == 0 also matches -0.0 (round of a value in (-1/2, 0)): every zero is released as +0.0, as the host does
+    return torch.where(small | (k == 0), 0.0, k) * g, host, torch.where(small, 0.0, t)
 
 
 def _block_stats(values, host, t, center):
@@ -351,10 +354,12 @@ def rounded_gaussian(
         out[s : s + real] = values[:real]
         flags[s : s + real] = host[:real]
         stats.append((cmax, tmax, finite))
-    if stats:  # one synchronisation for the refusal test, one for the host's share
-        _refuse_like_the_host(*(torch.cat(x) for x in zip(*stats)), sigma, g)
-    todo = torch.nonzero(flags).reshape(-1)
-    if todo.numel():  # rare: the host decides these elements from the full 192-bit U, with its own code
+    todo = torch.nonzero(flags).reshape(-1)  # rare: the host decides these from the full 192-bit U, with its code
+    if not stats:
+        return out.reshape(center.shape), 0
+    cmax, tmax, finite = (torch.cat(x) for x in zip(*stats))
+    blk = _host._BLOCK
+    if todo.numel():
         u = np.empty((3, todo.numel()), np.uint64)
         for row, off in enumerate(_word_offsets(todo, total)):
             if host_words is None:
@@ -362,7 +367,17 @@ def rounded_gaussian(
                 u[row] = (hi << np.uint64(32)) | lo
             else:
                 u[row] = host_words[off.cpu().numpy()]
-        out[todo] = torch.from_numpy(_host._rounded_gaussian(c[todo].cpu().numpy(), float(sigma), g, u)).to(device)
+        # The host's block maximum of t includes these elements, with t from their exact p (w0 < 2^11 included).
+        t_exact = torch.from_numpy(_host.upper_quantile(_host._tail_p(u)[1])).to(device)
+        tmax = tmax.scatter_reduce(0, todo // blk, t_exact, reduce="amax")
+    _refuse_like_the_host(cmax, tmax, finite, sigma, g)
+    if todo.numel():  # block by block, as the host draws: a block's maxima bound its elements' error, so no refusal
+        blocks, c_todo = (todo // blk).cpu().numpy(), c[todo].cpu().numpy()
+        cuts = np.flatnonzero(np.diff(blocks)) + 1
+        values = np.empty(todo.numel(), np.float64)
+        for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(blocks)]):
+            values[a:b] = _host._rounded_gaussian(c_todo[a:b], float(sigma), g, np.ascontiguousarray(u[:, a:b]))
+        out[todo] = torch.from_numpy(values).to(device)
     return out.reshape(center.shape), int(todo.numel())
 
 
