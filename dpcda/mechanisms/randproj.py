@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dpcda.mechanisms.base import PlanError
 from dpcda.mechanisms.local import Local
 from dpcda.privacy.noise import NoiseStream, public_key
 
@@ -19,8 +20,6 @@ from dpcda.privacy.noise import NoiseStream, public_key
 def projection_matrix(dim: int, p: int, seed: int) -> np.ndarray:
     """The public (d, p) projection: N(0, 1/p) entries from ``seed``. p above d is refused (an expansion, not a
     projection: privacy would hold, since the sensitivity uses ||R||_2, but the rows only grow), which also bounds R."""
-    from dpcda.mechanisms.plan import PlanError
-
     if p < 1 or dim < 1:
         raise PlanError(f"projection_dim: need d >= 1 and p >= 1, got d={dim}, p={p}")
     if p > dim:

@@ -22,6 +22,8 @@ from typing import Optional
 
 from apache_beam.options.pipeline_options import DebugOptions, PipelineOptions, StandardOptions
 
+from dpcda.pipeline.errors import ReleaseError
+
 IMAGE_PYTHON = (3, 11)  # the Dockerfile's base image: apache/beam_python3.11_sdk
 ONE_SDK_PROCESS = "no_use_multiple_sdk_containers"
 NO_JOB_OPTIONS = ("template_location", "dry_run", "output_executable_path")
@@ -50,31 +52,29 @@ def check_job_options(options: PipelineOptions, *, max_class_bytes: Optional[int
     """Refuses what leaves a job nobody publishes (every runner); completes and checks Dataflow's worker options in
     place (see the module docstring). ``max_class_bytes``: the release's explicit per-class budget, if any.
     Raises ReleaseError (one line)."""
-    from dpcda.pipeline.release import ReleaseError as LaunchError
-
     flags = options.get_all_options()
     for name in NO_JOB_OPTIONS:
         if _flag_set(flags.get(name)):
-            raise LaunchError(
+            raise ReleaseError(
                 f"--{name}: the release job must run under this launcher, which publishes the release and records "
                 f"it in the ledger; a job that only writes a template or runs dry publishes nothing. Drop the flag"
             )
     if "dataflow" not in str(options.view_as(StandardOptions).runner or "").lower():
         return
     if sys.version_info[:2] != IMAGE_PYTHON:
-        raise LaunchError(
+        raise ReleaseError(
             f"DataflowRunner: the launcher runs Python {sys.version_info[0]}.{sys.version_info[1]}, the worker "
             f"image Python {IMAGE_PYTHON[0]}.{IMAGE_PYTHON[1]}; launch from a Python {IMAGE_PYTHON[0]}."
             f"{IMAGE_PYTHON[1]} environment (the pickled pipeline does not load across Python versions)"
         )
     temp, staging = flags.get("temp_location"), flags.get("staging_location")
     if not temp or not staging:
-        raise LaunchError(
+        raise ReleaseError(
             "DataflowRunner: pass --temp_location and --staging_location (a prefix outside the temp one: the temp "
             "bucket's one-day deletion rule must not remove the staged pipeline under a worker of a longer job)"
         )
     if staging.rstrip("/") == temp.rstrip("/") or staging.startswith(temp.rstrip("/") + "/"):
-        raise LaunchError(
+        raise ReleaseError(
             f"--staging_location {staging}: lies inside --temp_location {temp}, whose objects are deleted after a "
             f"day; stage outside it"
         )
@@ -88,12 +88,12 @@ def check_job_options(options: PipelineOptions, *, max_class_bytes: Optional[int
     processes = sdk_processes(flags)
     threads = int(flags["number_of_worker_harness_threads"])
     if processes > 1 and _gpu_workers(flags):
-        raise LaunchError(
+        raise ReleaseError(
             "DataflowRunner: several SDK processes per GPU worker would each open the one GPU and hold a class; "
             f"drop use_multiple_sdk_containers/--sdk_worker_parallelism (the launcher then runs one, {ONE_SDK_PROCESS})"
         )
     if processes * threads > 1 and max_class_bytes is None:
-        raise LaunchError(
+        raise ReleaseError(
             f"DataflowRunner: {'several' if processes > 1 else threads} classes at once per worker VM "
             f"({'several SDK processes' if processes > 1 else 'harness threads'}), but the default per-class budget "
             f"is 40 % of the VM's memory for one; pass --max-class-bytes at most that share divided by the classes "

@@ -27,8 +27,8 @@ from dpcda.mechanisms.base import Mechanism
 from dpcda.mechanisms.plan import PlanError, load_public_stats
 from dpcda.pipeline import __version__, build_commit
 from dpcda.pipeline.dataflow import check_job_options
+from dpcda.pipeline.errors import ReleaseError
 from dpcda.pipeline.manifest import build_manifest
-from dpcda.privacy.errors import DpcdaError
 from dpcda.privacy.noise import fresh_key, key_from_test_seed, set_threads
 from dpcda.schemas.config import ReleaseConfig
 from dpcda.schemas.manifest import InputInfo, RunInfo
@@ -46,10 +46,6 @@ from dpcda.transforms.write import WriteDraftManifest, WriteSynthetic
 log = logging.getLogger("dpcda.release")
 # A stage adds one manifest section: (name, function(run directory, draft manifest) -> section dict).
 Stage = tuple[str, Callable[[str, dict], dict]]
-
-
-class ReleaseError(DpcdaError, RuntimeError):
-    """A release that cannot go ahead (a failed pipeline, a launcher option that cannot work...)."""
 
 
 def _noise_key(seed):

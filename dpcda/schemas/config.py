@@ -46,7 +46,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "p3gm_label_weight",
     ),
     "postprocess": ("soft_labels", "lowpass", "image_shape", "denoise"),
-    "scale": ("chunk_rows", "max_class_bytes", "mixing_path", "join_block_rows", "device"),
+    "scale": ("chunk_rows", "max_class_bytes", "mixing_path", "join_block_rows", "device", "noise_threads"),
     "evaluation": ("eval_input", "eval_input_public", "eval_runs", "eval_epochs", "audit", "membership_audit"),
     "ledger": ("ledger", "dataset_id", "budget_cap"),
     "output": ("output", "output_shards", "overwrite"),

@@ -7,6 +7,12 @@ import os
 import posixpath
 import stat
 
+from dpcda.privacy.errors import DpcdaError
+
+
+class InputError(DpcdaError, ValueError):
+    """Bad input data: the message names the file, the column and (where it applies) the row."""
+
 
 def is_remote(path: str) -> bool:
     return "://" in str(path)
@@ -43,8 +49,6 @@ def expand_glob(pattern: str) -> list[str]:
         try:
             return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
         except (BeamIOError, ValueError) as err:  # no credentials, no bucket, no network: one line
-            from dpcda.storage.shards import InputError
-
             cause = " ".join(str(err).split())[:240]
             raise InputError(f"{pattern}: cannot list the files ({type(err).__name__}: {cause})") from None
     return sorted(p for p in _glob.glob(pattern, recursive=True) if not p.endswith("/"))

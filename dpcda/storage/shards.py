@@ -16,12 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dpcda.privacy.errors import DpcdaError
-from dpcda.storage.paths import expand_glob, is_remote, open_file  # noqa: F401 - expand_glob re-exported
-
-
-class InputError(DpcdaError, ValueError):
-    """Bad input data: the message names the file, the column and (where it applies) the row."""
+from dpcda.storage.paths import InputError, expand_glob, is_remote, open_file  # noqa: F401 - re-exported
 
 
 @dataclasses.dataclass
