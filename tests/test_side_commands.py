@@ -205,6 +205,37 @@ def test_a_gcs_run_that_fails_after_its_parts_were_readable_keeps_counting(gcs, 
 
 
 @pytest.mark.gcs
+def test_a_gcs_run_whose_prefix_is_emptied_after_the_pipeline_and_then_fails_keeps_counting(gcs, tmp_path):
+    """An empty run prefix proves nothing once the parts were written: another run's clean-up (STALE_RUN_HOURS), a
+    lifecycle rule or a stage may have removed them after readers could list them."""
+    from dpcda.pipeline.release import run_release
+    from dpcda.privacy.errors import DpcdaError
+    from dpcda.storage import publish
+    from dpcda.storage.ledger import open_ledger
+
+    cfg, ledger = _gcs_release_with_ledger(gcs, tmp_path)
+
+    def sweeps_then_fails(workdir, manifest):  # parts were readable; the prefix is emptied; then our own error
+        publish._delete_gcs_prefix(workdir)
+        raise DpcdaError("the evaluation refused its input")
+
+    with pytest.raises(DpcdaError, match="refused its input"):
+        run_release(
+            cfg,
+            ["--runner=DirectRunner", "--direct_running_mode=in_memory"],
+            stages=(("evaluation", sweeps_then_fails),),
+        )
+    assert _objects(f"{gcs}/rel") == []
+    (entry,) = open_ledger(ledger).entries("toy")
+    assert entry["state"] == "exposed" and entry["epsilon"] == 2.0
+    # a run older than the stale-run age may have been swept by another run: an empty prefix proves nothing either
+    old = publish.prepare(f"{gcs}/rel", overwrite=False, inputs=[])
+    old.run_id = "20000101T000000Z-00000000"
+    assert publish.exposed_on_gcs(old, DpcdaError("bad row"))
+    publish.abandon(old, DpcdaError("bad row"))
+
+
+@pytest.mark.gcs
 def test_a_gcs_run_refused_before_any_part_was_written_is_cancelled(gcs, tmp_path):
     from dpcda.pipeline.cli import main
     from dpcda.storage.ledger import open_ledger

@@ -475,6 +475,7 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
         p = beam.Pipeline(runner=_local_runner(options), options=options)
         build_pipeline(p, cfg, files, fmt, dim, target, info, public_stats, arrow_schema)
         run, result = run_pipeline(p, options)
+        target.written = True  # the parts are written: from here on, a failure leaves them possibly read (GCS)
         with open_file(join(target.workdir, publish.DRAFT)) as fh:
             manifest = json.loads(fh.read())
         manifest["run"] = run.model_dump(mode="json")
