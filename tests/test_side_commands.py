@@ -310,6 +310,12 @@ STAGING = "--staging_location=gs://b/staging"
         (["--template_location=gs://b/t.json"], "--template_location"),
         (["--runner=DirectRunner", "--template_location=/tmp/t.json"], "--template_location"),
         (["--dry_run=True"], "--dry_run"),
+        (["--dry_run=False"], "--dry_run"),  # Beam reads a string: any non-empty one runs dry
+        (["--dry_run=0"], "--dry_run"),
+        (["--dry_run="], "--dry_run"),
+        (["--template_location=0"], "--template_location"),  # a template written to ./0
+        (["--template_location=False"], "--template_location"),
+        (["--output_executable_path=false"], "--output_executable_path"),
         ([*DATAFLOW], "--staging_location"),
         ([*DATAFLOW, "--staging_location=gs://b/tmp/staging"], "lies inside --temp_location"),
         ([*DATAFLOW, STAGING, "--experiments=use_multiple_sdk_containers"], "classes at once"),

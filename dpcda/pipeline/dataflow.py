@@ -3,7 +3,8 @@
 - A job that would end without anyone publishing it is refused on every runner: ``--template_location`` (Dataflow
   writes a template and runs nothing), ``--dry_run``, ``--output_executable_path``. The launcher's run directory
   would be deleted and nothing published, or a template launched later would write a release no launcher checks,
-  publishes or records in the ledger.
+  publishes or records in the ledger. Any value given is refused (Beam reads them as strings: ``--dry_run=False``
+  runs dry).
 - On Dataflow, one SDK process per worker VM (``--experiments=no_use_multiple_sdk_containers``) and one harness
   thread (``--number_of_worker_harness_threads=1``) unless given: the in-memory mixer's per-class budget
   (``--max-class-bytes``, by default 40 % of the worker's memory) and the worker's one GPU are sized for one class at
@@ -27,8 +28,11 @@ ONE_SDK_PROCESS = "no_use_multiple_sdk_containers"
 NO_JOB_OPTIONS = ("template_location", "dry_run", "output_executable_path")
 
 
-def _flag_set(value) -> bool:
-    return value not in (None, False, "", "False", "false", "0")
+def _given(value) -> bool:
+    """Whether the option was given at all. Beam reads these options as strings and acts on any non-empty one
+    (``--dry_run=False`` runs dry, ``--template_location=0`` writes a template to ./0), so every given value is
+    refused, whatever it says; only the defaults (None, and dry_run's False) pass."""
+    return value is not None and value is not False
 
 
 def _gpu_workers(flags: dict) -> bool:
@@ -54,7 +58,7 @@ def check_job_options(options: PipelineOptions, *, max_class_bytes: Optional[int
 
     flags = options.get_all_options()
     for name in NO_JOB_OPTIONS:
-        if _flag_set(flags.get(name)):
+        if _given(flags.get(name)):
             raise LaunchError(
                 f"--{name}: the release job must run under this launcher, which publishes the release and records "
                 f"it in the ledger; a job that only writes a template or runs dry publishes nothing. Drop the flag"
