@@ -142,7 +142,7 @@ def test_risk_plot_writes_only_where_asked_and_replaces_only_its_own(tmp_path, c
     (tmp_path / "file").write_text("x")
     code, err = cli(capsys, "risk", "--epsilon", 1, "--plot", tmp_path / "file" / "x.png")  # an unwritable path
     assert code == 2 and "--plot" in one_line(err)
-    with mock.patch("os.replace", side_effect=PermissionError(13, "Permission denied")):
+    with mock.patch("dpcda.storage.publish._renameat2", side_effect=PermissionError(13, "Permission denied")):
         code, err = cli(capsys, "risk", "--epsilon", 1, "--plot", tmp_path / "ro.png")  # risk_plot_ro (root writes
     assert code == 2 and "cannot write (Permission denied)" in one_line(err)  # through mode 555: made to fail)
     assert sorted(os.listdir(tmp_path)) == ["file", "out"]  # no temporary file left
@@ -153,6 +153,67 @@ def test_risk_plot_writes_only_where_asked_and_replaces_only_its_own(tmp_path, c
     assert cli(capsys, "risk", "--epsilon", 2, "--plot", plot, "--overwrite")[0] == 0  # our own plot: replaced
     code, err = cli(capsys, "risk", "--epsilon", 1, "--plot", tmp_path / "file", "--overwrite")
     assert code == 2 and "not an earlier" in one_line(err) and (tmp_path / "file").read_text() == "x"
+
+
+def test_file_outputs_never_write_through_a_planted_link_nor_replace_what_appeared(tmp_path, capsys):
+    from dpcda.storage.outputs import write_file_output
+    from dpcda.storage.publish import PublishError
+
+    src = _table(tmp_path / "in", "0.parquet")
+    before = src.read_bytes()
+    for name in ("p.png", "table.yaml"):  # links at the temporary names the commands used to use
+        os.symlink(src, tmp_path / f".{name}.{os.getpid()}.tmp")
+    assert cli(capsys, "risk", "--epsilon", 1, "--plot", tmp_path / "p.png")[0] == 0
+    assert src.read_bytes() == before  # the input behind the planted link is untouched
+    args = ["schema", "infer", "--input", src, "--label", "label", "--out", tmp_path / "table.yaml"]
+    assert cli(capsys, *args)[0] == 0
+    assert src.read_bytes() == before
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG" and not (tmp_path / "p.png").is_symlink()
+
+    def someone_writes(target):  # another process creates the file while ours is being written
+        def write(fh):
+            target.write_text("theirs")
+            if isinstance(fh, str):  # the temporary file's path before, its file object now
+                with open(fh, "wb") as f:
+                    f.write(b"ours")
+            else:
+                fh.write(b"ours")
+
+        return write
+
+    new = tmp_path / "new.txt"
+    with pytest.raises(PublishError, match="appeared"):
+        write_file_output(str(new), someone_writes(new), flag="--out")
+    assert new.read_text() == "theirs"
+    # an allowed replacement checks again: a draft swapped for someone's file meanwhile is kept
+    draft = tmp_path / "table.yaml"
+    with pytest.raises(PublishError, match="not an earlier"):
+        write_file_output(str(draft), someone_writes(draft), flag="--out", ours=cli_module()._our_draft, what="t")
+    assert draft.read_text() == "theirs"
+    leftovers = [p for p in os.listdir(tmp_path) if p.endswith(".tmp") and not (tmp_path / p).is_symlink()]
+    assert leftovers == []
+
+
+def cli_module():
+    import dpcda.pipeline.cli as module
+
+    return module
+
+
+def test_only_an_unchanged_draft_of_schema_infer_is_replaced(tmp_path, capsys):
+    src = _table(tmp_path / "in", "0.parquet")
+    out = tmp_path / "table.yaml"
+    args = ["schema", "infer", "--input", src, "--label", "label", "--out", out, "--overwrite"]
+    assert cli(capsys, *args)[0] == 0
+    assert cli(capsys, *args)[0] == 0  # unchanged: ours
+    note = cli_module().SCHEMA_NOTE.split("{", 1)[0]
+    for text in (
+        note + "\nmy own notes\n",  # starts like a draft
+        out.read_text().replace("nullable: false", "nullable: true", 1),  # a draft the user filled in
+    ):
+        out.write_text(text)
+        code, err = cli(capsys, *args)
+        assert code == 2 and "not an earlier" in one_line(err) and out.read_text() == text
 
 
 # ---------------------------------------------------------------- GCS: a part readable before the manifest counts
