@@ -297,6 +297,31 @@ def test_a_gcs_run_whose_prefix_is_emptied_after_the_pipeline_and_then_fails_kee
 
 
 @pytest.mark.gcs
+def test_a_gcs_run_dropped_by_resolve_while_it_ran_is_entered_again_when_it_fails_exposed(gcs, tmp_path, caplog):
+    from dpcda.pipeline.release import run_release
+    from dpcda.storage.ledger import open_ledger, resolve
+
+    cfg, ledger = _gcs_release_with_ledger(gcs, tmp_path)
+
+    def dropped_then_fails(workdir, manifest):  # 'ledger resolve --force --drop' on the live run, then a failure
+        (entry,) = open_ledger(ledger).entries("toy")
+        assert resolve(open_ledger(ledger), "toy", entry["run"], force=True, drop=True) == "dropped"
+        raise RuntimeError("the evaluation broke")
+
+    with caplog.at_level("WARNING", logger="dpcda.ledger"), pytest.raises(RuntimeError, match="evaluation broke"):
+        run_release(
+            cfg,
+            ["--runner=DirectRunner", "--direct_running_mode=in_memory"],
+            stages=(("evaluation", dropped_then_fails),),
+        )
+    (entry,) = open_ledger(ledger).entries("toy")
+    assert entry["state"] == "exposed" and entry["epsilon"] == 2.0 and entry["output"] == cfg.output
+    assert "entered again" in caplog.text and "keeps counting" not in caplog.text
+    assert open_ledger(ledger).expose("toy", entry["run"]) == "already exposed"
+    assert open_ledger(ledger).expose("toy", "nobody") == "missing"
+
+
+@pytest.mark.gcs
 def test_a_gcs_run_refused_before_any_part_was_written_is_cancelled(gcs, tmp_path):
     from dpcda.pipeline.cli import main
     from dpcda.storage.ledger import open_ledger

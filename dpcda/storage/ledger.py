@@ -272,23 +272,44 @@ class Ledger(abc.ABC):
 
         self._transact(dataset_id, fn)
 
-    def expose(self, dataset_id: str, run: str) -> None:
+    def expose(self, dataset_id: str, run: str, request: Optional[dict] = None) -> str:
         """A reservation whose run failed after a part of it may have been readable (GCS): it is never cancelled
-        and keeps counting at its target epsilon (idempotent; a published entry stays as it is)."""
+        and keeps counting at its target epsilon (idempotent; a published entry stays as it is). Where the run has
+        no entry any more (``ledger resolve --drop`` removed it while the run lived), ``request`` (what the run
+        reserved: run, mechanism, mode, relation, epsilon, delta, output) is entered again as exposed. Returns what
+        happened: 'exposed', 'already exposed', 'published' (unchanged), 'added' or 'missing' (no entry, no request)."""
 
         def fn(entries):
             for e in entries:
                 if e["run"] == run and e["state"] == "pending":
                     e.update(state=EXPOSED, exposed_at=_now())
-            return entries, None
+                    return entries, "exposed"
+                if e["run"] == run and e["state"] in (EXPOSED, "published"):
+                    return entries, "already exposed" if e["state"] == EXPOSED else "published"
+            if request is None:
+                return entries, "missing"
+            entry = {**request, "run": run, "dataset_id": dataset_id, "state": EXPOSED, "reserved_at": None}
+            entry.update(events=None, exposed_at=_now())
+            problem = entry_problem(entry)
+            if problem is not None:
+                raise LedgerError(f"ledger {self.uri}: run {run} cannot be entered again as exposed ({problem})")
+            return [*entries, entry], "added"
 
-        self._transact(dataset_id, fn)
-        log.warning(
-            "stage=ledger dataset=%s run=%s: a part may have been readable before the run failed; its reservation "
-            "keeps counting at its target epsilon",
+        done = self._transact(dataset_id, fn)
+        what = {
+            "exposed": "its reservation keeps counting at its target epsilon",
+            "already exposed": "it was already counted as exposed",
+            "published": "it is recorded as published; unchanged",
+            "added": "its reservation had been dropped; it is entered again and counts at its target epsilon",
+            "missing": "it has NO entry on the ledger and nothing is counted for it; add it back by hand",
+        }[done]
+        (log.error if done == "missing" else log.warning)(
+            "stage=ledger dataset=%s run=%s: a part may have been readable before the run failed; %s",
             dataset_id,
             run,
+            what,
         )
+        return done
 
     @contextlib.contextmanager
     def _naming(self, dataset_id: str):
