@@ -489,8 +489,8 @@ def build_plan(
     if mech == "dpcda":
         T_k = T // K
         if T_k < 1:
-            dp = ", its DP estimate in poisson mode" if mode == "poisson" else ""
-            given = f"samples: T={T}" if cfg.samples else f"{cfg.input}: T defaults to the input's row count{dp}, {T},"
+            count = "the DP estimate of the input's row count" if mode == "poisson" else "the input's row count"
+            given = f"samples: T={T}" if cfg.samples else f"{cfg.input}: T defaults to {count} (samples unset), which"
             raise PlanError(f"{given} gives no rows for {K} classes (T_k = floor(T/K) = 0); pass --samples >= {K}")
         T_total = T_k * K
     else:
