@@ -593,3 +593,30 @@ def test_rows_that_would_count_as_no_spend_are_refused(tmp_path):
     with pytest.raises(LedgerError, match="cannot be recorded"):
         third.record("ds", "r", {**manifest, "privacy": {**manifest["privacy"], "events": None}})
     assert [e["state"] for e in third.entries("ds")] == ["pending"]
+
+
+def test_resolve_turns_a_storage_error_into_one_line(tmp_path, capsys):
+    from unittest import mock
+
+    from google.api_core import exceptions as gexc
+
+    from dpcda.pipeline.cli import main
+
+    path = str(tmp_path / "l.db")
+    ledger = open_ledger(path, create=True)
+    ledger.reserve("ds", {**_request("r"), "output": "gs://lake/rel"}, cap=None)
+    with mock.patch("dpcda.storage.paths.open_file", side_effect=gexc.Forbidden("403 caller lacks access")):
+        code = main(["ledger", "resolve", "--ledger", path, "--dataset-id", "ds", "--run", "r", "--force"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and "Forbidden" in err and "nothing changed" in err, err
+    assert [e["state"] for e in ledger.entries("ds")] == ["pending"]
+    help_text = " ".join(main_help(["ledger", "resolve", "--help"], capsys).split())
+    assert "exposed" in help_text and "gs://" in help_text
+
+
+def main_help(argv, capsys) -> str:
+    from dpcda.pipeline.cli import main
+
+    with pytest.raises(SystemExit):
+        main(argv)
+    return capsys.readouterr().out

@@ -737,7 +737,9 @@ def build_parser() -> argparse.ArgumentParser:
     res = led_sub.add_parser(
         "resolve",
         allow_abbrev=False,
-        help="a reservation left by a run that died: record it if its release is at OUTPUT, drop it otherwise",
+        help="a reservation left by a run that died: record it if OUTPUT's manifest names the run; otherwise, on "
+        "gs:// mark it exposed (it keeps counting: its parts may have been readable), locally drop it if OUTPUT "
+        "holds no release or one made before the run reserved",
     )
     res.add_argument("--ledger", required=True)
     res.add_argument("--dataset-id", required=True)
@@ -746,7 +748,8 @@ def build_parser() -> argparse.ArgumentParser:
     res.add_argument(
         "--drop",
         action="store_true",
-        help="drop the reservation although OUTPUT holds a later release of another run (known not published)",
+        help="drop the reservation: locally although OUTPUT holds a later release of another run (known not "
+        "published); on gs:// instead of marking it exposed (only if nobody could list the bucket while it ran)",
     )
 
     from dpcda.schemas.config import ReleaseConfig

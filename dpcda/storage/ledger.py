@@ -626,10 +626,12 @@ def resolve(ledger: Ledger, dataset_id: str, run: str, *, force: bool = False, d
         )
     try:
         ours, current = published_manifest(entry["output"], run)
-    except (OSError, ValueError) as err:
+    except Exception as err:  # noqa: BLE001 - OSError, bad JSON, google-cloud's Forbidden...: one line, no change
+        why = str(err).splitlines()[0][:200] if str(err) else ""
         raise LedgerError(
-            f"ledger: cannot read {entry['output']}/manifest.json ({type(err).__name__}); nothing changed"
-        )
+            f"ledger: cannot read {entry['output']}/manifest.json ({type(err).__name__}{': ' + why if why else ''}); "
+            f"nothing changed"
+        ) from None
     if ours is not None:
         ledger.record(dataset_id, run, ours)
         return "recorded"
