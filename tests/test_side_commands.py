@@ -410,6 +410,11 @@ STAGING = "--staging_location=gs://b/staging"
             [*DATAFLOW, STAGING, "--sdk_worker_parallelism=8", "--dataflow_service_options=worker_accelerator=x"],
             "open the one GPU",
         ),
+        (
+            [*DATAFLOW, STAGING, "--sdk_worker_parallelism=8", "--experiments=worker_accelerator=type:nvidia-l4"],
+            "open the one GPU",
+        ),
+        ([*DATAFLOW, STAGING, "--sdk_worker_parallelism=8", "--worker_machine_type=g2-standard-8"], "open the one GPU"),
     ],
 )
 def test_launch_options_that_cannot_hold_are_refused_in_one_line(args, needle):

@@ -35,10 +35,22 @@ def _given(value) -> bool:
     return value is not None and value is not False
 
 
+GPU_MACHINE_FAMILIES = ("a2-", "a3-", "a4-", "g2-", "g4-")  # Compute Engine types that come with GPUs attached
+
+
 def _gpu_workers(flags: dict) -> bool:
-    service = flags.get("dataflow_service_options") or []
-    service = [service] if isinstance(service, str) else service
-    return any("worker_accelerator" in s for s in service) or "gpu" in str(flags.get("machine_type") or "").lower()
+    """Whether the workers have a GPU: an accelerator asked for as a service option or an experiment
+    (``--experiments=worker_accelerator=...``), or a machine type with GPUs attached (``g2-standard-8``)."""
+    asked = []
+    for name in ("dataflow_service_options", "experiments"):
+        given = flags.get(name) or []
+        asked += [given] if isinstance(given, str) else list(given)
+    machine = str(flags.get("machine_type") or "").lower()
+    return (
+        any("worker_accelerator" in str(s) for s in asked)
+        or "gpu" in machine
+        or machine.startswith(GPU_MACHINE_FAMILIES)
+    )
 
 
 def sdk_processes(flags: dict) -> int:
