@@ -108,7 +108,8 @@ def test_a_corrupt_ledger_entry_is_refused_in_every_store(mode, tmp_path, reques
         ledger = open_ledger(str(path), create=True)
         with sqlite3.connect(path) as conn:
             conn.execute("""INSERT INTO releases (dataset_id, run, entry) VALUES ('a', 'r', '{"run": "r",
-                "dataset_id": "b", "state": "cap", "epsilon": 1}')""")
+                "dataset_id": "b", "state": "pending", "mode": "fixed", "relation": "fixed", "epsilon": 1,
+                "delta": 1e-5}')""")
         with pytest.raises(LedgerError, match="row 1 .run 'r'. is corrupt .its entry names dataset 'b'"):
             ledger.reserve("a", {"run": "s", "mode": "fixed", "relation": "fixed", "epsilon": 1, "delta": 1e-5}, None)
 
