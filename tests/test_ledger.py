@@ -14,7 +14,7 @@ import dp_accounting
 import pytest
 from dp_accounting import rdp
 
-from dpcda.privacy.accounting import RDP_ORDERS, SAMPLER_DELTA_SHARE, ReleaseEvents
+from dpcda.privacy.accounting import RDP_ORDERS, SAMPLER_DELTA_SHARE, ReleaseEvents, account
 from dpcda.privacy.composition import (
     Claim,
     LedgerError,
@@ -38,7 +38,13 @@ def fixed_events(sigma=0.8, sizes=(60, 80), samples=60, l=4) -> ReleaseEvents:
     return ReleaseEvents("fixed", (stats,), per_class, gaussian_draws=1000)
 
 
-def published(run, events: ReleaseEvents, eps=3.0, relation="fixed") -> Claim:
+def stated(events: ReleaseEvents) -> float:
+    """What a release of ``events`` states (its manifest's epsilon): fixed mode's accounting of the same events."""
+    return account(events, DELTA, cross_check=False).epsilon
+
+
+def published(run, events: ReleaseEvents, eps=None, relation="fixed") -> Claim:
+    eps = stated(events) if eps is None else eps
     return Claim(run, events.mode, relation, eps, DELTA, release_events_to_json(events))
 
 
@@ -82,16 +88,16 @@ def test_fixed_releases_compose_through_their_events_like_an_independent_account
 def test_classes_need_not_match_across_releases():
     # a release's curve is the largest over its classes: never below any single class's composition
     a, b = fixed_events(sizes=(60, 200)), fixed_events(sizes=(200, 60))
-    comp = compose([published("a", a, eps=50), published("b", b, eps=50)])
+    comp = compose([published("a", a), published("b", b)])
     aligned = _independent_rdp_epsilon([a, b], 2 * DELTA * (1 - SAMPLER_DELTA_SHARE))
     assert comp.epsilon >= aligned - 1e-9
     worst = fixed_events(sizes=(60,))
     assert comp.epsilon == pytest.approx(_independent_rdp_epsilon([worst, worst], 2 * DELTA * (1 - 1e-6)))
 
 
-def test_one_release_composes_to_at_most_its_own_sum_and_nonprivate_is_infinite():
+def test_one_release_composes_to_its_stated_epsilon_and_nonprivate_is_infinite():
     ev = fixed_events()
-    assert compose([published("a", ev, eps=100.0)]).epsilon <= 100.0
+    assert compose([published("a", ev)]).epsilon == pytest.approx(stated(ev), rel=1e-12)
     leak = ReleaseEvents("fixed", (NonPrivateEvent("normalization"),), ev.per_class)
     assert math.isinf(compose([published("a", ev), published("b", leak)]).epsilon)
 
@@ -143,7 +149,8 @@ def _request(run, eps=4.0, mode="fixed"):
     }
 
 
-def _manifest(events: ReleaseEvents, eps: float) -> dict:
+def _manifest(events: ReleaseEvents, eps=None) -> dict:
+    eps = stated(events) if eps is None else eps
     return {
         "privacy": {"epsilon": eps, "delta": DELTA, "events": release_events_to_json(events)},
         "mechanism": {"name": "dpcda", "mode": events.mode},
@@ -155,7 +162,7 @@ def _store_life_cycle(ledger):
     ledger.reserve("ds", _request("r1"), cap=10.0)
     ledger.reserve("other", _request("o1", eps=9.0), cap=10.0)  # another dataset id has its own budget
     assert [e["state"] for e in ledger.entries("ds")] == ["pending"]
-    ledger.record("ds", "r1", _manifest(fixed_events(sizes=(70,)), 3.9))
+    ledger.record("ds", "r1", _manifest(fixed_events(sizes=(70,))))
     ledger.reserve("ds", _request("r2"), cap=10.0)
     ledger.cancel("ds", "r2")  # a failed run leaves nothing
     entries = ledger.entries("ds")
@@ -169,8 +176,8 @@ def _store_life_cycle(ledger):
     # idempotent: a reserve or record retried after a lost response changes nothing twice
     ledger.reserve("ds", _request("r4", eps=1.0), cap=10.0)
     ledger.reserve("ds", _request("r4", eps=1.0), cap=10.0)
-    ledger.record("ds", "r4", _manifest(fixed_events(sizes=(70,)), 0.9))
-    ledger.record("ds", "r4", _manifest(fixed_events(sizes=(70,)), 0.9))
+    ledger.record("ds", "r4", _manifest(fixed_events(sizes=(70,))))
+    ledger.record("ds", "r4", _manifest(fixed_events(sizes=(70,))))
     assert [(e["run"], e["state"]) for e in ledger.entries("ds")] == [("r1", "published"), ("r4", "published")]
     ledger.cancel("ds", "r4")  # never removes a published entry
     assert len(ledger.entries("ds")) == 2
@@ -185,9 +192,7 @@ def _store_life_cycle(ledger):
     ledger.cancel("ds", "r4")
     ledger._transact("ds", lambda es: ([e for e in es if e["run"] != "r4"], None))
     (ds,) = summary(ledger, "ds")
-    assert ds["composed"]["epsilon"] == pytest.approx(
-        compose([published("r1", fixed_events(sizes=(70,)), eps=3.9)]).epsilon
-    )
+    assert ds["composed"]["epsilon"] == pytest.approx(compose([published("r1", fixed_events(sizes=(70,)))]).epsilon)
 
 
 def test_sqlite_life_cycle(tmp_path):
@@ -272,7 +277,7 @@ def test_resolve_records_a_published_run_and_drops_a_dead_one(tmp_path):
     ledger.reserve("ds", {**_request("live"), "output": str(out)}, cap=None)
     with pytest.raises(LedgerError, match="may still be running"):
         resolve(ledger, "ds", "live")
-    manifest = {**_manifest(fixed_events(sizes=(70,)), 3.9), "ledger": {"run": "live"}}
+    manifest = {**_manifest(fixed_events(sizes=(70,))), "ledger": {"run": "live"}}
     (out / "manifest.json").write_text(json.dumps(manifest))
     assert resolve(ledger, "ds", "live", force=True) == "recorded"
     ledger.reserve("ds", _request("dead"), cap=None)
@@ -477,7 +482,7 @@ def test_resolve_never_drops_on_ambiguity_and_waits_for_a_live_run(tmp_path):
     out = tmp_path / "rel"
     out.mkdir()
     ledger.reserve("ds", {**_request("old"), "output": check_output_path(str(out))}, cap=None)
-    later = {**_manifest(fixed_events(sizes=(70,)), 1.0), "ledger": {"run": "someone-else"}}
+    later = {**_manifest(fixed_events(sizes=(70,))), "ledger": {"run": "someone-else"}}
     later["created_at"] = (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=1)).isoformat()
     (out / "manifest.json").write_text(json.dumps(later))
     with pytest.raises(LedgerError, match="--drop"):  # published and then replaced? it cannot tell: it refuses
@@ -500,3 +505,118 @@ def test_malformed_events_end_in_a_ledger_error():
     bad = Claim("x", "fixed", "fixed", 1.0, DELTA, {"mode": "fixed", "per_class": [{"type": "MixingEvent"}]})
     with pytest.raises(LedgerError, match="malformed"):
         compose([bad])
+
+
+def _put_rows(path: str, rows: list[dict]) -> None:
+    """Rows written straight into the SQLite file (as a hand edit or a corrupted copy would)."""
+    import sqlite3
+
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.executemany(
+            "INSERT INTO releases (dataset_id, run, entry) VALUES (?, ?, ?)",
+            [(r["dataset_id"], r["run"], json.dumps(r)) for r in rows],
+        )
+    finally:
+        conn.close()
+
+
+def test_rows_that_would_count_as_no_spend_are_refused(tmp_path):
+    from dpcda.storage.ledger import entry_problem
+
+    ev = fixed_events(sizes=(70,))
+    good = {
+        "run": "r",
+        "dataset_id": "ds",
+        "state": "published",
+        "mode": "fixed",
+        "relation": "fixed",
+        "epsilon": stated(ev),
+        "delta": DELTA,
+        "events": release_events_to_json(ev),
+    }
+    assert entry_problem(good) is None
+    assert entry_problem({**good, "state": "pending", "epsilon": None, "events": None}) is None  # counted as inf
+    truncated = {"mode": "fixed", "shared": release_events_to_json(ev)["shared"]}
+    bad = [
+        {"epsilon": float("nan")},
+        {"epsilon": float("-inf")},
+        {"epsilon": float("inf")},
+        {"epsilon": -1e9, "state": "pending"},
+        {"epsilon": 0.0},
+        {"delta": float("nan")},
+        {"delta": -1e-5},
+        {"delta": 1.0},
+        {"mode": "laplace"},
+        {"relation": "nobody"},
+        {"relation": "poisson"},
+        {"state": "cap"},
+        {"run": "(cap)"},
+        {"events": {"mode": "fixed"}},
+        {"events": {"mode": "poisson", "per_class": release_events_to_json(ev)["per_class"]}},
+        {"events": None},
+        {"events": {"mode": "fixed", "per_class": [{"type": "MixingEvent"}]}},
+    ]
+    for change in bad:
+        assert entry_problem({**good, **change}) is not None, change
+    # composition itself refuses what a store might not check, in one line instead of a KeyError
+    for claim in (
+        Claim("x", "laplace", "fixed", 1.0, DELTA),
+        Claim("x", "fixed", "nobody", 1.0, DELTA),
+        Claim("x", "fixed", "fixed", -1e9, DELTA),
+        Claim("x", "fixed", "fixed", float("nan"), DELTA),
+        Claim("x", "fixed", "fixed", 1.0, float("nan")),
+    ):
+        with pytest.raises(LedgerError, match="run x"):
+            compose([claim])
+    # events that compose to less than a release states alone (truncated, edited) are refused
+    with pytest.raises(LedgerError, match="run a: .*compose to less"):
+        compose([Claim("a", "fixed", "fixed", stated(ev), DELTA, truncated), published("b", ev)])
+
+    # through a store: two published rows of epsilon 4 with their events cut to the mode, and a pending row of
+    # epsilon -1e9, no longer let a release of epsilon 100 pass a cap of 5; the refusal names the ledger and the row
+    path = str(tmp_path / "l.db")
+    ledger = open_ledger(path, create=True)
+    _put_rows(path, [{**good, "run": r, "epsilon": 4.0, "events": {"mode": "fixed"}} for r in ("p1", "p2")])
+    with pytest.raises(LedgerError) as err:
+        ledger.reserve("ds", _request("new", eps=1.0), cap=100.0)
+    assert path in str(err.value) and "p1" in str(err.value) and "\n" not in str(err.value)
+    other = str(tmp_path / "m.db")
+    ledger = open_ledger(other, create=True)
+    _put_rows(other, [{**good, "run": "neg", "state": "pending", "epsilon": -1e9, "events": None}])
+    with pytest.raises(LedgerError, match="neg"):
+        ledger.reserve("ds", _request("big", eps=100.0), cap=5.0)
+    # and a store never writes such a row: a manifest without events is not recorded, its reservation stays
+    third = open_ledger(str(tmp_path / "n.db"), create=True)
+    third.reserve("ds", _request("r"), cap=None)
+    manifest = _manifest(ev)
+    with pytest.raises(LedgerError, match="cannot be recorded"):
+        third.record("ds", "r", {**manifest, "privacy": {**manifest["privacy"], "events": None}})
+    assert [e["state"] for e in third.entries("ds")] == ["pending"]
+
+
+def test_resolve_turns_a_storage_error_into_one_line(tmp_path, capsys):
+    from unittest import mock
+
+    from google.api_core import exceptions as gexc
+
+    from dpcda.pipeline.cli import main
+
+    path = str(tmp_path / "l.db")
+    ledger = open_ledger(path, create=True)
+    ledger.reserve("ds", {**_request("r"), "output": "gs://lake/rel"}, cap=None)
+    with mock.patch("dpcda.storage.paths.open_file", side_effect=gexc.Forbidden("403 caller lacks access")):
+        code = main(["ledger", "resolve", "--ledger", path, "--dataset-id", "ds", "--run", "r", "--force"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and "Forbidden" in err and "nothing changed" in err, err
+    assert [e["state"] for e in ledger.entries("ds")] == ["pending"]
+    help_text = " ".join(main_help(["ledger", "resolve", "--help"], capsys).split())
+    assert "exposed" in help_text and "gs://" in help_text
+
+
+def main_help(argv, capsys) -> str:
+    from dpcda.pipeline.cli import main
+
+    with pytest.raises(SystemExit):
+        main(argv)
+    return capsys.readouterr().out

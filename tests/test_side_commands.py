@@ -108,7 +108,8 @@ def test_a_corrupt_ledger_entry_is_refused_in_every_store(mode, tmp_path, reques
         ledger = open_ledger(str(path), create=True)
         with sqlite3.connect(path) as conn:
             conn.execute("""INSERT INTO releases (dataset_id, run, entry) VALUES ('a', 'r', '{"run": "r",
-                "dataset_id": "b", "state": "cap", "epsilon": 1}')""")
+                "dataset_id": "b", "state": "pending", "mode": "fixed", "relation": "fixed", "epsilon": 1,
+                "delta": 1e-5}')""")
         with pytest.raises(LedgerError, match="row 1 .run 'r'. is corrupt .its entry names dataset 'b'"):
             ledger.reserve("a", {"run": "s", "mode": "fixed", "relation": "fixed", "epsilon": 1, "delta": 1e-5}, None)
 
@@ -142,7 +143,7 @@ def test_risk_plot_writes_only_where_asked_and_replaces_only_its_own(tmp_path, c
     (tmp_path / "file").write_text("x")
     code, err = cli(capsys, "risk", "--epsilon", 1, "--plot", tmp_path / "file" / "x.png")  # an unwritable path
     assert code == 2 and "--plot" in one_line(err)
-    with mock.patch("os.replace", side_effect=PermissionError(13, "Permission denied")):
+    with mock.patch("dpcda.storage.publish._renameat2", side_effect=PermissionError(13, "Permission denied")):
         code, err = cli(capsys, "risk", "--epsilon", 1, "--plot", tmp_path / "ro.png")  # risk_plot_ro (root writes
     assert code == 2 and "cannot write (Permission denied)" in one_line(err)  # through mode 555: made to fail)
     assert sorted(os.listdir(tmp_path)) == ["file", "out"]  # no temporary file left
@@ -153,6 +154,67 @@ def test_risk_plot_writes_only_where_asked_and_replaces_only_its_own(tmp_path, c
     assert cli(capsys, "risk", "--epsilon", 2, "--plot", plot, "--overwrite")[0] == 0  # our own plot: replaced
     code, err = cli(capsys, "risk", "--epsilon", 1, "--plot", tmp_path / "file", "--overwrite")
     assert code == 2 and "not an earlier" in one_line(err) and (tmp_path / "file").read_text() == "x"
+
+
+def test_file_outputs_never_write_through_a_planted_link_nor_replace_what_appeared(tmp_path, capsys):
+    from dpcda.storage.outputs import write_file_output
+    from dpcda.storage.publish import PublishError
+
+    src = _table(tmp_path / "in", "0.parquet")
+    before = src.read_bytes()
+    for name in ("p.png", "table.yaml"):  # links at the temporary names the commands used to use
+        os.symlink(src, tmp_path / f".{name}.{os.getpid()}.tmp")
+    assert cli(capsys, "risk", "--epsilon", 1, "--plot", tmp_path / "p.png")[0] == 0
+    assert src.read_bytes() == before  # the input behind the planted link is untouched
+    args = ["schema", "infer", "--input", src, "--label", "label", "--out", tmp_path / "table.yaml"]
+    assert cli(capsys, *args)[0] == 0
+    assert src.read_bytes() == before
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG" and not (tmp_path / "p.png").is_symlink()
+
+    def someone_writes(target):  # another process creates the file while ours is being written
+        def write(fh):
+            target.write_text("theirs")
+            if isinstance(fh, str):  # the temporary file's path before, its file object now
+                with open(fh, "wb") as f:
+                    f.write(b"ours")
+            else:
+                fh.write(b"ours")
+
+        return write
+
+    new = tmp_path / "new.txt"
+    with pytest.raises(PublishError, match="appeared"):
+        write_file_output(str(new), someone_writes(new), flag="--out")
+    assert new.read_text() == "theirs"
+    # an allowed replacement checks again: a draft swapped for someone's file meanwhile is kept
+    draft = tmp_path / "table.yaml"
+    with pytest.raises(PublishError, match="not an earlier"):
+        write_file_output(str(draft), someone_writes(draft), flag="--out", ours=cli_module()._our_draft, what="t")
+    assert draft.read_text() == "theirs"
+    leftovers = [p for p in os.listdir(tmp_path) if p.endswith(".tmp") and not (tmp_path / p).is_symlink()]
+    assert leftovers == []
+
+
+def cli_module():
+    import dpcda.pipeline.cli as module
+
+    return module
+
+
+def test_only_an_unchanged_draft_of_schema_infer_is_replaced(tmp_path, capsys):
+    src = _table(tmp_path / "in", "0.parquet")
+    out = tmp_path / "table.yaml"
+    args = ["schema", "infer", "--input", src, "--label", "label", "--out", out, "--overwrite"]
+    assert cli(capsys, *args)[0] == 0
+    assert cli(capsys, *args)[0] == 0  # unchanged: ours
+    note = cli_module().SCHEMA_NOTE.split("{", 1)[0]
+    for text in (
+        note + "\nmy own notes\n",  # starts like a draft
+        out.read_text().replace("nullable: false", "nullable: true", 1),  # a draft the user filled in
+    ):
+        out.write_text(text)
+        code, err = cli(capsys, *args)
+        assert code == 2 and "not an earlier" in one_line(err) and out.read_text() == text
 
 
 # ---------------------------------------------------------------- GCS: a part readable before the manifest counts
@@ -202,6 +264,62 @@ def test_a_gcs_run_that_fails_after_its_parts_were_readable_keeps_counting(gcs, 
         open_ledger(ledger).reserve(
             "toy", {"run": "n", "mode": "fixed", "relation": "fixed", "epsilon": 2.0, "delta": 1e-5}, 3.0
         )
+
+
+@pytest.mark.gcs
+def test_a_gcs_run_whose_prefix_is_emptied_after_the_pipeline_and_then_fails_keeps_counting(gcs, tmp_path):
+    """An empty run prefix proves nothing once the parts were written: another run's clean-up (STALE_RUN_HOURS), a
+    lifecycle rule or a stage may have removed them after readers could list them."""
+    from dpcda.pipeline.release import run_release
+    from dpcda.privacy.errors import DpcdaError
+    from dpcda.storage import publish
+    from dpcda.storage.ledger import open_ledger
+
+    cfg, ledger = _gcs_release_with_ledger(gcs, tmp_path)
+
+    def sweeps_then_fails(workdir, manifest):  # parts were readable; the prefix is emptied; then our own error
+        publish._delete_gcs_prefix(workdir)
+        raise DpcdaError("the evaluation refused its input")
+
+    with pytest.raises(DpcdaError, match="refused its input"):
+        run_release(
+            cfg,
+            ["--runner=DirectRunner", "--direct_running_mode=in_memory"],
+            stages=(("evaluation", sweeps_then_fails),),
+        )
+    assert _objects(f"{gcs}/rel") == []
+    (entry,) = open_ledger(ledger).entries("toy")
+    assert entry["state"] == "exposed" and entry["epsilon"] == 2.0
+    # a run older than the stale-run age may have been swept by another run: an empty prefix proves nothing either
+    old = publish.prepare(f"{gcs}/rel", overwrite=False, inputs=[])
+    old.run_id = "20000101T000000Z-00000000"
+    assert publish.exposed_on_gcs(old, DpcdaError("bad row"))
+    publish.abandon(old, DpcdaError("bad row"))
+
+
+@pytest.mark.gcs
+def test_a_gcs_run_dropped_by_resolve_while_it_ran_is_entered_again_when_it_fails_exposed(gcs, tmp_path, caplog):
+    from dpcda.pipeline.release import run_release
+    from dpcda.storage.ledger import open_ledger, resolve
+
+    cfg, ledger = _gcs_release_with_ledger(gcs, tmp_path)
+
+    def dropped_then_fails(workdir, manifest):  # 'ledger resolve --force --drop' on the live run, then a failure
+        (entry,) = open_ledger(ledger).entries("toy")
+        assert resolve(open_ledger(ledger), "toy", entry["run"], force=True, drop=True) == "dropped"
+        raise RuntimeError("the evaluation broke")
+
+    with caplog.at_level("WARNING", logger="dpcda.ledger"), pytest.raises(RuntimeError, match="evaluation broke"):
+        run_release(
+            cfg,
+            ["--runner=DirectRunner", "--direct_running_mode=in_memory"],
+            stages=(("evaluation", dropped_then_fails),),
+        )
+    (entry,) = open_ledger(ledger).entries("toy")
+    assert entry["state"] == "exposed" and entry["epsilon"] == 2.0 and entry["output"] == cfg.output
+    assert "entered again" in caplog.text and "keeps counting" not in caplog.text
+    assert open_ledger(ledger).expose("toy", entry["run"]) == "already exposed"
+    assert open_ledger(ledger).expose("toy", "nobody") == "missing"
 
 
 @pytest.mark.gcs
@@ -279,6 +397,12 @@ STAGING = "--staging_location=gs://b/staging"
         (["--template_location=gs://b/t.json"], "--template_location"),
         (["--runner=DirectRunner", "--template_location=/tmp/t.json"], "--template_location"),
         (["--dry_run=True"], "--dry_run"),
+        (["--dry_run=False"], "--dry_run"),  # Beam reads a string: any non-empty one runs dry
+        (["--dry_run=0"], "--dry_run"),
+        (["--dry_run="], "--dry_run"),
+        (["--template_location=0"], "--template_location"),  # a template written to ./0
+        (["--template_location=False"], "--template_location"),
+        (["--output_executable_path=false"], "--output_executable_path"),
         ([*DATAFLOW], "--staging_location"),
         ([*DATAFLOW, "--staging_location=gs://b/tmp/staging"], "lies inside --temp_location"),
         ([*DATAFLOW, STAGING, "--experiments=use_multiple_sdk_containers"], "classes at once"),
@@ -287,6 +411,11 @@ STAGING = "--staging_location=gs://b/staging"
             [*DATAFLOW, STAGING, "--sdk_worker_parallelism=8", "--dataflow_service_options=worker_accelerator=x"],
             "open the one GPU",
         ),
+        (
+            [*DATAFLOW, STAGING, "--sdk_worker_parallelism=8", "--experiments=worker_accelerator=type:nvidia-l4"],
+            "open the one GPU",
+        ),
+        ([*DATAFLOW, STAGING, "--sdk_worker_parallelism=8", "--worker_machine_type=g2-standard-8"], "open the one GPU"),
     ],
 )
 def test_launch_options_that_cannot_hold_are_refused_in_one_line(args, needle):
@@ -674,7 +803,10 @@ def test_one_row_per_class_too_few_names_the_default_it_comes_from():
     with pytest.raises(PlanError) as err:  # test key 9: the DP row count comes out at 1
         build_plan(first_pass(x[:1], y[:1]), cfg, key_from_test_seed(9))
     line = str(err.value)
-    assert "samples: T=" not in line and "T defaults to the input's row count" in line and "--samples >= 2" in line
+    assert "samples: T=" not in line and "T defaults to the DP estimate" in line and "--samples >= 2" in line
+    assert not re.search(
+        r"\d", line.replace("T_k = floor(T/K) = 0", "").replace("--samples >= 2", "").replace("2 classes", "")
+    ), line  # no number derived from the data (here the DP count, 1)
 
 
 def test_a_table_evaluation_says_where_it_is(caplog):

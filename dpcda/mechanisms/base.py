@@ -133,7 +133,9 @@ class Mechanism:
 
     # ---------------------------------------------------------------- rows
 
-    def rows(self, total: int, num_classes: int, *, given: bool = True, where: str = "") -> tuple[int, int]:
+    def rows(
+        self, total: int, num_classes: int, *, given: bool = True, where: str = "", mode: str = "fixed"
+    ) -> tuple[int, int]:
         """(rows per class, rows in all) for T rows (``given``: the config's ``samples``; else its default, the input's
         row count, which a refusal names by ``where`` and never prints: in poisson mode it is a DP estimate)."""
         return 0, total

@@ -212,11 +212,14 @@ class Dpcda(Mechanism):
         # the smallest class sets sigma_x (epsilon falls as N_k rises); the accountant re-checks every class
         return lambda sigma: [min(events(sigma), key=lambda e: e.class_size)]
 
-    def rows(self, total: int, num_classes: int, *, given: bool = True, where: str = "") -> tuple[int, int]:
+    def rows(
+        self, total: int, num_classes: int, *, given: bool = True, where: str = "", mode: str = "fixed"
+    ) -> tuple[int, int]:
         per_class = total // num_classes
         if per_class < 1:
             # T's default is the input's row count (a DP estimate in poisson mode): never printed
-            what = f"samples: T={total}" if given else f"{where}: T defaults to the input's row count, which"
+            count = "the DP estimate of the input's row count" if mode == "poisson" else "the input's row count"
+            what = f"samples: T={total}" if given else f"{where}: T defaults to {count} (samples unset), which"
             raise PlanError(
                 f"{what} gives no rows for {num_classes} classes (T_k = floor(T/K) = 0); pass --samples >= "
                 f"{num_classes}"

@@ -428,7 +428,7 @@ def build_plan(
     sizes_list = [int(s) for s in sizes]
     projection, gain = mech.projection(cfg, dim)
     ratio = mech.label_noise_ratio(cfg)
-    T_k, T_total = mech.rows(T, K, given=cfg.samples is not None, where=cfg.input)
+    T_k, T_total = mech.rows(T, K, given=cfg.samples is not None, where=cfg.input, mode=mode)
 
     def events(sigma: float) -> list:
         return mech.synthesis_events(

@@ -7,6 +7,7 @@ non-zero exit status (2). Unknown flags of ``release`` are Beam pipeline options
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import math
@@ -263,15 +264,24 @@ SCHEMA_NOTE = """\
 """
 
 
+DRAFT_MARK = "# dpcda schema infer draft; sha256 of the lines below: "
+
+
+def _marked_draft(text: str) -> str:
+    """The draft with its first line: the marker and a hash of the rest, so that an edited draft is not ours."""
+    return f"{DRAFT_MARK}{hashlib.sha256(text.encode('utf-8')).hexdigest()}\n{text}"
+
+
 def _our_draft(path: str) -> bool:
+    """An earlier draft of ``schema infer --out``, unchanged since (its marker's hash matches): a file that merely
+    starts like one, or a draft the user filled in, is never replaced."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            return fh.read(len(SCHEMA_NOTE_START)) == SCHEMA_NOTE_START
+        with open(path, "rb") as fh:
+            data = fh.read(1 << 20)
+        first, sep, rest = data.decode("utf-8").partition("\n")
     except (OSError, UnicodeDecodeError):
         return False
-
-
-SCHEMA_NOTE_START = SCHEMA_NOTE.split("{", 1)[0]
+    return bool(sep) and first == _marked_draft(rest).partition("\n")[0]
 
 
 def cmd_schema(args, _beam_args) -> int:
@@ -299,12 +309,9 @@ def cmd_schema(args, _beam_args) -> int:
     text = SCHEMA_NOTE.format(path=files[0], files=len(files))
     text += yaml.safe_dump(draft, sort_keys=False, default_flow_style=None)
     if args.out:
-
-        def write(tmp):
-            with open(tmp, "w", encoding="utf-8") as fh:
-                fh.write(text)
-
-        write_file_output(args.out, write, flag="--out")
+        ours = _our_draft if args.overwrite else None
+        write_file_output(args.out, lambda fh: fh.write(_marked_draft(text).encode("utf-8")), flag="--out", ours=ours,
+                          what="table.yaml", inputs=files)  # fmt: skip
         print(json.dumps({"out": args.out, "columns": len(draft["table"]["columns"])}))
     else:
         print(text, end="")
@@ -351,7 +358,11 @@ def cmd_risk(args, _beam_args) -> int:
         ax.legend(fontsize=7)
         fig.tight_layout()
         write_file_output(
-            args.plot, lambda tmp: fig.savefig(tmp, dpi=100, format="png", metadata=RISK_PLOT_TAG), flag="--plot"
+            args.plot,
+            lambda fh: fig.savefig(fh, dpi=100, format="png", metadata=RISK_PLOT_TAG),
+            flag="--plot",
+            ours=_our_risk_plot if args.overwrite else None,
+            what="plot.png",
         )
         figures["plot"] = args.plot
     if args.json:
@@ -567,7 +578,9 @@ def build_parser() -> argparse.ArgumentParser:
     res = led_sub.add_parser(
         "resolve",
         allow_abbrev=False,
-        help="a reservation left by a run that died: record it if its release is at OUTPUT, drop it otherwise",
+        help="a reservation left by a run that died: record it if OUTPUT's manifest names the run; otherwise, on "
+        "gs:// mark it exposed (it keeps counting: its parts may have been readable), locally drop it if OUTPUT "
+        "holds no release or one made before the run reserved",
     )
     res.add_argument("--ledger", required=True)
     res.add_argument("--dataset-id", required=True)
@@ -576,7 +589,8 @@ def build_parser() -> argparse.ArgumentParser:
     res.add_argument(
         "--drop",
         action="store_true",
-        help="drop the reservation although OUTPUT holds a later release of another run (known not published)",
+        help="drop the reservation: locally although OUTPUT holds a later release of another run (known not "
+        "published); on gs:// instead of marking it exposed (only if nobody could list the bucket while it ran)",
     )
 
     from dpcda.schemas.config import MECHANISM_NAMES, ReleaseConfig

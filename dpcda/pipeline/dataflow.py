@@ -3,7 +3,8 @@
 - A job that would end without anyone publishing it is refused on every runner: ``--template_location`` (Dataflow
   writes a template and runs nothing), ``--dry_run``, ``--output_executable_path``. The launcher's run directory
   would be deleted and nothing published, or a template launched later would write a release no launcher checks,
-  publishes or records in the ledger.
+  publishes or records in the ledger. Any value given is refused (Beam reads them as strings: ``--dry_run=False``
+  runs dry).
 - On Dataflow, one SDK process per worker VM (``--experiments=no_use_multiple_sdk_containers``) and one harness
   thread (``--number_of_worker_harness_threads=1``) unless given: the in-memory mixer's per-class budget
   (``--max-class-bytes``, by default 40 % of the worker's memory) and the worker's one GPU are sized for one class at
@@ -29,14 +30,29 @@ ONE_SDK_PROCESS = "no_use_multiple_sdk_containers"
 NO_JOB_OPTIONS = ("template_location", "dry_run", "output_executable_path")
 
 
-def _flag_set(value) -> bool:
-    return value not in (None, False, "", "False", "false", "0")
+def _given(value) -> bool:
+    """Whether the option was given at all. Beam reads these options as strings and acts on any non-empty one
+    (``--dry_run=False`` runs dry, ``--template_location=0`` writes a template to ./0), so every given value is
+    refused, whatever it says; only the defaults (None, and dry_run's False) pass."""
+    return value is not None and value is not False
+
+
+GPU_MACHINE_FAMILIES = ("a2-", "a3-", "a4-", "g2-", "g4-")  # Compute Engine types that come with GPUs attached
 
 
 def _gpu_workers(flags: dict) -> bool:
-    service = flags.get("dataflow_service_options") or []
-    service = [service] if isinstance(service, str) else service
-    return any("worker_accelerator" in s for s in service) or "gpu" in str(flags.get("machine_type") or "").lower()
+    """Whether the workers have a GPU: an accelerator asked for as a service option or an experiment
+    (``--experiments=worker_accelerator=...``), or a machine type with GPUs attached (``g2-standard-8``)."""
+    asked = []
+    for name in ("dataflow_service_options", "experiments"):
+        given = flags.get(name) or []
+        asked += [given] if isinstance(given, str) else list(given)
+    machine = str(flags.get("machine_type") or "").lower()
+    return (
+        any("worker_accelerator" in str(s) for s in asked)
+        or "gpu" in machine
+        or machine.startswith(GPU_MACHINE_FAMILIES)
+    )
 
 
 def sdk_processes(flags: dict) -> int:
@@ -54,7 +70,7 @@ def check_job_options(options: PipelineOptions, *, max_class_bytes: Optional[int
     Raises ReleaseError (one line)."""
     flags = options.get_all_options()
     for name in NO_JOB_OPTIONS:
-        if _flag_set(flags.get(name)):
+        if _given(flags.get(name)):
             raise ReleaseError(
                 f"--{name}: the release job must run under this launcher, which publishes the release and records "
                 f"it in the ledger; a job that only writes a template or runs dry publishes nothing. Drop the flag"

@@ -366,7 +366,7 @@ def run_release(
     try:
         manifest = _release(cfg, options, files, stages, eval_input, guarded, section, t0)
     except BaseException as err:
-        _settle(ledger, cfg.dataset_id, run, request["output"], err)
+        _settle(ledger, cfg.dataset_id, request, err)
         raise
     if not _record(ledger, cfg.dataset_id, run, manifest):
         err = ReleaseError(
@@ -379,20 +379,21 @@ def run_release(
     return manifest
 
 
-def _settle(ledger, dataset_id: str, run: str, output: str, err: BaseException) -> None:
+def _settle(ledger, dataset_id: str, request: dict, err: BaseException) -> None:
     """The reservation of a run that raised, decided by what OUTPUT holds (not by where the exception came from: an
     interrupt can land after the release became visible): recorded if OUTPUT's manifest names the run, removed if
     it does not. Anything that goes wrong here (a second interrupt, an unreachable ledger, an unreadable OUTPUT)
     leaves the reservation, which keeps counting at the target epsilon, and the original error stands."""
     from dpcda.storage.ledger import published_manifest
 
+    run, output = request["run"], request["output"]
     try:
         ours, _ = published_manifest(output, run)
         if ours is not None:
             err.published = True
             ledger.record(dataset_id, run, ours)
         elif publish.exposed_in(err):
-            ledger.expose(dataset_id, run)
+            ledger.expose(dataset_id, run, request)  # entered again if its reservation was dropped meanwhile
         else:
             ledger.cancel(dataset_id, run)
     except BaseException as inner:  # noqa: BLE001 - never hide the release's own error
@@ -476,6 +477,7 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
         p = beam.Pipeline(runner=_local_runner(options), options=options)
         build_pipeline(p, cfg, files, fmt, dim, target, info, public_stats, arrow_schema)
         run, result = run_pipeline(p, options)
+        target.written = True  # the parts are written: from here on, a failure leaves them possibly read (GCS)
         with open_file(join(target.workdir, publish.DRAFT)) as fh:
             manifest = json.loads(fh.read())
         manifest["run"] = run.model_dump(mode="json")

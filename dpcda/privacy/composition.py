@@ -78,6 +78,14 @@ class LedgerError(DpcdaError, RuntimeError):
     """A release the ledger refuses (over the budget cap, a relation that does not compose) or cannot record."""
 
 
+class ClaimError(LedgerError):
+    """One release the ledger holds cannot be composed (``run``, ``problem``); the store names itself and the row."""
+
+    def __init__(self, run: str, problem: str):
+        super().__init__(f"ledger: run {run}: {problem}")
+        self.run, self.problem = run, problem
+
+
 # ---------------------------------------------------------------- events as JSON (the manifest's privacy.events)
 
 
@@ -171,7 +179,7 @@ def _compose_fixed_events(claims: Sequence[Claim]) -> tuple[float, float]:
         try:
             events.append(release_events_from_json(c.events))
         except (KeyError, TypeError, ValueError, AttributeError) as err:
-            raise LedgerError(f"ledger: run {c.run}: malformed privacy events ({type(err).__name__})") from None
+            raise ClaimError(c.run, f"malformed privacy events ({type(err).__name__})") from None
     if any(e.adaptive for e in events):  # fixed mode has no adaptive stage; never expected
         return summed, delta
     total = np.sum(np.stack([_release_rdp(e) for e in events]), axis=0)
@@ -189,10 +197,30 @@ def _compose_fixed_events(claims: Sequence[Claim]) -> tuple[float, float]:
     return min(float(eps), summed), delta
 
 
+def claim_problem(claim: Claim) -> Optional[str]:
+    """What makes ``claim`` unusable for composition, or None. A stated epsilon that is not positive (zero, negative,
+    NaN) or a delta outside [0, 1) would count as no spend, or lower the spend of the others."""
+    if claim.mode not in FAMILY:
+        return "unknown mode"
+    if claim.relation not in RELATION_WORDS or claim.relation.rsplit("/", 1)[-1] != claim.mode:
+        return f"relation not one of mode {claim.mode}'s"
+    if not (isinstance(claim.epsilon, (int, float)) and claim.epsilon > 0 and not math.isnan(claim.epsilon)):
+        return "epsilon is not a positive number"
+    if not (isinstance(claim.delta, (int, float)) and 0 <= claim.delta < 1):
+        return "delta is not in [0, 1)"
+    return None
+
+
 def compose(claims: Sequence[Claim]) -> Composition:
-    """What ``claims`` (releases of one dataset) guarantee together; LedgerError if their relations do not compose."""
+    """What ``claims`` (releases of one dataset) guarantee together; LedgerError if their relations do not compose,
+    a claim is unusable (``claim_problem``), or the published releases' events compose to less than one of them
+    states alone (events truncated or edited: composition never lowers a release's own guarantee)."""
     if not claims:
         return Composition(0.0, 0.0, 0.0, 0, "", "nothing released")
+    for c in claims:
+        problem = claim_problem(c)
+        if problem is not None:
+            raise ClaimError(c.run, f"{problem}; a release that would count as no spend is refused")
     families = {FAMILY[c.mode] for c in claims}
     if len(families) > 1:
         raise LedgerError(
@@ -207,6 +235,13 @@ def compose(claims: Sequence[Claim]) -> Composition:
     if not tight:
         return Composition(summed, delta, summed, len(claims), relation, "sum of the stated epsilons")
     eps_tight, _ = _compose_fixed_events(tight)
+    largest = max(tight, key=lambda c: c.epsilon)
+    if not eps_tight >= largest.epsilon * (1 - 1e-9):  # the same RDP maths gave each its stated epsilon
+        raise ClaimError(
+            largest.run,
+            "the published releases' events compose to less than this release states alone (its events are "
+            "truncated or edited); nothing is composed from them",
+        )
     rest = sum(c.epsilon for c in claims if not (c.mode == "fixed" and c.events is not None))
     method = "RDP composition of the published releases' events"
     if len(tight) < len(claims):
@@ -218,15 +253,17 @@ def check_budget(dataset_id: str, history: Sequence[Claim], request: Claim, cap:
     """The ledger's decision on a new release, before any of its data is read: figures before and after; raises
     LedgerError naming the spent and requested budget when the composed epsilon would pass ``cap``."""
     before = compose(history)
-    try:
-        after = compose([*history, request])
-    except LedgerError:
+    problem = claim_problem(request)
+    if problem is not None:
+        raise LedgerError(f"ledger: this release (run {request.run}): {problem}")
+    if history and FAMILY[request.mode] != FAMILY[history[0].mode]:
         theirs = "replace-one (mode fixed)" if request.mode == "poisson" else "add/remove (mode poisson)"
         raise LedgerError(
             f"ledger: dataset '{dataset_id}' holds {theirs} releases and this release is mode {request.mode}: their "
             f"guarantees do not compose into one statement (refused; use mode {history[0].mode} or another "
             f"--dataset-id)"
-        ) from None
+        )
+    after = compose([*history, request])
     if cap is not None and not after.epsilon <= cap:
         raise LedgerError(
             f"ledger: dataset '{dataset_id}' has spent epsilon {before.epsilon:.4g} (delta {before.delta:.3g}, "

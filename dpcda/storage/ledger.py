@@ -36,7 +36,15 @@ import uuid
 from typing import Callable, Optional
 
 from dpcda.privacy.accounting import relation_key
-from dpcda.privacy.composition import Claim, LedgerError, check_budget, compose
+from dpcda.privacy.composition import (
+    Claim,
+    ClaimError,
+    LedgerError,
+    check_budget,
+    claim_problem,
+    compose,
+    release_events_from_json,
+)
 from dpcda.storage.paths import is_remote
 
 log = logging.getLogger("dpcda.ledger")
@@ -57,6 +65,7 @@ def new_run_id() -> str:
 
 
 CAP = "cap"  # the state of the entry that holds a dataset's stored cap (not a release)
+CAP_RUN = "(cap)"  # and its run
 
 
 EXPOSED = "exposed"  # a run that failed on GCS after a part of it may have been readable: counts as pending, forever
@@ -81,9 +90,40 @@ def entry_problem(entry) -> Optional[str]:
             return f"'{field}' is a {type(entry[field]).__name__}"
     if entry["state"] not in STATES:
         return f"state '{entry['state'][:40]}' is none of {', '.join(STATES)}"
+    if (entry["state"] == CAP) != (entry["run"] == CAP_RUN):
+        return f"only the cap entry (run '{CAP_RUN}') has state '{CAP}'"
     eps = entry.get("epsilon")
-    if entry["state"] != CAP and eps is not None and (not isinstance(eps, _NUMBER) or isinstance(eps, bool)):
+    if entry["state"] == CAP:
+        return None if _positive(eps) else "'epsilon' is not a positive finite number"
+    if eps is not None and (not isinstance(eps, _NUMBER) or isinstance(eps, bool)):
         return f"'epsilon' is a {type(eps).__name__}"
+    if eps is not None and not _positive(eps):  # null: no guarantee (counted as infinite)
+        return "'epsilon' is not a positive finite number"
+    if not (math.isfinite(entry["delta"]) and 0 <= entry["delta"] < 1):
+        return "'delta' is not a finite number in [0, 1)"
+    problem = claim_problem(claim_of(entry))  # known mode, a relation of that mode
+    if problem is not None:
+        return problem
+    if entry["state"] == "published":
+        return _events_problem(entry)
+    return None
+
+
+def _positive(eps) -> bool:
+    return isinstance(eps, _NUMBER) and not isinstance(eps, bool) and math.isfinite(eps) and eps > 0
+
+
+def _events_problem(entry: dict) -> Optional[str]:
+    """A published entry's events must read back and hold at least one event of its own mode: an empty or truncated
+    list would compose to less than the release spent."""
+    try:
+        events = release_events_from_json(entry.get("events"))
+    except (LedgerError, KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError):
+        return "its privacy events do not read back"
+    if events.mode != entry["mode"]:
+        return "its privacy events are of another mode"
+    if not (events.shared or events.per_class):
+        return "it holds no privacy events"
     return None
 
 
@@ -159,7 +199,8 @@ class Ledger(abc.ABC):
         def fn(entries):
             history = [e for e in releases_of(entries) if e["run"] != request["run"]]
             limit = effective_cap(entries, cap)
-            figures = check_budget(dataset_id, [claim_of(e) for e in history], claim_of(entry), limit)
+            with self._naming(dataset_id):
+                figures = check_budget(dataset_id, [claim_of(e) for e in history], claim_of(entry), limit)
             if any(e["run"] == request["run"] for e in entries):
                 return entries, figures  # a retry after a lost response: already reserved
             return [*entries, entry], figures
@@ -188,11 +229,21 @@ class Ledger(abc.ABC):
             "prefix": manifest.get("output", {}).get("prefix", ""),
         }
 
+        def checked(entry: dict) -> dict:  # never write a row that the next read would refuse
+            problem = entry_problem(entry)
+            if problem is not None:
+                raise LedgerError(
+                    f"ledger {self.uri}: run {run}: the release's manifest cannot be recorded ({problem}); its "
+                    f"reservation stays and counts at its target epsilon"
+                )
+            return entry
+
         def fn(entries):
             for e in entries:
                 if e["run"] == run and e["state"] == "published":
                     return entries, None  # recorded already (a retry after a lost response)
                 if e["run"] == run and e["state"] in ("pending", EXPOSED):
+                    checked({**e, **published})
                     e.update(published)
                     return entries, None
             # its reservation was dropped (``resolve --drop`` while it ran): what was published is recorded anyway
@@ -208,7 +259,7 @@ class Ledger(abc.ABC):
                 "reserved_at": None,
                 **published,
             }
-            return [*entries, entry], None
+            return [*entries, checked(entry)], None
 
         self._transact(dataset_id, fn)
         log.info("stage=ledger dataset=%s run=%s recorded epsilon=%s", dataset_id, run, p["epsilon"])
@@ -221,23 +272,55 @@ class Ledger(abc.ABC):
 
         self._transact(dataset_id, fn)
 
-    def expose(self, dataset_id: str, run: str) -> None:
+    def expose(self, dataset_id: str, run: str, request: Optional[dict] = None) -> str:
         """A reservation whose run failed after a part of it may have been readable (GCS): it is never cancelled
-        and keeps counting at its target epsilon (idempotent; a published entry stays as it is)."""
+        and keeps counting at its target epsilon (idempotent; a published entry stays as it is). Where the run has
+        no entry any more (``ledger resolve --drop`` removed it while the run lived), ``request`` (what the run
+        reserved: run, mechanism, mode, relation, epsilon, delta, output) is entered again as exposed. Returns what
+        happened: 'exposed', 'already exposed', 'published' (unchanged), 'added' or 'missing' (no entry, no request)."""
 
         def fn(entries):
             for e in entries:
                 if e["run"] == run and e["state"] == "pending":
                     e.update(state=EXPOSED, exposed_at=_now())
-            return entries, None
+                    return entries, "exposed"
+                if e["run"] == run and e["state"] in (EXPOSED, "published"):
+                    return entries, "already exposed" if e["state"] == EXPOSED else "published"
+            if request is None:
+                return entries, "missing"
+            entry = {**request, "run": run, "dataset_id": dataset_id, "state": EXPOSED, "reserved_at": None}
+            entry.update(events=None, exposed_at=_now())
+            problem = entry_problem(entry)
+            if problem is not None:
+                raise LedgerError(f"ledger {self.uri}: run {run} cannot be entered again as exposed ({problem})")
+            return [*entries, entry], "added"
 
-        self._transact(dataset_id, fn)
-        log.warning(
-            "stage=ledger dataset=%s run=%s: a part may have been readable before the run failed; its reservation "
-            "keeps counting at its target epsilon",
+        done = self._transact(dataset_id, fn)
+        what = {
+            "exposed": "its reservation keeps counting at its target epsilon",
+            "already exposed": "it was already counted as exposed",
+            "published": "it is recorded as published; unchanged",
+            "added": "its reservation had been dropped; it is entered again and counts at its target epsilon",
+            "missing": "it has NO entry on the ledger and nothing is counted for it; add it back by hand",
+        }[done]
+        (log.error if done == "missing" else log.warning)(
+            "stage=ledger dataset=%s run=%s: a part may have been readable before the run failed; %s",
             dataset_id,
             run,
+            what,
         )
+        return done
+
+    @contextlib.contextmanager
+    def _naming(self, dataset_id: str):
+        """A row that cannot be composed, as one line naming the ledger and the row."""
+        try:
+            yield
+        except ClaimError as err:
+            raise LedgerError(
+                f"ledger {self.uri}: dataset '{dataset_id}', run '{err.run[:80]}': {err.problem}; nothing was "
+                f"changed. Restore the ledger from a backup"
+            ) from None
 
     def set_cap(self, dataset_id: str, epsilon: float) -> None:
         """Stores the dataset's budget cap (``dpcda ledger cap``); a release's --budget-cap can only lower it."""
@@ -276,7 +359,7 @@ def check_cap(cap: Optional[float], what: str = "budget_cap") -> Optional[float]
 
 
 def _cap_entry(dataset_id: str, epsilon: float) -> dict:
-    return {"run": "(cap)", "dataset_id": dataset_id, "state": CAP, "epsilon": float(epsilon), "set_at": _now()}
+    return {"run": CAP_RUN, "dataset_id": dataset_id, "state": CAP, "epsilon": float(epsilon), "set_at": _now()}
 
 
 class SqliteLedger(Ledger):
@@ -477,7 +560,8 @@ def summary(ledger: Ledger, dataset_id: Optional[str] = None) -> list[dict]:
         everything = [e for e in entries if e["dataset_id"] == ds]
         mine = releases_of(everything)
         try:
-            comp = compose([claim_of(e) for e in mine])
+            with ledger._naming(ds):
+                comp = compose([claim_of(e) for e in mine])
             total = {
                 "epsilon": comp.epsilon,
                 "delta": comp.delta,
@@ -542,10 +626,12 @@ def resolve(ledger: Ledger, dataset_id: str, run: str, *, force: bool = False, d
         )
     try:
         ours, current = published_manifest(entry["output"], run)
-    except (OSError, ValueError) as err:
+    except Exception as err:  # noqa: BLE001 - OSError, bad JSON, google-cloud's Forbidden...: one line, no change
+        why = str(err).splitlines()[0][:200] if str(err) else ""
         raise LedgerError(
-            f"ledger: cannot read {entry['output']}/manifest.json ({type(err).__name__}); nothing changed"
-        )
+            f"ledger: cannot read {entry['output']}/manifest.json ({type(err).__name__}{': ' + why if why else ''}); "
+            f"nothing changed"
+        ) from None
     if ours is not None:
         ledger.record(dataset_id, run, ours)
         return "recorded"

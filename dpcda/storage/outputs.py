@@ -2,14 +2,20 @@
 rules: never an input (by path, symbolic link or hard link), never a folder or a link, an existing file replaced
 only with ``--overwrite`` and only when it is an earlier output of the same command (``ours`` decides from its
 content), and written atomically (a temporary file in the same folder, then one rename): a reader sees the old file
-or the new one, never half of one, and a failed write leaves nothing behind.
+or the new one, never half of one, and a failed write leaves nothing behind. The temporary file is created under a
+random name with O_EXCL (``tempfile.mkstemp``: a link planted in the folder is never followed) and written through
+its descriptor; where nothing may be replaced, the rename is ``renameat2(RENAME_NOREPLACE)`` (a file that appeared
+meanwhile stays), and an allowed replacement checks the file once more just before the rename.
 """
 
 from __future__ import annotations
 
+import errno
 import os
-from typing import Callable, Iterable
+import tempfile
+from typing import BinaryIO, Callable, Iterable, Optional
 
+from dpcda.storage import publish
 from dpcda.storage.paths import is_remote
 from dpcda.storage.publish import PublishError
 
@@ -49,23 +55,62 @@ def check_file_output(
         if not overwrite:
             raise PublishError(f"{flag} {path}: exists; pass --overwrite to replace it")
         if not ours(path):
-            raise PublishError(f"{flag} {path}: not an earlier {what} of this command; refusing to replace it")
+            raise PublishError(
+                f"{flag} {path}: not an earlier {what} of this command (or changed since); refusing to replace it"
+            )
     return path
 
 
-def write_file_output(path: str, write: Callable[[str], None], *, flag: str) -> None:
-    """Calls ``write(tmp)`` on a temporary name beside ``path``, then renames it onto ``path``; an OSError is one
-    PublishError line and leaves neither the temporary file nor a partial ``path``."""
+def write_file_output(
+    path: str,
+    write: Callable[[BinaryIO], None],
+    *,
+    flag: str,
+    ours: Optional[Callable[[str], bool]] = None,
+    what: str = "file",
+    inputs: Iterable[str] = (),
+) -> None:
+    """Calls ``write(fh)`` on a new temporary file beside ``path`` (binary, opened from ``mkstemp``'s descriptor),
+    then renames it onto ``path``. ``ours``: given when ``--overwrite`` allows replacing an earlier output of the
+    command; the file at ``path`` is then checked again (``check_file_output``) just before the rename. Without it,
+    or where ``path`` is absent, nothing is replaced: a file that appeared meanwhile is kept and the write refused.
+    An OSError is one PublishError line and leaves neither the temporary file nor a partial ``path``."""
     parent, name = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(parent, f".{name}.{os.getpid()}.tmp")
+    tmp = None
     try:
-        write(tmp)
-        os.replace(tmp, path)
+        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{name}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), 0o666 & ~_umask())  # the mode a plain open() would give
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if ours is not None and os.path.lexists(path):
+            check_file_output(path, flag=flag, overwrite=True, ours=ours, what=what, inputs=inputs)
+            os.replace(tmp, path)
+        else:
+            _rename_noreplace(tmp, path, flag)
     except OSError as err:
         raise PublishError(f"{flag} {path}: cannot write ({err.strerror or type(err).__name__})") from None
     finally:
-        if os.path.lexists(tmp):
+        if tmp is not None and os.path.lexists(tmp):
             os.unlink(tmp)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _rename_noreplace(tmp: str, path: str, flag: str) -> None:
+    """``tmp`` to ``path`` only if ``path`` does not exist (renameat2, or a hard link where the system lacks it)."""
+    try:
+        if not publish._renameat2(tmp, path, publish.RENAME_NOREPLACE):
+            os.link(tmp, path)  # fails if path exists; the caller removes tmp
+    except OSError as err:
+        if err.errno == errno.EEXIST:
+            raise PublishError(f"{flag} {path}: appeared while it was written; it was kept, nothing written") from None
+        raise
 
 
 def check_dir_output(path: str, *, flag: str, inputs: Iterable[str] = ()) -> str:

@@ -74,6 +74,8 @@ class Target:
     # GCS: set by ``abandon`` when a part of this run may have been readable (``exposed_on_gcs``): its ledger
     # reservation must then keep counting
     exposed: bool = False
+    # set by the launcher the moment the pipeline has returned (its parts are written): every later failure is exposed
+    written: bool = False
 
 
 def _run_id() -> str:
@@ -464,13 +466,21 @@ def exposed_on_gcs(target: Target, err: Optional[BaseException]) -> bool:
     """Whether a failed GCS run may have had a part readable under ``OUTPUT/runs/<run>/`` (readers who may list the
     bucket could have copied it): the ledger then keeps counting the run at its target epsilon.
 
-    Not exposed only when both hold: (1) the run's prefix holds no object now, and (2) the run ended in one of our
-    own errors (a ``DpcdaError`` in ``err``'s chain), with no interrupt in it. Our errors reach here once the runner
-    has stopped (the DirectRunner raises after its workers stop; a Dataflow job's failure is raised once the job is
-    in a terminal state), so no worker writes after the listing. An interrupt, a polling error or anything unknown
-    may leave a remote job running while the launcher cancels it: exposed. A listing that fails: exposed."""
+    Not exposed only when all hold: (1) the pipeline had not returned (``target.written`` is False: once it has,
+    its parts were readable, and an empty prefix now proves nothing: another run's clean-up, a lifecycle rule or a
+    stage may have removed them since), (2) the run is younger than ``STALE_RUN_HOURS`` (older, another run may have
+    swept its prefix), (3) the run's prefix holds no object now, and (4) the run ended in one of our own errors (a
+    ``DpcdaError`` in ``err``'s chain), with no interrupt in it. Our errors reach here once the runner has stopped
+    (the DirectRunner raises after its workers stop; a Dataflow job's failure is raised once the job is in a
+    terminal state), so no worker writes after the listing. An interrupt, a polling error or anything unknown may
+    leave a remote job running while the launcher cancels it: exposed. A listing that fails: exposed."""
     from dpcda.privacy.errors import DpcdaError
 
+    if target.written:
+        return True
+    age = _run_age_hours(target.run_id)
+    if age is None or age >= STALE_RUN_HOURS:
+        return True
     ours, seen, chain = False, err, 0
     while seen is not None and chain < 50:
         if isinstance(seen, KeyboardInterrupt):
