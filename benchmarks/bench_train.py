@@ -168,6 +168,11 @@ def main(argv=None) -> None:
             f"{FIRST_COMMAND_EPOCHS} epochs + probe: {got['seconds']:.1f} s, {got['rows_per_s']:,.0f} training rows/s "
             f"(probe {got['probe_s']:.1f} s); 1-min load average at the end {os.getloadavg()[0]:.2f}"
         )
+        trained, ep, rate = int(FIRST_COMMAND_ROWS * 0.9), FIRST_COMMAND_EPOCHS, got["rows_per_s"]
+        print(
+            f"at this rate the first command's {trained:,} training rows x {ep} epochs take {trained * ep / rate:.0f} "
+            f"s; 90 s holds {90 * rate / ep:,.0f} training rows per epoch"
+        )
         return
     fl = flops_per_row()
     peak32, peak16 = matmul_peak(torch.float32), matmul_peak(torch.bfloat16)

@@ -169,7 +169,8 @@ def main(argv=None) -> None:
 
 
 def describe(recipe) -> str:
-    return f"selection {recipe.selection}, soft loss {recipe.soft_loss}, row scale {recipe.row_scale}"
+    drop = "0.5 (the model's)" if recipe.dropout is None else f"{recipe.dropout:g}"
+    return f"selection {recipe.selection}, soft loss {recipe.soft_loss}, dropout {drop}"
 
 
 def _argmax_agreement(mix_x, mix_t, plan, l) -> float:
