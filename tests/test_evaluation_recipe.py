@@ -1,5 +1,5 @@
 """The evaluation's training recipe and its linear probe: soft label scores used as released, no choice on their
-argmax, a probe beside the CNN in every report (issue 33)."""
+argmax, a probe beside the CNN in every report."""
 
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ def test_report_holds_the_probe_and_names_the_recipe():
 @pytest.mark.skipif(not os.path.exists(FASHION), reason="Debian's dataset-fashion-mnist is not installed")
 def test_small_dpmix_release_probe_beats_old_recipe_and_new_recipe_reaches_it():
     """A DPMix release (the product's ``mix_dataset``: l = 64, sigma 0.02 on features and labels) of 10,000
-    Fashion-MNIST rows, 6,000 synthetic rows: the recipe before issue 33 scored near chance, the probe about 0.7."""
+    Fashion-MNIST rows, 6,000 synthetic rows: the old recipe scored near chance, the probe about 0.7."""
     from dpcda.mechanisms.dpmix import mix_dataset
     from dpcda.pipeline.prepare import load_fashion_mnist
     from dpcda.privacy.noise import key_from_test_seed

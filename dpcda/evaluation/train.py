@@ -27,10 +27,9 @@ between 0.10 and 0.75 accuracy across seeds. What makes it stable, using no real
   variance of the exact label means of fresh test mixtures, the linear probe 31 %, the CNN without dropout 28 %; real
   test accuracy 0.30 (the recipe before: dropout, clipped targets, epoch chosen on the argmax), 0.50 (last iterate,
   squared error, dropout), 0.71 (no dropout), probe 0.73.
-* Not solved: on some training seeds the CNN trained on a DPMix release does well on single real rows after the
-  first epoch and then falls while its fit to the mixtures goes on improving (Table 3, DPMix eps 20: releases at
-  0.72, 0.58 and 0.72 at l = 64, 0.38 at l = 16, against probes of 0.72 to 0.73 and 0.70). Nothing in the synthetic
-  data shows it; the report's summary line names such a release.
+* Not solved: on some DPMix releases the CNN still falls far below the probe (Table 3, eps 20: 0.58 and, at
+  l = 16, 0.38 against probes of 0.72 and 0.70) while it reaches it on others (0.72 and 0.72 at l = 64). The
+  synthetic hold-out does not show which; the report's summary line names such a release.
 
 ``RECIPES`` names this one ``new`` and the one before it ``old`` (for older tables); reports carry ``recipe_name``.
 
@@ -98,7 +97,7 @@ class Recipe:
             raise ValueError(f"precision must be auto, float32 or bf16, got {self.precision!r}")
 
 
-# Named recipes: "new" is the default; "old" is the recipe before issue 33, kept to reproduce older tables.
+# Named recipes: "new" is the default; "old" is the recipe before it, kept to reproduce older tables.
 RECIPES = {
     "new": Recipe(),
     "old": Recipe(selection="val_accuracy", soft_loss="clipped", dropout=None),
