@@ -142,4 +142,4 @@ def test_small_dpmix_release_probe_beats_old_recipe_and_new_recipe_reaches_it():
         )
         acc[name], probe = res["accuracy_mean"], res["probe"]["accuracy"]
     assert probe > 0.6 and probe - acc["old"] > 0.3  # the old recipe hides the release's signal
-    assert acc["new"] >= probe - 0.05  # measured: 0.666 against the probe's 0.695 (see the report)
+    assert acc["new"] >= probe - 0.05  # this test measured 0.666 against the probe's 0.695 (not yet within 0.02)
