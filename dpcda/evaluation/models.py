@@ -90,11 +90,11 @@ def image_shape(dim: int, input_shape: Optional[Sequence[int]] = None) -> Option
     return None
 
 
-def make_model(input_shape, num_classes: int, kind: Optional[str] = None) -> nn.Module:
+def make_model(input_shape, num_classes: int, kind: Optional[str] = None, dropout: Optional[float] = None) -> nn.Module:
     """Table 1 CNN when ``input_shape`` is an image (C, H, W) / (H, W), or a square width d >= 64; else the MLP.
 
     ``input_shape`` may be an int (the row width d) or a shape tuple. ``kind`` "mlp" or "cnn" overrides the guess
-    (random projections have square widths but are not images).
+    (random projections have square widths but are not images). ``dropout``: None keeps each model's default (0.5).
     """
     if num_classes < 2:
         raise ValueError(f"num_classes must be >= 2, got {num_classes}")
@@ -108,8 +108,9 @@ def make_model(input_shape, num_classes: int, kind: Optional[str] = None) -> nn.
     if kind not in (None, "mlp", "cnn"):
         raise ValueError(f"model kind must be mlp or cnn, got {kind!r}")
     shape = image_shape(dim, given)
+    extra = {} if dropout is None else {"dropout": float(dropout)}
     if kind == "mlp" or (shape is None and kind is None):
-        return TabularMLP(dim, num_classes)
+        return TabularMLP(dim, num_classes, **extra)
     if shape is None:
         raise ValueError(f"rows of width {dim} are not an image; the CNN cannot take them")
-    return TableOneCNN(shape, num_classes)
+    return TableOneCNN(shape, num_classes, **extra)

@@ -2,7 +2,9 @@
 
 The real test rows get exactly the transform the release applied to its training rows (``normalization.json``:
 DP z-score then L2 clip, ``mechanisms.plan.normalize``); the synthetic rows are used as written. No real test
-data takes part in any training choice (see ``evaluation.train``). Beam is not needed for local paths.
+data takes part in any training choice (see ``evaluation.train``). Beside the CNN, every report holds a linear probe
+(``evaluation.probe``) fitted to the same released targets and tested on the same rows, and a one-line summary that
+says when the CNN falls below it. Beam is not needed for local paths.
 """
 
 from __future__ import annotations
@@ -194,12 +196,14 @@ def run_evaluation(
         if remote:
             shutil.rmtree(local_dir, ignore_errors=True)
     log.info(
-        "stage=evaluate accuracy=%.4f+-%.4f device=%s seconds=%.1f",
+        "stage=evaluate accuracy=%.4f+-%.4f probe=%.4f device=%s seconds=%.1f",
         result["accuracy_mean"],
         result["accuracy_std"],
+        result["probe"]["accuracy"] if result.get("probe") else float("nan"),
         result["device"],
         result["wall_seconds"],
     )
+    log.info("stage=evaluate summary=%s", result["summary"])
     return {**result, **extra, "path": _join(out_dir, report_mod.REPORT)}
 
 
@@ -241,6 +245,9 @@ def evaluate_release(
         "runs": rep["runs"],
         "epochs": rep["epochs"],
         "device": rep["device"],
+        "probe_accuracy": rep["probe"]["accuracy"] if rep.get("probe") else None,
+        "recipe": rep["recipe_name"],
+        "summary": rep["summary"],
         "report": f"{manifest['output'].get('prefix', '')}{EVAL_DIR}/{report_mod.REPORT}",
         "test_set_public": test_public,
         **({"test_rows": rep["test_rows"]} if test_public else {"outside_guarantee": TEST_DATA_NOTE}),
