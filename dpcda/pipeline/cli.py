@@ -37,6 +37,7 @@ _KNOWN = (
     "PrivateSamplingError",
     "UnknownMechanism",
     "DuplicateKey",
+    "ClaimError",
 )  # every DpcdaError subclass, by name (a worker's error reaches the launcher as text; tests/test_errors.py checks)
 _PATTERN = re.compile(r"(?:^|\W)(%s): (.+)" % "|".join(_KNOWN))
 
