@@ -623,6 +623,18 @@ def test_sample_boolean_output_errors_are_one_line(cli, private_csv, tmp_path):
     assert "\n" not in str(err.value) and not any(p.name.startswith(".sb.csv") for p in tmp_path.iterdir())
 
 
+def test_sample_boolean_temp_files_cannot_be_redirected_by_a_planted_link(cli, private_csv, tmp_path):
+    """The temp files have unpredictable names created by the command: a link at the old predictable name (or any
+    name) is never written through."""
+    victim = tmp_path / "victim.parquet"
+    victim.write_bytes(b"PRIVATE")
+    for pid in range(os.getpid() - 2, os.getpid() + 3):
+        for name in (f".s.csv.{pid}.tmp", f".s.csv.{pid}.tmp.json"):
+            os.symlink(victim, tmp_path / name)
+    assert _sample(cli, private_csv, tmp_path / "s.csv") == 0
+    assert victim.read_bytes() == b"PRIVATE"
+
+
 def test_sample_boolean_synthetic_size_is_bounded_before_the_input_is_read(cli, tmp_path):
     with pytest.raises(PrivateSamplingError, match=r"--synthetic-size must be in \[1, 10,000,000\], got 1000000000"):
         cli(

@@ -355,6 +355,14 @@ def check_output(out: str, *, inputs: list[str], overwrite: bool) -> str:
     return side
 
 
+def _temp_file(folder: str, beside: str) -> str:
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix=f".{os.path.basename(beside)}.", suffix=".tmp", dir=folder)
+    os.close(fd)
+    return path
+
+
 def cmd_sample_boolean(args, _beam_args) -> int:
     from dpcda.mechanisms.private_sampling import MAX_SYNTHETIC_SIZE, PrivateSamplingError, sample_boolean
     from dpcda.privacy.noise import fresh_key, key_from_test_seed
@@ -374,9 +382,11 @@ def cmd_sample_boolean(args, _beam_args) -> int:
     meta = sidecar(result, names=names, reproducible_seed=seed is not None)
 
     folder = os.path.dirname(os.path.abspath(out))
-    tmp_table = os.path.join(folder, f".{os.path.basename(out)}.{os.getpid()}.tmp")
-    tmp_side = tmp_table + ".json"
+    tmp_table = tmp_side = None
     try:
+        # unpredictable names, created by us (O_EXCL): a link planted at a temp name cannot redirect the write
+        tmp_table = _temp_file(folder, out)
+        tmp_side = _temp_file(folder, side)
         _write_table(tmp_table, kind, names, types, result.rows)
         meta["table_sha256"] = _sha256(tmp_table)
         with open(tmp_side, "w") as fh:
@@ -391,7 +401,7 @@ def cmd_sample_boolean(args, _beam_args) -> int:
         raise PrivateSamplingError(f"--output {out}: cannot write ({err.strerror or type(err).__name__})") from None
     finally:
         for tmp in (tmp_table, tmp_side):
-            if os.path.exists(tmp):
+            if tmp is not None and os.path.lexists(tmp):
                 os.remove(tmp)
     print(json.dumps({"output": out, "sidecar": side, "rows": meta["rows"], "dp": meta["dp"], "reason": result.reason}))
     if not result.dp:
