@@ -643,3 +643,26 @@ def test_sample_boolean_synthetic_size_is_bounded_before_the_input_is_read(cli, 
         )  # fmt: skip
     with pytest.raises(FeasibilityError, match="synthetic_size must be in"):
         sample_boolean(TABLE, epsilon=1.0, synthetic_size=10**9, key=fresh_key(), allow_not_dp=True)
+
+
+def test_sample_boolean_refuses_a_temp_file_swapped_for_a_link_before_the_rename(cli, private_csv, tmp_path):
+    """Someone who can write to the folder swaps a written temp file for a link to their victim: the rename is refused
+    (the name no longer holds the file the command wrote), the victim is untouched and no link is published."""
+    from dpcda.pipeline import sampling_cli
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("PRIVATE")
+    real = sampling_cli._write_temp
+
+    def swapped(folder, beside, data):
+        path, inode = real(folder, beside, data)
+        if beside.endswith(".json"):
+            os.remove(path)
+            os.symlink(victim, path)
+        return path, inode
+
+    with mock.patch.object(sampling_cli, "_write_temp", swapped):
+        with pytest.raises(PrivateSamplingError, match="was replaced by someone else"):
+            _sample(cli, private_csv, tmp_path / "s.csv")
+    assert victim.read_text() == "PRIVATE" and not (tmp_path / "s.csv.json").exists()
+    assert not (tmp_path / "s.csv").exists()  # nothing published by halves

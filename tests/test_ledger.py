@@ -77,12 +77,12 @@ def _independent_rdp_epsilon(releases: list[ReleaseEvents], delta: float) -> flo
 
 def test_fixed_releases_compose_through_their_events_like_an_independent_accountant():
     a, b = fixed_events(sigma=0.8, sizes=(70,)), fixed_events(sigma=0.6, sizes=(70,), samples=40)
-    comp = compose([published("a", a, eps=3.0), published("b", b, eps=4.0)])
+    comp = compose([published("a", a), published("b", b)])  # stated as a release states them: from their events
     expected = _independent_rdp_epsilon([a, b], 2 * DELTA * (1 - SAMPLER_DELTA_SHARE))
     assert comp.epsilon == pytest.approx(expected, rel=1e-9)
     assert comp.delta == pytest.approx(2 * DELTA)
-    assert comp.sum_epsilon == 7.0
-    assert comp.epsilon < 7.0  # tighter than the sum here
+    assert comp.sum_epsilon == pytest.approx(stated(a) + stated(b))
+    assert comp.epsilon < comp.sum_epsilon  # tighter than the sum here
 
 
 def test_classes_need_not_match_across_releases():
@@ -620,3 +620,21 @@ def main_help(argv, capsys) -> str:
     with pytest.raises(SystemExit):
         main(argv)
     return capsys.readouterr().out
+
+
+def test_honest_releases_of_unequal_budgets_compose_and_edited_events_of_any_one_are_refused(tmp_path):
+    """At the summed delta a large release plus a small one can compose to less than the large one states at its own
+    delta: that is no sign of editing, and the composed figure never falls below any single release. Events edited
+    on any release (not only the largest) are refused."""
+    from dpcda.privacy.accounting import ReleaseEvents
+    from dpcda.privacy.composition import Claim, ClaimError, compose, release_events_to_json
+    from dpcda.privacy.events import MixingEvent
+
+    big, small = fixed_events(sigma=0.6, sizes=(70,)), fixed_events(sigma=5.0, sizes=(70,))
+    both = compose([published("r1", big), published("r2", small)])
+    assert both.epsilon >= stated(big) and both.epsilon <= stated(big) + stated(small)
+    a, c, b = (fixed_events(sigma=s, sizes=(70,)) for s in (0.6, 0.6, 0.65))
+    edited = ReleaseEvents("fixed", b.shared, (MixingEvent("fixed", 70, 1, 4, 1.0, 0.65),), gaussian_draws=1000)
+    forged = Claim("b", "fixed", "fixed", stated(b), DELTA, release_events_to_json(edited))
+    with pytest.raises(ClaimError, match="run 'b'|b"):
+        compose([published("a", a), published("c", c), forged])

@@ -478,6 +478,8 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
         build_pipeline(p, cfg, files, fmt, dim, target, info, public_stats, arrow_schema)
         run, result = run_pipeline(p, options)
         target.written = True  # the parts are written: from here on, a failure leaves them possibly read (GCS)
+        if is_remote(target.output):  # at once, not when abandon gets to it: a second interrupt may come first
+            target.exposed = True
         with open_file(join(target.workdir, publish.DRAFT)) as fh:
             manifest = json.loads(fh.read())
         manifest["run"] = run.model_dump(mode="json")

@@ -241,7 +241,8 @@ def read_boolean_table(path: str):
     return names, [table.schema.field(n).type for n in names], bits
 
 
-def _write_table(path: str, kind: str, names, types, rows) -> None:
+def _write_table(fh, kind: str, names, types, rows) -> None:
+    """The sampled rows as Parquet or CSV, written to the binary file object ``fh``."""
     import pyarrow as pa
 
     cols = []
@@ -252,11 +253,11 @@ def _write_table(path: str, kind: str, names, types, rows) -> None:
     if kind == "parquet":
         import pyarrow.parquet as pq
 
-        pq.write_table(table, path)
+        pq.write_table(table, fh)
     else:
         import pyarrow.csv as pcsv
 
-        pcsv.write_csv(table, path)
+        pcsv.write_csv(table, fh)
 
 
 def sidecar(result, *, names, reproducible_seed: bool) -> dict:
@@ -355,12 +356,39 @@ def check_output(out: str, *, inputs: list[str], overwrite: bool) -> str:
     return side
 
 
-def _temp_file(folder: str, beside: str) -> str:
+def _write_temp(folder: str, beside: str, data: bytes) -> tuple[str, int]:
+    """``data`` in a new file of an unpredictable name, created by us (O_EXCL) and written through its descriptor, so a
+    link planted anywhere cannot redirect the write; (path, inode), to check it is still ours before the rename."""
     import tempfile
 
     fd, path = tempfile.mkstemp(prefix=f".{os.path.basename(beside)}.", suffix=".tmp", dir=folder)
-    os.close(fd)
-    return path
+    try:
+        mask = os.umask(0o022)
+        os.umask(mask)
+        os.fchmod(fd, 0o666 & ~mask)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        return path, os.stat(path, follow_symlinks=False).st_ino
+    except BaseException:
+        os.remove(path)
+        raise
+
+
+def _check_ours(tmp: str, inode: int) -> None:
+    """OSError unless the name still holds the file we wrote (not a link, not another file)."""
+    import stat
+
+    st = os.stat(tmp, follow_symlinks=False)
+    if not stat.S_ISREG(st.st_mode) or st.st_ino != inode:
+        raise OSError(0, f"the temporary file {tmp} was replaced by someone else")
+
+
+def _replace_ours(tmp: str, inode: int, dest: str) -> None:
+    """Renames our temp file onto ``dest``, checked to be ours just before."""
+    _check_ours(tmp, inode)
+    os.replace(tmp, dest)
 
 
 def cmd_sample_boolean(args, _beam_args) -> int:
@@ -384,21 +412,23 @@ def cmd_sample_boolean(args, _beam_args) -> int:
     folder = os.path.dirname(os.path.abspath(out))
     tmp_table = tmp_side = None
     try:
-        # unpredictable names, created by us (O_EXCL): a link planted at a temp name cannot redirect the write
-        tmp_table = _temp_file(folder, out)
-        tmp_side = _temp_file(folder, side)
-        _write_table(tmp_table, kind, names, types, result.rows)
-        meta["table_sha256"] = _sha256(tmp_table)
-        with open(tmp_side, "w") as fh:
-            json.dump(meta, fh, indent=2)
-            fh.write("\n")
+        import hashlib
+        import io
+
+        buf = io.BytesIO()
+        _write_table(buf, kind, names, types, result.rows)
+        meta["table_sha256"] = hashlib.sha256(buf.getvalue()).hexdigest()
+        tmp_table, table_inode = _write_temp(folder, out, buf.getvalue())
+        tmp_side, side_inode = _write_temp(folder, side, (json.dumps(meta, indent=2) + "\n").encode())
         check_output(out, inputs=[args.input], overwrite=args.overwrite)  # nothing foreign appeared meanwhile
-        os.replace(tmp_table, out)
-        os.replace(tmp_side, side)  # the sidecar last: its presence means the table beside it is complete
+        _check_ours(tmp_side, side_inode)  # both temp files still ours before either is published
+        _replace_ours(tmp_table, table_inode, out)
+        _replace_ours(tmp_side, side_inode, side)  # the sidecar last: its presence means the table is complete
     except FileNotFoundError:
         raise PrivateSamplingError(f"--output {out}: folder {folder} does not exist") from None
     except OSError as err:
-        raise PrivateSamplingError(f"--output {out}: cannot write ({err.strerror or type(err).__name__})") from None
+        why = err.strerror or str(err) or type(err).__name__
+        raise PrivateSamplingError(f"--output {out}: cannot write ({why})") from None
     finally:
         for tmp in (tmp_table, tmp_side):
             if tmp is not None and os.path.lexists(tmp):

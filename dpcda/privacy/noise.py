@@ -600,9 +600,9 @@ def _rounded_gaussian(center: np.ndarray, sigma: float, g: float, u: np.ndarray)
     cmax = float(np.abs(center).max()) if center.size else 0.0
     err = (sigma * Z_ERROR * (1.0 + tmax) + 2.0**-50 * (cmax + sigma * tmax)) / g
     if not (np.isfinite(scaled).all() and math.isfinite(err)):
-        raise ArithmeticError(f"noise sampler: values overflow (sigma={sigma:g}, values up to {cmax:g})")
+        raise ArithmeticError(f"noise sampler: values overflow at sigma={sigma:g} (too large for the grid)")
     if err > 0.125:
-        raise ArithmeticError(f"noise sampler: sigma={sigma:g} is too small for values of size {cmax:g}")
+        raise ArithmeticError(f"noise sampler: sigma={sigma:g} is too small for the values' size")
     ambiguous = np.flatnonzero(np.abs(scaled - k) >= 0.5 - 2.0 * err)
     for i in ambiguous:
         u_int = (int(u[0, i]) << 128) | (int(u[1, i]) << 64) | int(u[2, i])

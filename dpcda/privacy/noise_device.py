@@ -390,10 +390,9 @@ def _refuse_like_the_host(cmax: torch.Tensor, tmax: torch.Tensor, finite: torch.
     bad = ~finite | ~torch.isfinite(err) | (err > 0.125)
     if bool(bad.any()):
         b = int(torch.nonzero(bad)[0])
-        cm = float(cmax[b])
         if not bool(finite[b]) or not math.isfinite(float(err[b])):
-            raise ArithmeticError(f"noise sampler: values overflow (sigma={sigma:g}, values up to {cm:g})")
-        raise ArithmeticError(f"noise sampler: sigma={sigma:g} is too small for values of size {cm:g}")
+            raise ArithmeticError(f"noise sampler: values overflow at sigma={sigma:g} (too large for the grid)")
+        raise ArithmeticError(f"noise sampler: sigma={sigma:g} is too small for the values' size")
 
 
 # ---------------------------------------------------------------- Binomial row sizes
