@@ -15,6 +15,7 @@ the mechanism up and asks. A mechanism says
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from typing import Any, Callable, ClassVar, Iterator, Optional
 
@@ -56,7 +57,7 @@ class Budget:
     reference_budget: float  # the whole release's epsilon (or the reference one with an explicit sigma_x)
 
 
-class Mechanism:
+class Mechanism(abc.ABC):
     """One mechanism of the product. Subclasses set the class attributes and override what differs."""
 
     name: ClassVar[str] = ""
@@ -79,6 +80,7 @@ class Mechanism:
         """The key of ``privacy.accounting.RELATION_WORDS`` for this mechanism in ``mode``."""
         return relation_key(self.name, mode)
 
+    @abc.abstractmethod
     def synthesis_events(
         self,
         mode: str,
@@ -92,7 +94,6 @@ class Mechanism:
         gain: float = 1.0,
     ) -> list:
         """The events the synthesis spends at feature noise ``sigma_x``, one per group (parallel composition)."""
-        raise NotImplementedError
 
     def calibrate(self, events: Callable[[float], list], budget: Budget, *, cfg, clip: float, **_) -> Calibrated:
         """sigma_x (the config's, or calibrated so that the synthesis composes to the budget left) and its events."""
@@ -150,18 +151,19 @@ class Mechanism:
     def output_dim(self, cfg, dim: int) -> int:
         return dim
 
+    @abc.abstractmethod
     def synthesize(self, ctx: "InProcess") -> Iterator[tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]]:
         """(features, hard labels, label scores or None) chunks of an in-process release (``mechanisms.inprocess``)."""
-        raise NotImplementedError
 
     # ---------------------------------------------------------------- manifest and evaluation
 
+    @abc.abstractmethod
     def label_caveat(self) -> str:
-        raise NotImplementedError
+        """The manifest's second caveat: what the released labels and sizes are, in words."""
 
+    @abc.abstractmethod
     def manifest_section(self, plan, *, chunk_rows: int, common: dict, postprocessing, projection):
         """The manifest's ``mechanism`` model (``schemas.manifest``)."""
-        raise NotImplementedError
 
     def test_projection(self, manifest: dict) -> Optional[np.ndarray]:
         """The public map the evaluation applies to real test rows after the z-score (randproj's R), or None."""

@@ -789,6 +789,10 @@ class P3gm(Mechanism):
         )
         return Calibrated(sigma_x=0.0, per_group=(DpSgdEvent("dp_sgd", rate, steps, z),), shared=(em,), p3gm=plan)
 
+    def synthesis_events(self, mode, **_) -> list:
+        """P3GM's events (DP-EM, DP-SGD) depend on the config's schedule: ``calibrate`` makes them, not a sigma."""
+        raise TypeError("p3gm: its events come from calibrate() (the DP-EM and DP-SGD schedule), not from a sigma_x")
+
     def check_before_work(self, cfg, dim: int) -> None:
         from dpcda.mechanisms.device import pick_device
 
