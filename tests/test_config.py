@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dpcda.schemas.config import ConfigError, load_config
+from dpcda.schemas.config import ConfigError, ReleaseConfig, load_config
 
 
 def test_yaml_file_with_flag_overrides(tmp_path):
@@ -97,3 +97,84 @@ def test_every_config_field_is_in_one_section_and_help_shows_them_grouped():
     assert heads == list(SECTIONS), heads
     body = text[text.index("input options:") :]  # after the usage line, which lists every flag
     assert body.index("  --epsilon") > body.index("privacy options:") > body.index("  --label-column")
+
+
+SECTIONED = """
+input: {path: 'in/*.parquet', num_classes: 10, feature_bounds: [0, 255]}
+privacy: {epsilon: 2, mode: poisson, delta: 1.0e-6}
+mechanism: {name: p3gm, epochs: 3, latent_dim: 8, batch: 500}
+scale: {chunk_rows: 1024}
+output: {path: releases/p3gm-eps2, overwrite: true}
+"""
+FLAT = """
+input: 'in/*.parquet'
+num_classes: 10
+feature_bounds: [0, 255]
+epsilon: 2
+mode: poisson
+delta: 1.0e-6
+mechanism: p3gm
+p3gm_epochs: 3
+p3gm_latent_dim: 8
+p3gm_batch: 500
+chunk_rows: 1024
+output: releases/p3gm-eps2
+overwrite: true
+"""
+
+
+def test_a_config_file_grouped_by_section_is_the_flat_one(tmp_path):
+    (tmp_path / "s.yaml").write_text(SECTIONED)
+    (tmp_path / "f.yaml").write_text(FLAT)
+    sectioned, flat = load_config(str(tmp_path / "s.yaml"), {}), load_config(str(tmp_path / "f.yaml"), {})
+    assert sectioned == flat
+    assert sectioned.p3gm_epochs == 3.0 and sectioned.mechanism_params()["latent_dim"] == 8
+    assert sectioned.model_fields_set == flat.model_fields_set
+
+
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        (
+            "input: x\noutput: y\nprivacy: {epsilon: 1, chunk_rows: 8}\n",
+            r"privacy\.chunk_rows: belongs in section scale",
+        ),
+        ("input: x\noutput: y\nepsilon: 1\nprivacy: {epsilon: 2}\n", r"epsilon is given twice \(epsilon and privacy"),
+        ("input: x\noutput: y\nepsilon: 1\nmechanism: {name: dpcda, epochs: 2}\n", r"mechanism\.epochs: a p3gm"),
+        (
+            "input: x\noutput: y\nepsilon: 1\nmechanism: {name: dpmix, sigma_y: 2}\n",
+            r"sigma_y: a dpcda parameter; this release.s mechanism is dpmix",
+        ),
+        ("input: x\noutput: y\nepsilon: 1\nprivacy: {bogus: 2}\n", r"privacy\.bogus: no such field"),
+    ],
+)
+def test_a_key_outside_its_section_is_one_line(tmp_path, text, needle):
+    (tmp_path / "c.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=needle):
+        load_config(str(tmp_path / "c.yaml"), {})
+
+
+@pytest.mark.parametrize(
+    "overrides,needle",
+    [
+        ({"mechanism": "dpcda", "p3gm_epochs": 5}, "p3gm_epochs: a p3gm parameter; this release's mechanism is dpcda"),
+        ({"mechanism": "local", "projection_dim": 20}, "projection_dim: a randproj parameter"),
+        ({"mechanism": "dpcda", "label_noise_ratio": 2.0}, "label_noise_ratio: a dpmix parameter"),
+    ],
+)
+def test_a_parameter_of_another_mechanism_is_refused(overrides, needle):
+    with pytest.raises(ConfigError, match=needle):
+        load_config(None, {"input": "x", "output": "y", "epsilon": 1.0, "num_classes": 3, **overrides})
+    # its default value is no choice, so it passes (flags and older files name defaults)
+    default = {k: ReleaseConfig.model_fields[k].default for k in overrides if k != "mechanism"}
+    load_config(None, {"input": "x", "output": "y", "epsilon": 1.0, "num_classes": 3, **overrides, **default})
+
+
+def test_the_sectioned_example_in_the_operations_guide_loads(tmp_path):
+    from tests.conftest import ROOT
+
+    text = (ROOT / "docs" / "operations.md").read_text()
+    block = text.split("## The config file", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "c.yaml").write_text(block)
+    cfg = load_config(str(tmp_path / "c.yaml"), {})
+    assert (cfg.mechanism, cfg.p3gm_epochs, cfg.mode, cfg.output) == ("p3gm", 20.0, "poisson", "releases/p3gm-eps2")

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from dpcda.privacy.errors import DpcdaError
 from dpcda.schemas import strict_yaml
+from dpcda.schemas.mechanism_params import OWNER, PARAMS, MechanismParams
 from dpcda.schemas.table import TableSchema
 
 MAX_CLASSES = 1 << 16
@@ -28,7 +29,9 @@ class ConfigError(DpcdaError, ValueError):
 
 
 # The config's sections, in the order ``dpcda release --help`` shows them: every field is in exactly one
-# (tests/test_config.py checks). The model is still flat: a config file names the fields at its top level.
+# (tests/test_config.py checks). A config file may name the fields at its top level or group them by section
+# (``flatten_sections``); in memory the model is flat, and each mechanism's own parameters are described by its class
+# in ``schemas.mechanism_params``.
 SECTIONS: dict[str, tuple[str, ...]] = {
     "input": (
         "input", "input_format", "features_column", "label_column", "num_classes", "feature_bounds", "out_of_bounds",
@@ -296,17 +299,10 @@ class ReleaseConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _defaults_for_mechanism(cls, data):
-        if (
-            isinstance(data, dict)
-            and data.get("mechanism") in ("local", "randproj")
-            and data.get("mixing_order") is None
-        ):
-            data = {**data, "mixing_order": 1}
-        if isinstance(data, dict) and data.get("mechanism") == "p3gm":
-            if data.get("mode") is None:  # the generative model is accounted under add/remove only
-                data = {**data, "mode": "poisson"}
-            if data.get("mixing_order") is None:
-                data = {**data, "mixing_order": 1}
+        if isinstance(data, dict):
+            name = data.get("mechanism", cls.model_fields["mechanism"].get_default())
+            if isinstance(name, str) and name in PARAMS:  # anything else: the field reports it
+                data = PARAMS[name].defaults(data)
         if isinstance(data, dict) and data.get("table") is not None and data.get("num_classes") is None:
             table = data["table"]
             cats = None
@@ -406,7 +402,7 @@ class ReleaseConfig(BaseModel):
                     f"delta: {self.delta:g} is below {least:.3g}, the least a poisson release can state (its PLD "
                     f"accountant composes in float64 and does not resolve less than {PLD_MIN_DELTA:g} after the "
                     f"class counts' share); raise delta"
-                    + ("" if self.mechanism == "p3gm" else ", or use --mode fixed (RDP)")
+                    + (", or use --mode fixed (RDP)" if "fixed" in self.params.modes else "")
                 )
         if self.mode == "fixed" and self.epsilon is not None and (self.normalization == "dp" or self.projection):
             from dpcda.privacy.accounting import SAMPLER_DELTA_SHARE, accountant_delta, round_up
@@ -437,26 +433,8 @@ class ReleaseConfig(BaseModel):
             raise ValueError("num_classes: required with soft_labels (the width of the soft-label column)")
         if self.image_shape is not None and self.lowpass is None and self.denoise is None:
             raise ValueError("image_shape: only used with --lowpass or --denoise; give it with one of them")
-        if self.mechanism in ("local", "randproj"):
-            if self.mode != "fixed":
-                raise ValueError(
-                    f"mode: {self.mechanism} releases one row per record, which publishes the count; "
-                    f"only mode fixed (replace one record within its class) is offered"
-                )
-            if self.samples is not None:
-                raise ValueError(f"samples: {self.mechanism} releases exactly one row per record")
-            if self.mixing_order != 1:
-                raise ValueError(f"mixing_order: {self.mechanism} does not mix records (leave it out)")
-        if self.mechanism in ("local", "randproj") and self.mixing_path == "join":
-            raise ValueError(f"mixing_path: {self.mechanism} does not mix (each record is its own row)")
-        if self.mechanism == "randproj" and (self.lowpass or self.denoise):
-            raise ValueError("lowpass/denoise: randproj rows are projections, not images")
-        if self.mechanism == "dpmix" and self.num_classes is None:
-            raise ValueError("num_classes: required with dpmix (the width of the released label scores)")
-        if self.mechanism in ("dpmix", "local", "randproj") and self.sigma_y:
-            raise ValueError("sigma_y: dpcda only (dpmix sets it from --label-noise-ratio)")
-        if self.mechanism == "p3gm":
-            self._check_p3gm()
+        self._check_own_fields()
+        self.params.check(self)
         if self.table is not None:
             self._check_table()
         if self.ledger is not None and self.dataset_id is None:
@@ -481,53 +459,33 @@ class ReleaseConfig(BaseModel):
             )
         if self.membership_audit and not self.eval_input:
             raise ValueError("membership_audit: needs --eval-input (the held-out real rows)")
-        pca = self.pca_budget_share if self.projection or self.mechanism == "p3gm" else 0.0
-        em = self.p3gm_em_budget_share if self.mechanism == "p3gm" else 0.0
-        if self.normalization_budget_share + self.histogram_budget_share + pca + em >= 0.5:
+        if self.normalization_budget_share + self.histogram_budget_share + self.params.statistics_shares(self) >= 0.5:
             raise ValueError(
                 "normalization_budget_share: the statistics (with pca_budget_share"
-                + (" and p3gm_em_budget_share" if em else "")
+                + (" and p3gm_em_budget_share" if "p3gm_em_budget_share" in self.params.own else "")
                 + ") may take under half the budget"
             )
         if self.projection is not None:
-            if self.mechanism not in ("dpcda", "dpmix"):
-                raise ValueError(f"projection: a DP-PCA basis is for the mixing mechanisms, not {self.mechanism}")
             if self.mixing_path == "join":
                 raise ValueError("projection: not available on the join mixing path yet; use --mixing-path memory")
             if self.table is not None:
                 raise ValueError("projection: for image and vector rows; a table's encoded columns are not projected")
         return self
 
-    def _check_p3gm(self) -> None:
-        if self.mode != "poisson":
-            raise ValueError(
-                "mode: p3gm trains with Poisson-sampled DP-SGD, accounted under add/remove only (mode poisson, the "
-                "default for p3gm)"
-            )
-        if self.epsilon is None and self.sigma_x != 0:
-            raise ValueError("epsilon: p3gm calibrates its noise to a target epsilon (sigma_x 0: no noise, no privacy)")
-        if self.mixing_order != 1:
-            raise ValueError("mixing_order: p3gm does not mix records (leave it out)")
-        for name in ("projection", "lowpass", "denoise", "image_shape", "table"):
-            if getattr(self, name) is not None:
-                raise ValueError(f"{name}: not available with p3gm")
-        if self.soft_labels:
-            raise ValueError("soft_labels: p3gm generates one label per row (the argmax of its label scores)")
-        if self.mixing_path == "join":
-            raise ValueError("mixing_path: p3gm fits its model on one worker (the in-memory path)")
-        if self.sigma_y:
-            raise ValueError("sigma_y: dpcda only")
-        if self.p3gm_hidden < 2 * self.p3gm_latent_dim:
-            raise ValueError(
-                f"p3gm_hidden: at least 2 x p3gm_latent_dim = {2 * self.p3gm_latent_dim} (the decoder starts as the "
-                "DP-PCA reconstruction through its hidden layer)"
-            )
+    def _check_own_fields(self) -> None:
+        """A parameter of another mechanism, given a value, is refused (it would be ignored)."""
+        for name in sorted(self.model_fields_set):
+            owner = OWNER.get(name)
+            if (
+                owner is not None
+                and name not in self.params.own
+                and getattr(self, name) != self.model_fields[name].default
+            ):
+                raise ValueError(f"{name}: a {owner} parameter; this release's mechanism is {self.mechanism}")
 
     def _check_table(self) -> None:
         if self.input_format == "tfrecord":
             raise ValueError("table: a table input is Parquet (named, typed columns); input_format tfrecord is not")
-        if self.mechanism == "randproj":
-            raise ValueError("table: randproj releases projections, which cannot be read back as the table's columns")
         for name in ("lowpass", "denoise", "image_shape"):
             if getattr(self, name) is not None:
                 raise ValueError(f"{name}: image post-processing; a table has no image")
@@ -547,16 +505,23 @@ class ReleaseConfig(BaseModel):
         return self.seed is not None
 
     @property
+    def params(self) -> type[MechanismParams]:
+        """The mechanism's section: its own parameters and rules (``schemas.mechanism_params``)."""
+        return PARAMS[self.mechanism]
+
+    def mechanism_params(self) -> dict:
+        """The mechanism's own parameters, as its section of a config file names them."""
+        return {name.removeprefix(self.params.prefix): getattr(self, name) for name in self.params.own}
+
+    @property
     def pca_components(self) -> Optional[int]:
         """K of ``projection: dp-pca:K``, or p3gm's latent dimension (None otherwise)."""
-        if self.mechanism == "p3gm":
-            return self.p3gm_latent_dim
-        return int(self.projection.split(":", 1)[1]) if self.projection else None
+        return self.params.pca_components(self)
 
     @property
     def writes_soft_labels(self) -> bool:
         """DPMix always releases its label scores; DP-CDA when asked."""
-        return self.soft_labels or self.mechanism == "dpmix"
+        return self.soft_labels or self.params.soft_labels_always
 
 
 def _flatten_error(err: ValidationError) -> str:
@@ -566,6 +531,55 @@ def _flatten_error(err: ValidationError) -> str:
         msg = e["msg"].removeprefix("Value error, ")
         parts.append(msg if msg.split(":")[0] in loc or loc == "config" else f"{loc}: {msg}")
     return "; ".join(parts)
+
+
+# In a section of a config file, the field that shares the section's name may be written with this key.
+SECTION_KEY = {"input": "path", "output": "path", "ledger": "path", "mechanism": "name"}
+
+
+def flatten_sections(data: dict, where: str) -> dict:
+    """A config file's mapping as the model's flat fields. A top-level key that names a section (``SECTIONS``) and
+    holds a mapping is that section: its keys are the section's fields (``path`` or ``name`` for the field that
+    shares the section's name; in ``mechanism:``, the mechanism's own parameters without their prefix, e.g.
+    ``epochs`` for ``p3gm_epochs``). Any other key is a field, as in a flat file. ConfigError for a key outside its
+    section or a field given twice."""
+    out: dict = {}
+    origin: dict = {}
+
+    def put(field: str, value, key: str) -> None:
+        if field in out:
+            raise ConfigError(f"{where}: {field} is given twice ({origin[field]} and {key})")
+        out[field], origin[field] = value, key
+
+    for key, value in data.items():
+        key = key.replace("-", "_")
+        if key not in SECTIONS or not isinstance(value, dict):
+            put(key, value, key)
+            continue
+        name = value.get("name", value.get("mechanism")) if key == "mechanism" else None
+        params = PARAMS.get(name) if isinstance(name, str) else None
+        for inner, v in value.items():
+            if not isinstance(inner, str):
+                raise ConfigError(f"{where}: section {key} must map field names to values")
+            inner = inner.replace("-", "_")
+            field = key if inner == SECTION_KEY.get(key) else inner
+            if params is not None:
+                field = params.section_field(field)
+            if field not in SECTIONS[key]:
+                home = next((s for s, names in SECTIONS.items() if field in names), None)
+                owner = OWNER.get(field) or next(
+                    (OWNER[p.prefix + field] for p in PARAMS.values() if p.prefix and p.prefix + field in OWNER), None
+                )
+                why = (
+                    f"a {owner} parameter; this section's mechanism is {name}"
+                    if owner and key == "mechanism"
+                    else f"belongs in section {home}"
+                    if home
+                    else "no such field"
+                )
+                raise ConfigError(f"{where}: {key}.{inner}: {why}")
+            put(field, v, f"{key}.{inner}")
+    return out
 
 
 def load_config(path: Optional[str], overrides: dict) -> ReleaseConfig:
@@ -587,7 +601,7 @@ def load_config(path: Optional[str], overrides: dict) -> ReleaseConfig:
             raise ConfigError(f"--config: {path}: not valid YAML{where}") from None
         if not isinstance(loaded, dict) or not all(isinstance(k, str) for k in loaded):
             raise ConfigError(f"--config: {path} must hold a mapping of field names to values")
-        data.update({k.replace("-", "_"): v for k, v in loaded.items()})
+        data.update(flatten_sections(loaded, f"--config: {path}"))
     data.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return ReleaseConfig(**data)
