@@ -17,7 +17,6 @@ import platform
 from typing import Any, Callable, Optional
 
 from pydantic import TypeAdapter, ValidationError
-from pydantic_core import PydanticSerializationError
 
 from dpcda.pipeline import __version__
 from dpcda.pipeline.errors import ReleaseError
@@ -259,7 +258,7 @@ def _section(field: str, value: Any, who: str) -> Any:
         where = ".".join(str(p) for p in first["loc"])
         detail = f"{where}: {first['msg']}" if where else first["msg"]
         raise ReleaseError(f"{who}: its '{field}' section does not fit the manifest ({detail})") from None
-    except (PydanticSerializationError, TypeError, ValueError) as err:
+    except (TypeError, ValueError) as err:  # pydantic's serialization error is a ValueError
         raise ReleaseError(
             f"{who}: its '{field}' section cannot be written as the manifest's JSON ({str(err).splitlines()[0][:200]})"
         ) from None
