@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from dpcda.evaluation.audit import audit_section  # noqa: E402
 from dpcda.evaluation.membership import DEFAULT_ROWS, membership_audit_section  # noqa: E402
-from dpcda.pipeline.release import run_release  # noqa: E402
+from dpcda.pipeline.release import Stage, run_release  # noqa: E402
 from dpcda.schemas.config import load_config  # noqa: E402
 
 BEAM_ARGS = ["--runner=DirectRunner", "--direct_running_mode=in_memory"]
@@ -62,12 +62,18 @@ def run_one(name: str, overrides: dict, args, workdir: Path) -> dict:
     train, test = str(args.data / "train" / "*.parquet"), str(args.data / "test" / "*.parquet")
     out = workdir / name.split(" ")[0]
     cfg = load_config(None, {"input": train, "output": str(out), "seed": args.release_seed, **overrides})
-    stages = (
-        ("audit", lambda w, m: audit_section(m)),  # the canary audit, as --audit adds it
-        ("audit", lambda w, m: membership_audit_section(w, m, cfg.input, test, rows=args.rows, seed=args.seed)),
+    stages = (  # as --audit and --membership-audit add them (release_stages), with this run's rows and seed
+        Stage("audit", "audit", lambda w, m: audit_section(m.model_dump(mode="json"))),
+        Stage(
+            "membership audit",
+            "audit",
+            lambda w, m: membership_audit_section(
+                w, m.model_dump(mode="json"), cfg.input, test, rows=args.rows, seed=args.seed
+            ),
+        ),
     )
     t0 = time.time()
-    manifest = run_release(cfg, list(BEAM_ARGS), stages, eval_input=test)
+    manifest = run_release(cfg, list(BEAM_ARGS), stages, eval_input=test).model_dump(mode="json")
     seconds = time.time() - t0
     published = json.loads((out / "manifest.json").read_text())
     assert published["audit"]["membership"] == manifest["audit"]["membership"]

@@ -5,7 +5,7 @@
 
     rel = dpcda.release("data/wa_churn/train/*.parquet", epsilon=10, config="examples/wa_churn.yaml", seed=None)
     rel.table          # pyarrow.Table: the synthetic rows (a table release has the input's Arrow schema)
-    rel.manifest       # dict: what is guaranteed (manifest.json)
+    rel.manifest       # dict: what is guaranteed (manifest.json: the JSON of the typed schemas.manifest.Manifest)
     rel.write("releases/wa-churn-eps10")
 
     dpcda.account(mechanism="dpcda", class_size=6000, samples_per_class=6000, mixing_order=16, epsilon=10)
@@ -29,11 +29,21 @@ DEFAULT_BEAM_ARGS = ("--runner=DirectRunner", "--direct_running_mode=in_memory")
 
 @dataclasses.dataclass
 class Release:
-    """A published release: its folder, its manifest and (read on first use) its rows."""
+    """A published release: its folder, its manifest and (read on first use) its rows.
+
+    ``manifest`` is the JSON of the typed manifest (``Manifest.model_dump(mode="json")``: what manifest.json holds),
+    made once from the manifest the release published; ``write`` publishes that typed manifest (editing the dict
+    changes nothing that is published)."""
 
     directory: str
     manifest: dict
     _table: Any = dataclasses.field(default=None, repr=False)
+    _typed: Any = dataclasses.field(default=None, repr=False)  # the schemas.manifest.Manifest behind ``manifest``
+
+    @classmethod
+    def of(cls, directory: str, manifest) -> Release:
+        """The Release of a typed ``Manifest`` published at ``directory``."""
+        return cls(directory=directory, manifest=manifest.model_dump(mode="json"), _typed=manifest)
 
     @property
     def table(self):
@@ -70,11 +80,17 @@ class Release:
                     continue
                 src, dst = os.path.join(self.directory, name), os.path.join(target.workdir, name)
                 (shutil.copytree if os.path.isdir(src) else shutil.copy2)(src, dst)
-            publish.publish(target, self.manifest)
+            publish.publish(target, self._manifest())
         except BaseException:
             publish.abandon(target)
             raise
         return path
+
+    def _manifest(self):
+        """The typed manifest to publish: the release's own, or (a Release made from a dict) the dict validated."""
+        from dpcda.schemas.manifest import Manifest
+
+        return self._typed if self._typed is not None else Manifest.model_validate(self.manifest)
 
 
 def release(
@@ -123,7 +139,7 @@ def release(
         for folder in keep:
             shutil.rmtree(folder, ignore_errors=True)
         raise
-    rel = Release(directory=output, manifest=manifest)
+    rel = Release.of(output, manifest)
     rel.table  # read the rows now: a temporary input or release folder goes with the Release object
     for folder in keep:
         weakref.finalize(rel, shutil.rmtree, folder, True)

@@ -438,7 +438,7 @@ def test_failed_mixing_publishes_nothing_and_rerun_matches_unfailed_run(tmp_path
 
     def release(name):
         cfg = load_config(None, {**common, "output": str(tmp_path / name)})
-        return run_release(cfg, list(BEAM_ARGS))
+        return run_release(cfg, list(BEAM_ARGS)).model_dump(mode="json")
 
     unfailed = release("unfailed")
     faults = tmp_path / "faults"

@@ -27,7 +27,7 @@ def test_release_reads_and_writes_gs(gcs, fmt):
     writer(f"{gcs}/in/a.{fmt}", x[:20], y[:20])
     writer(f"{gcs}/in/b.{fmt}", x[20:], y[20:])
     cfg = load_config(None, {"input": f"{gcs}/in/*.{fmt}", "output": f"{gcs}/rel", "epsilon": 5.0, "seed": 1})
-    manifest = run_release(cfg, BEAM_ARGS)
+    manifest = run_release(cfg, BEAM_ARGS).model_dump(mode="json")
     assert manifest["output"]["rows"] == 40
     with FileSystems.open(f"{gcs}/rel/manifest.json") as fh:
         assert json.loads(fh.read())["output"]["rows"] == 40

@@ -22,7 +22,7 @@ KEY = key_from_test_seed(4)
 def release(tmp_path, input_glob, name="out", **overrides):
     out = tmp_path / name
     cfg = load_config(None, {"input": input_glob, "output": str(out), **overrides})
-    return out, run_release(cfg, list(BEAM_ARGS))
+    return out, run_release(cfg, list(BEAM_ARGS)).model_dump(mode="json")
 
 
 def read_table(out):

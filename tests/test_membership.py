@@ -165,6 +165,11 @@ def test_pick_rows_takes_the_quota_of_each_class_without_replacement():
     np.testing.assert_array_equal(xa, xb)  # the public seed fixes which rows
 
 
+def _membership(workdir, manifest, train, holdout):
+    """The membership audit as a release stage runs it (``release_stages``): on the typed manifest's JSON."""
+    return membership_audit_section(workdir, manifest.model_dump(mode="json"), train, holdout)
+
+
 @pytest.fixture(scope="module")
 def leaky_release(tmp_path_factory):
     """A tiny release through the real CLI (DirectRunner, test seed), noise off and l = 1: rows are copies of
@@ -223,14 +228,14 @@ def test_stage_in_a_release_run_and_table_of_errors(tmp_path, leaky_release):
     Unless the release leaks, the AUC is 0.5 with sd 0.03 on 180 + 180 rows: |AUC - 0.5| < 0.2 fails at 6.7 sd
     (< 1e-10); a violation has probability <= 5 % by construction (nominal: the rows share one release), far less
     at this size, where even a null test almost never gives a bound above 0."""
-    from dpcda.pipeline.release import run_release
+    from dpcda.pipeline.release import Stage, run_release
     from dpcda.schemas.config import load_config
     from dpcda.storage.paths import expand_glob
 
     _, _, train, holdout = leaky_release
     cfg = load_config(None, {"input": train, "output": str(tmp_path / "honest"), "epsilon": 2.0, "seed": 3})
-    stage = ("audit", lambda workdir, manifest: membership_audit_section(workdir, manifest, cfg.input, holdout))
-    manifest = run_release(cfg, list(BEAM_ARGS), (stage,), eval_input=holdout)
+    stage = Stage("membership audit", "audit", lambda workdir, m: _membership(workdir, m, cfg.input, holdout))
+    manifest = run_release(cfg, list(BEAM_ARGS), (stage,), eval_input=holdout).model_dump(mode="json")
     m = json.loads((tmp_path / "honest" / "manifest.json").read_text())["audit"]["membership"]
     assert m == manifest["audit"]["membership"]
     assert abs(m["roc_auc"] - 0.5) < 0.2 and not m["violation"] and m["claimed_epsilon"] <= 2.0, m
@@ -252,7 +257,7 @@ def test_a_table_release_is_audited_in_its_encoded_space(tmp_path):
     medians 7e-5 and 2e-4, AUC 0.70, FP 0, FN 0.68, bound 2.3), so the margins are set below those."""
     import pyarrow.parquet as pq
 
-    from dpcda.pipeline.release import run_release
+    from dpcda.pipeline.release import Stage, run_release
     from dpcda.schemas.config import load_config
     from tests.test_tables import SCHEMA, make_table
 
@@ -271,9 +276,8 @@ def test_a_table_release_is_audited_in_its_encoded_space(tmp_path):
             "seed": 2,
         },
     )
-    stage = ("audit", lambda workdir, manifest: membership_audit_section(workdir, manifest, cfg.input, holdout))
-    manifest = run_release(cfg, list(BEAM_ARGS), (stage,), eval_input=holdout)
-    m = manifest["audit"]["membership"]
+    stage = Stage("membership audit", "audit", lambda workdir, m: _membership(workdir, m, cfg.input, holdout))
+    m = run_release(cfg, list(BEAM_ARGS), (stage,), eval_input=holdout).audit["membership"]
     assert m["space"].startswith("table rows encoded") and m["members"] == m["non_members"] > 200, m
     assert m["roc_auc"] > 0.6 and m["median_distance_members"] < m["median_distance_non_members"] / 2, m
     assert m["fp"] < 0.05 and m["guess_member_when"] == "distance below threshold", m

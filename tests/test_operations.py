@@ -22,6 +22,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from dpcda.pipeline.cli import EXIT_BAD_INPUT, EXIT_SIGINT, EXIT_SIGTERM, main
+from dpcda.schemas.manifest import Manifest
 from dpcda.storage import publish
 from tests.conftest import BEAM_ARGS, ROOT, make_dataset, run_cli, valid_manifest, write_dataset
 
@@ -144,6 +145,11 @@ def test_two_runs_racing_to_one_output_publish_once(tmp_path):
     assert leftovers(out) == []
 
 
+def _typed(manifest: dict) -> Manifest:
+    """A test manifest as publish takes it: the typed model the launcher assembles."""
+    return Manifest.model_validate(manifest)
+
+
 def _fake_run_dir(target: publish.Target) -> dict:
     manifest = valid_manifest()
     part = Path(target.workdir) / manifest["output"]["files"][0]["path"]
@@ -160,7 +166,7 @@ def test_an_output_that_appears_during_the_run_is_not_replaced(tmp_path):
     out.mkdir()  # someone else's directory, created while the job ran
     (out / "theirs.txt").write_text("theirs")
     with pytest.raises(publish.PublishError, match="already exists"):
-        publish.publish(target, manifest)
+        publish.publish(target, _typed(manifest))
     publish.abandon(target)
     assert snapshot(out) == {"theirs.txt": b"theirs"} and leftovers(out) == []
 
@@ -173,7 +179,7 @@ def test_publish_replaces_a_release_whole_and_a_reader_never_sees_a_gap(tmp_path
         monkeypatch.setattr(publish, "_renameat2", lambda *a: False)
     out = tmp_path / "out"
     first = publish.prepare(str(out), overwrite=False, inputs=[])
-    publish.publish(first, _fake_run_dir(first))
+    publish.publish(first, _typed(_fake_run_dir(first)))
     seen, stop = [], threading.Event()
 
     def reader():
@@ -190,7 +196,7 @@ def test_publish_replaces_a_release_whole_and_a_reader_never_sees_a_gap(tmp_path
             target = publish.prepare(str(out), overwrite=True, inputs=[])
             manifest = _fake_run_dir(target)
             manifest["output"]["rows"] = 100 + i
-            publish.publish(target, manifest)
+            publish.publish(target, _typed(manifest))
     finally:
         stop.set()
         t.join()
@@ -226,7 +232,7 @@ def test_a_run_that_died_mid_swap_is_repaired_by_the_next(tmp_path, monkeypatch)
     monkeypatch.setattr(publish, "_renameat2", lambda *a: False)
     out = tmp_path / "out"
     first = publish.prepare(str(out), overwrite=False, inputs=[])
-    publish.publish(first, _fake_run_dir(first))
+    publish.publish(first, _typed(_fake_run_dir(first)))
     before = snapshot(out)
     second = publish.prepare(str(out), overwrite=True, inputs=[])
     _fake_run_dir(second)
@@ -241,13 +247,17 @@ def test_a_run_that_died_mid_swap_is_repaired_by_the_next(tmp_path, monkeypatch)
     with pytest.raises(SystemExit):
         publish.publish(
             second,
-            {
-                **valid_manifest(),
-                "output": {
-                    **valid_manifest()["output"],
-                    "files": [{"path": "synthetic/part-00000-of-00001.parquet", "rows": 4, "sha256": "0", "bytes": 4}],
-                },
-            },
+            _typed(
+                {
+                    **valid_manifest(),
+                    "output": {
+                        **valid_manifest()["output"],
+                        "files": [
+                            {"path": "synthetic/part-00000-of-00001.parquet", "rows": 4, "sha256": "0", "bytes": 4}
+                        ],
+                    },
+                }
+            ),
         )
     monkeypatch.setattr(os, "rename", original)
     os.close(second.lock_fd)  # the dead process's lock
@@ -573,10 +583,10 @@ def test_gcs_release_lives_under_its_run_prefix_and_the_old_one_goes_after_the_s
 
     write_parquet(f"{gcs}/in/a.parquet", X, Y)
     cfg = load_config(None, {"input": f"{gcs}/in/*.parquet", "output": f"{gcs}/rel", "sigma_x": 0.5, "seed": 1})
-    first = run_release(cfg, BEAM_ARGS)
+    first = run_release(cfg, BEAM_ARGS).model_dump(mode="json")
     assert first["output"]["prefix"].startswith("runs/")
     assert all(f["path"].startswith(first["output"]["prefix"]) for f in first["output"]["files"])
-    second = run_release(cfg.model_copy(update={"overwrite": True}), BEAM_ARGS)
+    second = run_release(cfg.model_copy(update={"overwrite": True}), BEAM_ARGS).model_dump(mode="json")
     names = set(_gcs_objects(f"{gcs}/rel"))
     assert f"rel/{second['output']['files'][0]['path']}" in names
     assert not any(n.startswith(f"rel/{first['output']['prefix']}") for n in names)  # old run removed
@@ -595,7 +605,7 @@ def test_gcs_missing_part_publishes_nothing_and_the_old_release_stays(gcs):
         "files": [{"path": f"{old.prefix}synthetic/p.parquet", "rows": 4, "sha256": "0", "bytes": 4}],
     }
     bucket.blob(f"rel/{old.prefix}synthetic/p.parquet").upload_from_string(b"rows")
-    publish.publish(old, old_manifest)
+    publish.publish(old, _typed(old_manifest))
     before = bucket.get_blob("rel/manifest.json").download_as_bytes()
     new = publish.prepare(out, overwrite=True, inputs=[])
     manifest = {
@@ -611,7 +621,7 @@ def test_gcs_missing_part_publishes_nothing_and_the_old_release_stays(gcs):
     }
     bucket.blob(f"rel/{new.prefix}synthetic/p0.parquet").upload_from_string(b"rows")  # p1 failed to upload
     with pytest.raises(publish.PublishError, match="p1.parquet: part missing"):
-        publish.publish(new, manifest)
+        publish.publish(new, _typed(manifest))
     publish.abandon(new)
     assert bucket.get_blob("rel/manifest.json").download_as_bytes() == before
     assert bucket.get_blob(f"rel/{old.prefix}synthetic/p.parquet") is not None
@@ -636,9 +646,9 @@ def test_gcs_two_publishers_cannot_both_win(gcs):
         }
         return m
 
-    publish.publish(a, manifest(a, 1))
+    publish.publish(a, _typed(manifest(a, 1)))
     with pytest.raises(publish.PublishError, match="another release was published there"):
-        publish.publish(b, manifest(b, 2))
+        publish.publish(b, _typed(manifest(b, 2)))
     publish.abandon(b)
     assert json.loads(bucket.get_blob("rel/manifest.json").download_as_bytes())["output"]["rows"] == 1
 
@@ -661,11 +671,11 @@ def test_gcs_an_interrupt_after_the_switch_keeps_the_new_release(gcs, monkeypatc
         return t, m
 
     first, m1 = release(1)
-    publish.publish(first, m1)
+    publish.publish(first, _typed(m1))
     second, m2 = release(2)
     monkeypatch.setattr(publish, "_delete_gcs_prefix", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
-        publish.publish(second, m2)
+        publish.publish(second, _typed(m2))
     assert second.published
     publish.abandon(second)  # what run_release does on the way out
     assert json.loads(bucket.get_blob("rel/manifest.json").download_as_bytes())["output"]["rows"] == 2
@@ -785,14 +795,7 @@ def test_cli_turns_off_exception_sampling_unless_allowed(tmp_path, monkeypatch):
     monkeypatch.setattr(
         release_mod,
         "run_release",
-        lambda cfg, beam_args, *a, **k: (
-            seen.append(beam_args)
-            or {
-                "output": {"rows": 0},
-                "privacy": {"epsilon": 1, "delta": 1, "end_to_end_dp": True},
-                "mechanism": {"sigma_x": 0.5},
-            }
-        ),
+        lambda cfg, beam_args, *a, **k: seen.append(beam_args) or _typed(valid_manifest()),
     )
     for extra in ([], ["--allow-exception-sampling"]):
         assert main(["release", "--input", "x", "--output", str(tmp_path / "o"), *BASE, *extra]) == 0

@@ -22,7 +22,7 @@ from tests.conftest import BEAM_ARGS, make_dataset, run_cli, write_dataset
 def release(tmp_path, input_glob, name="out", beam_args=BEAM_ARGS, **overrides):
     out = tmp_path / name
     cfg = load_config(None, {"input": input_glob, "output": str(out), **overrides})
-    manifest = run_release(cfg, list(beam_args))
+    manifest = run_release(cfg, list(beam_args)).model_dump(mode="json")
     return out, manifest
 
 

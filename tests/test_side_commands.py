@@ -242,7 +242,7 @@ def _objects(prefix: str) -> list:
 
 @pytest.mark.gcs
 def test_a_gcs_run_that_fails_after_its_parts_were_readable_keeps_counting(gcs, tmp_path):
-    from dpcda.pipeline.release import run_release
+    from dpcda.pipeline.release import Stage, run_release
     from dpcda.privacy.composition import LedgerError
     from dpcda.storage.ledger import open_ledger, resolve
 
@@ -254,7 +254,11 @@ def test_a_gcs_run_that_fails_after_its_parts_were_readable_keeps_counting(gcs, 
         raise RuntimeError("the evaluation broke")
 
     with pytest.raises(RuntimeError, match="evaluation broke"):
-        run_release(cfg, ["--runner=DirectRunner", "--direct_running_mode=in_memory"], stages=(("evaluation", breaks),))
+        run_release(
+            cfg,
+            ["--runner=DirectRunner", "--direct_running_mode=in_memory"],
+            stages=(Stage("evaluation", "utility", breaks),),
+        )
     assert seen and _objects(f"{gcs}/rel") == []  # they were readable; then removed
     (entry,) = open_ledger(ledger).entries("toy")
     assert entry["state"] == "exposed" and entry["epsilon"] == 2.0
@@ -270,7 +274,7 @@ def test_a_gcs_run_that_fails_after_its_parts_were_readable_keeps_counting(gcs, 
 def test_a_gcs_run_whose_prefix_is_emptied_after_the_pipeline_and_then_fails_keeps_counting(gcs, tmp_path):
     """An empty run prefix proves nothing once the parts were written: another run's clean-up (STALE_RUN_HOURS), a
     lifecycle rule or a stage may have removed them after readers could list them."""
-    from dpcda.pipeline.release import run_release
+    from dpcda.pipeline.release import Stage, run_release
     from dpcda.privacy.errors import DpcdaError
     from dpcda.storage import publish
     from dpcda.storage.ledger import open_ledger
@@ -285,7 +289,7 @@ def test_a_gcs_run_whose_prefix_is_emptied_after_the_pipeline_and_then_fails_kee
         run_release(
             cfg,
             ["--runner=DirectRunner", "--direct_running_mode=in_memory"],
-            stages=(("evaluation", sweeps_then_fails),),
+            stages=(Stage("evaluation", "utility", sweeps_then_fails),),
         )
     assert _objects(f"{gcs}/rel") == []
     (entry,) = open_ledger(ledger).entries("toy")
@@ -299,7 +303,7 @@ def test_a_gcs_run_whose_prefix_is_emptied_after_the_pipeline_and_then_fails_kee
 
 @pytest.mark.gcs
 def test_a_gcs_run_dropped_by_resolve_while_it_ran_is_entered_again_when_it_fails_exposed(gcs, tmp_path, caplog):
-    from dpcda.pipeline.release import run_release
+    from dpcda.pipeline.release import Stage, run_release
     from dpcda.storage.ledger import open_ledger, resolve
 
     cfg, ledger = _gcs_release_with_ledger(gcs, tmp_path)
@@ -313,7 +317,7 @@ def test_a_gcs_run_dropped_by_resolve_while_it_ran_is_entered_again_when_it_fail
         run_release(
             cfg,
             ["--runner=DirectRunner", "--direct_running_mode=in_memory"],
-            stages=(("evaluation", dropped_then_fails),),
+            stages=(Stage("evaluation", "utility", dropped_then_fails),),
         )
     (entry,) = open_ledger(ledger).entries("toy")
     assert entry["state"] == "exposed" and entry["epsilon"] == 2.0 and entry["output"] == cfg.output

@@ -481,8 +481,9 @@ def membership_audit(
 def membership_audit_section(
     workdir: str, manifest: dict, train_glob: str, holdout_glob: str, *, rows: int = DEFAULT_ROWS, seed: int = 0
 ) -> dict:
-    """Release stage (``("audit", ...)``, after the canary audit's stage when both run): evaluates the run directory
-    ``workdir`` and returns the whole ``audit`` section, the canary audit's keys (if any) beside ``membership``."""
+    """Release stage (``Stage("membership audit", "audit", ...)``, after the canary audit's stage when both run):
+    evaluates the run directory ``workdir`` and returns the whole ``audit`` section, the canary audit's keys (if any)
+    beside ``membership``. ``manifest``: the manifest so far as JSON (``Manifest.model_dump(mode="json")``)."""
     from dpcda.evaluation.audit import json_safe
 
     result = membership_audit(workdir, manifest, train_glob, holdout_glob, rows=rows, seed=seed, draft=True)

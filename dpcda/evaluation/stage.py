@@ -217,6 +217,7 @@ def evaluate_release(
     workdir: str, manifest: dict, test_glob: str, *, runs: int = 1, epochs: int = 10, test_public: bool = False
 ) -> dict:
     """Release stage: evaluates the run directory ``workdir`` (not yet published); returns the ``utility`` section.
+    ``manifest``: the manifest so far as JSON (``Manifest.model_dump(mode="json")``).
 
     Unless ``test_public``, the section says that its figures are outside the guarantee and leaves out the exact
     test row count. Its report path is relative to OUTPUT, like the manifest's files.

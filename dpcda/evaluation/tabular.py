@@ -241,7 +241,7 @@ def evaluate_table_release(
     workdir: str, manifest: dict, test_glob: str, schema: TableSchema, *, test_public: bool = False, seed: int = 0
 ) -> dict:
     """Release stage for a table release: writes ``evaluation/report.json`` and ``marginals.png`` into the run
-    directory and returns the manifest's ``utility`` section."""
+    directory and returns the manifest's ``utility`` section (``manifest``: the manifest so far as JSON)."""
     synth = read_tables(join(workdir, "synthetic", "*.parquet"), "synthetic")
     test = read_tables(test_glob, "evaluation")
     figures = evaluate_tables(synth, test, schema, seed)

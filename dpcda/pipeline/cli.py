@@ -199,9 +199,10 @@ def cmd_release(args, beam_args) -> int:
         beam_args = DEFAULT_BEAM_ARGS + beam_args
     if not args.allow_exception_sampling:
         beam_args = beam_args + [NO_EXCEPTION_SAMPLING]
-    manifest = run_release(
+    published = run_release(
         cfg, beam_args, release_stages(cfg), eval_input=cfg.eval_input, protect=(args.config,) if args.config else ()
     )
+    manifest = published.model_dump(mode="json")  # the summary reads what manifest.json holds
     p = manifest["privacy"]
     print(
         json.dumps(
@@ -225,7 +226,8 @@ def cmd_release(args, beam_args) -> int:
 
 
 def _noise_summary(mechanism: dict) -> dict:
-    """The release's headline noise: sigma_x, or p3gm's DP-SGD noise multiplier."""
+    """The release's headline noise: sigma_x, or p3gm's DP-SGD noise multiplier (``mechanism``: the manifest's
+    section as JSON)."""
     if "sigma_x" in mechanism:
         return {"sigma_x": mechanism["sigma_x"]}
     return {"noise_multiplier": mechanism["dp_sgd"]["noise_multiplier"]}

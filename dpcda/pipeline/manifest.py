@@ -1,12 +1,25 @@
-"""Builds the Manifest from a ReleasePlan: the one place that decides what is released."""
+"""The manifest's one owner: builds the draft from a ReleasePlan (the one place that decides what is released) and
+assembles the published manifest from the draft, the run, the stages' sections and the ledger's.
+
+How a release's manifest comes together (docs/manifest.md): the pipeline writes a draft (``build_manifest``); the
+launcher reads it back as the typed ``Manifest`` (``read_draft``, the one validation of the whole); each declared
+``Stage`` reads a frozen copy and returns its section, checked against the manifest's field as it is added
+(``run_stages``); ``assemble`` puts draft, run, sections and ledger together once; ``storage.publish`` writes it last.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import json
 import math
 import platform
+from typing import Any, Callable, Optional
+
+from pydantic import TypeAdapter, ValidationError
 
 from dpcda.pipeline import __version__
+from dpcda.pipeline.errors import ReleaseError
 from dpcda.privacy import noise
 from dpcda.privacy.composition import release_events_to_json
 from dpcda.privacy.risk import risk_figures
@@ -18,6 +31,7 @@ from dpcda.schemas.manifest import (
     Output,
     PostProcessing,
     Privacy,
+    RunInfo,
     Software,
 )
 
@@ -207,6 +221,84 @@ def build_manifest(cfg, input_info: InputInfo, plan, outputs, prefix: str = "") 
                 else {}
             ),
         ),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """A release stage after the pipeline: reads the run directory and the manifest so far (a frozen deep copy: a
+    stage cannot change what another wrote) and returns the manifest's ``section``.
+
+    ``name`` is what the log and an error call it; ``section`` is the ``Manifest`` field it fills (its type is the
+    section's type: a model, or a free ``dict`` for the evaluation and audit sections, whose keys their own modules
+    document); a later stage with the same ``section`` replaces the earlier one's (it reads it first)."""
+
+    name: str
+    section: str
+    run: Callable[[str, Manifest], Any]
+
+    def __post_init__(self):
+        if self.section not in SECTIONS:
+            raise ValueError(f"stage {self.name}: '{self.section}' is not a stage's section ({', '.join(SECTIONS)})")
+
+
+# the manifest fields the stages fill; the draft holds every other field (and ``run`` and ``ledger``, the launcher's)
+SECTIONS = ("utility", "audit")
+
+
+def _section(field: str, value: Any, who: str) -> Any:
+    """``value`` checked against the manifest's ``field`` and as the published JSON will hold it (no NaN, no
+    infinity, nothing JSON cannot say); ReleaseError naming ``who`` otherwise."""
+    adapter = TypeAdapter(Manifest.model_fields[field].annotation)
+    try:
+        typed = adapter.validate_python(value)
+        json.dumps(adapter.dump_python(typed, mode="json"), allow_nan=False)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        detail = f"{where}: {first['msg']}" if where else first["msg"]
+        raise ReleaseError(f"{who}: its '{field}' section does not fit the manifest ({detail})") from None
+    except (TypeError, ValueError) as err:  # pydantic's serialization error is a ValueError
+        raise ReleaseError(
+            f"{who}: its '{field}' section cannot be written as the manifest's JSON ({str(err).splitlines()[0][:200]})"
+        ) from None
+    return typed
+
+
+def read_draft(text: str | bytes, where: str) -> Manifest:
+    """The pipeline's draft (``storage.publish.DRAFT`` at ``where``) as the typed manifest; ReleaseError naming the
+    draft if it does not validate. The one validation of the whole manifest: every later part is typed."""
+    try:
+        return Manifest.model_validate_json(text)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where_in = ".".join(str(p) for p in first["loc"])
+        raise ReleaseError(
+            f"{where}: the pipeline's manifest draft does not validate ({err.error_count()} error(s); first: "
+            f"{where_in or '(top)'}: {first['msg']}); nothing was published"
+        ) from None
+
+
+def run_stages(stages, workdir: str, manifest: Manifest) -> dict[str, Any]:
+    """Runs ``stages`` in order on the run directory; returns their sections by field. Each stage reads a frozen deep
+    copy of ``manifest`` with the sections before it; its own section is checked the moment it returns, so a bad one
+    fails at its own step, named."""
+    sections: dict[str, Any] = {}
+    for stage in stages:
+        seen = manifest.model_copy(update=sections, deep=True)
+        sections[stage.section] = _section(stage.section, stage.run(workdir, seen), f"stage {stage.name}")
+    return sections
+
+
+def assemble(draft: Manifest, run: RunInfo, sections: dict[str, Any], ledger: Optional[dict] = None) -> Manifest:
+    """The published manifest: the draft, the run, the stages' sections (checked again here: they may come from
+    anywhere) and the ledger's section, put together once."""
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        raise ReleaseError(f"'{unknown[0]}' is not a stage's section ({', '.join(SECTIONS)})")
+    typed = {k: _section(k, v, f"section {k}") for k, v in sections.items()}
+    return draft.model_copy(
+        update={"run": RunInfo.model_validate(run), **typed, "ledger": _section("ledger", ledger, "the ledger")}
     )
 
 

@@ -4,20 +4,20 @@
     ReadShards -> Synthesize (the mechanism's PTransform: transforms.synthesize) -> WriteSynthetic -> WriteDraftManifest
 
 Order of a run: the inputs, config files and OUTPUT are checked (``storage.publish.prepare`` takes OUTPUT's lock and
-creates the run directory); the pipeline writes the parts and a manifest draft into the run directory; the
-evaluation and audit stages add their sections; ``storage.publish.publish`` writes the manifest and makes the
-release visible. Any failure or interrupt removes the run directory (and cancels a remote job): OUTPUT is left as
-it was.
+creates the run directory); the pipeline writes the parts and a manifest draft into the run directory; the launcher
+reads the draft back as the typed ``Manifest``; the declared stages (``release_stages``: evaluation, audits) return
+their sections; ``pipeline.manifest.assemble`` puts the manifest together; ``storage.publish.publish`` writes it and
+makes the release visible. Any failure or interrupt removes the run directory (and cancels a remote job): OUTPUT is
+left as it was.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
-import json
 import logging
 import time
-from typing import Callable, Optional
+from typing import Optional
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
@@ -28,10 +28,10 @@ from dpcda.mechanisms.plan import PlanError, load_public_stats
 from dpcda.pipeline import __version__, build_commit
 from dpcda.pipeline.dataflow import check_job_options
 from dpcda.pipeline.errors import ReleaseError
-from dpcda.pipeline.manifest import build_manifest
+from dpcda.pipeline.manifest import Stage, assemble, build_manifest, read_draft, run_stages
 from dpcda.privacy.noise import fresh_key, key_from_test_seed, set_threads
 from dpcda.schemas.config import ReleaseConfig
-from dpcda.schemas.manifest import InputInfo, RunInfo
+from dpcda.schemas.manifest import InputInfo, Manifest, RunInfo
 from dpcda.storage import publish
 from dpcda.storage.paths import expand_glob, is_remote, join, not_regular_files, open_file
 from dpcda.storage.shards import InputError, check_finite_files, detect_format, read_shard
@@ -44,8 +44,6 @@ from dpcda.transforms.table import DecodeTable
 from dpcda.transforms.write import WriteDraftManifest, WriteSynthetic
 
 log = logging.getLogger("dpcda.release")
-# A stage adds one manifest section: (name, function(run directory, draft manifest) -> section dict).
-Stage = tuple[str, Callable[[str, dict], dict]]
 
 
 def _noise_key(seed):
@@ -281,48 +279,46 @@ def run_pipeline(p: beam.Pipeline, options: PipelineOptions):
 
 def release_stages(cfg: ReleaseConfig) -> tuple[Stage, ...]:
     """The stages that add manifest sections after the pipeline, in order: the evaluation (image or table), the
-    canary audit, the membership audit, as the config asks."""
+    canary audit, the membership audit, as the config asks. Each reads the typed manifest; the evaluation modules
+    take its JSON (``Manifest.model_dump(mode="json")``, what a published manifest.json holds)."""
     stages = []
     if cfg.eval_input and cfg.table is not None:
         from dpcda.evaluation.tabular import evaluate_table_release
 
-        stages.append(
-            (
-                "utility",
-                lambda workdir, manifest: evaluate_table_release(
-                    workdir, manifest, cfg.eval_input, cfg.table, test_public=cfg.eval_input_public
-                ),
+        def table_utility(workdir: str, manifest: Manifest) -> dict:
+            return evaluate_table_release(
+                workdir, manifest.model_dump(mode="json"), cfg.eval_input, cfg.table, test_public=cfg.eval_input_public
             )
-        )
+
+        stages.append(Stage("table evaluation", "utility", table_utility))
     elif cfg.eval_input:
         from dpcda.evaluation.stage import evaluate_release
 
-        stages.append(
-            (
-                "utility",
-                lambda workdir, manifest: evaluate_release(
-                    workdir,
-                    manifest,
-                    cfg.eval_input,
-                    runs=cfg.eval_runs,
-                    epochs=cfg.eval_epochs,
-                    test_public=cfg.eval_input_public,
-                ),
+        def utility(workdir: str, manifest: Manifest) -> dict:
+            return evaluate_release(
+                workdir,
+                manifest.model_dump(mode="json"),
+                cfg.eval_input,
+                runs=cfg.eval_runs,
+                epochs=cfg.eval_epochs,
+                test_public=cfg.eval_input_public,
             )
-        )
+
+        stages.append(Stage("evaluation", "utility", utility))
     if cfg.audit:
         from dpcda.evaluation.audit import audit_section
 
-        stages.append(("audit", lambda workdir, manifest: audit_section(manifest)))
+        def audit(workdir: str, manifest: Manifest) -> dict:
+            return audit_section(manifest.model_dump(mode="json"))
+
+        stages.append(Stage("audit", "audit", audit))
     if cfg.membership_audit:  # after the canary audit: keeps its keys, adds "membership"
         from dpcda.evaluation.membership import membership_audit_section
 
-        stages.append(
-            (
-                "audit",
-                lambda workdir, manifest: membership_audit_section(workdir, manifest, cfg.input, cfg.eval_input),
-            )
-        )
+        def membership(workdir: str, manifest: Manifest) -> dict:
+            return membership_audit_section(workdir, manifest.model_dump(mode="json"), cfg.input, cfg.eval_input)
+
+        stages.append(Stage("membership audit", "audit", membership))
     return tuple(stages)
 
 
@@ -332,8 +328,9 @@ def run_release(
     stages: tuple[Stage, ...] = (),
     eval_input: Optional[str] = None,
     protect: tuple[str, ...] = (),
-) -> dict:
-    """Runs the whole release; returns the published manifest. Raises on any failure, leaving OUTPUT as it was.
+) -> Manifest:
+    """Runs the whole release; returns the published manifest (typed). Raises on any failure, leaving OUTPUT as it
+    was; a stage whose section does not fit the manifest fails at its own step, named, and nothing is published.
 
     ``protect``: more files the release must never write over (the config file); the input shards, the evaluation
     set and the normalization file are protected anyway. An exception raised after the release became visible (an
@@ -400,17 +397,17 @@ def _settle(ledger, dataset_id: str, request: dict, err: BaseException) -> None:
         log.error("stage=ledger run=%s: reservation left as it is (%s: %s)", run, type(inner).__name__, inner)
 
 
-def _record(ledger, dataset_id: str, run: str, manifest: dict) -> bool:
+def _record(ledger, dataset_id: str, run: str, manifest: Manifest) -> bool:
     """Records a published release; False (logged) when the ledger cannot be written: the reservation then stays."""
     try:
-        ledger.record(dataset_id, run, manifest)
+        ledger.record(dataset_id, run, manifest.model_dump(mode="json"))
         return True
     except Exception as err:  # noqa: BLE001 - the release is out; the reservation keeps the ledger conservative
         log.error("stage=ledger run=%s could not be recorded (%s); its reservation stays", run, err)
         return False
 
 
-def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t0) -> dict:
+def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t0) -> Manifest:
     fmt = detect_format(files[0], cfg.input_format)
     arrow_schema = None
     if cfg.table is not None:  # the schema is checked against the input's Parquet footer: no row is read
@@ -480,15 +477,13 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
         target.written = True  # the parts are written: from here on, a failure leaves them possibly read (GCS)
         if is_remote(target.output):  # at once, not when abandon gets to it: a second interrupt may come first
             target.exposed = True
-        with open_file(join(target.workdir, publish.DRAFT)) as fh:
-            manifest = json.loads(fh.read())
-        manifest["run"] = run.model_dump(mode="json")
+        draft_path = join(target.workdir, publish.DRAFT)
+        with open_file(draft_path) as fh:
+            draft = read_draft(fh.read(), draft_path)
         counts = " ".join(f"{k}={v}" for k, v in _counters(result).items())
-        log.info("stage=pipeline rows=%d %s seconds=%.1f", manifest["output"]["rows"], counts, time.time() - t0)
-        for name, stage in stages:
-            manifest[name] = stage(target.workdir, manifest)
-        if ledger_section is not None:
-            manifest["ledger"] = ledger_section
+        log.info("stage=pipeline rows=%d %s seconds=%.1f", draft.output.rows, counts, time.time() - t0)
+        sections = run_stages(stages, target.workdir, draft.model_copy(update={"run": run}))
+        manifest = assemble(draft, run, sections, ledger_section)
         publish.publish(target, manifest)
     except BaseException as err:
         try:
@@ -501,11 +496,20 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
     log.info(
         "stage=done output=%s rows=%d epsilon=%s seconds=%.1f",
         target.output,
-        manifest["output"]["rows"],
-        manifest["privacy"]["epsilon"],
+        manifest.output.rows,
+        manifest.privacy.epsilon,
         time.time() - t0,
     )
     return manifest
 
 
-__all__ = ["ReleaseError", "PlanError", "run_release", "build_pipeline", "check_launcher_options", "run_pipeline"]
+__all__ = [
+    "ReleaseError",
+    "PlanError",
+    "Stage",
+    "run_release",
+    "release_stages",
+    "build_pipeline",
+    "check_launcher_options",
+    "run_pipeline",
+]

@@ -40,10 +40,13 @@ import os
 import re
 import shutil
 import uuid
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from dpcda.privacy.errors import DpcdaError
 from dpcda.storage.paths import is_remote
+
+if TYPE_CHECKING:
+    from dpcda.schemas.manifest import Manifest
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
@@ -143,11 +146,16 @@ def prepare(output: str, *, overwrite: bool, inputs: list[str]) -> Target:
         raise PublishError(f"{out}: {type(err).__name__}: {str(err).splitlines()[0][:200]}") from None
 
 
-def publish(target: Target, manifest: dict) -> None:
-    """Makes the run's release visible at OUTPUT (see the module docstring); the manifest goes in last."""
+def publish(target: Target, manifest: Manifest) -> None:
+    """Makes the run's release visible at OUTPUT (see the module docstring); the manifest goes in last.
+
+    ``manifest`` is the typed, assembled manifest (``pipeline.manifest.assemble``): it was validated when the launcher
+    read the draft and as each section was added; here it is only written (``Manifest.write_json``)."""
     from dpcda.schemas.manifest import Manifest
 
-    text = Manifest(**manifest).write_json()
+    if not isinstance(manifest, Manifest):
+        raise TypeError(f"publish: takes the typed Manifest, not {type(manifest).__name__}")
+    text = manifest.write_json()
     if is_remote(target.output):
         _publish_gcs(target, manifest, text)
     else:
@@ -304,18 +312,16 @@ def _remove_stale_local(out: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _check_parts(manifest: dict, read_size) -> None:
-    for f in manifest["output"]["files"]:
-        size = read_size(f["path"])
+def _check_parts(manifest: Manifest, read_size) -> None:
+    for f in manifest.output.files:
+        size = read_size(f.path)
         if size is None:
-            raise PublishError(f"{f['path']}: part missing before publishing; nothing was published")
-        if f.get("bytes") is not None and size != f["bytes"]:
-            raise PublishError(
-                f"{f['path']}: part has {size} bytes, the manifest says {f['bytes']}; nothing was published"
-            )
+            raise PublishError(f"{f.path}: part missing before publishing; nothing was published")
+        if f.bytes is not None and size != f.bytes:
+            raise PublishError(f"{f.path}: part has {size} bytes, the manifest says {f.bytes}; nothing was published")
 
 
-def _publish_local(target: Target, manifest: dict, text: str) -> None:
+def _publish_local(target: Target, manifest: Manifest, text: str) -> None:
     work, out = target.workdir, target.output
 
     def size(rel):
@@ -509,7 +515,7 @@ def _delete_gcs_prefix(path: str) -> None:
             pass
 
 
-def _publish_gcs(target: Target, manifest: dict, text: str) -> None:
+def _publish_gcs(target: Target, manifest: Manifest, text: str) -> None:
     from google.api_core import exceptions as gexc
 
     bucket_name, prefix = split_gs(target.output)
