@@ -19,18 +19,12 @@ from typing import Optional
 import numpy as np
 
 from dpcda.mechanisms import registry
-from dpcda.mechanisms.base import Budget, Mechanism, PlanError
+from dpcda.mechanisms.base import Mechanism, PlanError
 from dpcda.mechanisms.combiners import FirstPass
 from dpcda.mechanisms.p3gm import P3gmPlan
 from dpcda.privacy import dp_stats
-from dpcda.privacy.accounting import (
-    Accounting,
-    ReleaseEvents,
-    account,
-    accountant_delta,
-    adaptive_epsilon,
-)
-from dpcda.privacy.calibration import calibrate_gaussian
+from dpcda.privacy.accounting import Accounting, ReleaseEvents, account
+from dpcda.privacy.budget import REFERENCE_EPSILON, BudgetPlan, Share, plan_budget
 from dpcda.privacy.events import CLIP_MARGIN
 from dpcda.privacy.noise import NoiseStream
 from dpcda.schemas.config import MAX_SAMPLES_PER_INPUT_ROW, ReleaseConfig
@@ -45,9 +39,6 @@ SEED_KEY_CAVEAT = (
     "Noise and sampling draw from ChaCha20 keystreams under a key derived from a TEST seed, which rebuilds every draw "
     "(privacy.noise says how draws are made)."
 )
-# With an explicit sigma_x there is no target epsilon to take shares of; the statistics then spend
-# their share of this reference budget (stated in the manifest).
-REFERENCE_EPSILON = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +82,7 @@ class ReleasePlan:
     pca_share: Optional[float] = None
     join_block_rows: int = 0  # R of the join path (mechanisms.joinmix)
     p3gm: Optional[P3gmPlan] = None
+    budget: Optional[BudgetPlan] = None  # the planner's split of the budget (privacy.budget)
 
     @property
     def mechanism_entry(self) -> Mechanism:
@@ -272,6 +264,68 @@ def synthesis_events(mechanism: str, mode: str, **kw) -> list:
     return registry.get(mechanism).synthesis_events(mode, **kw)
 
 
+def group_events(
+    mechanism: str,
+    mode: str,
+    *,
+    group_size: int,
+    samples: int,
+    mixing_order: int,
+    clip: float,
+    label_noise_ratio: Optional[float],
+    gain: float = 1.0,
+):
+    """sigma -> the events one group of ``group_size`` public records spends in ``mechanism``'s synthesis: what
+    ``dpcda account`` and ``dpcda audit`` calibrate (``privacy.budget.calibrate_synthesis``) and account."""
+
+    def events(sigma: float) -> list:
+        return synthesis_events(
+            mechanism,
+            mode,
+            group_sizes=[group_size],
+            samples=samples,
+            mixing_order=mixing_order,
+            clip=clip,
+            sigma_x=sigma,
+            label_noise_ratio=label_noise_ratio,
+            gain=gain,
+        )
+
+    return events
+
+
+def release_settings(**given) -> ReleaseConfig:
+    """A ``ReleaseConfig`` of the ``given`` fields (None: the field's default) and the defaults for the rest, built
+    without a release's checks (it names no input or output): the settings ``dpcda account`` and ``dpcda audit`` plan
+    a budget with (``release_budget``), so that they split it as a release with the same settings does."""
+    return ReleaseConfig.model_construct(**{k: v for k, v in given.items() if v is not None})
+
+
+def budget_shares(cfg, dim: int) -> list[Share]:
+    """The shares of the budget a release of ``cfg`` (a ``ReleaseConfig``, or anything with its fields) spends before
+    its synthesis, for rows of width ``dim``: the class histogram in poisson mode (adaptive), the normalisation moments
+    with ``normalization: dp``, the DP-PCA covariance when a projection or the mechanism uses it, and the mechanism's
+    own (``Mechanism.budget_shares``: p3gm's DP-EM)."""
+    mode = cfg.mode
+    shares = []
+    if mode == "poisson":
+        shares.append(
+            Share("class_histogram", cfg.histogram_budget_share, dp_stats.HISTOGRAM_SENSITIVITY, adaptive=True)
+        )
+    if cfg.normalization == "dp":
+        shares.append(Share("normalization", cfg.normalization_budget_share, dp_stats.moments_sensitivity(dim, mode)))
+    if cfg.pca_components is not None:
+        shares.append(Share("pca_covariance", cfg.pca_budget_share, dp_stats.covariance_sensitivity(dim, mode)))
+    shares.extend(registry.get(cfg.mechanism).budget_shares(cfg))
+    return shares
+
+
+def release_budget(cfg, dim: int) -> BudgetPlan:
+    """The budget planner (``privacy.budget.plan_budget``) run on what a release of ``cfg`` spends: what the release,
+    ``dpcda account`` and ``dpcda audit`` calibrate with."""
+    return plan_budget(cfg.mode, epsilon=cfg.epsilon, delta=cfg.delta, shares=budget_shares(cfg, dim))
+
+
 def build_plan(
     first: FirstPass, cfg: ReleaseConfig, key: bytes, public_stats: Optional[tuple[np.ndarray, np.ndarray]] = None
 ) -> ReleasePlan:
@@ -288,11 +342,8 @@ def build_plan(
     counts = np.pad(counts, (0, K - len(counts)))
     lowpass = resolve_lowpass(cfg, dim)
     mode, l, c, delta = cfg.mode, cfg.mixing_order, cfg.clip, cfg.delta
-    budget = cfg.epsilon if cfg.epsilon is not None else REFERENCE_EPSILON
     mech = registry.get(cfg.mechanism)
     caveats = [SEED_KEY_CAVEAT if cfg.reproducible else SECRET_KEY_CAVEAT, mech.label_caveat()]
-    shared: list = []
-    adaptive: list = []
     if cfg.epsilon is None:
         caveats.append(
             f"sigma_x was given explicitly: the statistics spent their shares of a reference budget "
@@ -324,6 +375,11 @@ def build_plan(
                 f"{where}: class {k} has {counts[k]} records, fewer than mixing_order l={l}; fixed mode "
                 f"draws l distinct records per row (lower l, or use --mode poisson){hint}"
             )
+    # Every share of the budget (histogram, statistics, DP-PCA, the mechanism's own) and what is left for the
+    # synthesis, calibrated before anything is drawn (privacy.budget).
+    planned = release_budget(cfg, dim)
+    hist = planned.get("class_histogram")
+    if mode == "fixed":
         groups = [rows] if mech.groups == "dataset" else counts
         paths = (
             choose_mixing_paths(groups, dim, budget_bytes, mixing_path, where=where, exact=True, why=why)
@@ -334,17 +390,8 @@ def build_plan(
         dp_sizes = None
         caveats.append(mech.fixed_caveat)
     else:
-        # The histogram's output chooses q_k, T_k and sigma_x: it is accounted alone, at its own share of epsilon and
-        # delta, and the rest is calibrated to what remains (adaptive composition; privacy.accounting).
-        hist_delta = cfg.histogram_budget_share * delta
-        hist = calibrate_gaussian(
-            mode,
-            name="class_histogram",
-            sensitivity=dp_stats.HISTOGRAM_SENSITIVITY,
-            target_epsilon=cfg.histogram_budget_share * budget,
-            delta=hist_delta,
-        )
-        adaptive.append((hist, hist_delta))
+        # The histogram's output chooses q_k, T_k and sigma_x: the planner accounted it alone, at its own share of
+        # epsilon and delta, and left the rest for what follows (adaptive composition; privacy.accounting).
         dp_sizes = dp_stats.class_histogram(counts, noise_std=hist.noise_std, stream=NoiseStream(key, "histogram"))
         # decided on the DP counts (plus 6 noise sds), never on the exact ones: whether the job stops is public
         grouped = (
@@ -359,24 +406,12 @@ def build_plan(
             "accounted alone at its own (epsilon, delta) share and the rest is calibrated to what remains, "
             "so the guarantee is the sum (adaptive composition)."
         )
-    acc_delta = accountant_delta(delta, [d for _, d in adaptive])
-    rest_budget = None
-    if cfg.epsilon is not None:
-        rest_budget = cfg.epsilon - sum(adaptive_epsilon(mode, ev, d) for ev, d in adaptive)
 
     # Normalisation statistics.
     min_std = cfg.min_std * (cfg.feature_bounds[1] - cfg.feature_bounds[0])
     norm_std = None
     if cfg.normalization == "dp":
-        stats_ev = calibrate_gaussian(
-            mode,
-            name="normalization",
-            sensitivity=dp_stats.moments_sensitivity(dim, mode),
-            target_epsilon=cfg.normalization_budget_share * budget,
-            delta=acc_delta,
-        )
-        shared.append(stats_ev)
-        norm_std = stats_ev.noise_std
+        norm_std = planned.get("normalization").noise_std
         mean, std = dp_stats.feature_stats(
             n=n_public,
             sum_qu=first.sum_qu,
@@ -406,18 +441,10 @@ def build_plan(
         if cfg.pca_components >= dim:
             what = "projection" if cfg.projection else f"{cfg.mechanism}_latent_dim"
             raise PlanError(f"{what}: K={cfg.pca_components} must be below the feature dimension d={dim}")
-        bound = rows if mode == "fixed" else n_public + 6 * (adaptive[0][0].noise_std * math.sqrt(K) if adaptive else 0)
+        bound = rows if mode == "fixed" else n_public + 6 * (hist.noise_std * math.sqrt(K) if hist else 0)
         if bound * 2.0 ** (2 * dp_stats.COV_QUANTUM_BITS) >= dp_stats.COV_MAX_SUM:  # decided on public counts
             raise PlanError("projection: the DP-PCA covariance takes at most 2^30 rows (exact int64 sums)")
-        pca_ev = calibrate_gaussian(
-            mode,
-            name="pca_covariance",
-            sensitivity=dp_stats.covariance_sensitivity(dim, mode),
-            target_epsilon=cfg.pca_budget_share * budget,
-            delta=acc_delta,
-        )
-        shared.append(pca_ev)
-        pca_std = pca_ev.noise_std
+        pca_std = planned.get("pca_covariance").noise_std
     N = rows if mode == "fixed" else int(n_public)
     T = cfg.samples or N
     cap = MAX_SAMPLES_PER_INPUT_ROW * max(int(n_public), 1)
@@ -444,14 +471,13 @@ def build_plan(
 
     calibrated = mech.calibrate(
         events,
-        Budget(mode, rest_budget, acc_delta, delta, tuple(shared), budget),
+        planned,
         cfg=cfg,
         clip=c,
         dim=dim,
         num_classes=K,
         records=N,
     )
-    shared.extend(calibrated.shared)
     sigma_x, per_group, p3gm = calibrated.sigma_x, calibrated.per_group, calibrated.p3gm
     sigma_y = mech.sigma_y(cfg, sigma_x)
     out_dim = projection[0] if projection else dim
@@ -468,9 +494,9 @@ def build_plan(
     acc = account(
         ReleaseEvents(
             mode,
-            tuple(shared),
+            planned.shared,
             per_group,
-            tuple(adaptive),
+            planned.adaptive,
             gaussian_draws=gaussian_draws,
             binomial_draws=binomial_draws,
         ),
@@ -504,7 +530,7 @@ def build_plan(
         dp_class_sizes=tuple(int(x) for x in dp_sizes) if dp_sizes is not None else None,
         normalization_method=cfg.normalization,
         normalization_noise_std=norm_std,
-        histogram_noise_std=adaptive[0][0].noise_std if adaptive else None,
+        histogram_noise_std=hist.noise_std if hist else None,
         normalization_share=cfg.normalization_budget_share if cfg.normalization == "dp" else None,
         accounting=acc,
         records_public=max(int(n_public), l),
@@ -522,6 +548,7 @@ def build_plan(
         pca_share=cfg.pca_budget_share if pca_std is not None else None,
         join_block_rows=join_block_rows(dim, cfg.join_block_rows) if "join" in paths else 0,
         p3gm=p3gm,
+        budget=planned,
     )
 
 
