@@ -10,6 +10,7 @@ for the synthesis only; only ``public_*`` fields and the accounting reach the ma
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import math
 import os
@@ -31,14 +32,31 @@ from dpcda.schemas.config import MAX_SAMPLES_PER_INPUT_ROW, ReleaseConfig
 from dpcda.storage.paths import open_file
 from dpcda.storage.shards import InputError
 
-SECRET_KEY_CAVEAT = (
-    "Noise and sampling draw from ChaCha20 keystreams under a fresh 256-bit secret key: the guarantee holds against "
-    "adversaries who cannot tell ChaCha20 from random bits (privacy.noise says how draws are made)."
-)
-SEED_KEY_CAVEAT = (
-    "Noise and sampling draw from ChaCha20 keystreams under a key derived from a TEST seed, which rebuilds every draw "
-    "(privacy.noise says how draws are made)."
-)
+
+class CaveatCode(enum.Enum):
+    """What a plan has to say about its release; ``pipeline.manifest.caveat_words`` words each one."""
+
+    SECRET_KEY = "secret_key"  # noise from a fresh secret key
+    SEED_KEY = "seed_key"  # noise from a key derived from a test seed
+    LABELS = "labels"  # what the released labels and sizes are (the mechanism's words)
+    REFERENCE_BUDGET = "reference_budget"  # sigma_x given: the statistics' shares are of the reference budget
+    FIXED_CLASS_SIZES = "fixed_class_sizes"  # fixed mode: class sizes public (the mechanism's words)
+    POISSON_ADAPTIVE = "poisson_adaptive"  # poisson mode: the DP histogram chose q_k, T_k, sigma_x
+    PUBLIC_NORMALIZATION = "public_normalization"  # the user's statistics, assumed public
+    EXACT_NORMALIZATION = "exact_normalization"  # exact private statistics: not end-to-end DP
+    NO_FEATURE_NOISE = "no_feature_noise"  # sigma_x = 0
+    MODEL_WITHOUT_NOISE = "model_without_noise"  # a model fitted without noise or clipping
+    REPLANNED = "replanned"  # a changed plan for diagnostics, not a release
+
+
+@dataclasses.dataclass(frozen=True)
+class Caveat:
+    """One caveat of a plan: its code and the parameters its words need (the mechanism whose words or name it uses,
+    the reference epsilon)."""
+
+    code: CaveatCode
+    mechanism: str = ""
+    epsilon: Optional[float] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +88,7 @@ class ReleasePlan:
     records_public: int  # N as the paper's Theorem 1 uses it (public in fixed mode, the DP total in poisson mode)
     end_to_end_dp: bool
     target_epsilon: Optional[float]
-    caveats: tuple[str, ...]
+    caveats: tuple[Caveat, ...]  # worded by the manifest's owner (pipeline.manifest.caveat_words)
     lowpass: Optional[tuple[tuple[int, ...], int]] = None  # (image_shape, K): post-processing projection
     label_noise_ratio: Optional[float] = None  # dpmix: sigma_y / sigma_x
     projection: Optional[tuple[int, int, float]] = None  # randproj: (p, public seed, operator norm of R)
@@ -343,12 +361,12 @@ def build_plan(
     lowpass = resolve_lowpass(cfg, dim)
     mode, l, c, delta = cfg.mode, cfg.mixing_order, cfg.clip, cfg.delta
     mech = registry.get(cfg.mechanism)
-    caveats = [SEED_KEY_CAVEAT if cfg.reproducible else SECRET_KEY_CAVEAT, mech.label_caveat()]
+    caveats = [
+        Caveat(CaveatCode.SEED_KEY if cfg.reproducible else CaveatCode.SECRET_KEY),
+        Caveat(CaveatCode.LABELS, mechanism=mech.name),
+    ]
     if cfg.epsilon is None:
-        caveats.append(
-            f"sigma_x was given explicitly: the statistics spent their shares of a reference budget "
-            f"epsilon={REFERENCE_EPSILON:g}; the epsilon below is what the whole release spends."
-        )
+        caveats.append(Caveat(CaveatCode.REFERENCE_BUDGET, epsilon=REFERENCE_EPSILON))
 
     # the join path has no DP-PCA projection yet; some mechanisms fit on one worker
     mixing_path = "memory" if cfg.projection or mech.one_worker else cfg.mixing_path
@@ -388,7 +406,7 @@ def build_plan(
         )
         sizes, n_public = counts, float(rows)
         dp_sizes = None
-        caveats.append(mech.fixed_caveat)
+        caveats.append(Caveat(CaveatCode.FIXED_CLASS_SIZES, mechanism=mech.name))
     else:
         # The histogram's output chooses q_k, T_k and sigma_x: the planner accounted it alone, at its own share of
         # epsilon and delta, and left the rest for what follows (adaptive composition; privacy.accounting).
@@ -401,11 +419,7 @@ def build_plan(
         )
         paths = choose_mixing_paths(grouped, dim, budget_bytes, mixing_path, where=where, exact=False, why=why)
         sizes, n_public = dp_sizes, float(max(dp_sizes.sum(), 1))
-        caveats.append(
-            "poisson mode: q_k, T_k and sigma_x are chosen from the DP class histogram; the histogram is "
-            "accounted alone at its own (epsilon, delta) share and the rest is calibrated to what remains, "
-            "so the guarantee is the sum (adaptive composition)."
-        )
+        caveats.append(Caveat(CaveatCode.POISSON_ADAPTIVE))
 
     # Normalisation statistics.
     min_std = cfg.min_std * (cfg.feature_bounds[1] - cfg.feature_bounds[0])
@@ -425,15 +439,12 @@ def build_plan(
         if public_stats is None:
             raise PlanError("normalization public: the statistics file was not loaded")  # the launcher loads it
         mean, std = checked_public_stats(*public_stats, dim, "normalization public")
-        caveats.append("Normalisation statistics were supplied by the user and are assumed public.")
+        caveats.append(Caveat(CaveatCode.PUBLIC_NORMALIZATION))
     else:
         mean, std = dp_stats.feature_stats(
             n=rows, sum_qu=first.sum_qu, sum_qv=first.sum_qv, bounds=cfg.feature_bounds, min_std=min_std
         )
-        caveats.append(
-            "NOT END-TO-END DP: the z-score uses exact private means and stds "
-            "(--normalization exact); epsilon below covers the mixing only."
-        )
+        caveats.append(Caveat(CaveatCode.EXACT_NORMALIZATION))
 
     check_statistics(mean, std, cfg.feature_bounds, c)
     pca_std = None
@@ -507,9 +518,9 @@ def build_plan(
         raise AssertionError(f"calibration overshot: {acc.epsilon} > {cfg.epsilon}")  # never expected
     end_to_end = cfg.normalization != "exact" and math.isfinite(acc.epsilon)
     if sigma_x == 0 and not mech.fits_model:
-        caveats.append("sigma_x = 0: no noise on the features; epsilon is infinite.")
+        caveats.append(Caveat(CaveatCode.NO_FEATURE_NOISE))
     if mech.fits_model and not math.isfinite(acc.epsilon):
-        caveats.append(f"sigma_x = 0: {mech.name} was fitted without noise or clipping; epsilon is infinite.")
+        caveats.append(Caveat(CaveatCode.MODEL_WITHOUT_NOISE, mechanism=mech.name))
     return ReleasePlan(
         mechanism=mech.name,
         mode=mode,
