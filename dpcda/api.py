@@ -174,17 +174,28 @@ def account(
     num_classes: Optional[int] = None,
     projection_dim: Optional[int] = None,
     projection_seed: Optional[int] = None,
+    normalization: Optional[str] = None,
+    projection: Optional[str] = None,
+    normalization_budget_share: Optional[float] = None,
+    histogram_budget_share: Optional[float] = None,
+    pca_budget_share: Optional[float] = None,
     **p3gm_knobs,
 ) -> dict:
-    """Calibrates (``epsilon``) or accounts (``sigma_x``) one group's synthesis of ``mechanism`` without data: what
-    ``dpcda account`` prints, as a dict. ``class_size`` is N_k (dpcda), the dataset size (dpmix, p3gm) or any size
-    (local, randproj); ``samples_per_class`` is T_k (dpcda) or T (dpmix)."""
+    """Calibrates (``epsilon``) or accounts (``sigma_x``) one group's synthesis of ``mechanism`` without data, after
+    the shares of the budget a release with the same settings spends first (the class histogram in poisson mode, the
+    normalisation moments unless ``normalization`` is public or exact, the DP-PCA covariance with a ``projection``),
+    as the release's budget planner splits it: what ``dpcda account`` prints, as a dict. ``class_size`` is N_k
+    (dpcda), the dataset size (dpmix, p3gm) or any size (local, randproj); ``samples_per_class`` is T_k (dpcda) or T
+    (dpmix). ``feature_dim`` d gives the statistics' noise stds (their sensitivities depend on it) and is needed with
+    a projection."""
     import types
 
     from dpcda.mechanisms import registry
-    from dpcda.privacy.accounting import RELATION_WORDS, ReleaseEvents, accountant_delta
+    from dpcda.mechanisms.plan import group_events, release_budget, release_settings
+    from dpcda.privacy.accounting import RELATION_WORDS, ReleaseEvents
     from dpcda.privacy.accounting import account as account_events
-    from dpcda.privacy.calibration import CalibrationError, calibrate_noise
+    from dpcda.privacy.budget import calibrate_synthesis
+    from dpcda.privacy.calibration import CalibrationError
     from dpcda.schemas.config import ReleaseConfig
 
     fields = ReleaseConfig.model_fields
@@ -195,8 +206,17 @@ def account(
     projection_seed = projection_seed if projection_seed is not None else fields["projection_seed"].get_default()
     if (epsilon is None) == (sigma_x is None):
         raise CalibrationError("give exactly one of --epsilon or --sigma-x")
+    shares = dict(
+        normalization=normalization,
+        projection=projection,
+        normalization_budget_share=normalization_budget_share,
+        histogram_budget_share=histogram_budget_share,
+        pca_budget_share=pca_budget_share,
+    )
     if entry.fits_model:
-        return _account_model(entry, class_size, epsilon, sigma_x, delta, clip, feature_dim, num_classes, p3gm_knobs)
+        return _account_model(
+            entry, class_size, epsilon, sigma_x, delta, clip, feature_dim, num_classes, {**p3gm_knobs, **shares}
+        )
     if samples_per_class is None and entry.mixes:
         raise CalibrationError(f"{mechanism}: give --samples-per-class")
     if mode not in entry.modes:
@@ -206,6 +226,11 @@ def account(
             f"class_size {class_size} < mixing_order {mixing_order}: fixed mode "
             f"needs at least l records per {'class' if entry.groups == 'class' else 'dataset'}"
         )
+    settings = release_settings(
+        mechanism=mechanism, mode=mode, epsilon=epsilon, sigma_x=sigma_x, delta=delta, clip=clip, **shares
+    )
+    if settings.pca_components is not None and feature_dim is None:
+        raise CalibrationError("projection: give --feature-dim d (the DP-PCA covariance's sensitivity depends on it)")
     knobs = types.SimpleNamespace(
         projection_dim=projection_dim, projection_seed=projection_seed, label_noise_ratio=label_noise_ratio
     )
@@ -214,30 +239,41 @@ def account(
         if feature_dim is None:
             raise CalibrationError(f"{mechanism}: give --feature-dim d (the projection's norm depends on it)")
         _, gain = entry.projection(knobs, feature_dim)
-
-    def events(sigma):
-        return entry.synthesis_events(
-            mode,
-            group_sizes=[class_size],
-            samples=samples_per_class,
-            mixing_order=mixing_order,
-            clip=clip,
-            sigma_x=sigma,
-            label_noise_ratio=entry.label_noise_ratio(knobs),
-            gain=gain,
-        )
-
-    sigma = sigma_x
-    if sigma is None:
-        sigma = calibrate_noise(
-            mode, events, target_epsilon=epsilon, delta=accountant_delta(delta), scale=clip, stated_delta=delta
-        )
+    # without d the statistics' noise multipliers are planned at sensitivity sqrt(2) (d = 1): the same multipliers
+    planned = release_budget(settings, feature_dim or 1)
+    events = group_events(
+        mechanism,
+        mode,
+        group_size=class_size,
+        samples=samples_per_class,
+        mixing_order=mixing_order,
+        clip=clip,
+        label_noise_ratio=entry.label_noise_ratio(knobs),
+        gain=gain,
+    )
+    sigma = sigma_x if sigma_x is not None else calibrate_synthesis(planned, events, scale=clip)
     evs = tuple(events(sigma))
-    acc = account_events(ReleaseEvents(mode, (), evs), delta, relation=entry.relation(mode))
+    acc = account_events(
+        ReleaseEvents(mode, planned.shared, evs, planned.adaptive), delta, relation=entry.relation(mode)
+    )
     ev = evs[0]
+    notes = [
+        "sigma_x as a release with these settings calibrates it: after the shares above (--normalization public or "
+        "exact and no --projection leave the synthesis alone)"
+    ]
+    if mode == "poisson":
+        notes.append(
+            "poisson: a release takes N_k, and so q and T_k, from its DP class histogram; this is for N_k = "
+            "class_size, and the histogram's share is accounted alone (adaptive composition)"
+        )
+    if sigma_x is not None and planned.shares:
+        notes.append(f"sigma_x given: the shares are of the reference budget epsilon={planned.budget_epsilon:g}")
     return {
         "mechanism": mechanism,
         "mode": mode,
+        "normalization": settings.normalization,
+        "shares": {s.name: _share(s, feature_dim is not None) for s in planned.shares},
+        "synthesis_epsilon": planned.synthesis_epsilon,
         "sigma_x": sigma,
         "sigma_x_over_c": sigma / clip,
         **({"sigma_y": getattr(ev, "sigma_y")} if entry.label_noise_ratio(knobs) is not None else {}),
@@ -252,8 +288,18 @@ def account(
         "components": acc.components,
         "cross_check": acc.cross_check,
         "delta_breakdown": acc.delta_breakdown,
-        "note": "synthesis only; a release also spends the statistics' share (see the manifest)",
+        "note": "; ".join(notes),
     }
+
+
+def _share(share, with_std: bool) -> dict:
+    """One planned share as ``dpcda account`` prints it (the noise std only where d was given)."""
+    out = {"epsilon": share.epsilon, "delta": share.delta, "noise_multiplier": share.noise_multiplier}
+    if with_std:
+        out["noise_std"] = share.noise_std
+    if share.adaptive:
+        out["adaptive"] = True
+    return out
 
 
 def _account_model(entry, n, epsilon, sigma_x, delta, clip, d, K, knobs) -> dict:
@@ -275,6 +321,11 @@ def _account_model(entry, n, epsilon, sigma_x, delta, clip, d, K, knobs) -> dict
     if sigma_x not in (None, 0):
         raise CalibrationError(f"{entry.name}: --sigma-x takes 0 only (no noise); give --epsilon")
     given = {k: v for k, v in knobs.items() if v is not None}
+    public_stats = None
+    if given.get("normalization") == "public":  # the user's statistics file: public stand-ins here
+        given["normalization_file"] = "(account)"
+        public_stats = (np.zeros(d), np.ones(d))
+    given["allow_exact_normalization"] = given.get("normalization") == "exact" or None
     cfg = load_config(  # a field error is one line (ConfigError), not pydantic's traceback
         None,
         dict(
@@ -295,11 +346,13 @@ def _account_model(entry, n, epsilon, sigma_x, delta, clip, d, K, knobs) -> dict
         sum_qv=np.zeros(d, np.int64),
         class_counts=np.array([n // K + (k < n % K) for k in range(K)], np.int64),
     )
-    plan = build_plan(first, cfg, fresh_key())
+    plan = build_plan(first, cfg, fresh_key(), public_stats)
     acc, p = plan.accounting, plan.p3gm
     return {
         "mechanism": entry.name,
         "mode": plan.mode,
+        "normalization": cfg.normalization,
+        "shares": {s.name: _share(s, True) for s in plan.budget.shares},
         "epsilon": acc.epsilon,
         "delta": delta,
         "target_epsilon": epsilon,

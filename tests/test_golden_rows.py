@@ -10,8 +10,7 @@ import json
 import pytest
 
 from dpcda.mechanisms import registry
-from dpcda.mechanisms.plan import SECRET_KEY_CAVEAT, SEED_KEY_CAVEAT
-from dpcda.pipeline.manifest import TEST_SEED_CAVEAT
+from dpcda.pipeline.manifest import SECRET_KEY_CAVEAT, SEED_KEY_CAVEAT, TEST_SEED_CAVEAT
 from dpcda.privacy import noise
 from tests import golden
 from tests.conftest import ROOT

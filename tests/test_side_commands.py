@@ -53,8 +53,21 @@ def test_the_caveats_of_each_mechanism_say_what_it_releases(mechanism, extra, sa
     x, y = make_dataset(n_per_class=30, num_classes=3, dim=12)
     fields = {"input": "i", "output": "o", "epsilon": 2.0, "mechanism": mechanism, "num_classes": 3, **extra}
     plan = build_plan(first_pass(x, y), load_config(None, fields), key_from_test_seed(0))
-    text = " ".join(plan.caveats)
+    from dpcda.pipeline.manifest import caveat_words
+
+    text = " ".join(caveat_words(c) for c in plan.caveats)
     assert says in text and never not in text
+
+
+def test_every_caveat_code_has_its_own_words():
+    """The plan states caveats as codes; the manifest's owner words each one (the same words as before: the golden
+    rows' manifests)."""
+    from dpcda.mechanisms.plan import Caveat, CaveatCode
+    from dpcda.pipeline.manifest import caveat_words
+
+    words = {code: caveat_words(Caveat(code, mechanism="p3gm", epsilon=7.5)) for code in CaveatCode}
+    assert all(words.values()) and len(set(words.values())) == len(CaveatCode)
+    assert "epsilon=7.5" in words[CaveatCode.REFERENCE_BUDGET] and "p3gm" in words[CaveatCode.MODEL_WITHOUT_NOISE]
 
 
 # ---------------------------------------------------------------- MEDIUM 3: a corrupt ledger row is one line

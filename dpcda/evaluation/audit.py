@@ -42,8 +42,10 @@ from scipy import stats
 from dpcda.mechanisms import registry
 from dpcda.mechanisms.device import pick_device
 from dpcda.mechanisms.dpcda import mix_chunk  # Beam-free core of the mixing stage
-from dpcda.privacy.accounting import RELATION_WORDS, ReleaseEvents, account, accountant_delta
-from dpcda.privacy.calibration import calibrate_noise, calibrate_sigma_x
+from dpcda.mechanisms.plan import group_events, release_budget, release_settings
+from dpcda.privacy.accounting import RELATION_WORDS, ReleaseEvents, account
+from dpcda.privacy.budget import BudgetPlan, calibrate_synthesis
+from dpcda.privacy.calibration import calibrate_sigma_x
 from dpcda.privacy.errors import DpcdaError
 from dpcda.privacy.events import CLIP_MARGIN, MODES
 from dpcda.privacy.noise import NoiseStream, key_from_test_seed
@@ -375,6 +377,7 @@ def run_audit(
     mechanism: str = "dpcda",
     label_noise_ratio: float = 1.0,
     projection_dim: int = 4,
+    normalization: Optional[str] = None,
 ) -> dict:
     """Audit one small configuration; ``trials`` mechanism runs on each of D and D'.
 
@@ -383,10 +386,11 @@ def run_audit(
     per trial; local and randproj with the canary's own row (+c u vs -c u; for randproj u is the direction R
     stretches most).
 
-    Give ``epsilon`` (sigma_x is calibrated as the product does, for one class of ``class_size``)
-    or ``sigma_x``. ``claimed_epsilon`` is what the bound is checked against; it defaults to the
-    epsilon ``privacy.accounting`` gives this configuration. ``violation`` is true when the 95 %
-    lower bound exceeds the claim: the claim is then wrong (a false alarm has probability <= 5 %).
+    Give ``epsilon`` (sigma_x is calibrated as a release with these settings calibrates it, for one class of
+    ``class_size``: after the shares of the budget the release spends first, by the same planner; ``normalization``
+    as the release's, default dp) or ``sigma_x``. ``claimed_epsilon`` is what the bound is checked against; it
+    defaults to the epsilon ``privacy.accounting`` gives this configuration's synthesis. ``violation`` is true when
+    the 95 % lower bound exceeds the claim: the claim is then wrong (a false alarm has probability <= 5 %).
     """
     t0 = time.time()
     if mode not in MODES:
@@ -406,10 +410,21 @@ def run_audit(
         entry = registry.get(mechanism)
     except registry.UnknownMechanism as err:
         raise AuditError(str(err)) from None
+    if mode not in entry.modes:
+        raise AuditError(
+            f"mode: {mechanism} is accounted under add/remove only (mode poisson)"
+            if entry.audit_game == "dp-sgd-step"
+            else f"mode: {mechanism} offers mode {' or '.join(entry.modes)} only"
+        )
+    planned = None
+    if epsilon is not None:  # the split a release with these settings makes (privacy.budget)
+        settings = release_settings(
+            mechanism=mechanism, mode=mode, epsilon=epsilon, delta=delta, clip=clip, normalization=normalization
+        )
+        planned = release_budget(settings, dim)
     if entry.audit_game == "dp-sgd-step":
-        if mode not in entry.modes:
-            raise AuditError(f"mode: {mechanism} is accounted under add/remove only (mode poisson)")
         return _run_dpsgd_audit(
+            planned=planned,
             epsilon=epsilon,
             sigma_x=sigma_x,
             delta=delta,
@@ -423,8 +438,6 @@ def run_audit(
             claimed_epsilon=claimed_epsilon,
             t0=t0,
         )
-    if mode not in entry.modes:
-        raise AuditError(f"mode: {mechanism} offers mode {' or '.join(entry.modes)} only")
     projection, gain = None, 1.0
     if entry.projects:
         from dpcda.mechanisms.randproj import projection_matrix
@@ -432,21 +445,18 @@ def run_audit(
         projection = projection_matrix(dim, projection_dim, seed)
         gain = float(np.linalg.norm(projection, 2))
     samples = samples_per_class if entry.mixes else 1
-
-    def events(sigma):
-        return entry.synthesis_events(
-            mode,
-            group_sizes=[class_size],
-            samples=samples,
-            mixing_order=mixing_order,
-            clip=clip,
-            sigma_x=sigma,
-            label_noise_ratio=label_noise_ratio,
-            gain=gain,
-        )
-
+    events = group_events(
+        mechanism,
+        mode,
+        group_size=class_size,
+        samples=samples,
+        mixing_order=mixing_order,
+        clip=clip,
+        label_noise_ratio=label_noise_ratio,
+        gain=gain,
+    )
     if sigma_x is None:
-        sigma_x = calibrate_noise(mode, events, target_epsilon=epsilon, delta=accountant_delta(delta), scale=clip)
+        sigma_x = calibrate_synthesis(planned, events, scale=clip)
     if sigma_x < 0:
         raise AuditError(f"sigma_x must be >= 0, got {sigma_x}")
     event = events(float(sigma_x))[0]
@@ -525,6 +535,7 @@ def run_audit(
         "neighbouring_relation": RELATION_WORDS[entry.relation(mode)],
         "game": ("D' replaces the canary +c*u by -c*u" if mode == "fixed" else "D' removes the canary +c*u"),
         "target_epsilon": epsilon,
+        **_planned_fields(planned),
         "accounted_epsilon": accounted,
         "claimed_epsilon": claimed,
         **game,
@@ -536,6 +547,17 @@ def run_audit(
         "noiseless_privacy": noiseless,
         "device": dev.type,
         "wall_seconds": time.time() - t0,
+    }
+
+
+def _planned_fields(planned: Optional[BudgetPlan]) -> dict:
+    """What the budget planner set aside before the synthesis (the audit's game plays the synthesis alone, and its
+    accounted epsilon is the synthesis' own)."""
+    if planned is None:
+        return {}
+    return {
+        "statistics_epsilon": {s.name: s.epsilon for s in planned.shares},
+        "synthesis_epsilon": planned.synthesis_epsilon,
     }
 
 
@@ -635,6 +657,7 @@ def run_audit_cli(args) -> int:
         seed=args.seed,
         mechanism=args.mechanism,
         label_noise_ratio=args.label_noise_ratio,
+        normalization=args.normalization,
     )
     print(json.dumps(json_safe(result), indent=2) if args.json else format_table(result))
     return 1 if result["violation"] else 0
@@ -697,14 +720,15 @@ def audit_section(
 
 
 def _run_dpsgd_audit(
-    *, epsilon, sigma_x, delta, class_size, batch, steps, dim, clip, trials, seed, claimed_epsilon, t0
+    *, planned, epsilon, sigma_x, delta, class_size, batch, steps, dim, clip, trials, seed, claimed_epsilon, t0
 ) -> dict:
     """p3gm's canary game: its DP-SGD (the one step that touches records in every iteration) on a toy problem.
 
     D: a canary whose gradient is 10 C u (clipped to C) plus ``class_size - 1`` records whose gradients are
     orthogonal to u; D': the same without the canary. Each trial runs ``steps`` DP-SGD steps with the expected batch
     ``batch`` (q = batch / class_size) through ``mechanisms.dpsgd``; the adversary sees every noisy sum. ``sigma_x``
-    here is the noise multiplier z (0: no noise)."""
+    here is the noise multiplier z (0: no noise); with ``epsilon`` z is calibrated to what ``planned`` (the budget of
+    a p3gm release with these settings: statistics, DP-PCA, DP-EM) leaves."""
     from fractions import Fraction
 
     from dpcda.privacy.events import DpSgdEvent
@@ -716,11 +740,7 @@ def _run_dpsgd_audit(
     def events(z):
         return [DpSgdEvent("dp_sgd", rate, steps, z)]
 
-    z = (
-        sigma_x
-        if sigma_x is not None
-        else calibrate_noise("poisson", events, target_epsilon=epsilon, delta=accountant_delta(delta))
-    )
+    z = sigma_x if sigma_x is not None else calibrate_synthesis(planned, events)
     event = events(float(z))[0]
     accounted = account(ReleaseEvents("poisson", (event,), ()), delta, cross_check=False).epsilon
     claimed = accounted if claimed_epsilon is None else float(claimed_epsilon)
@@ -753,6 +773,7 @@ def _run_dpsgd_audit(
         "neighbouring_relation": RELATION_WORDS["poisson"],
         "game": "D' removes the canary (gradient 10 C u, clipped to C); the adversary sees every noisy sum",
         "target_epsilon": epsilon,
+        **_planned_fields(planned),
         "accounted_epsilon": accounted,
         "claimed_epsilon": claimed,
         **game,

@@ -6,8 +6,9 @@ the mechanism up and asks. A mechanism says
 
 - its traits: the modes it offers, how its rows are grouped (per class, the whole dataset, or one row per record),
   whether rows mix records (the join path), whether it always releases label scores;
-- its DP events for given public group sizes and feature noise (``synthesis_events``), and how its noise is
-  calibrated (``calibrate``; the planner in ``mechanisms.plan`` does the shared statistics and composition);
+- its DP events for given public group sizes and feature noise (``synthesis_events``), the shares of the budget it
+  spends besides the release's statistics (``budget_shares``), and how its noise is calibrated to what the budget
+  planner (``privacy.budget``) leaves (``calibrate``);
 - its Beam-free synthesis (``synthesize``, the in-process loop) and its PTransform (``graph``, a ``module:Class``
   that the pipeline resolves: mechanisms stay below the Beam layer);
 - its manifest section and caveats, and what the evaluation rebuilds from a manifest (``test_projection``).
@@ -22,7 +23,7 @@ from typing import Any, Callable, ClassVar, Iterator, Optional
 import numpy as np
 
 from dpcda.privacy.accounting import relation_key
-from dpcda.privacy.calibration import calibrate_noise
+from dpcda.privacy.budget import BudgetPlan, Share, calibrate_synthesis
 from dpcda.privacy.errors import DpcdaError
 
 FIXED_CLASS_SIZES_CAVEAT = (
@@ -41,20 +42,7 @@ class Calibrated:
 
     sigma_x: float
     per_group: tuple  # the synthesis' events, one per group (parallel composition)
-    shared: tuple = ()  # events it adds to the shared ones (p3gm's DP-EM)
     p3gm: Any = None  # mechanisms.plan.P3gmPlan
-
-
-@dataclasses.dataclass(frozen=True)
-class Budget:
-    """What calibration is given: the budget left for the synthesis and the events already spent."""
-
-    mode: str
-    target_epsilon: Optional[float]  # what remains for the synthesis (None: sigma_x given)
-    delta: float  # the accountant's delta
-    stated_delta: float
-    shared: tuple  # statistics, DP-PCA: composed with the synthesis
-    reference_budget: float  # the whole release's epsilon (or the reference one with an explicit sigma_x)
 
 
 class Mechanism(abc.ABC):
@@ -95,20 +83,18 @@ class Mechanism(abc.ABC):
     ) -> list:
         """The events the synthesis spends at feature noise ``sigma_x``, one per group (parallel composition)."""
 
-    def calibrate(self, events: Callable[[float], list], budget: Budget, *, cfg, clip: float, **_) -> Calibrated:
-        """sigma_x (the config's, or calibrated so that the synthesis composes to the budget left) and its events."""
+    def budget_shares(self, cfg) -> list[Share]:
+        """Shares of the budget this mechanism spends beyond the release's statistics (``mechanisms.plan``), each
+        calibrated alone by the planner and composed with the synthesis (p3gm: DP-EM)."""
+        return []
+
+    def calibrate(self, events: Callable[[float], list], budget: BudgetPlan, *, cfg, clip: float, **_) -> Calibrated:
+        """sigma_x (the config's, or calibrated so that the synthesis composes to what the planner left) and its
+        events."""
         if cfg.sigma_x is not None:
             sigma_x = float(cfg.sigma_x)
         else:
-            sigma_x = calibrate_noise(
-                budget.mode,
-                self.calibration_events(events),
-                target_epsilon=budget.target_epsilon,
-                delta=budget.delta,
-                shared=list(budget.shared),
-                scale=clip,
-                stated_delta=budget.stated_delta,
-            )
+            sigma_x = calibrate_synthesis(budget, self.calibration_events(events), scale=clip)
         return Calibrated(sigma_x=sigma_x, per_group=tuple(events(sigma_x)))
 
     def calibration_events(self, events: Callable[[float], list]) -> Callable[[float], list]:

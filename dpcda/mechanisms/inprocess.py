@@ -17,7 +17,7 @@ import numpy as np
 from dpcda.mechanisms.base import InProcess
 from dpcda.mechanisms.combiners import FirstPass, FirstPassCombiner
 from dpcda.mechanisms.local import BLOCK_ROWS
-from dpcda.mechanisms.plan import ReleasePlan, build_plan, normalize_into
+from dpcda.mechanisms.plan import Caveat, CaveatCode, ReleasePlan, build_plan, normalize_into
 from dpcda.schemas.config import ReleaseConfig
 
 
@@ -53,7 +53,7 @@ def release_in_process(
             accounting=dataclasses.replace(plan.accounting, epsilon=math.inf),
             end_to_end_dp=False,
             target_epsilon=None,
-            caveats=(*plan.caveats, "A changed plan (replan), not a release: no privacy claim."),
+            caveats=(*plan.caveats, Caveat(CaveatCode.REPLANNED)),
         )
     y = np.asarray(y, np.int64)
 

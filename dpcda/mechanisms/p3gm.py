@@ -72,11 +72,11 @@ import torch
 import torch.nn.functional as F
 
 from dpcda.mechanisms import rowwise
-from dpcda.mechanisms.base import Budget, Calibrated, InProcess, Mechanism
+from dpcda.mechanisms.base import Calibrated, InProcess, Mechanism
 from dpcda.mechanisms.dpcda import canonical_order
 from dpcda.mechanisms.dppca import check_projection, project_rows
 from dpcda.mechanisms.dpsgd import clip_factors, noisy_sum, poisson_batch
-from dpcda.privacy.calibration import calibrate_noise
+from dpcda.privacy.budget import Share, calibrate_synthesis
 from dpcda.privacy.events import CLIP_MARGIN
 from dpcda.privacy.noise import NoiseStream, public_key
 
@@ -741,34 +741,31 @@ class P3gm(Mechanism):
     one_worker = "p3gm fits its model on one worker; raise --max-class-bytes on bigger workers"
     fits_model = True
 
-    def calibrate(self, events, budget: Budget, *, cfg, dim: int, num_classes: int, records: int, **_) -> Calibrated:
-        """DP-EM's noise spends its own share alone; the DP-SGD noise multiplier is then calibrated so that
-        everything (statistics, DP-PCA, DP-EM, DP-SGD) composes to the rest of the target."""
-        from dpcda.privacy.calibration import calibrate_alone
-        from dpcda.privacy.events import DpSgdEvent, IteratedGaussianEvent
+    def budget_shares(self, cfg) -> list:
+        """DP-EM: its iterations spend their own share alone (sigma_x 0: no noise, the non-private reference)."""
+        return [
+            Share(
+                "dp_em",
+                cfg.p3gm_em_budget_share,
+                em_sensitivity(),
+                iterations=cfg.p3gm_em_iterations,
+                noise=cfg.sigma_x != 0,
+            )
+        ]
+
+    def calibrate(self, events, budget, *, cfg, dim: int, num_classes: int, records: int, **_) -> Calibrated:
+        """DP-EM's noise comes from the budget planner (``budget_shares``); the DP-SGD noise multiplier is then
+        calibrated so that everything (statistics, DP-PCA, DP-EM, DP-SGD) composes to the rest of the target."""
+        from dpcda.privacy.events import DpSgdEvent
 
         n = max(int(records), 1)
         rate = Fraction(min(cfg.p3gm_batch, n), n)
         steps = max(1, math.ceil(cfg.p3gm_epochs / rate))
-        sens = em_sensitivity()
-        em_std = z = 0.0  # sigma_x 0: no noise, the non-private reference (epsilon infinite)
+        em = budget.get("dp_em")
+        em_std, sens = em.noise_std, em.event.sensitivity
+        z = 0.0  # sigma_x 0: no noise, the non-private reference (epsilon infinite)
         if cfg.sigma_x != 0:
-            em_std = sens * calibrate_alone(
-                lambda z: IteratedGaussianEvent("dp_em", cfg.p3gm_em_iterations, z * sens, sens),
-                name="dp_em",
-                target_epsilon=cfg.p3gm_em_budget_share * budget.reference_budget,
-                delta=budget.delta,
-            )
-        em = IteratedGaussianEvent("dp_em", cfg.p3gm_em_iterations, em_std, sens)
-        if cfg.sigma_x != 0:
-            z = calibrate_noise(
-                cfg.mode,
-                lambda s: [DpSgdEvent("dp_sgd", rate, steps, s)],
-                target_epsilon=budget.target_epsilon,
-                delta=budget.delta,
-                shared=[*budget.shared, em],
-                stated_delta=cfg.delta,
-            )
+            z = calibrate_synthesis(budget, lambda s: [DpSgdEvent("dp_sgd", rate, steps, s)])
         plan = P3gmPlan(
             latent_dim=cfg.p3gm_latent_dim,
             components=cfg.p3gm_components,
@@ -787,7 +784,7 @@ class P3gm(Mechanism):
             batch=cfg.p3gm_batch,
             label_weight=math.sqrt(dim) if cfg.p3gm_label_weight is None else float(cfg.p3gm_label_weight),
         )
-        return Calibrated(sigma_x=0.0, per_group=(DpSgdEvent("dp_sgd", rate, steps, z),), shared=(em,), p3gm=plan)
+        return Calibrated(sigma_x=0.0, per_group=(DpSgdEvent("dp_sgd", rate, steps, z),), p3gm=plan)
 
     def synthesis_events(self, mode, **_) -> list:
         """P3GM's events (DP-EM, DP-SGD) depend on the config's schedule: ``calibrate`` makes them, not a sigma."""

@@ -10,6 +10,7 @@ for the synthesis only; only ``public_*`` fields and the accounting reach the ma
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import math
 import os
@@ -19,35 +20,43 @@ from typing import Optional
 import numpy as np
 
 from dpcda.mechanisms import registry
-from dpcda.mechanisms.base import Budget, Mechanism, PlanError
+from dpcda.mechanisms.base import Mechanism, PlanError
 from dpcda.mechanisms.combiners import FirstPass
 from dpcda.mechanisms.p3gm import P3gmPlan
 from dpcda.privacy import dp_stats
-from dpcda.privacy.accounting import (
-    Accounting,
-    ReleaseEvents,
-    account,
-    accountant_delta,
-    adaptive_epsilon,
-)
-from dpcda.privacy.calibration import calibrate_gaussian
+from dpcda.privacy.accounting import Accounting, ReleaseEvents, account
+from dpcda.privacy.budget import REFERENCE_EPSILON, BudgetPlan, Share, plan_budget
 from dpcda.privacy.events import CLIP_MARGIN
 from dpcda.privacy.noise import NoiseStream
 from dpcda.schemas.config import MAX_SAMPLES_PER_INPUT_ROW, ReleaseConfig
 from dpcda.storage.paths import open_file
 from dpcda.storage.shards import InputError
 
-SECRET_KEY_CAVEAT = (
-    "Noise and sampling draw from ChaCha20 keystreams under a fresh 256-bit secret key: the guarantee holds against "
-    "adversaries who cannot tell ChaCha20 from random bits (privacy.noise says how draws are made)."
-)
-SEED_KEY_CAVEAT = (
-    "Noise and sampling draw from ChaCha20 keystreams under a key derived from a TEST seed, which rebuilds every draw "
-    "(privacy.noise says how draws are made)."
-)
-# With an explicit sigma_x there is no target epsilon to take shares of; the statistics then spend
-# their share of this reference budget (stated in the manifest).
-REFERENCE_EPSILON = 10.0
+
+class CaveatCode(enum.Enum):
+    """What a plan has to say about its release; ``pipeline.manifest.caveat_words`` words each one."""
+
+    SECRET_KEY = "secret_key"  # noise from a fresh secret key
+    SEED_KEY = "seed_key"  # noise from a key derived from a test seed
+    LABELS = "labels"  # what the released labels and sizes are (the mechanism's words)
+    REFERENCE_BUDGET = "reference_budget"  # sigma_x given: the statistics' shares are of the reference budget
+    FIXED_CLASS_SIZES = "fixed_class_sizes"  # fixed mode: class sizes public (the mechanism's words)
+    POISSON_ADAPTIVE = "poisson_adaptive"  # poisson mode: the DP histogram chose q_k, T_k, sigma_x
+    PUBLIC_NORMALIZATION = "public_normalization"  # the user's statistics, assumed public
+    EXACT_NORMALIZATION = "exact_normalization"  # exact private statistics: not end-to-end DP
+    NO_FEATURE_NOISE = "no_feature_noise"  # sigma_x = 0
+    MODEL_WITHOUT_NOISE = "model_without_noise"  # a model fitted without noise or clipping
+    REPLANNED = "replanned"  # a changed plan for diagnostics, not a release
+
+
+@dataclasses.dataclass(frozen=True)
+class Caveat:
+    """One caveat of a plan: its code and the parameters its words need (the mechanism whose words or name it uses,
+    the reference epsilon)."""
+
+    code: CaveatCode
+    mechanism: str = ""
+    epsilon: Optional[float] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +88,7 @@ class ReleasePlan:
     records_public: int  # N as the paper's Theorem 1 uses it (public in fixed mode, the DP total in poisson mode)
     end_to_end_dp: bool
     target_epsilon: Optional[float]
-    caveats: tuple[str, ...]
+    caveats: tuple[Caveat, ...]  # worded by the manifest's owner (pipeline.manifest.caveat_words)
     lowpass: Optional[tuple[tuple[int, ...], int]] = None  # (image_shape, K): post-processing projection
     label_noise_ratio: Optional[float] = None  # dpmix: sigma_y / sigma_x
     projection: Optional[tuple[int, int, float]] = None  # randproj: (p, public seed, operator norm of R)
@@ -91,6 +100,7 @@ class ReleasePlan:
     pca_share: Optional[float] = None
     join_block_rows: int = 0  # R of the join path (mechanisms.joinmix)
     p3gm: Optional[P3gmPlan] = None
+    budget: Optional[BudgetPlan] = None  # the planner's split of the budget (privacy.budget)
 
     @property
     def mechanism_entry(self) -> Mechanism:
@@ -272,6 +282,68 @@ def synthesis_events(mechanism: str, mode: str, **kw) -> list:
     return registry.get(mechanism).synthesis_events(mode, **kw)
 
 
+def group_events(
+    mechanism: str,
+    mode: str,
+    *,
+    group_size: int,
+    samples: int,
+    mixing_order: int,
+    clip: float,
+    label_noise_ratio: Optional[float],
+    gain: float = 1.0,
+):
+    """sigma -> the events one group of ``group_size`` public records spends in ``mechanism``'s synthesis: what
+    ``dpcda account`` and ``dpcda audit`` calibrate (``privacy.budget.calibrate_synthesis``) and account."""
+
+    def events(sigma: float) -> list:
+        return synthesis_events(
+            mechanism,
+            mode,
+            group_sizes=[group_size],
+            samples=samples,
+            mixing_order=mixing_order,
+            clip=clip,
+            sigma_x=sigma,
+            label_noise_ratio=label_noise_ratio,
+            gain=gain,
+        )
+
+    return events
+
+
+def release_settings(**given) -> ReleaseConfig:
+    """A ``ReleaseConfig`` of the ``given`` fields (None: the field's default) and the defaults for the rest, built
+    without a release's checks (it names no input or output): the settings ``dpcda account`` and ``dpcda audit`` plan
+    a budget with (``release_budget``), so that they split it as a release with the same settings does."""
+    return ReleaseConfig.model_construct(**{k: v for k, v in given.items() if v is not None})
+
+
+def budget_shares(cfg, dim: int) -> list[Share]:
+    """The shares of the budget a release of ``cfg`` (a ``ReleaseConfig``, or anything with its fields) spends before
+    its synthesis, for rows of width ``dim``: the class histogram in poisson mode (adaptive), the normalisation moments
+    with ``normalization: dp``, the DP-PCA covariance when a projection or the mechanism uses it, and the mechanism's
+    own (``Mechanism.budget_shares``: p3gm's DP-EM)."""
+    mode = cfg.mode
+    shares = []
+    if mode == "poisson":
+        shares.append(
+            Share("class_histogram", cfg.histogram_budget_share, dp_stats.HISTOGRAM_SENSITIVITY, adaptive=True)
+        )
+    if cfg.normalization == "dp":
+        shares.append(Share("normalization", cfg.normalization_budget_share, dp_stats.moments_sensitivity(dim, mode)))
+    if cfg.pca_components is not None:
+        shares.append(Share("pca_covariance", cfg.pca_budget_share, dp_stats.covariance_sensitivity(dim, mode)))
+    shares.extend(registry.get(cfg.mechanism).budget_shares(cfg))
+    return shares
+
+
+def release_budget(cfg, dim: int) -> BudgetPlan:
+    """The budget planner (``privacy.budget.plan_budget``) run on what a release of ``cfg`` spends: what the release,
+    ``dpcda account`` and ``dpcda audit`` calibrate with."""
+    return plan_budget(cfg.mode, epsilon=cfg.epsilon, delta=cfg.delta, shares=budget_shares(cfg, dim))
+
+
 def build_plan(
     first: FirstPass, cfg: ReleaseConfig, key: bytes, public_stats: Optional[tuple[np.ndarray, np.ndarray]] = None
 ) -> ReleasePlan:
@@ -288,16 +360,13 @@ def build_plan(
     counts = np.pad(counts, (0, K - len(counts)))
     lowpass = resolve_lowpass(cfg, dim)
     mode, l, c, delta = cfg.mode, cfg.mixing_order, cfg.clip, cfg.delta
-    budget = cfg.epsilon if cfg.epsilon is not None else REFERENCE_EPSILON
     mech = registry.get(cfg.mechanism)
-    caveats = [SEED_KEY_CAVEAT if cfg.reproducible else SECRET_KEY_CAVEAT, mech.label_caveat()]
-    shared: list = []
-    adaptive: list = []
+    caveats = [
+        Caveat(CaveatCode.SEED_KEY if cfg.reproducible else CaveatCode.SECRET_KEY),
+        Caveat(CaveatCode.LABELS, mechanism=mech.name),
+    ]
     if cfg.epsilon is None:
-        caveats.append(
-            f"sigma_x was given explicitly: the statistics spent their shares of a reference budget "
-            f"epsilon={REFERENCE_EPSILON:g}; the epsilon below is what the whole release spends."
-        )
+        caveats.append(Caveat(CaveatCode.REFERENCE_BUDGET, epsilon=REFERENCE_EPSILON))
 
     # the join path has no DP-PCA projection yet; some mechanisms fit on one worker
     mixing_path = "memory" if cfg.projection or mech.one_worker else cfg.mixing_path
@@ -324,6 +393,11 @@ def build_plan(
                 f"{where}: class {k} has {counts[k]} records, fewer than mixing_order l={l}; fixed mode "
                 f"draws l distinct records per row (lower l, or use --mode poisson){hint}"
             )
+    # Every share of the budget (histogram, statistics, DP-PCA, the mechanism's own) and what is left for the
+    # synthesis, calibrated before anything is drawn (privacy.budget).
+    planned = release_budget(cfg, dim)
+    hist = planned.get("class_histogram")
+    if mode == "fixed":
         groups = [rows] if mech.groups == "dataset" else counts
         paths = (
             choose_mixing_paths(groups, dim, budget_bytes, mixing_path, where=where, exact=True, why=why)
@@ -332,19 +406,10 @@ def build_plan(
         )
         sizes, n_public = counts, float(rows)
         dp_sizes = None
-        caveats.append(mech.fixed_caveat)
+        caveats.append(Caveat(CaveatCode.FIXED_CLASS_SIZES, mechanism=mech.name))
     else:
-        # The histogram's output chooses q_k, T_k and sigma_x: it is accounted alone, at its own share of epsilon and
-        # delta, and the rest is calibrated to what remains (adaptive composition; privacy.accounting).
-        hist_delta = cfg.histogram_budget_share * delta
-        hist = calibrate_gaussian(
-            mode,
-            name="class_histogram",
-            sensitivity=dp_stats.HISTOGRAM_SENSITIVITY,
-            target_epsilon=cfg.histogram_budget_share * budget,
-            delta=hist_delta,
-        )
-        adaptive.append((hist, hist_delta))
+        # The histogram's output chooses q_k, T_k and sigma_x: the planner accounted it alone, at its own share of
+        # epsilon and delta, and left the rest for what follows (adaptive composition; privacy.accounting).
         dp_sizes = dp_stats.class_histogram(counts, noise_std=hist.noise_std, stream=NoiseStream(key, "histogram"))
         # decided on the DP counts (plus 6 noise sds), never on the exact ones: whether the job stops is public
         grouped = (
@@ -354,29 +419,13 @@ def build_plan(
         )
         paths = choose_mixing_paths(grouped, dim, budget_bytes, mixing_path, where=where, exact=False, why=why)
         sizes, n_public = dp_sizes, float(max(dp_sizes.sum(), 1))
-        caveats.append(
-            "poisson mode: q_k, T_k and sigma_x are chosen from the DP class histogram; the histogram is "
-            "accounted alone at its own (epsilon, delta) share and the rest is calibrated to what remains, "
-            "so the guarantee is the sum (adaptive composition)."
-        )
-    acc_delta = accountant_delta(delta, [d for _, d in adaptive])
-    rest_budget = None
-    if cfg.epsilon is not None:
-        rest_budget = cfg.epsilon - sum(adaptive_epsilon(mode, ev, d) for ev, d in adaptive)
+        caveats.append(Caveat(CaveatCode.POISSON_ADAPTIVE))
 
     # Normalisation statistics.
     min_std = cfg.min_std * (cfg.feature_bounds[1] - cfg.feature_bounds[0])
     norm_std = None
     if cfg.normalization == "dp":
-        stats_ev = calibrate_gaussian(
-            mode,
-            name="normalization",
-            sensitivity=dp_stats.moments_sensitivity(dim, mode),
-            target_epsilon=cfg.normalization_budget_share * budget,
-            delta=acc_delta,
-        )
-        shared.append(stats_ev)
-        norm_std = stats_ev.noise_std
+        norm_std = planned.get("normalization").noise_std
         mean, std = dp_stats.feature_stats(
             n=n_public,
             sum_qu=first.sum_qu,
@@ -390,15 +439,12 @@ def build_plan(
         if public_stats is None:
             raise PlanError("normalization public: the statistics file was not loaded")  # the launcher loads it
         mean, std = checked_public_stats(*public_stats, dim, "normalization public")
-        caveats.append("Normalisation statistics were supplied by the user and are assumed public.")
+        caveats.append(Caveat(CaveatCode.PUBLIC_NORMALIZATION))
     else:
         mean, std = dp_stats.feature_stats(
             n=rows, sum_qu=first.sum_qu, sum_qv=first.sum_qv, bounds=cfg.feature_bounds, min_std=min_std
         )
-        caveats.append(
-            "NOT END-TO-END DP: the z-score uses exact private means and stds "
-            "(--normalization exact); epsilon below covers the mixing only."
-        )
+        caveats.append(Caveat(CaveatCode.EXACT_NORMALIZATION))
 
     check_statistics(mean, std, cfg.feature_bounds, c)
     pca_std = None
@@ -406,18 +452,10 @@ def build_plan(
         if cfg.pca_components >= dim:
             what = "projection" if cfg.projection else f"{cfg.mechanism}_latent_dim"
             raise PlanError(f"{what}: K={cfg.pca_components} must be below the feature dimension d={dim}")
-        bound = rows if mode == "fixed" else n_public + 6 * (adaptive[0][0].noise_std * math.sqrt(K) if adaptive else 0)
+        bound = rows if mode == "fixed" else n_public + 6 * (hist.noise_std * math.sqrt(K) if hist else 0)
         if bound * 2.0 ** (2 * dp_stats.COV_QUANTUM_BITS) >= dp_stats.COV_MAX_SUM:  # decided on public counts
             raise PlanError("projection: the DP-PCA covariance takes at most 2^30 rows (exact int64 sums)")
-        pca_ev = calibrate_gaussian(
-            mode,
-            name="pca_covariance",
-            sensitivity=dp_stats.covariance_sensitivity(dim, mode),
-            target_epsilon=cfg.pca_budget_share * budget,
-            delta=acc_delta,
-        )
-        shared.append(pca_ev)
-        pca_std = pca_ev.noise_std
+        pca_std = planned.get("pca_covariance").noise_std
     N = rows if mode == "fixed" else int(n_public)
     T = cfg.samples or N
     cap = MAX_SAMPLES_PER_INPUT_ROW * max(int(n_public), 1)
@@ -444,14 +482,13 @@ def build_plan(
 
     calibrated = mech.calibrate(
         events,
-        Budget(mode, rest_budget, acc_delta, delta, tuple(shared), budget),
+        planned,
         cfg=cfg,
         clip=c,
         dim=dim,
         num_classes=K,
         records=N,
     )
-    shared.extend(calibrated.shared)
     sigma_x, per_group, p3gm = calibrated.sigma_x, calibrated.per_group, calibrated.p3gm
     sigma_y = mech.sigma_y(cfg, sigma_x)
     out_dim = projection[0] if projection else dim
@@ -468,9 +505,9 @@ def build_plan(
     acc = account(
         ReleaseEvents(
             mode,
-            tuple(shared),
+            planned.shared,
             per_group,
-            tuple(adaptive),
+            planned.adaptive,
             gaussian_draws=gaussian_draws,
             binomial_draws=binomial_draws,
         ),
@@ -481,9 +518,9 @@ def build_plan(
         raise AssertionError(f"calibration overshot: {acc.epsilon} > {cfg.epsilon}")  # never expected
     end_to_end = cfg.normalization != "exact" and math.isfinite(acc.epsilon)
     if sigma_x == 0 and not mech.fits_model:
-        caveats.append("sigma_x = 0: no noise on the features; epsilon is infinite.")
+        caveats.append(Caveat(CaveatCode.NO_FEATURE_NOISE))
     if mech.fits_model and not math.isfinite(acc.epsilon):
-        caveats.append(f"sigma_x = 0: {mech.name} was fitted without noise or clipping; epsilon is infinite.")
+        caveats.append(Caveat(CaveatCode.MODEL_WITHOUT_NOISE, mechanism=mech.name))
     return ReleasePlan(
         mechanism=mech.name,
         mode=mode,
@@ -504,7 +541,7 @@ def build_plan(
         dp_class_sizes=tuple(int(x) for x in dp_sizes) if dp_sizes is not None else None,
         normalization_method=cfg.normalization,
         normalization_noise_std=norm_std,
-        histogram_noise_std=adaptive[0][0].noise_std if adaptive else None,
+        histogram_noise_std=hist.noise_std if hist else None,
         normalization_share=cfg.normalization_budget_share if cfg.normalization == "dp" else None,
         accounting=acc,
         records_public=max(int(n_public), l),
@@ -522,6 +559,7 @@ def build_plan(
         pca_share=cfg.pca_budget_share if pca_std is not None else None,
         join_block_rows=join_block_rows(dim, cfg.join_block_rows) if "join" in paths else 0,
         p3gm=p3gm,
+        budget=planned,
     )
 
 

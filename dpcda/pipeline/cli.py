@@ -437,8 +437,19 @@ def _print_account(out: dict, as_json: bool, *, width: int) -> None:
     if as_json:
         print(json.dumps(out, indent=2))
         return
+
+    def fmt(v):
+        return f"{v:.6g}" if isinstance(v, float) and math.isfinite(v) else f"{v}"
+
     for k, v in out.items():
-        print(f"{k:>{width}}: {v:.6g}" if isinstance(v, float) and math.isfinite(v) else f"{k:>{width}}: {v}")
+        if k == "shares":  # one line per share of the budget, in the order the release spends them
+            for name, share in v.items():
+                words = ", ".join(f"{a} {fmt(b)}" if b is not True else a for a, b in share.items())
+                print(f"{'share ' + name:>{width}}: {words}")
+            if not v:
+                print(f"{'shares':>{width}}: none (the synthesis alone)")
+            continue
+        print(f"{k:>{width}}: {fmt(v)}")
 
 
 P3GM_KNOBS = ("p3gm_latent_dim", "p3gm_components", "p3gm_em_iterations", "p3gm_epochs", "p3gm_batch",
@@ -601,7 +612,11 @@ def build_parser() -> argparse.ArgumentParser:
     defaults = {
         name: field.get_default() for name, field in ReleaseConfig.model_fields.items() if not field.is_required()
     }  # account and audit share the release's defaults
-    acc = sub.add_parser("account", allow_abbrev=False, help="calibrate or account one group's synthesis without data")
+    acc = sub.add_parser(
+        "account",
+        allow_abbrev=False,
+        help="calibrate or account one group's synthesis without data, after the shares a release spends first",
+    )
     acc.add_argument("--mechanism", choices=MECHANISM_NAMES, default=defaults["mechanism"])
     acc.add_argument("--mode", choices=["fixed", "poisson"], default=defaults["mode"])
     acc.add_argument(
@@ -633,6 +648,17 @@ def build_parser() -> argparse.ArgumentParser:
         )
     acc.add_argument("--projection-dim", type=int, default=defaults["projection_dim"])
     acc.add_argument("--projection-seed", type=int, default=defaults["projection_seed"])
+    acc.add_argument(
+        "--normalization",
+        choices=["dp", "public", "exact"],
+        default=defaults["normalization"],
+        help="as the release's: dp spends normalization_budget_share first; public and exact spend nothing",
+    )
+    acc.add_argument(
+        "--projection", default=None, help="dp-pca:K as the release's: the DP-PCA covariance spends pca_budget_share"
+    )
+    for share in ("normalization_budget_share", "histogram_budget_share", "pca_budget_share"):
+        acc.add_argument("--" + share.replace("_", "-"), type=float, default=defaults[share])
     acc.add_argument("--epsilon", type=float)
     acc.add_argument("--sigma-x", type=float)
     acc.add_argument("--delta", type=float, default=defaults["delta"])
@@ -660,6 +686,12 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--label-noise-ratio", type=float, default=defaults["label_noise_ratio"])
     au.add_argument("--epsilon", type=float, required=True)
     au.add_argument("--delta", type=float, default=defaults["delta"])
+    au.add_argument(
+        "--normalization",
+        choices=["dp", "public", "exact"],
+        default=defaults["normalization"],
+        help="as the release's: sigma_x is calibrated after the shares a release with these settings spends first",
+    )
     au.add_argument("--class-size", type=int, default=20)
     au.add_argument("--samples-per-class", type=int, default=1)
     au.add_argument("--trials", type=int, default=2000)

@@ -18,6 +18,8 @@ from typing import Any, Callable, Optional
 
 from pydantic import TypeAdapter, ValidationError
 
+from dpcda.mechanisms import registry
+from dpcda.mechanisms.plan import Caveat, CaveatCode
 from dpcda.pipeline import __version__
 from dpcda.pipeline.errors import ReleaseError
 from dpcda.privacy import noise
@@ -35,11 +37,58 @@ from dpcda.schemas.manifest import (
     Software,
 )
 
+SECRET_KEY_CAVEAT = (
+    "Noise and sampling draw from ChaCha20 keystreams under a fresh 256-bit secret key: the guarantee holds against "
+    "adversaries who cannot tell ChaCha20 from random bits (privacy.noise says how draws are made)."
+)
+SEED_KEY_CAVEAT = (
+    "Noise and sampling draw from ChaCha20 keystreams under a key derived from a TEST seed, which rebuilds every draw "
+    "(privacy.noise says how draws are made)."
+)
 TEST_SEED_CAVEAT = (
     "TEST SEED: the noise key is derived from a fixed seed; anyone who knows it rebuilds every draw, so this release "
     "is reproducible and NOT private (end_to_end_dp false). privacy.epsilon is the mechanism's, under a secret key, "
     "not this release's."
 )
+
+
+def caveat_words(caveat: Caveat) -> str:
+    """The manifest's words for one of a plan's caveats (``mechanisms.plan.Caveat``); a mechanism's own words (its
+    labels, its fixed-mode relation) come from its registry entry."""
+    code = caveat.code
+    if code is CaveatCode.SECRET_KEY:
+        return SECRET_KEY_CAVEAT
+    if code is CaveatCode.SEED_KEY:
+        return SEED_KEY_CAVEAT
+    if code is CaveatCode.LABELS:
+        return registry.get(caveat.mechanism).label_caveat()
+    if code is CaveatCode.FIXED_CLASS_SIZES:
+        return registry.get(caveat.mechanism).fixed_caveat
+    if code is CaveatCode.REFERENCE_BUDGET:
+        return (
+            f"sigma_x was given explicitly: the statistics spent their shares of a reference budget "
+            f"epsilon={caveat.epsilon:g}; the epsilon below is what the whole release spends."
+        )
+    if code is CaveatCode.POISSON_ADAPTIVE:
+        return (
+            "poisson mode: q_k, T_k and sigma_x are chosen from the DP class histogram; the histogram is "
+            "accounted alone at its own (epsilon, delta) share and the rest is calibrated to what remains, "
+            "so the guarantee is the sum (adaptive composition)."
+        )
+    if code is CaveatCode.PUBLIC_NORMALIZATION:
+        return "Normalisation statistics were supplied by the user and are assumed public."
+    if code is CaveatCode.EXACT_NORMALIZATION:
+        return (
+            "NOT END-TO-END DP: the z-score uses exact private means and stds "
+            "(--normalization exact); epsilon below covers the mixing only."
+        )
+    if code is CaveatCode.NO_FEATURE_NOISE:
+        return "sigma_x = 0: no noise on the features; epsilon is infinite."
+    if code is CaveatCode.MODEL_WITHOUT_NOISE:
+        return f"sigma_x = 0: {caveat.mechanism} was fitted without noise or clipping; epsilon is infinite."
+    if code is CaveatCode.REPLANNED:
+        return "A changed plan (replan), not a release: no privacy claim."
+    raise ValueError(f"caveat: no words for {code}")  # every code is worded above
 
 
 def software() -> Software:
@@ -204,7 +253,7 @@ def build_manifest(cfg, input_info: InputInfo, plan, outputs, prefix: str = "") 
             reproducible_seed=cfg.reproducible,
             paper_theorem1_epsilon=finite(paper_epsilon(plan)),
             events=release_events_to_json(acc.events) if acc.events is not None else None,
-            caveats=list(plan.caveats) + ([TEST_SEED_CAVEAT] if cfg.reproducible else []),
+            caveats=[caveat_words(c) for c in plan.caveats] + ([TEST_SEED_CAVEAT] if cfg.reproducible else []),
         ),
         output=Output(
             rows=sum(o.rows for o in outputs),
