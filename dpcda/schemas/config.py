@@ -40,10 +40,10 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "min_std", "seed",
     ),
     "mechanism": (
-        "mechanism", "mixing_order", "samples", "sigma_y", "label_noise_ratio", "projection", "projection_dim",
-        "projection_seed", "p3gm_latent_dim", "p3gm_components", "p3gm_em_iterations", "p3gm_em_budget_share",
-        "p3gm_epochs", "p3gm_batch", "p3gm_lr", "p3gm_grad_clip", "p3gm_hidden", "p3gm_encoder_hidden",
-        "p3gm_label_weight",
+        "mechanism", "mixing_order", "samples", "class_rows", "sigma_y", "label_noise_ratio", "projection",
+        "projection_dim", "projection_seed", "p3gm_latent_dim", "p3gm_components", "p3gm_em_iterations",
+        "p3gm_em_budget_share", "p3gm_epochs", "p3gm_batch", "p3gm_lr", "p3gm_grad_clip", "p3gm_hidden",
+        "p3gm_encoder_hidden", "p3gm_label_weight",
     ),
     "postprocess": ("soft_labels", "lowpass", "image_shape", "denoise"),
     "scale": ("chunk_rows", "max_class_bytes", "mixing_path", "join_block_rows", "device", "noise_threads"),
@@ -107,6 +107,14 @@ class ReleaseConfig(BaseModel):
         ge=1,
         description=(
             f"T: synthetic rows in total (default: input rows; at most {MAX_SAMPLES_PER_INPUT_ROW} x input rows)"
+        ),
+    )
+    class_rows: Literal["equal", "proportional"] = Field(
+        "equal",
+        description=(
+            "dpcda: rows per class. equal: T_k = floor(T/K) (seed 000); proportional: T_k in proportion to the class "
+            "sizes (public N_k in fixed mode, the DP histogram's in poisson mode), largest-remainder rounding, at "
+            "least one row per non-empty class. Default: proportional with a table schema, else equal"
         ),
     )
     num_classes: Optional[int] = Field(
@@ -307,6 +315,10 @@ class ReleaseConfig(BaseModel):
                 data = {**data, "mode": "poisson"}
             if data.get("mixing_order") is None:
                 data = {**data, "mixing_order": 1}
+        if isinstance(data, dict) and data.get("class_rows") is None:
+            # a table keeps its label's base rate; image releases keep seed 000's T/K rows per class
+            per_class = data.get("mechanism", "dpcda") == "dpcda"
+            data = {**data, "class_rows": "proportional" if per_class and data.get("table") is not None else "equal"}
         if isinstance(data, dict) and data.get("table") is not None and data.get("num_classes") is None:
             table = data["table"]
             cats = None
@@ -453,6 +465,10 @@ class ReleaseConfig(BaseModel):
             raise ValueError("lowpass/denoise: randproj rows are projections, not images")
         if self.mechanism == "dpmix" and self.num_classes is None:
             raise ValueError("num_classes: required with dpmix (the width of the released label scores)")
+        if self.class_rows == "proportional" and self.mechanism != "dpcda":
+            raise ValueError(
+                f"class_rows: proportional is for dpcda, which makes rows per class; {self.mechanism} does not"
+            )
         if self.mechanism in ("dpmix", "local", "randproj") and self.sigma_y:
             raise ValueError("sigma_y: dpcda only (dpmix sets it from --label-noise-ratio)")
         if self.mechanism == "p3gm":
