@@ -243,3 +243,14 @@ def test_proportional_rows_refuse_fewer_rows_than_classes():
     table = minority_table(400)
     with pytest.raises(PlanError, match="--samples >= 2"):
         _release(dict(epsilon=10.0, mode="fixed", samples=1, num_classes=2, table=SCHEMA), table)
+
+
+def test_a_class_with_no_rows_spends_nothing_and_sets_no_noise():
+    """poisson: a class whose DP size is 0 gets no rows (its event is empty); calibration skips it."""
+
+    def events(sigma):
+        return [MixingEvent("poisson", 4, 0, 4, 1.0, sigma), MixingEvent("poisson", 500, 500, 4, 1.0, sigma)]
+
+    sigma = calibrate_parallel("poisson", events, target_epsilon=3.0, delta=1e-6, first=lambda e: e.class_size)
+    assert sigma == pytest.approx(calibrate_noise("poisson", lambda s: events(s)[1:], target_epsilon=3.0, delta=1e-6))
+    assert epsilon_of("poisson", events(sigma), 1e-6) <= 3.0

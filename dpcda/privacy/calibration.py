@@ -205,11 +205,14 @@ def calibrate_parallel(
     e.g. its class size: the likely worst first); a group whose epsilon at the current noise is already within the
     target keeps it, any other is calibrated alone (``calibrate_noise``), which raises the noise. Epsilon falls as the
     noise rises, so the last noise found meets every group visited before it: the result is the largest of the
-    groups' own calibrations, and every group is checked against it. Identical groups are visited once.
+    groups' own calibrations, and every group is checked against it. Identical groups are visited once, and a group
+    that releases nothing (a class with no rows) not at all.
     """
     at_scale = list(make_groups(scale))
     seen, order = set(), []
     for g in sorted(range(len(at_scale)), key=(lambda g: first(at_scale[g])) if first is not None else None):
+        if isinstance(at_scale[g].to_dp_event(), dp_accounting.NoOpDpEvent):
+            continue  # a group that releases nothing (no rows) needs no noise
         if at_scale[g] not in seen:
             seen.add(at_scale[g])
             order.append(g)
