@@ -274,9 +274,10 @@ class Dpcda(Mechanism):
             per_class = proportional_rows(total, sizes)
             if per_class is None:
                 kind = "DP class sizes" if mode == "poisson" else "class sizes"
+                # K is public; the number of non-empty classes comes from the sizes (DP in poisson mode): not printed
                 raise PlanError(
                     f"{what} cannot give every non-empty class a row in proportion to its size ({kind}); pass "
-                    f"--samples >= {sum(int(n) > 0 for n in sizes)}"
+                    f"--samples >= {num_classes}"
                     if any(int(n) > 0 for n in sizes)
                     else f"{where}: every {kind[:-1]} is 0: no class to make rows for"
                 )
