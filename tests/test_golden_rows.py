@@ -30,6 +30,11 @@ def expected(case: str, recorded: dict) -> dict:
     p["caveats"][-1] = TEST_SEED_CAVEAT
     assert "words" not in p["noise"]  # the manifest now says where the noise words were computed
     p["noise"]["words"] = noise.WORDS
+    if case.startswith("dpcda"):  # the rows per class are stated: equal (T/K, image releases' default), per class
+        mech = m["mechanism"]
+        assert "class_rows" not in mech and "rows_per_class" not in mech
+        mech["class_rows"] = "equal"
+        mech["rows_per_class"] = [mech["samples_per_class"]] * mech["num_classes"]
     if case == "p3gm":  # p3gm states its own label caveat; it carried local perturbation's "released once"
         assert "every record is released once" in p["caveats"][1]
         p["caveats"][1] = registry.get("p3gm").label_caveat()

@@ -143,7 +143,7 @@ def test_poisson_mode_publishes_no_exact_counts(tmp_path, small_parquet):
     feats, labels = read_release(out)
     assert len(labels) == m["output"]["rows"] == 3 * (sum(m["mechanism"]["class_sizes_dp"]) // 3)
     # the exact row count appears nowhere (T = 3 floor(N_hat / 3) may land on it: it is a function of the DP counts)
-    derived = ("samples_total", "samples_per_class")
+    derived = ("samples_total", "samples_per_class", "rows_per_class")
 
     def numbers(v):  # every number in a JSON value (a float's digits may contain "120" by chance: compare values)
         if isinstance(v, dict):

@@ -26,6 +26,7 @@ SCHEMA = {
         {"name": "paperless", "kind": "boolean", "nullable": True},
     ],
 }
+ARGMAX = {**SCHEMA, "decoding": "argmax"}
 
 
 def make_table(n: int, seed: int = 0) -> pa.Table:
@@ -48,7 +49,7 @@ def make_table(n: int, seed: int = 0) -> pa.Table:
 
 
 def test_encoding_lies_in_the_unit_cube_and_decodes_back():
-    schema = parse_table_schema(SCHEMA)
+    schema = parse_table_schema(ARGMAX)
     table = make_table(200)
     block = encode_batch(table, schema, "t.parquet", 0)
     assert block.features.shape == (200, schema.encoded_width) == (200, 1 + 2 + 3 + 1 + 2)
@@ -64,7 +65,7 @@ def test_encoding_lies_in_the_unit_cube_and_decodes_back():
 
 
 def test_decoding_clips_to_bounds_and_keeps_categories_declared():
-    schema = parse_table_schema(SCHEMA)
+    schema = parse_table_schema(ARGMAX)
     table = make_table(50)
     rng = np.random.default_rng(1)
     noisy = rng.normal(0.5, 3.0, (50, schema.encoded_width))  # far outside [0, 1], as noise can be
@@ -305,7 +306,8 @@ def test_sample_decoding_keeps_minority_booleans_and_nulls_that_argmax_drops():
     x[:, 7], x[:, 8] = 0.7, 0.0  # paperless, never null
     u = np.random.default_rng(0).random((4000, 5))
     sampled = decode_rows(x, np.zeros(4000, int), declared, table.schema, uniforms=u)
-    plain = decode_rows(x, np.zeros(4000, int), parse_table_schema(SCHEMA), table.schema)
+    assert parse_table_schema(SCHEMA).decoding == "sample"  # the default
+    plain = decode_rows(x, np.zeros(4000, int), parse_table_schema(ARGMAX), table.schema)
     assert plain.column("senior").to_pylist().count(True) == 0 and plain.column("charges").null_count == 0
     assert abs(sampled.column("senior").to_pylist().count(True) / 4000 - 0.2) < 0.03
     assert abs(sampled.column("charges").null_count / 4000 - 0.2) < 0.03

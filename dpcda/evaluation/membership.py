@@ -362,11 +362,9 @@ def membership_audit(
     table = None
     if inp.get("table"):
         from dpcda.schemas.table import parse_table_schema
-        from dpcda.storage.tables import arrow_schema_of, decode_rows, encode_batch, read_table_parquet
+        from dpcda.storage.tables import arrow_schema_of, declared_schema, decode_rows, encode_batch, read_table_parquet
 
-        table = parse_table_schema(
-            {k: v for k, v in inp["table"].items() if k != "arrow_schema"}, "manifest input.table"
-        )
+        table = parse_table_schema(declared_schema(inp["table"]), "manifest input.table")
 
         def reader(files):
             return lambda: (b for p in files for b in read_table_parquet(p, table))

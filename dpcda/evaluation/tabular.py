@@ -225,8 +225,9 @@ def _write_outputs(out: str, figures: dict, test: pa.Table, synth: pa.Table, sch
 def evaluate_table_dir(release_dir: str, manifest: dict, test_glob: str, out: str, seed: int = 0) -> dict:
     """``dpcda evaluate`` on a published table release."""
     from dpcda.schemas.table import parse_table_schema
+    from dpcda.storage.tables import declared_schema
 
-    declared = {k: v for k, v in manifest["input"]["table"].items() if k != "arrow_schema"}
+    declared = declared_schema(manifest["input"]["table"])
     schema = parse_table_schema(declared, "manifest input.table")
     prefix = manifest["output"].get("prefix", "").rstrip("/")
     parts = (release_dir, prefix, "synthetic", "*.parquet") if prefix else (release_dir, "synthetic", "*.parquet")

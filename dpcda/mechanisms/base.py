@@ -98,7 +98,8 @@ class Mechanism(abc.ABC):
         return Calibrated(sigma_x=sigma_x, per_group=tuple(events(sigma_x)))
 
     def calibration_events(self, events: Callable[[float], list]) -> Callable[[float], list]:
-        """The events calibration searches over (DP-CDA: only the smallest class, which sets sigma_x)."""
+        """The events calibration searches over, composed in sequence (a mechanism whose groups compose in parallel
+        overrides ``calibrate`` instead: DP-CDA)."""
         return events
 
     def label_noise_ratio(self, cfg) -> Optional[float]:
@@ -121,18 +122,28 @@ class Mechanism(abc.ABC):
     # ---------------------------------------------------------------- rows
 
     def rows(
-        self, total: int, num_classes: int, *, given: bool = True, where: str = "", mode: str = "fixed"
-    ) -> tuple[int, int]:
-        """(rows per class, rows in all) for T rows (``given``: the config's ``samples``; else its default, the input's
-        row count, which a refusal names by ``where`` and never prints: in poisson mode it is a DP estimate)."""
-        return 0, total
+        self,
+        total: int,
+        num_classes: int,
+        *,
+        given: bool = True,
+        where: str = "",
+        mode: str = "fixed",
+        sizes=None,
+        class_rows: str = "equal",
+    ) -> tuple[tuple[int, ...], int]:
+        """(T_k for each class, rows in all) for T rows (``given``: the config's ``samples``; else its default, the
+        input's row count, which a refusal names by ``where`` and never prints: in poisson mode it is a DP estimate).
+        ``sizes``: the public class sizes (fixed: N_k; poisson: the DP histogram's), for ``class_rows``
+        proportional. Mechanisms that do not make rows per class: ((), T)."""
+        return (), total
 
     def group_records(self, plan, g: int) -> int:
         """Exact records of group g (private: the join path's index range)."""
         return int(sum(plan.class_rows)) if self.groups == "dataset" else int(plan.class_rows[g])
 
     def group_samples(self, plan, g: int) -> int:
-        return plan.samples_total if self.groups == "dataset" else plan.samples_per_class
+        return plan.samples_total if self.groups == "dataset" else plan.samples_per_class[g]
 
     def output_dim(self, cfg, dim: int) -> int:
         return dim

@@ -29,8 +29,9 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 import torch
 
-from dpcda.mechanisms.base import InProcess, Mechanism, PlanError
+from dpcda.mechanisms.base import Calibrated, InProcess, Mechanism, PlanError
 from dpcda.mechanisms.postprocess import make_postprocess
+from dpcda.privacy.budget import BudgetPlan, calibrate_synthesis
 from dpcda.privacy.events import MAX_ROW_RECORDS, MixingEvent
 from dpcda.privacy.noise import NoiseStream
 
@@ -186,6 +187,32 @@ def mix_class(
         yield chunk, feats, labels
 
 
+def proportional_rows(total: int, sizes) -> Optional[tuple[int, ...]]:
+    """T_k in proportion to the public class sizes N_k (fixed: exact, public; poisson: the DP histogram's, so T_k is
+    post-processing of a DP output), summing to T exactly; None where T is below the number of non-empty classes.
+
+    The rule, in exact integer arithmetic: each class gets floor(T N_k / N) rows (N = sum N_k); the rows left over go
+    one each to the classes with the largest remainders T N_k mod N (ties: the lower class index). Then each
+    non-empty class (N_k > 0) left with no row takes one from the class with the most rows (ties: the lower index),
+    so every non-empty class is mixed; an empty class gets no row.
+    """
+    sizes = [int(n) for n in sizes]
+    n = sum(sizes)
+    nonempty = sum(s > 0 for s in sizes)
+    if n <= 0 or total < nonempty:
+        return None
+    rows = [total * s // n for s in sizes]
+    by_remainder = sorted(range(len(sizes)), key=lambda k: (-(total * sizes[k] % n), k))
+    for k in by_remainder[: total - sum(rows)]:
+        rows[k] += 1
+    for k in range(len(sizes)):
+        if sizes[k] > 0 and rows[k] == 0:
+            donor = max(range(len(sizes)), key=lambda j: (rows[j], -j))
+            rows[donor] -= 1
+            rows[k] = 1
+    return tuple(rows)
+
+
 # ---------------------------------------------------------------- the registry entry
 
 
@@ -205,26 +232,54 @@ class Dpcda(Mechanism):
     }
 
     def synthesis_events(self, mode, *, group_sizes, samples, mixing_order, clip, sigma_x, **_) -> list:
+        """One MixingEvent per class; ``samples``: T_k of every class (a sequence) or one T_k for all."""
         l = mixing_order
-        return [MixingEvent(mode, max(int(s), l), samples, l, clip, sigma_x) for s in group_sizes]
+        per_class = list(samples) if isinstance(samples, (list, tuple)) else [samples] * len(group_sizes)
+        return [MixingEvent(mode, max(int(s), l), int(t), l, clip, sigma_x) for s, t in zip(group_sizes, per_class)]
 
-    def calibration_events(self, events):
-        # the smallest class sets sigma_x (epsilon falls as N_k rises); the accountant re-checks every class
-        return lambda sigma: [min(events(sigma), key=lambda e: e.class_size)]
+    def calibrate(self, events, budget: BudgetPlan, *, cfg, clip: float, **_) -> Calibrated:
+        """sigma_x over EVERY class's event (parallel composition: the worst class sets it). With T_k equal across
+        classes the smallest class is the worst (epsilon falls as N_k rises, a tested property), so its search alone
+        sets sigma_x and the other classes pass the check; with T_k in proportion to N_k a larger class has more rows
+        at a lower rate and no class is assumed worst (``privacy.calibration.calibrate_parallel``)."""
+        if cfg.sigma_x is not None:
+            return super().calibrate(events, budget, cfg=cfg, clip=clip)
+        sigma_x = calibrate_synthesis(budget, events, scale=clip, parallel_first=lambda e: e.class_size)
+        return Calibrated(sigma_x=sigma_x, per_group=tuple(events(sigma_x)))
 
     def rows(
-        self, total: int, num_classes: int, *, given: bool = True, where: str = "", mode: str = "fixed"
-    ) -> tuple[int, int]:
+        self,
+        total: int,
+        num_classes: int,
+        *,
+        given: bool = True,
+        where: str = "",
+        mode: str = "fixed",
+        sizes=None,
+        class_rows: str = "equal",
+    ) -> tuple[tuple[int, ...], int]:
+        # T's default is the input's row count (a DP estimate in poisson mode): never printed
+        count = "the DP estimate of the input's row count" if mode == "poisson" else "the input's row count"
+        what = f"samples: T={total}" if given else f"{where}: T defaults to {count} (samples unset), which"
+        if class_rows == "proportional":
+            per_class = proportional_rows(total, sizes)
+            if per_class is None:
+                kind = "DP class sizes" if mode == "poisson" else "class sizes"
+                # K is public; the number of non-empty classes comes from the sizes (DP in poisson mode): not printed
+                raise PlanError(
+                    f"{what} cannot give every non-empty class a row in proportion to its size ({kind}); pass "
+                    f"--samples >= {num_classes}"
+                    if any(int(n) > 0 for n in sizes)
+                    else f"{where}: every {kind[:-1]} is 0: no class to make rows for"
+                )
+            return per_class, total
         per_class = total // num_classes
         if per_class < 1:
-            # T's default is the input's row count (a DP estimate in poisson mode): never printed
-            count = "the DP estimate of the input's row count" if mode == "poisson" else "the input's row count"
-            what = f"samples: T={total}" if given else f"{where}: T defaults to {count} (samples unset), which"
             raise PlanError(
                 f"{what} gives no rows for {num_classes} classes (T_k = floor(T/K) = 0); pass --samples >= "
                 f"{num_classes}"
             )
-        return per_class, per_class * num_classes
+        return (per_class,) * num_classes, per_class * num_classes
 
     def label_caveat(self) -> str:
         return "Label noise (sigma_y) costs no privacy here: within a class the one-hot mean is always e_k."
@@ -240,7 +295,7 @@ class Dpcda(Mechanism):
                 mode=plan.mode,
                 mixing_order=plan.mixing_order,
                 sigma_x=plan.sigma_x,
-                samples=plan.samples_per_class,
+                samples=plan.samples_per_class[k],
                 chunk_rows=cfg.chunk_rows,
                 sampling_rate=plan.sampling_rates[k],
                 device=ctx.device,
@@ -260,7 +315,9 @@ class Dpcda(Mechanism):
             sampling=self.SAMPLING_WORDS[plan.mode],
             mixing_order=plan.mixing_order,
             sigma_y=plan.sigma_y,
-            samples_per_class=plan.samples_per_class,
+            class_rows=plan.class_rows_rule,
+            samples_per_class=plan.samples_per_class[0] if len(set(plan.samples_per_class)) == 1 else None,
+            rows_per_class=list(plan.samples_per_class),
             class_sizes=list(plan.public_class_sizes) if plan.public_class_sizes else None,
             class_sizes_dp=list(plan.dp_class_sizes) if plan.dp_class_sizes else None,
             sampling_rates=[float(q) for q in plan.sampling_rates],

@@ -72,7 +72,7 @@ class ReleasePlan:
     mixing_order: int
     sigma_x: float
     sigma_y: float
-    samples_per_class: int  # dpcda: T_k; dpmix, local, randproj: 0 (rows are not made per class)
+    samples_per_class: tuple[int, ...]  # dpcda: T_k of each class; dpmix, local, randproj, p3gm: () (not per class)
     samples_total: int
     class_rows: tuple[int, ...]  # exact N_k: private in poisson mode, for the synthesis only
     sampling_rates: tuple[
@@ -101,6 +101,7 @@ class ReleasePlan:
     join_block_rows: int = 0  # R of the join path (mechanisms.joinmix)
     p3gm: Optional[P3gmPlan] = None
     budget: Optional[BudgetPlan] = None  # the planner's split of the budget (privacy.budget)
+    class_rows_rule: str = "equal"  # the config's class_rows: how T is split into T_k ('equal' or 'proportional')
 
     @property
     def mechanism_entry(self) -> Mechanism:
@@ -466,7 +467,9 @@ def build_plan(
     sizes_list = [int(s) for s in sizes]
     projection, gain = mech.projection(cfg, dim)
     ratio = mech.label_noise_ratio(cfg)
-    T_k, T_total = mech.rows(T, K, given=cfg.samples is not None, where=cfg.input, mode=mode)
+    T_k, T_total = mech.rows(
+        T, K, given=cfg.samples is not None, where=cfg.input, mode=mode, sizes=sizes_list, class_rows=cfg.class_rows
+    )
 
     def events(sigma: float) -> list:
         return mech.synthesis_events(
@@ -560,6 +563,7 @@ def build_plan(
         join_block_rows=join_block_rows(dim, cfg.join_block_rows) if "join" in paths else 0,
         p3gm=p3gm,
         budget=planned,
+        class_rows_rule=cfg.class_rows,
     )
 
 

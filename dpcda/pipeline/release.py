@@ -35,7 +35,7 @@ from dpcda.schemas.manifest import InputInfo, Manifest, RunInfo
 from dpcda.storage import publish
 from dpcda.storage.paths import expand_glob, is_remote, join, not_regular_files, open_file
 from dpcda.storage.shards import InputError, check_finite_files, detect_format, read_shard
-from dpcda.storage.tables import arrow_schema_of
+from dpcda.storage.tables import arrow_schema_of, label_decoding
 from dpcda.transforms.calibrate import Calibrate
 from dpcda.transforms.join import MixByJoin
 from dpcda.transforms.read import ReadShards
@@ -456,6 +456,7 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
                 **cfg.table.model_dump(mode="json"),
                 # the output's schema is the input's (treated as public, docs/tables.md): stated here
                 "arrow_schema": [{"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in arrow_schema],
+                "label_decoding": label_decoding(cfg.table, scores=registry.get(cfg.mechanism).label_scores),
             }
             if cfg.table is not None
             else None

@@ -23,7 +23,13 @@ import dataclasses
 from typing import Callable, Optional, Sequence
 
 from dpcda.privacy.accounting import accountant_delta, adaptive_epsilon
-from dpcda.privacy.calibration import CalibrationError, calibrate_alone, calibrate_gaussian, calibrate_noise
+from dpcda.privacy.calibration import (
+    CalibrationError,
+    calibrate_alone,
+    calibrate_gaussian,
+    calibrate_noise,
+    calibrate_parallel,
+)
 from dpcda.privacy.events import Event, GaussianStatsEvent, IteratedGaussianEvent, Mode
 
 # With an explicit sigma_x there is no target epsilon to take shares of; the statistics then spend their share of
@@ -174,11 +180,26 @@ def plan_budget(
     )
 
 
-def calibrate_synthesis(plan: BudgetPlan, make_events: Callable[[float], list], *, scale: float = 1.0) -> float:
+def calibrate_synthesis(
+    plan: BudgetPlan, make_events: Callable[[float], list], *, scale: float = 1.0, parallel_first=None
+) -> float:
     """The synthesis' noise: the smallest s * ``scale`` with (``plan.shared`` o ``make_events(s * scale)``) spending at
-    most ``plan.synthesis_epsilon`` at the accountant's delta (``calibrate_noise``)."""
+    most ``plan.synthesis_epsilon`` at the accountant's delta (``calibrate_noise``). With ``parallel_first`` (a key on
+    a group's event) the events are groups that compose in parallel, each with the shared events, and every group
+    must fit (``calibrate_parallel``, visiting groups in that key's order)."""
     if plan.synthesis_epsilon is None:
         raise CalibrationError("the budget has no target epsilon (sigma_x was given): nothing to calibrate")
+    if parallel_first is not None:
+        return calibrate_parallel(
+            plan.mode,
+            make_events,
+            target_epsilon=plan.synthesis_epsilon,
+            delta=plan.accountant_delta,
+            shared=list(plan.shared),
+            scale=scale,
+            stated_delta=plan.delta,
+            first=parallel_first,
+        )
     return calibrate_noise(
         plan.mode,
         make_events,

@@ -186,6 +186,58 @@ def calibrate_noise(
     return _search(mode, lambda s: [*shared, *make_events(s * scale)], target_epsilon, delta, stated_delta) * scale
 
 
+def calibrate_parallel(
+    mode: Mode,
+    make_groups,
+    *,
+    target_epsilon: float,
+    delta: float,
+    shared: Sequence[Event] = (),
+    scale: float = 1.0,
+    stated_delta: float | None = None,
+    first=None,
+) -> float:
+    """Smallest s * ``scale`` such that, for EVERY group g, ``[*shared, make_groups(s * scale)[g]]`` spends at most
+    ``target_epsilon``: groups compose in parallel (a record is in one group only), so the release's epsilon is the
+    largest over groups (``privacy.accounting.account``).
+
+    No group is assumed to be the worst. Groups are visited in the order of ``first`` (a key on a group's event,
+    e.g. its class size: the likely worst first); a group whose epsilon at the current noise is already within the
+    target keeps it, any other is calibrated alone (``calibrate_noise``), which raises the noise. Epsilon falls as the
+    noise rises, so the last noise found meets every group visited before it: the result is the largest of the
+    groups' own calibrations, and every group is checked against it. Identical groups are visited once, and a group
+    that releases nothing (a class with no rows) not at all.
+    """
+    at_scale = list(make_groups(scale))
+    seen, order = set(), []
+    for g in sorted(range(len(at_scale)), key=(lambda g: first(at_scale[g])) if first is not None else None):
+        if isinstance(at_scale[g].to_dp_event(), dp_accounting.NoOpDpEvent):
+            continue  # a group that releases nothing (no rows) needs no noise
+        if at_scale[g] not in seen:
+            seen.add(at_scale[g])
+            order.append(g)
+    sigma = None
+    for g in order:
+
+        def one(s: float, g: int = g) -> list:
+            return [make_groups(s)[g]]
+
+        if sigma is not None and epsilon_of(mode, [*shared, *one(sigma)], delta) <= target_epsilon:
+            continue
+        sigma = calibrate_noise(
+            mode,
+            one,
+            target_epsilon=target_epsilon,
+            delta=delta,
+            shared=shared,
+            scale=scale,
+            stated_delta=stated_delta,
+        )
+    if sigma is None:
+        raise CalibrationError("calibration needs at least one group of events")
+    return sigma
+
+
 def calibrate_sigma_x(
     mode: Mode,
     *,

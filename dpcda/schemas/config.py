@@ -43,10 +43,10 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "min_std", "seed",
     ),
     "mechanism": (
-        "mechanism", "mixing_order", "samples", "sigma_y", "label_noise_ratio", "projection", "projection_dim",
-        "projection_seed", "p3gm_latent_dim", "p3gm_components", "p3gm_em_iterations", "p3gm_em_budget_share",
-        "p3gm_epochs", "p3gm_batch", "p3gm_lr", "p3gm_grad_clip", "p3gm_hidden", "p3gm_encoder_hidden",
-        "p3gm_label_weight",
+        "mechanism", "mixing_order", "samples", "class_rows", "sigma_y", "label_noise_ratio", "projection",
+        "projection_dim", "projection_seed", "p3gm_latent_dim", "p3gm_components", "p3gm_em_iterations",
+        "p3gm_em_budget_share", "p3gm_epochs", "p3gm_batch", "p3gm_lr", "p3gm_grad_clip", "p3gm_hidden",
+        "p3gm_encoder_hidden", "p3gm_label_weight",
     ),
     "postprocess": ("soft_labels", "lowpass", "image_shape", "denoise"),
     "scale": ("chunk_rows", "max_class_bytes", "mixing_path", "join_block_rows", "device", "noise_threads"),
@@ -110,6 +110,14 @@ class ReleaseConfig(BaseModel):
         ge=1,
         description=(
             f"T: synthetic rows in total (default: input rows; at most {MAX_SAMPLES_PER_INPUT_ROW} x input rows)"
+        ),
+    )
+    class_rows: Literal["equal", "proportional"] = Field(
+        "equal",
+        description=(
+            "dpcda: rows per class. equal: T_k = floor(T/K) (seed 000); proportional: T_k in proportion to the class "
+            "sizes (public N_k in fixed mode, the DP histogram's in poisson mode), largest-remainder rounding, at "
+            "least one row per non-empty class. Default: proportional with a table schema, else equal"
         ),
     )
     num_classes: Optional[int] = Field(

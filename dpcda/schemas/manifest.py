@@ -66,7 +66,16 @@ class DpcdaMechanism(_Frozen):
     noise_multiplier: float
     num_classes: int
     samples_total: int
-    samples_per_class: int
+    class_rows: Literal["equal", "proportional"] = Field(
+        "equal",
+        description="how T was split into rows per class: equal, T_k = floor(T/K) (seed 000); proportional, T_k in "
+        "proportion to the class sizes (class_sizes in fixed mode, class_sizes_dp in poisson mode, so public or "
+        "DP), largest-remainder rounding, at least one row per non-empty class",
+    )
+    samples_per_class: Optional[int] = Field(None, description="T_k where every class has the same (else null)")
+    rows_per_class: Optional[list[int]] = Field(
+        None, description="T_k of each class: the rows each class's mixing event composes over (privacy.events)"
+    )
     class_sizes: Optional[list[int]] = Field(None, description="exact N_k; fixed mode only (public there)")
     class_sizes_dp: Optional[list[int]] = Field(None, description="DP estimates N_k_hat; poisson mode only")
     sampling_rates: list[float] = Field(description="l/N_k (fixed) or q_k = l/N_k_hat (poisson), per class")

@@ -86,8 +86,15 @@ class MechanismParams:
 
 class DpcdaParams(MechanismParams):
     name = "dpcda"
-    own = ("sigma_y",)
+    own = ("sigma_y", "class_rows")
     dp_pca = True
+
+    @classmethod
+    def defaults(cls, data: dict) -> dict:
+        data = super().defaults(data)
+        if data.get("class_rows") is None:  # a table keeps its label's base rate; images seed 000's T/K per class
+            data = {**data, "class_rows": "proportional" if data.get("table") is not None else "equal"}
+        return data
 
 
 class DpmixParams(MechanismParams):

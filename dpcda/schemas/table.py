@@ -98,10 +98,13 @@ class TableSchema(BaseModel):
     label: Label
     columns: list[Column] = Field(min_length=1)
     decoding: Literal["argmax", "sample"] = Field(
-        "argmax",
-        description="how discrete values are read back from released scores: argmax takes the largest score (a "
-        "category; a boolean or a null where its score exceeds 1/2); sample draws them with probabilities from "
-        "the scores (post-processing either way; the uniforms come from the noise module)",
+        "sample",
+        description="how discrete values are read back from released scores: sample (default) draws them with "
+        "probabilities from the scores (a category in proportion to its positive scores; a boolean true, or a null, "
+        "with probability its score clipped to [0, 1]; the label, where the release has label scores, from them), "
+        "so minorities keep their share; argmax takes the largest score (a category; a boolean or a null where its "
+        "score exceeds 1/2; the label scores' argmax), which drops a value whose score stays below the others' "
+        "(post-processing either way; the uniforms come from the noise module)",
     )
 
     @model_validator(mode="after")

@@ -149,6 +149,45 @@ def decode_uniforms(key: bytes, tag: str, rows: int, schema: TableSchema) -> np.
     return ((words >> np.uint64(11)).astype(np.float64) * 2.0**-53).reshape(rows, n)
 
 
+# what a release adds beside the declared schema in its manifest's input.table (readers take the rest as the schema)
+STATED_BY_RELEASE = ("arrow_schema", "label_decoding")
+
+
+def declared_schema(stated: dict) -> dict:
+    """The declared ``table:`` section of a manifest's ``input.table`` (without what the release added to it)."""
+    return {k: v for k, v in stated.items() if k not in STATED_BY_RELEASE}
+
+
+def label_uniforms(key: bytes, tag: str, rows: int) -> np.ndarray:
+    """(rows,) uniforms in [0, 1) for drawing hard labels from released label scores (``sample`` decoding of a
+    release with label scores, DPMix's); their own stream, ("table-label", tag), apart from every other draw."""
+    from dpcda.privacy.noise import NoiseStream
+
+    words = NoiseStream(key, "table-label", tag).words(rows)
+    return (words >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def draw_from_scores(scores: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Index drawn for each row with probabilities proportional to its scores clipped at 0 (uniform where none is
+    positive), by inversion of the uniforms ``u`` (rows,): post-processing of released scores."""
+    w = np.clip(np.asarray(scores, np.float64), 0.0, None)
+    total = w.sum(axis=1, keepdims=True)
+    w = np.where(total > 0, w / np.where(total > 0, total, 1.0), 1.0 / w.shape[1])
+    return (np.cumsum(w, axis=1) < u[:, None]).sum(axis=1).clip(0, w.shape[1] - 1)
+
+
+def label_decoding(schema: TableSchema, *, scores: bool) -> str:
+    """How a table release's label column is read back, in the manifest's words (``input.table.label_decoding``)."""
+    if not scores:
+        return "the class each row was made for (its mixed records' class, or the argmax of its noisy label scores)"
+    if schema.decoding == "sample":
+        return (
+            "drawn from the released (noisy, mixed) label scores clipped at 0 and renormalised (uniform where none "
+            "is positive), with uniforms from the noise module's stream ('table-label', block): post-processing"
+        )
+    return "the argmax of the released (noisy, mixed) label scores: post-processing"
+
+
 def _decode_column(col: Column, block: np.ndarray, u: Optional[np.ndarray], t: pa.DataType) -> pa.Array:
     """Released encoded values of one column (rows, width) -> an Arrow array of type ``t``. ``u``: None (argmax
     decoding) or (rows, draws) uniforms for this column (its value, then its null indicator)."""
@@ -160,10 +199,7 @@ def _decode_column(col: Column, block: np.ndarray, u: Optional[np.ndarray], t: p
     body = block[:, : col.width - int(col.nullable)]
     if col.kind == "categorical":
         if u is not None:
-            w = np.clip(body, 0.0, None).astype(np.float64)
-            total = w.sum(axis=1, keepdims=True)
-            w = np.where(total > 0, w / np.where(total > 0, total, 1.0), 1.0 / w.shape[1])
-            idx = (np.cumsum(w, axis=1) < u[:, 0][:, None]).sum(axis=1).clip(0, w.shape[1] - 1)
+            idx = draw_from_scores(body, u[:, 0])
         else:
             idx = body.argmax(axis=1)
         cats = pa.array(col.categories, type=t.value_type if pa.types.is_dictionary(t) else t)
@@ -196,9 +232,14 @@ def decode_rows(
     arrow_schema: pa.Schema,
     *,
     uniforms: Optional[np.ndarray] = None,
+    label_draws: Optional[np.ndarray] = None,
 ) -> pa.Table:
     """Released rows in encoded units ([0, 1] scale, before clipping) and class indices -> a table whose Arrow
-    schema is ``arrow_schema`` (the input's). ``uniforms`` (``decode_uniforms``) drive ``sample`` decoding."""
+    schema is ``arrow_schema`` (the input's). ``uniforms`` (``decode_uniforms``) drive ``sample`` decoding.
+
+    ``labels`` may be (rows, K) released label scores (DPMix's): ``sample`` decoding draws each hard label from them
+    with the uniforms ``label_draws`` (``label_uniforms``), so the labels' base rate follows the scores; ``argmax``
+    takes their argmax."""
     arrays = {}
     k = 0
     sample = schema.decoding == "sample"
@@ -212,7 +253,11 @@ def decode_rows(
         arrays[col.name] = _decode_column(col, x01[:, at : at + col.width], u, t)
     lt = arrow_schema.field(schema.label.name).type
     labels = np.asarray(labels)
-    if labels.ndim == 2:
+    if labels.ndim == 2 and sample:
+        if label_draws is None or label_draws.shape != (len(labels),):
+            raise ValueError(f"sample decoding of label scores needs ({len(labels)},) uniforms (label_uniforms)")
+        labels = draw_from_scores(labels, label_draws)
+    elif labels.ndim == 2:
         labels = labels.argmax(axis=1)
     cats = pa.array(schema.label.categories, type=lt.value_type if pa.types.is_dictionary(lt) else lt)
     arrays[schema.label.name] = _with_nulls(cats.take(pa.array(labels.astype(np.int64))), np.zeros(0, bool), lt)

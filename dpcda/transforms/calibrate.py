@@ -16,11 +16,11 @@ def _plan(first, cfg, key, public_stats=None):
     start = time.time()
     plan = build_plan(first, cfg, key, public_stats)
     log.info(
-        "stage=calibrate sigma_x=%.6g epsilon=%.4g delta=%g T_k=%d seconds=%.2f",
+        "stage=calibrate sigma_x=%.6g epsilon=%.4g delta=%g T_k=%s seconds=%.2f",
         plan.sigma_x,
         plan.accounting.epsilon,
         plan.accounting.delta,
-        plan.samples_per_class,
+        ",".join(map(str, plan.samples_per_class)) or "-",
         time.time() - start,
     )
     return plan

@@ -70,7 +70,7 @@ class _MixFn(beam.DoFn):
             mode=plan.mode,
             mixing_order=plan.mixing_order,
             sigma_x=plan.sigma_x,
-            samples=plan.samples_per_class,
+            samples=plan.samples_per_class[k],
             chunk_rows=self.chunk_rows,
             sampling_rate=plan.sampling_rates[k],
             sigma_y=plan.sigma_y,
@@ -85,7 +85,7 @@ class _MixFn(beam.DoFn):
         log.info(
             "stage=mix class=%d rows=%d device=%s seconds=%.2f",
             k,
-            plan.samples_per_class,
+            plan.samples_per_class[k],
             self.device,
             time.time() - start,
         )

@@ -8,7 +8,7 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
-from dpcda.storage.tables import decode_rows, decode_uniforms
+from dpcda.storage.tables import decode_rows, decode_uniforms, label_uniforms
 
 
 def _decode(table: pa.Table, plan, key, schema, arrow_schema, fc: str, lc: str) -> pa.Table:
@@ -16,12 +16,16 @@ def _decode(table: pa.Table, plan, key, schema, arrow_schema, fc: str, lc: str) 
     z = col.flatten().to_numpy(zero_copy_only=False).reshape(len(col), -1).astype(np.float64)
     x01 = z * plan.std + plan.mean  # back to encoded units with the release's (public or DP) statistics
     labels = table.column(lc).to_numpy()
-    uniforms = None
+    if lc + "_soft" in table.column_names:  # released label scores (DPMix): the label is decoded from them
+        soft = table.column(lc + "_soft").combine_chunks()
+        labels = soft.flatten().to_numpy(zero_copy_only=False).reshape(len(soft), -1)
+    uniforms = draws = None
     if schema.decoding == "sample":
         # the stream is named by the released block itself, so every block gets its own
         tag = hashlib.blake2b(np.ascontiguousarray(z).tobytes(), digest_size=16).hexdigest()
         uniforms = decode_uniforms(key, tag, len(z), schema)
-    return decode_rows(x01, labels, schema, arrow_schema, uniforms=uniforms)
+        draws = label_uniforms(key, tag, len(z)) if labels.ndim == 2 else None
+    return decode_rows(x01, labels, schema, arrow_schema, uniforms=uniforms, label_draws=draws)
 
 
 class DecodeTable(beam.PTransform):
