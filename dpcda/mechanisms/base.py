@@ -43,6 +43,7 @@ class Calibrated:
     per_group: tuple  # the synthesis' events, one per group (parallel composition)
     shared: tuple = ()  # events it adds to the shared ones (p3gm's DP-EM)
     p3gm: Any = None  # mechanisms.plan.P3gmPlan
+    marginals: Any = None  # mechanisms.marginals.MarginalsPlan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +74,8 @@ class Mechanism(abc.ABC):
     projects: ClassVar[bool] = False  # every record is mapped by a public matrix (its norm is in the sensitivity)
     fits_model: ClassVar[bool] = False  # rows are sampled from a DP-fitted model (no noise on the rows themselves)
     paper_theorem: ClassVar[bool] = False  # seed 000's Theorem 1 (evaluation.paper) is stated beside the guarantee
+    normalizes: ClassVar[bool] = True  # its rows are z-scored (False: no statistics are computed or spent)
+    accountant: ClassVar[str] = ""  # the accountant of its events where not the mode's ('rdp': zCDP events)
 
     # ---------------------------------------------------------------- privacy
 

@@ -14,7 +14,7 @@ import json
 import math
 import os
 from fractions import Fraction
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -91,6 +91,7 @@ class ReleasePlan:
     pca_share: Optional[float] = None
     join_block_rows: int = 0  # R of the join path (mechanisms.joinmix)
     p3gm: Optional[P3gmPlan] = None
+    marginals: Any = None  # mechanisms.marginals.MarginalsPlan
 
     @property
     def mechanism_entry(self) -> Mechanism:
@@ -367,7 +368,10 @@ def build_plan(
     # Normalisation statistics.
     min_std = cfg.min_std * (cfg.feature_bounds[1] - cfg.feature_bounds[0])
     norm_std = None
-    if cfg.normalization == "dp":
+    normalization = cfg.normalization if mech.normalizes else "none"
+    if normalization == "none":  # rows that are not z-scored (counts on public bins): nothing computed or spent
+        mean, std = np.zeros(dim), np.ones(dim)
+    elif cfg.normalization == "dp":
         stats_ev = calibrate_gaussian(
             mode,
             name="normalization",
@@ -460,7 +464,7 @@ def build_plan(
         T_total * mixed_dim * (sigma_x > 0)
         + dim * (dim + 1) // 2 * (pca_std is not None)
         + T_total * K * (sigma_y > 0)
-        + 2 * dim * (cfg.normalization == "dp")
+        + 2 * dim * (normalization == "dp")
         + K * (mode == "poisson")
         + mech.extra_draws(calibrated, dim=dim, num_classes=K)
     )
@@ -476,6 +480,7 @@ def build_plan(
         ),
         delta,
         relation=mech.relation(mode),
+        accountant=mech.accountant or None,
     )
     if cfg.epsilon is not None and acc.epsilon > cfg.epsilon:
         raise AssertionError(f"calibration overshot: {acc.epsilon} > {cfg.epsilon}")  # never expected
@@ -502,10 +507,10 @@ def build_plan(
         sampling_rates=tuple(getattr(e, "exact_sampling_rate", Fraction(1)) for e in per_group),
         public_class_sizes=tuple(sizes_list) if mode == "fixed" else None,
         dp_class_sizes=tuple(int(x) for x in dp_sizes) if dp_sizes is not None else None,
-        normalization_method=cfg.normalization,
+        normalization_method=normalization,
         normalization_noise_std=norm_std,
         histogram_noise_std=adaptive[0][0].noise_std if adaptive else None,
-        normalization_share=cfg.normalization_budget_share if cfg.normalization == "dp" else None,
+        normalization_share=cfg.normalization_budget_share if normalization == "dp" else None,
         accounting=acc,
         records_public=max(int(n_public), l),
         end_to_end_dp=end_to_end,
@@ -522,6 +527,7 @@ def build_plan(
         pca_share=cfg.pca_budget_share if pca_std is not None else None,
         join_block_rows=join_block_rows(dim, cfg.join_block_rows) if "join" in paths else 0,
         p3gm=p3gm,
+        marginals=calibrated.marginals,
     )
 
 

@@ -53,6 +53,7 @@ from dpcda.privacy.events import (
     DpSgdEvent,
     GaussianStatsEvent,
     IteratedGaussianEvent,
+    MarginalsEvent,
     MixingEvent,
     NonPrivateEvent,
     PerturbEvent,
@@ -69,6 +70,7 @@ EVENT_TYPES = {
         NonPrivateEvent,
         IteratedGaussianEvent,
         DpSgdEvent,
+        MarginalsEvent,
     )
 }
 FAMILY = {"fixed": "replace-one", "poisson": "add/remove"}

@@ -43,7 +43,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "mechanism", "mixing_order", "samples", "sigma_y", "label_noise_ratio", "projection", "projection_dim",
         "projection_seed", "p3gm_latent_dim", "p3gm_components", "p3gm_em_iterations", "p3gm_em_budget_share",
         "p3gm_epochs", "p3gm_batch", "p3gm_lr", "p3gm_grad_clip", "p3gm_hidden", "p3gm_encoder_hidden",
-        "p3gm_label_weight",
+        "p3gm_label_weight", "marginals_selection", "marginals_bins", "marginals_iters",
     ),
     "postprocess": ("soft_labels", "lowpass", "image_shape", "denoise"),
     "scale": ("chunk_rows", "max_class_bytes", "mixing_path", "join_block_rows", "device", "noise_threads"),
@@ -54,7 +54,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 
 
 # The names of mechanisms.registry (schemas sit below mechanisms; tests/test_registry.py checks the two agree).
-MechanismName = Literal["dpcda", "dpmix", "local", "randproj", "p3gm"]
+MechanismName = Literal["dpcda", "dpmix", "local", "randproj", "p3gm", "marginals"]
 MECHANISM_NAMES: tuple[str, ...] = get_args(MechanismName)
 
 
@@ -72,7 +72,8 @@ class ReleaseConfig(BaseModel):
         description=(
             "dpcda: class-centric mixing (seed 000); dpmix: mixing across the whole dataset, labels included "
             "(seed 001); local: each record plus noise; randproj: each record randomly projected, plus noise; "
-            "p3gm: a generative model (seed 004: DP-PCA, DP-EM prior, VAE trained with DP-SGD), rows sampled from it"
+            "p3gm: a generative model (seed 004: DP-PCA, DP-EM prior, VAE trained with DP-SGD), rows sampled from it; "
+            "marginals: tables only, a graphical model fitted to noisy one- and two-way counts (MST), rows sampled"
         ),
     )
     mode: Literal["fixed", "poisson"] = Field(
@@ -176,6 +177,15 @@ class ReleaseConfig(BaseModel):
         gt=0,
         le=1e6,
         description="p3gm: weight of the label cross-entropy in the VAE loss (default: sqrt(d), mechanisms.p3gm)",
+    )
+    marginals_selection: Literal["mst"] = Field(
+        "mst", description="marginals: how the measured pairs of columns are picked (mst: a spanning tree, MST)"
+    )
+    marginals_bins: int = Field(
+        20, ge=2, le=1024, description="marginals: equal bins of each numeric column's declared bounds"
+    )
+    marginals_iters: int = Field(
+        1000, ge=1, le=100_000, description="marginals: mirror-descent iterations of the graphical model's fit (mbi)"
     )
     min_std: float = Field(0.01, gt=0, description="std floor, as a fraction of the feature range")
 
@@ -302,6 +312,11 @@ class ReleaseConfig(BaseModel):
             and data.get("mixing_order") is None
         ):
             data = {**data, "mixing_order": 1}
+        if isinstance(data, dict) and data.get("mechanism") == "marginals":
+            if data.get("mode") is None:  # counts under add/remove only: the row count stays private
+                data = {**data, "mode": "poisson"}
+            if data.get("mixing_order") is None:
+                data = {**data, "mixing_order": 1}
         if isinstance(data, dict) and data.get("mechanism") == "p3gm":
             if data.get("mode") is None:  # the generative model is accounted under add/remove only
                 data = {**data, "mode": "poisson"}
@@ -331,6 +346,8 @@ class ReleaseConfig(BaseModel):
         "lowpass",
         "projection_dim",
         "projection_seed",
+        "marginals_bins",
+        "marginals_iters",
         mode="before",
     )
     @classmethod
@@ -391,6 +408,11 @@ class ReleaseConfig(BaseModel):
             raise ValueError(
                 f"feature_bounds: {lo:g},{hi:g} is too wide (|bounds| and hi - lo must be at most 1e30; "
                 f"the z-score would overflow)"
+            )
+        if self.mechanism == "marginals" and self.table is None:
+            raise ValueError(
+                "table: marginals counts a table's columns on its public schema; give a table: section "
+                "(docs/tables.md); image and vector inputs are not offered"
             )
         if self.epsilon is None and self.sigma_x is None:
             raise ValueError("epsilon: give a target epsilon (or an explicit sigma_x)")
@@ -457,6 +479,8 @@ class ReleaseConfig(BaseModel):
             raise ValueError("sigma_y: dpcda only (dpmix sets it from --label-noise-ratio)")
         if self.mechanism == "p3gm":
             self._check_p3gm()
+        if self.mechanism == "marginals":
+            self._check_marginals()
         if self.table is not None:
             self._check_table()
         if self.ledger is not None and self.dataset_id is None:
@@ -521,6 +545,27 @@ class ReleaseConfig(BaseModel):
             raise ValueError(
                 f"p3gm_hidden: at least 2 x p3gm_latent_dim = {2 * self.p3gm_latent_dim} (the decoder starts as the "
                 "DP-PCA reconstruction through its hidden layer)"
+            )
+
+    def _check_marginals(self) -> None:
+        """(mixing_order is not read: a table config written for a mixing mechanism runs with --mechanism marginals.)"""
+        if self.mode != "poisson":
+            raise ValueError("mode: marginals is accounted under add/remove only (mode poisson, its default)")
+        if self.epsilon is None:
+            raise ValueError("epsilon: marginals calibrates its counts' noise to a target epsilon (no --sigma-x)")
+        if self.normalization != "dp" or self.normalization_file is not None:
+            raise ValueError("normalization: marginals counts codes on public bins and z-scores nothing (leave it out)")
+        if self.mixing_path != "auto":
+            raise ValueError(
+                "mixing_path: marginals does not mix records (its counts take the same memory for any rows)"
+            )
+        if self.sigma_y:
+            raise ValueError("sigma_y: dpcda only")
+        if self.projection is not None:
+            raise ValueError("projection: not available with marginals")
+        if self.audit or self.membership_audit:
+            raise ValueError(
+                f"{'audit' if self.audit else 'membership_audit'}: no audit game is offered for marginals yet"
             )
 
     def _check_table(self) -> None:
