@@ -192,6 +192,25 @@ def test_mst_picks_a_spanning_tree_and_prefers_the_dependent_pairs():
         forest.union(x, y)
 
 
+def test_mst_label_measures_the_label_pairs_from_the_same_share():
+    from dpcda.privacy.marginals import split
+
+    dom = mg.Domain(("a", "b", "y"), (3, 2, 2), 20)
+    counter = mg.MarginalCounter(dom)
+    rng = np.random.default_rng(1)
+    acc = counter.add(counter.create(), np.stack([rng.integers(0, s, 500) for s in dom.sizes], 1))
+    for selection, two_way in (("mst", 2), ("mst-label", 4)):
+        assert mg.label_pairs(selection, 3) + 2 == two_way
+        ev = split(1.0, one_way=3, rounds=2, two_way=two_way)
+        plan = mg.MarginalsPlan(selection, dom, 10, ev.rho, ev)
+        m = mg.measure(counter, acc, plan, KEY)
+        assert len(m.pairs) == two_way and len(m.two_way) == two_way
+        if selection == "mst-label":
+            assert m.pairs[2:] == [(0, 2), (1, 2)]
+            assert m.two_way[2].shape == (3, 2)
+        assert ev.two_way_std == pytest.approx(math.sqrt(two_way / (2 * ev.rho / 3)))
+
+
 # ---------------------------------------------------------------- accounting
 
 
@@ -238,6 +257,7 @@ def _cfg(**kw):
         ({"table": SCHEMA, "marginals_iters": 0}, "marginals_iters"),
         ({"table": SCHEMA, "marginals_iters": False}, "marginals_iters: expected an integer, got a boolean"),
         ({"table": SCHEMA, "marginals_selection": "greedy"}, "marginals_selection"),
+        ({"table": SCHEMA, "marginals_selection": "aim"}, "marginals_selection"),
     ],
 )
 def test_bad_marginals_configs_are_one_line_errors(fields, needle):

@@ -13,9 +13,10 @@ combiner). MST's three thirds of a zCDP budget (``privacy.marginals``): every co
 noise; the pairs of columns picked one by one by the exponential mechanism (``privacy.exponential``, exact), each
 round among the pairs that join two trees of the forest picked so far, scoring a pair by the L1 distance between its
 exact two-way counts and what the noisy one-way counts predict for it (independence: sensitivity 1, as a record moves
-one cell by one); the picked pairs' two-way counts plus Gaussian noise. Only noisy counts leave ``measure``; the exact
-two-way counts feed the scores only. Noise comes from ``privacy.noise`` (``NoiseStream.gaussian``, the rounded
-Gaussian whose privacy is the Gaussian mechanism's).
+one cell by one); the picked pairs' two-way counts plus Gaussian noise (``mst-label``: and the label's pair with every
+other column, chosen in advance, so not selected: measured from the same third). Only noisy counts leave ``measure``;
+the exact two-way counts feed the scores only. Noise comes from ``privacy.noise`` (``NoiseStream.gaussian``, the
+rounded Gaussian whose privacy is the Gaussian mechanism's).
 
 Fitting and sampling are post-processing of the noisy counts: ``mbi``'s mirror descent fits a graphical model on the
 measured cliques (its total is the noisy counts' minimum-variance estimate), ``synthetic_data`` draws rows (mbi draws
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 
 SCORE_BITS = 10  # the one-way model's predicted counts are rounded to multiples of 2^-10 (post-processing)
 MAX_CELLS = 1 << 26  # cells of every one-way and two-way count array a release holds (int64: 512 MiB)
-SELECTIONS = ("mst",)
+SELECTIONS = ("mst", "mst-label")  # mst-label: MST's tree, and the label's pair with every column (a public choice)
 
 
 # ---------------------------------------------------------------- codes
@@ -198,8 +199,8 @@ class MarginalCounter:
 
 @dataclasses.dataclass(frozen=True)
 class MarginalsPlan:
-    """What the fit needs (public or DP): the domain, the budget's split, the fit's settings; ``selected`` and the
-    fit's figures are filled in once the synthesis has run (the plan the manifest states)."""
+    """What the fit needs (public or DP): the domain, the budget's split, the fit's settings; ``selected`` (the
+    measured pairs) and the fit's figures are filled in once the synthesis has run (the plan the manifest states)."""
 
     selection: str
     domain: Domain
@@ -216,8 +217,8 @@ class Measurements:
     """The noisy counts (DP) and the picked pairs: everything the fit may see."""
 
     one_way: list  # noisy count vectors, one per column
-    pairs: list  # (i, j) picked, in order
-    two_way: list  # noisy count arrays of the picked pairs, (size_i, size_j)
+    pairs: list  # (i, j) measured: the picked ones in order, then the label's (mst-label)
+    two_way: list  # noisy count arrays of those pairs, (size_i, size_j)
 
 
 class _DisjointSet:
@@ -285,6 +286,11 @@ def measure(counter: MarginalCounter, acc: np.ndarray, plan: MarginalsPlan, key:
         NoiseStream(key, "marginals", "two-way", a, b).gaussian(counter.marginal(acc, (a, b)), ev.two_way_std)
         for a, b in pairs
     ]
+    if plan.selection == "mst-label":  # fixed in advance: every column with the label (the last), own streams
+        for a in range(n - 1):
+            pairs.append((a, n - 1))
+            stream = NoiseStream(key, "marginals", "label-pair", a)
+            two_way.append(stream.gaussian(counter.marginal(acc, (a, n - 1)), ev.two_way_std))
     return Measurements(one_way, pairs, two_way)
 
 
@@ -364,6 +370,11 @@ def fit_and_sample(
     return stated, chunks()
 
 
+def label_pairs(selection: str, columns: int) -> int:
+    """Two-way marginals measured without selection: the label's pair with every other column (``mst-label``)."""
+    return columns - 1 if selection == "mst-label" else 0
+
+
 def integer_columns(cfg) -> frozenset:
     """Numeric columns of the table whose type in the input's Parquet footer (public, read without a row) is an
     integer."""
@@ -407,7 +418,7 @@ class Marginals(Mechanism):
             delta=budget.delta,
             one_way=n,
             rounds=n - 1,
-            two_way=n - 1,
+            two_way=label_pairs(cfg.marginals_selection, n) + n - 1,
             shared=budget.shared,
             stated_delta=budget.stated_delta,
         )
@@ -423,8 +434,10 @@ class Marginals(Mechanism):
     def extra_draws(self, calibrated: Calibrated, *, dim: int, num_classes: int) -> int:
         """Gaussian draws: every one-way cell, and at most the largest two-way arrays the picks can reach."""
         dom = calibrated.marginals.domain
+        n = len(dom.sizes)
         pair_cells = sorted((dom.sizes[a] * dom.sizes[b] for a, b in dom.pairs), reverse=True)
-        return sum(dom.sizes) + sum(pair_cells[: len(dom.sizes) - 1])
+        label = sum(dom.sizes[a] * dom.sizes[-1] for a in range(n - 1))
+        return sum(dom.sizes) + sum(pair_cells[: n - 1]) + label * (label_pairs(calibrated.marginals.selection, n) > 0)
 
     def check_before_work(self, cfg, dim: int) -> None:
         dom = domain_of(cfg.table, cfg.marginals_bins)

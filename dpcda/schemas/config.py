@@ -178,8 +178,10 @@ class ReleaseConfig(BaseModel):
         le=1e6,
         description="p3gm: weight of the label cross-entropy in the VAE loss (default: sqrt(d), mechanisms.p3gm)",
     )
-    marginals_selection: Literal["mst"] = Field(
-        "mst", description="marginals: how the measured pairs of columns are picked (mst: a spanning tree, MST)"
+    marginals_selection: Literal["mst", "mst-label"] = Field(
+        "mst",
+        description="marginals: which pairs of columns are measured (mst: a spanning tree picked by the exponential "
+        "mechanism, MST; mst-label: that tree and the label's pair with every column, measured from the same share)",
     )
     marginals_bins: int = Field(
         20, ge=2, le=1024, description="marginals: equal bins of each numeric column's declared bounds"

@@ -190,7 +190,10 @@ class MarginalsMechanism(_Frozen):
     two_way_noise_std: float = Field(description="Gaussian noise std on every two-way count of a picked pair")
     selection_rounds: int
     round_epsilon: float = Field(description="epsilon of each exponential-mechanism round (epsilon^2/8 zCDP)")
-    cliques: list[list[str]] = Field(description="the pairs of columns picked, in order (DP: the selection's output)")
+    cliques: list[list[str]] = Field(
+        description="the pairs of columns measured: the picked ones in order (DP: the selection's output), then with "
+        "selection mst-label the label's pair with every column (chosen in advance)"
+    )
     fit: dict = Field(description="the graphical model's estimator, iterations and total (DP)")
     sampling: str = Field(description="how the released rows are drawn from the fitted model (post-processing)")
 

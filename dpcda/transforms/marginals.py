@@ -58,7 +58,8 @@ class _FitFn(beam.DoFn):
 
 
 class FitAndSampleMarginals(_Synthesis):
-    """Marginals: counts by a combiner, then measured, fitted and sampled on one worker (``mechanisms.marginals``)."""
+    """Block -> pyarrow.Table (encoded features, label): counts by a combiner, then measured, fitted and sampled on one
+    worker (``mechanisms.marginals``); sets ``stated_plan`` (the plan with the measured pairs)."""
 
     def expand(self, blocks):
         cfg, common = self.cfg, self.common
