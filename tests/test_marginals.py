@@ -322,4 +322,5 @@ def test_the_manifest_states_the_selection_and_its_epsilon_recomputes(released):
     stated = privacy["components"]["marginals"] + privacy["components"]["class_histogram"]
     assert stated <= privacy["epsilon"] == 20 and stated >= 20 * (1 - 2e-3)
     assert sum(privacy["delta_breakdown"].values()) <= privacy["delta"]
+    assert privacy["delta_breakdown"]["pld_roundoff"] > 0  # the histogram's PLD reads at 99.9 % of its delta
     assert "row count is private" in privacy["neighbouring_relation"]

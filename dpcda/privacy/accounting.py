@@ -237,14 +237,17 @@ def account(
     # where the PLD reads an epsilon (the accountant's share, and the adaptive stages in poisson mode), it reads it at
     # (1 - PLD_ROUNDOFF_SHARE) of that share; the rest is listed as pld_roundoff
     kept = 1.0 - PLD_ROUNDOFF_SHARE if name == "pld" else 1.0
+    adaptive_kept = 1.0 - PLD_ROUNDOFF_SHARE if mode == "poisson" else 1.0  # adaptive_epsilon reads the PLD there
     breakdown = {"accountant": acc_delta * kept}
     for ev, d in events.adaptive:
         e = adaptive_epsilon(mode, ev, d)
         components[ev.name] = e
-        breakdown[ev.name] = d * kept
+        breakdown[ev.name] = d * adaptive_kept
         eps += e
-    if name == "pld":
-        breakdown["pld_roundoff"] = (acc_delta + sum(d for _, d in events.adaptive)) * PLD_ROUNDOFF_SHARE
+    adaptive_delta = sum(d for _, d in events.adaptive) if mode == "poisson" else 0.0
+    reserved = (acc_delta if name == "pld" else 0.0) + adaptive_delta
+    if name == "pld" or reserved > 0:
+        breakdown["pld_roundoff"] = reserved * PLD_ROUNDOFF_SHARE
     components.update({e.name: epsilon_of(mode, [e], acc_delta, name) for e in events.shared})
     if worst is not None:
         components[getattr(worst, "component", "mixing")] = epsilon_of(mode, [worst], acc_delta, name)
