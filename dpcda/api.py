@@ -213,6 +213,13 @@ def account(
         histogram_budget_share=histogram_budget_share,
         pca_budget_share=pca_budget_share,
     )
+    from dpcda.schemas.mechanism_params import PARAMS
+
+    if PARAMS[entry.name].needs_table:
+        raise CalibrationError(
+            f"{mechanism}: its budget is split over the table's columns and bins; dpcda account does not plan it "
+            "(a release states its split in the manifest)"
+        )
     if entry.fits_model:
         return _account_model(
             entry, class_size, epsilon, sigma_x, delta, clip, feature_dim, num_classes, {**p3gm_knobs, **shares}
@@ -226,6 +233,7 @@ def account(
             f"class_size {class_size} < mixing_order {mixing_order}: fixed mode "
             f"needs at least l records per {'class' if entry.groups == 'class' else 'dataset'}"
         )
+    _check_like_a_release(mechanism, mode, epsilon, sigma_x, delta, clip, num_classes, shares)
     settings = release_settings(
         mechanism=mechanism, mode=mode, epsilon=epsilon, sigma_x=sigma_x, delta=delta, clip=clip, **shares
     )
@@ -266,6 +274,8 @@ def account(
             "poisson: a release takes N_k, and so q and T_k, from its DP class histogram; this is for N_k = "
             "class_size, and the histogram's share is accounted alone (adaptive composition)"
         )
+    if settings.normalization == "exact":
+        notes.append("normalization exact: such a release is NOT end-to-end DP (end_to_end_dp: false)")
     if sigma_x is not None and planned.shares:
         notes.append(f"sigma_x given: the shares are of the reference budget epsilon={planned.budget_epsilon:g}")
     return {
@@ -300,6 +310,35 @@ def _share(share, with_std: bool) -> dict:
     if share.adaptive:
         out["adaptive"] = True
     return out
+
+
+def _check_like_a_release(mechanism, mode, epsilon, sigma_x, delta, clip, num_classes, shares) -> None:
+    """CalibrationError where a release with these settings would be refused by its config (the same one-line
+    message): account prints only what a release would run."""
+    from dpcda.privacy.calibration import CalibrationError
+    from dpcda.schemas.config import ConfigError, load_config
+
+    normalization = shares.get("normalization")
+    try:
+        load_config(
+            None,
+            dict(
+                input="(account)",
+                output="account/release",
+                mechanism=mechanism,
+                mode=mode,
+                epsilon=epsilon,
+                sigma_x=sigma_x,
+                delta=delta,
+                clip=clip,
+                num_classes=num_classes or 2,  # a stand-in where K is not given: no check here depends on it
+                normalization_file="(public statistics)" if normalization == "public" else None,
+                allow_exact_normalization=True if normalization == "exact" else None,
+                **shares,
+            ),
+        )
+    except ConfigError as err:
+        raise CalibrationError(str(err)) from None
 
 
 def _account_model(entry, n, epsilon, sigma_x, delta, clip, d, K, knobs) -> dict:

@@ -162,3 +162,28 @@ def test_the_audit_calibrates_as_account_does():
     assert r["sigma_x"] == out["sigma_x"]
     assert r["statistics_epsilon"] == {k: v["epsilon"] for k, v in out["shares"].items()}
     assert r["synthesis_epsilon"] == out["synthesis_epsilon"]
+
+
+@pytest.mark.parametrize(
+    "settings,needle",
+    [
+        ({"mode": "poisson", "sigma_x": 0.5, "num_classes": 10}, "sigma_x: poisson mode"),
+        ({"mode": "poisson", "epsilon": 1.0, "num_classes": 10, "normalization_budget_share": 0.45,
+          "histogram_budget_share": 0.1}, "normalization_budget_share"),
+        ({"mechanism": "local", "epsilon": 1.0, "projection": "dp-pca:3", "feature_dim": 10}, "projection"),
+        ({"epsilon": 1.0, "projection": "foo", "feature_dim": 10}, "projection"),
+    ],
+)  # fmt: skip
+def test_account_refuses_what_a_release_refuses(settings, needle):
+    from dpcda.api import account
+    from dpcda.privacy.calibration import CalibrationError
+
+    with pytest.raises(CalibrationError, match=needle):
+        account(**{"mechanism": "dpcda", "class_size": 6000, "samples_per_class": 6000, **settings})
+
+
+def test_account_says_an_exact_normalisation_is_not_end_to_end_dp():
+    from dpcda.api import account
+
+    out = account("dpcda", class_size=6000, samples_per_class=600, epsilon=1.0, normalization="exact")
+    assert "NOT end-to-end DP" in out["note"]

@@ -14,7 +14,7 @@ from tests.conftest import ROOT
 
 # The mechanisms' own modules and the registry may name mechanisms; the config looks a mechanism's rules up by name
 # (schemas/mechanism_params.py) and compares none.
-OWN = {"registry.py", "base.py", "dpcda.py", "dpmix.py", "local.py", "randproj.py", "p3gm.py"}
+OWN = {"registry.py", "base.py", "dpcda.py", "dpmix.py", "local.py", "randproj.py", "p3gm.py", "marginals.py"}
 NAME = "|".join(registry.NAMES)
 COMPARISON = re.compile(rf"""(==|!=)\s*["']({NAME})["']|["']({NAME})["']\s*(==|!=)|\bin\s*[(\[{{]\s*["']({NAME})["']""")
 

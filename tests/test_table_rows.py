@@ -257,3 +257,12 @@ def test_a_class_with_no_rows_spends_nothing_and_sets_no_noise():
     sigma = calibrate_parallel("poisson", events, target_epsilon=3.0, delta=1e-6, first=lambda e: e.class_size)
     assert sigma == pytest.approx(calibrate_noise("poisson", lambda s: events(s)[1:], target_epsilon=3.0, delta=1e-6))
     assert epsilon_of("poisson", events(sigma), 1e-6) <= 3.0
+
+
+def test_per_class_rows_of_another_length_than_the_classes_are_refused():
+    from dpcda.mechanisms import registry
+
+    with pytest.raises(ValueError):
+        registry.get("dpcda").synthesis_events(
+            "fixed", group_sizes=[100, 200, 300], samples=(10, 20), mixing_order=4, clip=1.0, sigma_x=1.0
+        )

@@ -43,6 +43,7 @@ class Calibrated:
     sigma_x: float
     per_group: tuple  # the synthesis' events, one per group (parallel composition)
     p3gm: Any = None  # mechanisms.plan.P3gmPlan
+    marginals: Any = None  # mechanisms.marginals.MarginalsPlan
 
 
 class Mechanism(abc.ABC):
@@ -61,6 +62,8 @@ class Mechanism(abc.ABC):
     projects: ClassVar[bool] = False  # every record is mapped by a public matrix (its norm is in the sensitivity)
     fits_model: ClassVar[bool] = False  # rows are sampled from a DP-fitted model (no noise on the rows themselves)
     paper_theorem: ClassVar[bool] = False  # seed 000's Theorem 1 (evaluation.paper) is stated beside the guarantee
+    normalizes: ClassVar[bool] = True  # its rows are z-scored (False: no statistics are computed or spent)
+    accountant: ClassVar[str] = ""  # the accountant of its events where not the mode's ('rdp': zCDP events)
 
     # ---------------------------------------------------------------- privacy
 

@@ -235,7 +235,10 @@ class Dpcda(Mechanism):
         """One MixingEvent per class; ``samples``: T_k of every class (a sequence) or one T_k for all."""
         l = mixing_order
         per_class = list(samples) if isinstance(samples, (list, tuple)) else [samples] * len(group_sizes)
-        return [MixingEvent(mode, max(int(s), l), int(t), l, clip, sigma_x) for s, t in zip(group_sizes, per_class)]
+        return [
+            MixingEvent(mode, max(int(s), l), int(t), l, clip, sigma_x)
+            for s, t in zip(group_sizes, per_class, strict=True)
+        ]
 
     def calibrate(self, events, budget: BudgetPlan, *, cfg, clip: float, **_) -> Calibrated:
         """sigma_x over EVERY class's event (parallel composition: the worst class sets it). With T_k equal across

@@ -15,7 +15,7 @@ import json
 import math
 import os
 from fractions import Fraction
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -102,6 +102,7 @@ class ReleasePlan:
     p3gm: Optional[P3gmPlan] = None
     budget: Optional[BudgetPlan] = None  # the planner's split of the budget (privacy.budget)
     class_rows_rule: str = "equal"  # the config's class_rows: how T is split into T_k ('equal' or 'proportional')
+    marginals: Any = None  # mechanisms.marginals.MarginalsPlan
 
     @property
     def mechanism_entry(self) -> Mechanism:
@@ -331,7 +332,7 @@ def budget_shares(cfg, dim: int) -> list[Share]:
         shares.append(
             Share("class_histogram", cfg.histogram_budget_share, dp_stats.HISTOGRAM_SENSITIVITY, adaptive=True)
         )
-    if cfg.normalization == "dp":
+    if cfg.normalization == "dp" and registry.get(cfg.mechanism).normalizes:
         shares.append(Share("normalization", cfg.normalization_budget_share, dp_stats.moments_sensitivity(dim, mode)))
     if cfg.pca_components is not None:
         shares.append(Share("pca_covariance", cfg.pca_budget_share, dp_stats.covariance_sensitivity(dim, mode)))
@@ -425,7 +426,10 @@ def build_plan(
     # Normalisation statistics.
     min_std = cfg.min_std * (cfg.feature_bounds[1] - cfg.feature_bounds[0])
     norm_std = None
-    if cfg.normalization == "dp":
+    normalization = cfg.normalization if mech.normalizes else "none"
+    if normalization == "none":  # rows that are not z-scored (counts on public bins): nothing computed or spent
+        mean, std = np.zeros(dim), np.ones(dim)
+    elif cfg.normalization == "dp":
         norm_std = planned.get("normalization").noise_std
         mean, std = dp_stats.feature_stats(
             n=n_public,
@@ -500,7 +504,7 @@ def build_plan(
         T_total * mixed_dim * (sigma_x > 0)
         + dim * (dim + 1) // 2 * (pca_std is not None)
         + T_total * K * (sigma_y > 0)
-        + 2 * dim * (cfg.normalization == "dp")
+        + 2 * dim * (normalization == "dp")
         + K * (mode == "poisson")
         + mech.extra_draws(calibrated, dim=dim, num_classes=K)
     )
@@ -516,6 +520,7 @@ def build_plan(
         ),
         delta,
         relation=mech.relation(mode),
+        accountant=mech.accountant or None,
     )
     if cfg.epsilon is not None and acc.epsilon > cfg.epsilon:
         raise AssertionError(f"calibration overshot: {acc.epsilon} > {cfg.epsilon}")  # never expected
@@ -542,10 +547,10 @@ def build_plan(
         sampling_rates=tuple(getattr(e, "exact_sampling_rate", Fraction(1)) for e in per_group),
         public_class_sizes=tuple(sizes_list) if mode == "fixed" else None,
         dp_class_sizes=tuple(int(x) for x in dp_sizes) if dp_sizes is not None else None,
-        normalization_method=cfg.normalization,
+        normalization_method=normalization,
         normalization_noise_std=norm_std,
         histogram_noise_std=hist.noise_std if hist else None,
-        normalization_share=cfg.normalization_budget_share if cfg.normalization == "dp" else None,
+        normalization_share=cfg.normalization_budget_share if normalization == "dp" else None,
         accounting=acc,
         records_public=max(int(n_public), l),
         end_to_end_dp=end_to_end,
@@ -564,6 +569,7 @@ def build_plan(
         p3gm=p3gm,
         budget=planned,
         class_rows_rule=cfg.class_rows,
+        marginals=calibrated.marginals,
     )
 
 

@@ -10,11 +10,12 @@ from dpcda.mechanisms.base import Mechanism
 from dpcda.mechanisms.dpcda import Dpcda
 from dpcda.mechanisms.dpmix import Dpmix
 from dpcda.mechanisms.local import Local
+from dpcda.mechanisms.marginals import Marginals
 from dpcda.mechanisms.p3gm import P3gm
 from dpcda.mechanisms.randproj import Randproj
 from dpcda.privacy.errors import DpcdaError
 
-_ENTRIES: tuple[Mechanism, ...] = (Dpcda(), Dpmix(), Local(), Randproj(), P3gm())
+_ENTRIES: tuple[Mechanism, ...] = (Dpcda(), Dpmix(), Local(), Randproj(), P3gm(), Marginals())
 MECHANISMS: dict[str, Mechanism] = {m.name: m for m in _ENTRIES}
 NAMES: tuple[str, ...] = tuple(MECHANISMS)
 

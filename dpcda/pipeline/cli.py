@@ -226,11 +226,12 @@ def cmd_release(args, beam_args) -> int:
 
 
 def _noise_summary(mechanism: dict) -> dict:
-    """The release's headline noise: sigma_x, or p3gm's DP-SGD noise multiplier (``mechanism``: the manifest's
-    section as JSON)."""
+    """The release's headline noise: sigma_x, p3gm's DP-SGD noise multiplier, or the marginals' zCDP rho."""
     if "sigma_x" in mechanism:
         return {"sigma_x": mechanism["sigma_x"]}
-    return {"noise_multiplier": mechanism["dp_sgd"]["noise_multiplier"]}
+    if "dp_sgd" in mechanism:
+        return {"noise_multiplier": mechanism["dp_sgd"]["noise_multiplier"]}
+    return {"rho": mechanism["rho"]}
 
 
 def cmd_prepare(args, _beam_args) -> int:

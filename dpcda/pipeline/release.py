@@ -116,7 +116,8 @@ def build_pipeline(
         else None
     )
     basis = blocks | "ComputeDpBasis" >> ComputeDpBasis(plan, key) if cfg.pca_components else None
-    synthetic = blocks | "Synthesize" >> synthesis_transform(mech)(plan, key, cfg, basis, common)
+    synthesis = synthesis_transform(mech)(plan, key, cfg, basis, common)
+    synthetic = blocks | "Synthesize" >> synthesis
     if joined is not None:
         synthetic = (synthetic, joined) | "BothPaths" >> beam.Flatten()
     out_dim = mech.output_dim(cfg, dim)
@@ -135,7 +136,7 @@ def build_pipeline(
     )
     return files_written | "WriteDraftManifest" >> WriteDraftManifest(
         target.workdir,
-        plan,
+        synthesis.stated_plan if synthesis.stated_plan is not None else plan,
         functools.partial(build_manifest, cfg, input_info, prefix=target.prefix),
         prefix=target.prefix,
     )

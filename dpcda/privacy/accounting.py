@@ -52,6 +52,7 @@ RELATION_WORDS = {
     ),
     "poisson": "add or remove one record (features and label)",
     "dpmix/fixed": ("replace one record (features and label) with any other record; the dataset size is public"),
+    "marginals/poisson": "add or remove one record (all its columns, the label included); the row count is private",
 }
 
 
@@ -209,36 +210,47 @@ def _distinct(events: Sequence[MixingEvent]) -> list[MixingEvent]:
 
 
 def account(
-    events: ReleaseEvents, delta: float, *, cross_check: bool = True, relation: Optional[str] = None
+    events: ReleaseEvents,
+    delta: float,
+    *,
+    cross_check: bool = True,
+    relation: Optional[str] = None,
+    accountant: Optional[str] = None,
 ) -> Accounting:
-    """Epsilon at ``delta`` of a release: adaptive stages + max over classes of shared o class mixing."""
+    """Epsilon at ``delta`` of a release: adaptive stages + max over classes of shared o class mixing.
+
+    ``accountant``: 'rdp' where a mechanism's events are zCDP (the marginals' selection rounds, which the PLD
+    accountant does not take); default the mode's own. Adaptive stages are accounted alone as ever."""
     mode = events.mode
-    name = ACCOUNTANT_BY_MODE[mode]
+    name = accountant or ACCOUNTANT_BY_MODE[mode]
     acc_delta = accountant_delta(delta, [d for _, d in events.adaptive])
     if name == "pld":
         for group in [[*events.shared, ev] for ev in _distinct(events.per_class)] or [events.shared]:
             check_pld_delta(acc_delta, group, stated=delta)
     worst = None
-    eps = epsilon_of(mode, events.shared, acc_delta) if events.shared else 0.0
+    eps = epsilon_of(mode, events.shared, acc_delta, name) if events.shared else 0.0
     for ev in _distinct(events.per_class):
-        e = epsilon_of(mode, [*events.shared, ev], acc_delta)
+        e = epsilon_of(mode, [*events.shared, ev], acc_delta, name)
         if worst is None or e > eps:
             worst, eps = ev, e
     components = {}
     # where the PLD reads an epsilon (the accountant's share, and the adaptive stages in poisson mode), it reads it at
     # (1 - PLD_ROUNDOFF_SHARE) of that share; the rest is listed as pld_roundoff
     kept = 1.0 - PLD_ROUNDOFF_SHARE if name == "pld" else 1.0
+    adaptive_kept = 1.0 - PLD_ROUNDOFF_SHARE if mode == "poisson" else 1.0  # adaptive_epsilon reads the PLD there
     breakdown = {"accountant": acc_delta * kept}
     for ev, d in events.adaptive:
         e = adaptive_epsilon(mode, ev, d)
         components[ev.name] = e
-        breakdown[ev.name] = d * kept
+        breakdown[ev.name] = d * adaptive_kept
         eps += e
-    if name == "pld":
-        breakdown["pld_roundoff"] = (acc_delta + sum(d for _, d in events.adaptive)) * PLD_ROUNDOFF_SHARE
-    components.update({e.name: epsilon_of(mode, [e], acc_delta) for e in events.shared})
+    adaptive_delta = sum(d for _, d in events.adaptive) if mode == "poisson" else 0.0
+    reserved = (acc_delta if name == "pld" else 0.0) + adaptive_delta
+    if name == "pld" or reserved > 0:
+        breakdown["pld_roundoff"] = reserved * PLD_ROUNDOFF_SHARE
+    components.update({e.name: epsilon_of(mode, [e], acc_delta, name) for e in events.shared})
     if worst is not None:
-        components[getattr(worst, "component", "mixing")] = epsilon_of(mode, [worst], acc_delta)
+        components[getattr(worst, "component", "mixing")] = epsilon_of(mode, [worst], acc_delta, name)
     spent = 0.0
     if math.isfinite(eps):  # infinite epsilon: no guarantee for the sampler to weaken
         spent = sampler_delta(eps, gaussian_draws=events.gaussian_draws, binomial_draws=events.binomial_draws)
@@ -249,7 +261,7 @@ def account(
         )
     breakdown["sampler"] = spent
     checks = {}
-    if cross_check and mode == "poisson" and worst is not None:
+    if cross_check and name == "pld" and worst is not None:
         rest = epsilon_of(mode, [*events.shared, worst], acc_delta, accountant="rdp")
         checks["rdp"] = rest + sum(components[ev.name] for ev, _ in events.adaptive)
     return Accounting(

@@ -24,14 +24,22 @@ class CalibrationError(DpcdaError, ValueError):
     """The target cannot be met (e.g. the shared events alone exceed it)."""
 
 
-def _search(mode: Mode, make_event, target_epsilon: float, delta: float, stated: float | None = None) -> float:
+def _search(
+    mode: Mode,
+    make_event,
+    target_epsilon: float,
+    delta: float,
+    stated: float | None = None,
+    accountant: str | None = None,
+) -> float:
     """Smallest exp(x) with epsilon(make_event(exp(x))) <= target, within LOG_TOL in x.
 
     Two stages, both through ``dp_accounting.calibrate_dp_mechanism``: a coarse RDP search (fewer
     orders, so its epsilon is never below the final accountant's) gives a feasible upper end; the
     mode's own accountant then searches just below it.
     """
-    if ACCOUNTANT_BY_MODE[mode] == "pld":
+    final = accountant or ACCOUNTANT_BY_MODE[mode]
+    if final == "pld":
         check_pld_delta(delta, make_event(1.0), stated=stated)
     lo, hi = LOG_BRACKET
     ceiling = epsilon_of(mode, make_event(math.exp(hi)), delta, accountant="rdp-coarse")
@@ -60,9 +68,9 @@ def _search(mode: Mode, make_event, target_epsilon: float, delta: float, stated:
     lower = upper - math.log(1.5)
     for _ in range(6):
         try:
-            return math.exp(run(ACCOUNTANT_BY_MODE[mode], lower, upper, LOG_TOL))
+            return math.exp(run(final, lower, upper, LOG_TOL))
         except ValueError:  # no sign change: the lower end already meets the target
-            if epsilon_of(mode, make_event(math.exp(lower)), delta) > target_epsilon:
+            if epsilon_of(mode, make_event(math.exp(lower)), delta, final) > target_epsilon:
                 raise
             upper, lower = lower, lower - math.log(1.5)
     return math.exp(upper)  # feasible (checked above): conservative by at most 1.5x
@@ -170,20 +178,25 @@ def calibrate_noise(
     shared: Sequence[Event] = (),
     scale: float = 1.0,
     stated_delta: float | None = None,
+    accountant: str | None = None,
 ) -> float:
     """Smallest s * ``scale`` such that ``[*shared, *make_events(s * scale)]`` spends at most ``target_epsilon``.
 
     Mechanism-agnostic: ``make_events(sigma)`` returns the mechanism's events at noise ``sigma``. ``delta`` is the
     accountant's; ``stated_delta``, the release's (of which ``delta`` is a share), only words a refusal.
+    ``accountant``: the one the release is accounted with, where it is not the mode's ('rdp' for zCDP events).
     """
     if target_epsilon is None or target_epsilon <= 0 or not math.isfinite(target_epsilon):
         raise CalibrationError(f"epsilon must be a positive finite number, got {target_epsilon}")
-    if shared and epsilon_of(mode, shared, delta) >= target_epsilon:
+    if shared and epsilon_of(mode, shared, delta, accountant) >= target_epsilon:
         raise CalibrationError(
-            f"the statistics releases alone spend epsilon {epsilon_of(mode, shared, delta):.4g} "
+            f"the statistics releases alone spend epsilon {epsilon_of(mode, shared, delta, accountant):.4g} "
             f">= target {target_epsilon}; lower their budget share"
         )
-    return _search(mode, lambda s: [*shared, *make_events(s * scale)], target_epsilon, delta, stated_delta) * scale
+    return (
+        _search(mode, lambda s: [*shared, *make_events(s * scale)], target_epsilon, delta, stated_delta, accountant)
+        * scale
+    )
 
 
 def calibrate_parallel(
@@ -235,6 +248,10 @@ def calibrate_parallel(
         )
     if sigma is None:
         raise CalibrationError("calibration needs at least one group of events")
+    # the groups kept on the way are checked again at the noise returned (the argument above, verified)
+    late = [g for g in order if epsilon_of(mode, [*shared, make_groups(sigma)[g]], delta) > target_epsilon]
+    if late:
+        raise CalibrationError(f"calibration: group {late[0]} spends more than the target at the noise found")
     return sigma
 
 

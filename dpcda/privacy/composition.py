@@ -53,6 +53,7 @@ from dpcda.privacy.events import (
     DpSgdEvent,
     GaussianStatsEvent,
     IteratedGaussianEvent,
+    MarginalsEvent,
     MixingEvent,
     NonPrivateEvent,
     PerturbEvent,
@@ -69,6 +70,7 @@ EVENT_TYPES = {
         NonPrivateEvent,
         IteratedGaussianEvent,
         DpSgdEvent,
+        MarginalsEvent,
     )
 }
 FAMILY = {"fixed": "replace-one", "poisson": "add/remove"}
@@ -228,7 +230,8 @@ def compose(claims: Sequence[Claim]) -> Composition:
             "statement; keep one mode per dataset id"
         )
     keys = list(dict.fromkeys(c.relation for c in claims))
-    relation = RELATION_WORDS[keys[0]] if len(keys) == 1 else RELATION_WORDS["fixed"]
+    # several relations of one family: the family's own words (fixed: replace within a class; poisson: add/remove)
+    relation = RELATION_WORDS[keys[0]] if len(keys) == 1 else RELATION_WORDS[claims[0].mode]
     summed = sum(c.epsilon for c in claims)
     delta = sum(c.delta for c in claims)
     tight = [c for c in claims if c.mode == "fixed" and c.events is not None]

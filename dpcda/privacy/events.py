@@ -248,6 +248,70 @@ class DpSgdEvent:
         return dp_accounting.SelfComposedDpEvent(one, self.steps)
 
 
+@dataclasses.dataclass(frozen=True)
+class MarginalsEvent:
+    """A marginal-based synthesis (MST), under add/remove: noisy counts, and exponential-mechanism selection rounds.
+
+    ``one_way`` marginals (every column's), then ``rounds`` exponential-mechanism rounds at ``round_epsilon`` (each
+    picks one pair of columns; the scores have sensitivity 1), then ``two_way`` marginals (the picked pairs). A record
+    lies in exactly one cell of a marginal, so adding or removing it moves each marginal by 1 in L2: each is one
+    Gaussian of noise multiplier its std. A round at epsilon is epsilon-DP and epsilon^2/8-zCDP (the exponential
+    mechanism is epsilon-bounded range: Cesar and Rogers 2021), a ``ZCDpEvent``; dp_accounting's RDP accountant
+    composes both.
+    """
+
+    name: str
+    one_way: int
+    one_way_std: float
+    rounds: int
+    round_epsilon: float
+    two_way: int
+    two_way_std: float
+    component = "marginals"
+
+    @property
+    def round_rho(self) -> float:
+        """epsilon^2/8, rounded up."""
+        return math.nextafter(self.round_epsilon**2 / 8.0, math.inf) if self.round_epsilon > 0 else 0.0
+
+    @property
+    def rho(self) -> float:
+        """The zCDP of the whole event (informational: the accountant composes the parts)."""
+        if not (self.one_way_std > 0 and self.two_way_std > 0) or not self.round_epsilon > 0:
+            return math.inf
+        return (
+            self.one_way / (2 * self.one_way_std**2)
+            + self.rounds * self.round_rho
+            + self.two_way / (2 * self.two_way_std**2)
+        )
+
+    @property
+    def noise_multiplier(self) -> float:
+        """Of the one Gaussian with the same zCDP (1 / sqrt(2 rho)); informational."""
+        return 1.0 / math.sqrt(2.0 * self.rho) if math.isfinite(self.rho) and self.rho > 0 else 0.0
+
+    def to_dp_event(self) -> dp_accounting.DpEvent:
+        parts = []
+        for count, event in (
+            (self.one_way, _gaussian(self.one_way_std)),
+            (self.rounds, dp_accounting.ZCDpEvent(self.round_rho) if self.round_epsilon > 0 else None),
+            (self.two_way, _gaussian(self.two_way_std)),
+        ):
+            if count == 0:
+                continue
+            if event is None or isinstance(event, dp_accounting.NonPrivateDpEvent):
+                return dp_accounting.NonPrivateDpEvent()
+            parts.append(dp_accounting.SelfComposedDpEvent(event, count))
+        return dp_accounting.ComposedDpEvent(parts) if parts else dp_accounting.NoOpDpEvent()
+
+
 Event = (
-    MixingEvent | DpmixEvent | PerturbEvent | GaussianStatsEvent | NonPrivateEvent | IteratedGaussianEvent | DpSgdEvent
+    MixingEvent
+    | DpmixEvent
+    | PerturbEvent
+    | GaussianStatsEvent
+    | NonPrivateEvent
+    | IteratedGaussianEvent
+    | DpSgdEvent
+    | MarginalsEvent
 )

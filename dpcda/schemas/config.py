@@ -46,7 +46,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "mechanism", "mixing_order", "samples", "class_rows", "sigma_y", "label_noise_ratio", "projection",
         "projection_dim", "projection_seed", "p3gm_latent_dim", "p3gm_components", "p3gm_em_iterations",
         "p3gm_em_budget_share", "p3gm_epochs", "p3gm_batch", "p3gm_lr", "p3gm_grad_clip", "p3gm_hidden",
-        "p3gm_encoder_hidden", "p3gm_label_weight",
+        "p3gm_encoder_hidden", "p3gm_label_weight", "marginals_selection", "marginals_bins", "marginals_iters",
     ),
     "postprocess": ("soft_labels", "lowpass", "image_shape", "denoise"),
     "scale": ("chunk_rows", "max_class_bytes", "mixing_path", "join_block_rows", "device", "noise_threads"),
@@ -57,7 +57,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 
 
 # The names of mechanisms.registry (schemas sit below mechanisms; tests/test_registry.py checks the two agree).
-MechanismName = Literal["dpcda", "dpmix", "local", "randproj", "p3gm"]
+MechanismName = Literal["dpcda", "dpmix", "local", "randproj", "p3gm", "marginals"]
 MECHANISM_NAMES: tuple[str, ...] = get_args(MechanismName)
 
 
@@ -75,7 +75,8 @@ class ReleaseConfig(BaseModel):
         description=(
             "dpcda: class-centric mixing (seed 000); dpmix: mixing across the whole dataset, labels included "
             "(seed 001); local: each record plus noise; randproj: each record randomly projected, plus noise; "
-            "p3gm: a generative model (seed 004: DP-PCA, DP-EM prior, VAE trained with DP-SGD), rows sampled from it"
+            "p3gm: a generative model (seed 004: DP-PCA, DP-EM prior, VAE trained with DP-SGD), rows sampled from it; "
+            "marginals: tables only, a graphical model fitted to noisy one- and two-way counts (MST), rows sampled"
         ),
     )
     mode: Literal["fixed", "poisson"] = Field(
@@ -187,6 +188,17 @@ class ReleaseConfig(BaseModel):
         gt=0,
         le=1e6,
         description="p3gm: weight of the label cross-entropy in the VAE loss (default: sqrt(d), mechanisms.p3gm)",
+    )
+    marginals_selection: Literal["mst", "mst-label"] = Field(
+        "mst",
+        description="marginals: which pairs of columns are measured (mst: a spanning tree picked by the exponential "
+        "mechanism, MST; mst-label: that tree and the label's pair with every column, measured from the same share)",
+    )
+    marginals_bins: int = Field(
+        20, ge=2, le=1024, description="marginals: equal bins of each numeric column's declared bounds"
+    )
+    marginals_iters: int = Field(
+        1000, ge=1, le=100_000, description="marginals: mirror-descent iterations of the graphical model's fit (mbi)"
     )
     min_std: float = Field(0.01, gt=0, description="std floor, as a fraction of the feature range")
 
@@ -335,6 +347,8 @@ class ReleaseConfig(BaseModel):
         "lowpass",
         "projection_dim",
         "projection_seed",
+        "marginals_bins",
+        "marginals_iters",
         mode="before",
     )
     @classmethod
@@ -396,6 +410,8 @@ class ReleaseConfig(BaseModel):
                 f"feature_bounds: {lo:g},{hi:g} is too wide (|bounds| and hi - lo must be at most 1e30; "
                 f"the z-score would overflow)"
             )
+        if self.params.needs_table and self.table is None:
+            raise ValueError(f"table: {self.params.needs_table}")
         if self.epsilon is None and self.sigma_x is None:
             raise ValueError("epsilon: give a target epsilon (or an explicit sigma_x)")
         if self.epsilon is not None and self.sigma_x is not None:

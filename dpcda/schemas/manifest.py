@@ -182,6 +182,31 @@ class P3gmMechanism(_Frozen):
     sampling: str = Field(description="how the released rows are drawn from the fitted model (post-processing)")
 
 
+class MarginalsMechanism(_Frozen):
+    """Marginals (MST): noisy one- and two-way counts on public bins, a graphical model (mbi) fitted and sampled."""
+
+    name: Literal["marginals"]
+    mode: Literal["poisson"]
+    selection: str = Field(description="how the pairs were picked (mst: exponential-mechanism rounds, a spanning tree)")
+    num_classes: int
+    samples_total: int
+    dataset_size_dp: Optional[int] = Field(None, description="DP estimate of N (the class histogram's sum)")
+    bins: int = Field(description="equal bins of each numeric column's declared [lower, upper]")
+    columns: dict[str, int] = Field(description="codes per column (a nullable column's null is one), the label last")
+    rho: float = Field(description="zCDP of the measurements and the selection together")
+    rho_split: dict[str, float] = Field(description="zCDP of the one-way counts, the selection, the two-way counts")
+    one_way_noise_std: float = Field(description="Gaussian noise std on every one-way count (sensitivity 1 each)")
+    two_way_noise_std: float = Field(description="Gaussian noise std on every two-way count of a picked pair")
+    selection_rounds: int
+    round_epsilon: float = Field(description="epsilon of each exponential-mechanism round (epsilon^2/8 zCDP)")
+    cliques: list[list[str]] = Field(
+        description="the pairs of columns measured: the picked ones in order (DP: the selection's output), then with "
+        "selection mst-label the label's pair with every column (chosen in advance)"
+    )
+    fit: dict = Field(description="the graphical model's estimator, iterations and total (DP)")
+    sampling: str = Field(description="how the released rows are drawn from the fitted model (post-processing)")
+
+
 def _mechanism_name(value) -> str:
     """The union's tag; manifests written before the mechanism family have none and are DP-CDA."""
     if isinstance(value, dict):
@@ -194,13 +219,16 @@ Mechanism = Annotated[
     | Annotated[DpmixMechanism, Tag("dpmix")]
     | Annotated[LocalMechanism, Tag("local")]
     | Annotated[RandprojMechanism, Tag("randproj")]
-    | Annotated[P3gmMechanism, Tag("p3gm")],
+    | Annotated[P3gmMechanism, Tag("p3gm")]
+    | Annotated[MarginalsMechanism, Tag("marginals")],
     Discriminator(_mechanism_name),
 ]
 
 
 class Normalization(_Frozen):
-    method: Literal["dp", "public", "exact"]
+    method: Literal["dp", "public", "exact", "none"] = Field(
+        description="the z-score statistics: dp, public, exact, or none (rows not z-scored: marginals' counts)"
+    )
     feature_bounds: tuple[float, float]
     out_of_bounds: Literal["clip", "refuse"]
     min_std: float

@@ -31,6 +31,7 @@ class MechanismParams:
     soft_labels_always: ClassVar[bool] = False  # always releases the K label scores
     needs_num_classes: ClassVar[str] = ""  # why num_classes is required ('' when it is not)
     no_table: ClassVar[str] = ""  # why a table input is refused ('' when it is allowed)
+    needs_table: ClassVar[str] = ""  # why only a table input is taken ('' when any input is)
     no_image_postprocessing: ClassVar[str] = ""  # why lowpass/denoise are refused ('' when allowed)
 
     @classmethod
@@ -175,7 +176,46 @@ class P3gmParams(MechanismParams):
         return cfg.pca_budget_share + cfg.p3gm_em_budget_share
 
 
+class MarginalsParams(MechanismParams):
+    name = "marginals"
+    own = ("marginals_selection", "marginals_bins", "marginals_iters")
+    prefix = "marginals_"
+    modes = ("poisson",)
+    default_mode = "poisson"  # counts under add/remove only: the row count stays private
+    mixes = False
+    needs_table = (
+        "marginals counts a table's columns on its public schema; give a table: section (docs/tables.md); image and "
+        "vector inputs are not offered"
+    )
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        """(mixing_order is not read: a table config written for a mixing mechanism runs with --mechanism marginals.)"""
+        if cfg.mode != "poisson":
+            raise ValueError("mode: marginals is accounted under add/remove only (mode poisson, its default)")
+        if cfg.epsilon is None:
+            raise ValueError("epsilon: marginals calibrates its counts' noise to a target epsilon (no --sigma-x)")
+        if cfg.normalization != "dp" or cfg.normalization_file is not None:
+            raise ValueError("normalization: marginals counts codes on public bins and z-scores nothing (leave it out)")
+        if cfg.mixing_path != "auto":
+            raise ValueError(
+                "mixing_path: marginals does not mix records (its counts take the same memory for any rows)"
+            )
+        if cfg.sigma_y:
+            raise ValueError("sigma_y: dpcda only")
+        if cfg.projection is not None:
+            raise ValueError("projection: not available with marginals")
+        if cfg.audit or cfg.membership_audit:
+            raise ValueError(
+                f"{'audit' if cfg.audit else 'membership_audit'}: no audit game is offered for marginals yet"
+            )
+
+    @classmethod
+    def statistics_shares(cls, cfg) -> float:
+        return 0.0  # no z-score statistics: the normalisation's share is not spent
+
+
 PARAMS: dict[str, type[MechanismParams]] = {
-    cls.name: cls for cls in (DpcdaParams, DpmixParams, LocalParams, RandprojParams, P3gmParams)
+    cls.name: cls for cls in (DpcdaParams, DpmixParams, LocalParams, RandprojParams, P3gmParams, MarginalsParams)
 }
 OWNER: dict[str, str] = {field: cls.name for cls in PARAMS.values() for field in cls.own}  # field -> its mechanism

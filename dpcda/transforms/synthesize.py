@@ -16,9 +16,13 @@ from dpcda.transforms.p3gm import FitP3gm, SampleP3gm
 
 
 class _Synthesis(beam.PTransform):
+    """``stated_plan``: None, or (set by ``expand``) the plan completed with DP choices the synthesis made from the data
+    (marginals' picked pairs), which the manifest states instead of the plan."""
+
     def __init__(self, plan, key, cfg, basis, common: dict):
         super().__init__()
         self.plan, self.key, self.cfg, self.basis, self.common = plan, key, cfg, basis, common
+        self.stated_plan = None
 
 
 class MixClasses(_Synthesis):

@@ -1,0 +1,80 @@
+"""The marginals stages (mechanisms.marginals holds the logic).
+
+CountMarginals: Block -> one flat int64 array of every one-way and two-way count (a combiner: its accumulator is the
+count arrays, whatever the number of rows). FitMarginalsFn: the counts + plan + key -> the noisy measurements, the
+picked pairs, the fitted model and its sampled rows as pyarrow.Tables, on one worker; its second output is the plan
+completed with the picks (DP), which the manifest states.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+from dpcda.mechanisms.marginals import MarginalCounter, codes_of, domain_of, fit_and_sample, integer_columns
+from dpcda.transforms.mix import check_build, finite_table
+from dpcda.transforms.synthesize import _Synthesis
+
+
+class _CountFn(beam.CombineFn):
+    """Block -> the counts of ``MarginalCounter`` (its accumulator: the count arrays, merged by addition)."""
+
+    def __init__(self, schema, bins: int):
+        self.schema, self.bins = schema, bins
+        self.counter = MarginalCounter(domain_of(schema, bins))
+
+    def create_accumulator(self):
+        return self.counter.create()
+
+    def add_input(self, acc, block):
+        return self.counter.add(acc, codes_of(block.features, block.labels, self.schema, self.bins))
+
+    def merge_accumulators(self, accs):
+        return self.counter.merge(accs)
+
+    def extract_output(self, acc):
+        return acc
+
+
+class _FitFn(beam.DoFn):
+    STATED = "stated"
+
+    def __init__(self, schema, integers, chunk_rows: int, features_column: str, label_column: str, expected_build=None):
+        self.schema, self.integers, self.chunk_rows, self.expected_build = schema, integers, chunk_rows, expected_build
+        self.fc, self.lc = features_column, label_column
+        self.rows_written = Metrics.counter("dpcda", "rows_synthesized")
+
+    def setup(self):
+        check_build(self.expected_build)
+
+    def process(self, counts, plan, key):
+        stated, chunks = fit_and_sample(counts, plan, self.schema, key, self.chunk_rows, self.integers)
+        yield beam.pvalue.TaggedOutput(self.STATED, dataclasses.replace(plan, marginals=stated))
+        for i, (x, y) in enumerate(chunks):
+            self.rows_written.inc(len(y))
+            yield finite_table(x, y, self.fc, self.lc, soft=False, where=f"marginals chunk {i}")
+
+
+class FitAndSampleMarginals(_Synthesis):
+    """Block -> pyarrow.Table (encoded features, label): counts by a combiner, then measured, fitted and sampled on one
+    worker (``mechanisms.marginals``); sets ``stated_plan`` (the plan with the measured pairs)."""
+
+    def expand(self, blocks):
+        cfg, common = self.cfg, self.common
+        counts = blocks | "CountMarginals" >> beam.CombineGlobally(_CountFn(cfg.table, cfg.marginals_bins))
+        out = counts | "FitMarginals" >> beam.ParDo(
+            _FitFn(
+                cfg.table,
+                integer_columns(cfg),  # the input's footer, read here in the launcher
+                cfg.chunk_rows,
+                common["features_column"],
+                common["label_column"],
+                common["expected_build"],
+            ),
+            beam.pvalue.AsSingleton(self.plan),
+            beam.pvalue.AsSingleton(self.key),
+        ).with_outputs(_FitFn.STATED, main="tables")
+        self.stated_plan = out[_FitFn.STATED]
+        return out.tables

@@ -1,0 +1,330 @@
+"""The marginals mechanism (MST on tables): codes, counts, the exact exponential mechanism, accounting, a release."""
+
+from __future__ import annotations
+
+import math
+import pickle
+from fractions import Fraction
+
+import dp_accounting
+import numpy as np
+import pyarrow as pa
+import pytest
+from dp_accounting import rdp
+from scipy import stats
+
+from dpcda.mechanisms import marginals as mg
+from dpcda.mechanisms.base import PlanError
+from dpcda.privacy.accounting import RDP_ORDERS
+from dpcda.privacy.exponential import Bits, bernoulli, bernoulli_exp, exact_epsilon, exponential_mechanism
+from dpcda.privacy.noise import NoiseStream, key_from_test_seed
+from dpcda.schemas.config import ConfigError, load_config
+from dpcda.schemas.table import parse_table_schema
+from dpcda.storage.tables import decode_rows, decode_uniforms, encode_batch
+from tests.test_tables import SCHEMA, make_table
+
+KEY = key_from_test_seed(1234)
+P_MIN = 1e-4  # every statistical test below fails falsely with probability about 1e-4 (fixed keys: reproducible)
+
+
+def bits(*path) -> Bits:
+    return Bits(NoiseStream(KEY, "test", *path))
+
+
+# ---------------------------------------------------------------- the exact samplers
+
+
+def test_bernoulli_of_a_rational_has_its_probability():
+    for p, n in ((Fraction(1, 3), 6000), (Fraction(0), 200), (Fraction(1), 200), (Fraction(7, 2**70), 200)):
+        b = bits("bernoulli", str(p))
+        hits = sum(bernoulli(b, p) for _ in range(n))
+        if p in (0, 1):
+            assert hits == n * p
+        else:
+            assert stats.binomtest(hits, n, float(p)).pvalue >= P_MIN
+    with pytest.raises(ValueError):
+        bernoulli(bits("x"), Fraction(3, 2))
+
+
+@pytest.mark.parametrize("gamma", [Fraction(0), Fraction(3, 10), Fraction(1), Fraction(5, 2)])
+def test_bernoulli_exp_is_exp_minus_gamma(gamma):
+    b, n = bits("exp", str(gamma)), 6000
+    hits = sum(bernoulli_exp(b, gamma) for _ in range(n))
+    if gamma == 0:
+        assert hits == n
+    else:
+        assert stats.binomtest(hits, n, math.exp(-gamma)).pvalue >= P_MIN
+
+
+def test_the_exponential_mechanism_has_its_distribution():
+    """Chi-square of 20,000 draws against exp(eps q / 2): a wrong factor (eps q, or no 1/2) fails by thousands."""
+    scores = [Fraction(0), Fraction(1), Fraction(2), Fraction(5), Fraction(11, 2)]
+    b, n = bits("em"), 20000
+    draws = np.bincount(
+        [exponential_mechanism(scores, epsilon=Fraction(1), sensitivity=Fraction(1), bits=b) for _ in range(n)],
+        minlength=len(scores),
+    )
+    w = np.exp(np.array([float(s) for s in scores]) / 2.0)
+    expected = n * w / w.sum()
+    assert stats.chisquare(draws, expected).pvalue >= P_MIN
+    wrong = n * np.exp(np.array([float(s) for s in scores])) / np.exp(np.array([float(s) for s in scores])).sum()
+    assert stats.chisquare(draws, wrong).pvalue < 1e-12  # the test can tell the factor 1/2 apart
+
+
+def test_the_sampler_is_a_function_of_the_stream_and_refuses_nonsense():
+    scores = [Fraction(k) for k in range(40)]
+    one = [exponential_mechanism(scores, epsilon=Fraction(1, 4), sensitivity=Fraction(1), bits=bits("s")) for _ in "ab"]
+    b = bits("s")
+    two = [exponential_mechanism(scores, epsilon=Fraction(1, 4), sensitivity=Fraction(1), bits=b) for _ in "ab"]
+    assert one[0] == two[0]  # the same stream draws the same candidate
+    with pytest.raises(ValueError):
+        exponential_mechanism(scores, epsilon=Fraction(0), sensitivity=Fraction(1), bits=b)
+    with pytest.raises(ValueError):
+        exponential_mechanism([], epsilon=Fraction(1), sensitivity=Fraction(1), bits=b)
+    assert exact_epsilon(0.3) <= Fraction(0.3) and Fraction(0.3) - exact_epsilon(0.3) < Fraction(1, 2**30)
+    assert exact_epsilon(0.3).denominator <= 2**30
+
+
+# ---------------------------------------------------------------- codes and counts
+
+
+def _encoded(n=400, seed=0):
+    schema = parse_table_schema(SCHEMA)
+    table = make_table(n, seed)
+    block = encode_batch(table, schema, "t.parquet", 0)
+    return schema, table, block
+
+
+def test_codes_are_the_public_bins_of_each_column():
+    schema, table, block = _encoded()
+    codes = mg.codes_of(block.features, block.labels, schema, 20)
+    dom = mg.domain_of(schema, 20)
+    assert dom.names == ("tenure", "charges", "contract", "senior", "paperless", "churn")
+    assert dom.sizes == (20, 21, 3, 2, 3, 2)
+    tenure = np.array(table.column("tenure").to_pylist(), np.float64)
+    assert np.array_equal(codes[:, 0], np.minimum(np.floor(tenure / 72 * 20), 19))
+    charges = table.column("charges").to_pylist()
+    want = [20 if v is None else min(int(v / 150 * 20), 19) for v in charges]
+    assert np.array_equal(codes[:, 1], want)
+    cats = ["monthly", "yearly", "two-year"]
+    assert np.array_equal(codes[:, 2], [cats.index(v) for v in table.column("contract").to_pylist()])
+    assert np.array_equal(codes[:, 3], np.array(table.column("senior").to_pylist(), np.int64))
+    assert np.array_equal(codes[:, 4], [2 if v is None else int(v) for v in table.column("paperless").to_pylist()])
+    assert np.array_equal(codes[:, 5], block.labels)
+    assert all((codes[:, j] < dom.sizes[j]).all() and (codes[:, j] >= 0).all() for j in range(len(dom.sizes)))
+
+
+def test_the_combiner_counts_what_numpy_counts_across_random_bundles():
+    """tft's pattern: the CombineFn pickled, fed random splits of the rows, accumulators merged in random order."""
+    from dpcda.transforms.marginals import _CountFn
+
+    schema, table, block = _encoded(n=1000, seed=3)
+    fn = pickle.loads(pickle.dumps(_CountFn(schema, 20)))
+    rng = np.random.default_rng(5)
+    cuts = np.sort(rng.choice(np.arange(1, 1000), 6, replace=False))
+    accs = []
+    for part in np.split(np.arange(1000), cuts):
+        acc = fn.create_accumulator()
+        for rows in np.array_split(part, 2):
+            acc = fn.add_input(acc, type(block)(block.features[rows], block.labels[rows], "t", 0))
+        accs.append(acc)
+    rng.shuffle(accs)
+    merged = fn.extract_output(fn.merge_accumulators(iter(accs)))
+    codes = mg.codes_of(block.features, block.labels, schema, 20)
+    counter = fn.counter
+    for j, size in enumerate(counter.domain.sizes):
+        assert np.array_equal(counter.marginal(merged, (j,)), np.bincount(codes[:, j], minlength=size))
+    for a, b in counter.domain.pairs:
+        want = np.zeros((counter.domain.sizes[a], counter.domain.sizes[b]), np.int64)
+        np.add.at(want, (codes[:, a], codes[:, b]), 1)
+        assert np.array_equal(counter.marginal(merged, (a, b)), want), (a, b)
+    assert merged.sum() == 1000 * (len(counter.cliques))
+
+
+def test_decoded_rows_have_the_input_schema_and_land_in_their_bins():
+    schema, table, block = _encoded(n=600, seed=2)
+    codes = mg.codes_of(block.features, block.labels, schema, 20)
+    rng = np.random.default_rng(0)
+    x, y = mg.rows_of(codes, schema, 20, rng, integers=frozenset({"tenure"}))
+    # a release's rows are exact one-hot codes: sample decoding (the table default) reads them as argmax does
+    uniforms = decode_uniforms(bytes(32), "t", len(x), schema)
+    back = decode_rows(x.astype(np.float64), y, schema, table.schema, uniforms=uniforms)
+    argmax = schema.model_copy(update={"decoding": "argmax"})
+    assert back.equals(decode_rows(x.astype(np.float64), y, argmax, table.schema))
+    assert back.schema.equals(table.schema)
+    again = mg.codes_of(encode_batch(back, schema, "b", 0).features, y, schema, 20)
+    assert np.array_equal(again, codes)  # every value decodes inside its own bin, nulls and categories kept
+    tenure = np.array(back.column("tenure").to_pylist())
+    assert tenure.min() >= 0 and tenure.max() <= 72
+    assert not np.array_equal(tenure, np.array(table.column("tenure").to_pylist()))  # drawn, not copied
+
+
+def test_an_empty_integer_bin_gets_its_nearest_integer():
+    col = parse_table_schema(
+        {
+            "label": {"name": "y", "categories": [0, 1]},
+            "columns": [{"name": "k", "kind": "numeric", "lower": 0, "upper": 3}],
+        }
+    ).columns[0]
+    table = mg.integer_bins(col, 8)
+    assert len(table) == 8 and all(len(t) >= 1 for t in table)
+    assert {round(float(v) * 3) for t in table for v in t} == {0, 1, 2, 3}
+
+
+# ---------------------------------------------------------------- selection
+
+
+def test_mst_picks_a_spanning_tree_and_prefers_the_dependent_pairs():
+    rng = np.random.default_rng(0)
+    n = 4000
+    a = rng.integers(0, 3, n)
+    b = (a + (rng.random(n) < 0.1)) % 3  # b follows a
+    c = rng.integers(0, 2, n)
+    d = np.where(rng.random(n) < 0.9, c, 1 - c)  # d follows c
+    codes = np.stack([a, b, c, d], 1)
+    dom = mg.Domain(("a", "b", "c", "d"), (3, 3, 2, 2), 20)
+    counter = mg.MarginalCounter(dom)
+    acc = counter.add(counter.create(), codes)
+    one_way = [counter.marginal(acc, (i,)).astype(np.float64) for i in range(4)]
+    scores = mg.independence_scores(counter, acc, one_way)
+    assert scores[(0, 1)] > scores[(0, 2)] and scores[(2, 3)] > scores[(1, 3)]
+    picked = mg.select_mst(scores, 4, 2.0, bits("mst"))
+    assert len(picked) == 3 and {(0, 1), (2, 3)} <= set(picked)
+    forest = mg._DisjointSet(4)
+    for x, y in picked:
+        assert forest.find(x) != forest.find(y)
+        forest.union(x, y)
+
+
+def test_mst_label_measures_the_label_pairs_from_the_same_share():
+    from dpcda.privacy.marginals import split
+
+    dom = mg.Domain(("a", "b", "y"), (3, 2, 2), 20)
+    counter = mg.MarginalCounter(dom)
+    rng = np.random.default_rng(1)
+    acc = counter.add(counter.create(), np.stack([rng.integers(0, s, 500) for s in dom.sizes], 1))
+    for selection, two_way in (("mst", 2), ("mst-label", 4)):
+        assert mg.label_pairs(selection, 3) + 2 == two_way
+        ev = split(1.0, one_way=3, rounds=2, two_way=two_way)
+        plan = mg.MarginalsPlan(selection, dom, 10, ev.rho, ev)
+        m = mg.measure(counter, acc, plan, KEY)
+        assert len(m.pairs) == two_way and len(m.two_way) == two_way
+        if selection == "mst-label":
+            assert m.pairs[2:] == [(0, 2), (1, 2)]
+            assert m.two_way[2].shape == (3, 2)
+        assert ev.two_way_std == pytest.approx(math.sqrt(two_way / (2 * ev.rho / 3)))
+
+
+# ---------------------------------------------------------------- accounting
+
+
+def test_the_split_is_mst_thirds_and_the_epsilon_is_dp_accountings():
+    """Recomputed with dp_accounting directly: Gaussians of multiplier std (sensitivity 1 each) and zCDP rounds."""
+    from dpcda.privacy.accounting import accountant_delta
+    from dpcda.privacy.marginals import calibrate
+
+    delta = accountant_delta(1e-5)
+    ev = calibrate(target_epsilon=2.0, delta=delta, one_way=6, rounds=5, two_way=5)
+    third = ev.rho / 3
+    assert ev.one_way_std == pytest.approx(math.sqrt(6 / (2 * third)), rel=1e-6)
+    assert ev.two_way_std == pytest.approx(math.sqrt(5 / (2 * third)), rel=1e-6)
+    assert 5 * ev.round_epsilon**2 / 8 == pytest.approx(third, rel=1e-6)
+    acc = rdp.RdpAccountant(RDP_ORDERS, dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    acc.compose(dp_accounting.GaussianDpEvent(ev.one_way_std), 6)
+    acc.compose(dp_accounting.ZCDpEvent(ev.round_epsilon**2 / 8), 5)
+    acc.compose(dp_accounting.GaussianDpEvent(ev.two_way_std), 5)
+    eps = acc.get_epsilon(delta)
+    assert 2.0 * (1 - 2e-3) <= eps <= 2.0  # calibrated to the target, never over it
+
+
+# ---------------------------------------------------------------- refusals
+
+
+def _cfg(**kw):
+    return load_config(None, {"input": "x", "output": "o/r", "mechanism": "marginals", "epsilon": 1.0, **kw})
+
+
+@pytest.mark.parametrize(
+    "fields, needle",
+    [
+        ({"table": None}, "table: marginals counts a table's columns"),
+        ({"table": SCHEMA, "mode": "fixed"}, "mode: marginals is accounted under add/remove only"),
+        ({"table": SCHEMA, "epsilon": None, "sigma_x": 0.0}, "epsilon: marginals calibrates"),
+        ({"table": SCHEMA, "normalization": "public", "normalization_file": "n.json"}, "normalization: marginals"),
+        ({"table": SCHEMA, "mixing_path": "join"}, "mixing_path: marginals does not mix"),
+        ({"table": SCHEMA, "audit": True}, "audit: no audit game"),
+        ({"table": SCHEMA, "projection": "dp-pca:2"}, "projection:"),
+        ({"table": SCHEMA, "marginals_bins": 1}, "marginals_bins"),
+        ({"table": SCHEMA, "marginals_bins": True}, "marginals_bins: expected an integer, got a boolean"),
+        ({"table": SCHEMA, "marginals_bins": "many"}, "marginals_bins"),
+        ({"table": SCHEMA, "marginals_bins": 5000}, "marginals_bins"),
+        ({"table": SCHEMA, "marginals_iters": 0}, "marginals_iters"),
+        ({"table": SCHEMA, "marginals_iters": False}, "marginals_iters: expected an integer, got a boolean"),
+        ({"table": SCHEMA, "marginals_selection": "greedy"}, "marginals_selection"),
+        ({"table": SCHEMA, "marginals_selection": "aim"}, "marginals_selection"),
+    ],
+)
+def test_bad_marginals_configs_are_one_line_errors(fields, needle):
+    with pytest.raises(ConfigError) as err:
+        _cfg(**fields)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_good_marginals_config_defaults_to_add_remove():
+    cfg = _cfg(table=SCHEMA)
+    assert cfg.mode == "poisson" and cfg.marginals_selection == "mst" and cfg.marginals_bins == 20
+
+
+def test_too_many_cells_are_refused_before_work(monkeypatch):
+    monkeypatch.setattr(mg, "MAX_CELLS", 100)
+    with pytest.raises(PlanError, match="^marginals: the one- and two-way counts of this table take"):
+        mg.Marginals().check_before_work(_cfg(table=SCHEMA), 0)
+
+
+# ---------------------------------------------------------------- a release, end to end
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory):
+    """A DirectRunner release of a 3000-row table through the Python API (one mbi compile, about 15 s)."""
+    import dpcda
+
+    table = make_table(3000, seed=1)
+    rel = dpcda.release(table, epsilon=20, mechanism="marginals", schema=SCHEMA, seed=7)
+    return table, rel
+
+
+def test_a_release_keeps_the_schema_the_marginals_and_the_base_rate(released):
+    from dpcda.evaluation.table_metrics import table_metrics
+
+    table, rel = released
+    out = rel.table
+    assert out.schema.remove_metadata().equals(table.schema)
+    assert abs(out.num_rows - 3000) < 100  # the DP row count
+    m = table_metrics(table, out, parse_table_schema(SCHEMA))
+    assert max(m["one_way_tvd"].values()) < 0.05, m["one_way_tvd"]
+    assert m["base_rate"]["max_gap"] < 0.03, m["base_rate"]
+    assert m["two_way_tvd_label"]["contract"] < 0.05  # the label's strongest pair is measured and kept
+    tenure = np.array(out.column("tenure").to_pylist())
+    assert tenure.min() >= 0 and tenure.max() <= 72 and pa.types.is_integer(out.schema.field("tenure").type)
+
+
+def test_the_manifest_states_the_selection_and_its_epsilon_recomputes(released):
+    _, rel = released
+    mech, privacy = rel.manifest["mechanism"], rel.manifest["privacy"]
+    n = len(mech["columns"])
+    assert mech["name"] == "marginals" and len(mech["cliques"]) == n - 1 == mech["selection_rounds"]
+    assert all(a in mech["columns"] and b in mech["columns"] for a, b in mech["cliques"])
+    assert rel.manifest["normalization"]["method"] == "none" and privacy["accountant"] == "rdp"
+    assert mech["rho"] == pytest.approx(sum(mech["rho_split"].values()), rel=1e-9)
+    acc = rdp.RdpAccountant(RDP_ORDERS, dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    acc.compose(dp_accounting.GaussianDpEvent(mech["one_way_noise_std"]), n)
+    acc.compose(dp_accounting.ZCDpEvent(mech["round_epsilon"] ** 2 / 8), n - 1)
+    acc.compose(dp_accounting.GaussianDpEvent(mech["two_way_noise_std"]), n - 1)
+    eps = acc.get_epsilon(privacy["delta_breakdown"]["accountant"])
+    assert privacy["components"]["marginals"] == pytest.approx(eps, rel=1e-6)
+    stated = privacy["components"]["marginals"] + privacy["components"]["class_histogram"]
+    assert stated <= privacy["epsilon"] == 20 and stated >= 20 * (1 - 2e-3)
+    assert sum(privacy["delta_breakdown"].values()) <= privacy["delta"]
+    assert privacy["delta_breakdown"]["pld_roundoff"] > 0  # the histogram's PLD reads at 99.9 % of its delta
+    assert "row count is private" in privacy["neighbouring_relation"]
