@@ -22,7 +22,9 @@ We sample it by inversion. A 192-bit uniform integer U gives u = (U + 1/2) / 2^1
 output is a function of U alone. Phi^-1 is evaluated in float64 with Wichura's AS 241 (relative error about
 1e-16; we assume 2^-40 (1 + |z|), and the tests check it against mpmath over the whole range). Any output whose
 float value lies within (twice) the error bound of a cell boundary is decided exactly instead: u is compared with
-Phi(boundary) computed in 170-digit decimal arithmetic. So given U, the output is exactly the ideal mechanism's
+Phi(boundary) computed in 170-digit decimal arithmetic. On the host the float part runs as one compiled loop
+(``privacy.noise_native``: the same IEEE operations in the same order, its ``log`` within the same error bound) or,
+where no C compiler is present, in numpy; the decisions above are taken from its values the same way. So given U, the output is exactly the ideal mechanism's
 output at u (a zero always as +0.0, whichever path decided it). The only gap left is u's resolution: every output
 cell receives a number of U values within one of 2^192 times its ideal probability, the implementation's support is
 |Z| <= Phi^-1(1 - 2^-193) < 16.5 (ideal mass outside it: below 2^-191), and fewer than 33 * 2^13 + 2 < 2^18.1 cells
@@ -78,13 +80,17 @@ SAMPLER = (
 WORDS = (
     "mixing noise on a CUDA worker: ChaCha20 and the sampler in torch on the card (privacy.noise_device: the same "
     "words and outputs as the OpenSSL stream, bit for bit, identity-tested), near-boundary cells decided on the "
-    "host; everything else: OpenSSL and numpy on the host, on all its cores"
+    "host; everything else: OpenSSL on the host and the sampler as a compiled loop (numpy where no C compiler is "
+    "present: the same output), on all its cores"
 )
 _BLOCK = 8192  # elements per vectorised block (keeps temporaries in cache)
 _DENSE_KEYS = 1 << 22  # random keys per batch in the dense distinct-index sampler
 _ZEROS = bytes(1 << 20)  # plaintext for the keystream, 1 MiB at a time
 _SLACK_WORDS = 8
 _TASK_BLOCKS = 16  # Gaussian blocks per thread task (128 Ki elements)
+_NATIVE_GROUP = 4  # blocks per call of the compiled sampler (noise_native)
+_NATIVE_MIN = 2 * _BLOCK  # smaller spans: the numpy sampler (no build for a few draws)
+STATS_PER_BLOCK = 5  # what the compiled sampler returns per block (noise_native.STATS)
 _TASK_WORDS = 1 << 20  # keystream words per thread task
 MAX_STREAM_WORDS = 8 << 32  # 2^32 ChaCha20 blocks: OpenSSL refuses to wrap the 32-bit block counter
 _OVERFLOW = (
@@ -411,14 +417,13 @@ class NoiseStream:
         if workers > 1 and flat.size > task:  # spans of blocks in parallel, each reading its own stream span
 
             def span(s: int) -> None:
-                enc = _encryptor(self._subkey, first + 3 * s)
-                _gaussian_span(enc, flat, out, s, min(flat.size, s + task), sigma, g)
+                _gaussian_span(self._subkey, first, None, flat, out, s, min(flat.size, s + task), sigma, g)
 
             list(_pool(workers).map(span, range(0, flat.size, task)))
         else:
-            enc = enc if enc is not None else _encryptor(self._subkey, first)
-            _gaussian_span(enc, flat, out, 0, flat.size, sigma, g)
-            self._keep(enc, first + 3 * flat.size)
+            enc = _gaussian_span(self._subkey, first, enc, flat, out, 0, flat.size, sigma, g)
+            if enc is not None:
+                self._keep(enc, first + 3 * flat.size)
         return out.reshape(c.shape)
 
     def _gaussian_on_device(self, center, sigma: float):
@@ -448,15 +453,144 @@ class NoiseStream:
         return out.cpu().numpy() if as_numpy else out
 
 
-def _gaussian_span(enc, flat: np.ndarray, out: np.ndarray, start: int, stop: int, sigma: float, g: float) -> None:
-    """out[start:stop] from ``enc`` positioned at the span's first word: blocks of _BLOCK elements, each reading
-    3n words (n top, n middle, n low words of the 192-bit uniforms)."""
+def _gaussian_span(subkey, first, enc, flat, out, start, stop, sigma: float, g: float):
+    """out[start:stop] (``start`` a multiple of _BLOCK) for the draw whose words start at stream word ``first``.
+
+    The layout is fixed: block j of _BLOCK elements (the last one shorter) reads words first + 3 j _BLOCK on: n top,
+    n middle and n low words of its n 192-bit uniforms. The compiled kernel (``noise_native``) reads only the top and
+    middle words of each block (the low words where an exact decision needs them); without it the numpy sampler
+    reads all three, from ``enc`` if given (an OpenSSL stream at the span's first word). Returns the OpenSSL stream
+    at word first + 3 stop if one ended there, else None."""
+    from dpcda.privacy import noise_native
+
+    fn = noise_native.kernel() if stop - start >= _NATIVE_MIN else None
+    if fn is not None:
+        _native_span(fn, subkey, first, flat, out, start, stop, sigma, g)
+        return None
+    enc = enc if enc is not None else _encryptor(subkey, first + 3 * start)
     buf = np.empty(3 * _BLOCK + _SLACK_WORDS, np.uint64)
     for s in range(start, stop, _BLOCK):
         e = min(stop, s + _BLOCK)
         n = e - s
         _fill_from(enc, buf, 0, 3 * n)
         out[s:e] = _rounded_gaussian(flat[s:e], float(sigma), g, buf[: 3 * n].reshape(UNIFORM_WORDS, n))
+    return enc
+
+
+def _native_span(fn, subkey, first, flat, out, start, stop, sigma: float, g: float) -> None:
+    """``_gaussian_span`` with the compiled kernel: _NATIVE_GROUP blocks per call (the GIL released inside), then
+    per block, in order, the numpy sampler's error bound, refusals and exact decisions (``_finish_block``)."""
+    group = _NATIVE_GROUP * _BLOCK
+    words = np.empty(2 * group + _SLACK_WORDS, np.uint64)
+    dist = np.empty(group, np.float64)
+    stats = np.empty((_NATIVE_GROUP, STATS_PER_BLOCK), np.float64)
+    for s in range(start, stop, group):
+        e = min(stop, s + group)
+        full, rest = divmod(e - s, _BLOCK)
+        for j in range(full + (1 if rest else 0)):  # top and middle words of each block; its low words skipped
+            n = min(_BLOCK, e - s - j * _BLOCK)
+            _fill_from(_encryptor(subkey, first + 3 * (s + j * _BLOCK)), words, 2 * _BLOCK * j, 2 * n)
+        if full:
+            _call_kernel(fn, full, _BLOCK, words, 0, flat[s : s + full * _BLOCK], out[s:], dist, stats, sigma, g)
+        if rest:
+            at = full * _BLOCK
+            _call_kernel(fn, 1, rest, words, 2 * at, flat[s + at : e], out[s + at :], dist[at:], stats[full:], sigma, g)
+        for j in range(full + (1 if rest else 0)):
+            b0 = s + j * _BLOCK
+            n = min(_BLOCK, e - b0)
+            top = words[2 * _BLOCK * j : 2 * _BLOCK * j + 2 * n]
+            base = first + 3 * b0 + 2 * n  # the block's low words
+
+            def low(i: int, base=base) -> int:
+                w = np.empty(1 + _SLACK_WORDS, np.uint64)
+                _fill_from(_encryptor(subkey, base + i), w, 0, 1)
+                return int(w[0])
+
+            if not _finish_block(
+                stats[j], dist[j * _BLOCK : j * _BLOCK + n], flat[b0 : b0 + n], out[b0 : b0 + n], top, low, sigma, g
+            ):
+                u = np.empty(3 * n + _SLACK_WORDS, np.uint64)  # p's rare low-precision case: numpy, all words
+                _fill_from(_encryptor(subkey, first + 3 * b0), u, 0, 3 * n)
+                out[b0 : b0 + n] = _rounded_gaussian(flat[b0 : b0 + n], float(sigma), g, u[: 3 * n].reshape(3, n))
+
+
+def _call_kernel(fn, nblocks, n, words, offset, center, out, dist, stats, sigma: float, g: float) -> None:
+    """The kernel on ``nblocks`` blocks of ``n`` elements (words of block j at words[offset + 2 _BLOCK j:])."""
+    c = np.ascontiguousarray(center, np.float64)
+    if not (out.flags.c_contiguous and out.dtype == np.float64 and out.size >= nblocks * n and c.size == nblocks * n):
+        raise ValueError("noise sampler: kernel buffers of the wrong shape")  # never expected: memory safety first
+    fn(
+        nblocks,
+        n,
+        words.ctypes.data + 8 * offset,
+        2 * _BLOCK,
+        c.ctypes.data,
+        out.ctypes.data,
+        dist.ctypes.data,
+        _coefficients().ctypes.data,
+        sigma / g,
+        g,
+        stats.ctypes.data,
+    )
+
+
+def _finish_block(st, dist, center, out, top, low, sigma: float, g: float) -> bool:
+    """After the kernel, one block as ``_rounded_gaussian`` finishes it: its error bound from its largest t and |c|,
+    the same refusals, and the exact decision for every element within (twice) the bound of a cell boundary.
+    ``top``: the block's n top then n middle words; ``low(i)``: element i's low word. False (nothing done) where an
+    element has w0 < 2^11: the caller runs the numpy sampler on the block."""
+    tmax, cmax, finite, dmax, small = (float(x) for x in st)
+    if small:
+        return False
+    err = _error_bound(sigma, g, tmax, cmax)
+    if not (finite and math.isfinite(err)):
+        raise ArithmeticError(f"noise sampler: values overflow at sigma={sigma:g} (too large for the grid)")
+    if err > 0.125:
+        raise ArithmeticError(f"noise sampler: sigma={sigma:g} is too small for the values' size")
+    if dmax >= 0.5 - 2.0 * err:
+        n = center.size
+        for i in np.flatnonzero(dist >= 0.5 - 2.0 * err):
+            u_int = (int(top[i]) << 128) | (int(top[n + i]) << 64) | low(int(i))
+            k = _exact_cell(float(center[i]), sigma, g, u_int, int(out[i] / g))
+            out[i] = (k + 0.0) * g
+    return True
+
+
+@lru_cache(maxsize=1)
+def _coefficients() -> np.ndarray:
+    return np.array([_A, _B, _C, _D, _E, _F], np.float64).reshape(-1)
+
+
+def _check_native(fn) -> str:
+    """'' if the kernel gives the numpy sampler's output, bit for bit, on fixed words (a full block of random
+    uniforms, and a short block of the extremes: both tails, the centre, w0 < 2^11); else what differs."""
+    words = NoiseStream(public_key("native-check", 0), "words").words(3 * _BLOCK).reshape(3, _BLOCK)
+    mask = (1 << 64) - 1
+    extremes = [0, 1, 5 << 64, (1 << 191) - 1, 1 << 191, (1 << 192) - 2, (1 << 192) - 1, 12345 << 140]
+    ext = np.array([[(u >> s) & mask for s in (128, 64, 0)] for u in extremes], np.uint64).T.copy()
+    for sigma, u in ((0.7, words), (1e-3, words), (2.5, ext)):
+        n = u.shape[1]
+        center = np.linspace(-3.0, 3.0, n)
+        g = grid_for(sigma)
+        want = _rounded_gaussian(center, sigma, g, u)
+        top = np.ascontiguousarray(u[:2]).reshape(-1)
+        pad = np.zeros(2 * _BLOCK + _SLACK_WORDS, np.uint64)
+        pad[: 2 * n] = top
+        out, dist, st = np.empty(n), np.empty(n), np.empty((1, STATS_PER_BLOCK))
+        _call_kernel(fn, 1, n, pad, 0, center, out, dist, st, sigma, g)
+        if not _finish_block(st[0], dist, center, out, top, lambda i, u=u: int(u[2, i]), sigma, g):
+            if not int(st[0, 4]):
+                return f"sigma {sigma}: w0 < 2^11 count"
+            continue  # the extremes hold w0 < 2^11: the numpy sampler decides that block
+        if not np.array_equal(out.view(np.uint64), want.view(np.uint64)):
+            return f"sigma {sigma}: {int((out.view(np.uint64) != want.view(np.uint64)).sum())} of {n} values"
+    return ""
+
+
+def _error_bound(sigma: float, g: float, tmax: float, cmax: float) -> float:
+    """Float error of a block's scaled values, in grid units: AS 241 and p's rounding (Z_ERROR (1 + |z|)) and three
+    roundings, from the block's largest t and |c|."""
+    return (sigma * Z_ERROR * (1.0 + tmax) + 2.0**-50 * (cmax + sigma * tmax)) / g
 
 
 def _has_repeat(idx: np.ndarray) -> np.ndarray:
@@ -595,10 +729,9 @@ def _rounded_gaussian(center: np.ndarray, sigma: float, g: float, u: np.ndarray)
     scaled *= sigma / g
     scaled += center / g  # (center + sigma z) / g: g is a power of two, so the divisions are exact
     k = np.rint(scaled)
-    # Float error of scaled, in grid units: AS 241 and p's rounding (Z_ERROR (1 + |z|)) and three roundings.
     tmax = float(t.max()) if t.size else 0.0
     cmax = float(np.abs(center).max()) if center.size else 0.0
-    err = (sigma * Z_ERROR * (1.0 + tmax) + 2.0**-50 * (cmax + sigma * tmax)) / g
+    err = _error_bound(sigma, g, tmax, cmax)
     if not (np.isfinite(scaled).all() and math.isfinite(err)):
         raise ArithmeticError(f"noise sampler: values overflow at sigma={sigma:g} (too large for the grid)")
     if err > 0.125:

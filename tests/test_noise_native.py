@@ -1,0 +1,221 @@
+"""The host's compiled Gaussian sampler (privacy/noise_native.py): the numpy sampler's output, bit for bit, whatever
+the thread count, the span and group sizes, and the cells (near a boundary, p's low-precision case, both tails); and
+the numpy sampler where no kernel can be built.
+
+Every key is a fixed test key; the near-boundary cells are forced through the centres (or, with scripted words,
+through the uniforms themselves), so every run decides some cells exactly.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import mpmath
+import numpy as np
+import pytest
+
+from dpcda.privacy import noise, noise_native
+from dpcda.privacy.noise import NoiseStream, grid_for, key_from_test_seed
+
+KEY = key_from_test_seed(56)
+BLK = noise._BLOCK
+HAS_CC = any(shutil.which(c) for c in ("cc", "gcc", "clang"))
+
+
+@pytest.fixture(autouse=True)
+def _defaults():
+    yield
+    noise.set_threads(None)
+
+
+def _same_bits(got, want) -> None:
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.dtype == want.dtype == np.float64 and got.shape == want.shape
+    np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
+
+
+def _numpy_only(monkeypatch) -> None:
+    monkeypatch.setattr(noise_native, "_LIB", False)
+
+
+def _layout_z(words: np.ndarray, total: int) -> np.ndarray:
+    """The numpy sampler's float z of every element of a draw of ``total`` from its 3 total words (block layout)."""
+    z = np.empty(total)
+    for s in range(0, total, BLK):
+        n = min(BLK, total - s)
+        u = words[3 * s : 3 * s + 3 * n].reshape(3, n)
+        flip, p = noise._tail_p(u)
+        t = noise.upper_quantile(p)
+        z[s : s + n] = np.where(flip, t, -t)
+    return z
+
+
+def _boundary_centres(path: tuple, total: int, sigma: float, cells: int, seed: int) -> tuple:
+    """Centres for a draw of ``total`` on ``path``: random, but ``cells`` elements put within float error of a cell
+    boundary (c = (k + 1/2) g - sigma z, from the element's own words), so those are decided exactly."""
+    g = grid_for(sigma)
+    rng = np.random.default_rng(seed)
+    c = rng.normal(size=total) * 0.3
+    z = _layout_z(NoiseStream(KEY, *path).words(3 * total), total)
+    idx = rng.choice(total, cells, replace=False)
+    k = rng.integers(-40, 40, cells)
+    c[idx] = (k + 0.5) * g - sigma * z[idx]
+    return c, idx
+
+
+def _counting_exact_cells(monkeypatch) -> list:
+    calls = []
+    exact = noise._exact_cell
+
+    def counted(*args):
+        calls.append(args)
+        return exact(*args)
+
+    monkeypatch.setattr(noise, "_exact_cell", counted)
+    return calls
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler")
+def test_the_kernel_builds_and_passes_its_check_where_a_compiler_is_present():
+    assert noise_native.kernel() is not None, noise_native.status()
+    assert noise_native.status() == "compiled"
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler")
+def test_a_million_draws_are_identical_across_backends_threads_and_span_sizes(monkeypatch):
+    """10^6 + 3 draws (a short last block), 150 of them forced onto cell boundaries: the numpy sampler on one thread
+    is the reference; the kernel on 1 and 2 threads, with groups of 1 and 4 blocks and tasks of 3 and 16 blocks,
+    gives the same bits and decides the same boundary cells exactly."""
+    sigma, total = 0.0695, 1_000_003
+    path = ("native", "million")
+    c, forced = _boundary_centres(path, total, sigma, 150, 1)
+    calls = _counting_exact_cells(monkeypatch)
+    with monkeypatch.context() as m:
+        _numpy_only(m)
+        noise.set_threads(1)
+        ref = NoiseStream(KEY, *path).gaussian(c, sigma)
+    decided = {round(a[0], 12) for a in calls}
+    assert len(calls) >= 150 and {round(x, 12) for x in c[forced]} <= decided  # every forced cell decided exactly
+    for threads, group, task in ((1, 4, 16), (2, 4, 16), (2, 1, 3), (1, 1, 16), (2, 3, 1)):
+        monkeypatch.setattr(noise, "_NATIVE_GROUP", group)
+        monkeypatch.setattr(noise, "_TASK_BLOCKS", task)
+        noise.set_threads(threads)
+        calls.clear()
+        s = NoiseStream(KEY, *path)
+        _same_bits(s.gaussian(c, sigma), ref)
+        assert {round(a[0], 12) for a in calls} >= {round(x, 12) for x in c[forced]}
+        assert s.position == 3 * total
+
+
+class _Scripted:
+    """An OpenSSL stream stand-in over fixed words (``noise._encryptor`` replaced): drives chosen uniforms through
+    both samplers, in the stream layout, with the real code around them."""
+
+    def __init__(self, words: np.ndarray, word: int):
+        self.data, self.at = words.view(np.uint8), 8 * word
+
+    def update_into(self, data, out) -> int:
+        n = len(data)
+        out[:n] = self.data[self.at : self.at + n]
+        self.at += n
+        return n
+
+
+def _boundary_uniforms(center: float, sigma: float, ks) -> tuple:
+    """192-bit U on either side of the boundaries (k + 1/2) g and the cell each must give (as the device tests)."""
+    g = grid_for(sigma)
+    mpmath.mp.prec = 320
+    u_ints, cells = [], []
+    for k in ks:
+        b = (k + mpmath.mpf(0.5)) * g
+        u_b = mpmath.ncdf((b - mpmath.mpf(center)) / mpmath.mpf(sigma))
+        base = int(mpmath.floor(u_b * mpmath.mpf(2) ** 192 - mpmath.mpf(0.5)))
+        for off in (-2, -1, 0, 1, 2, 3):
+            u_ints.append(base + off)
+            cells.append(k if off <= 0 else k + 1)
+    return u_ints, cells
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_chosen_uniforms_near_boundaries_in_the_tails_and_with_low_precision_p(monkeypatch, threads):
+    """Blocks holding U beside cell boundaries (decided exactly, the low word read only for them), U = 0 and other
+    top words below 2^11 (the block goes through the numpy sampler whole), U at both ends and at 1/2: the kernel's
+    output is the numpy sampler's, and the boundary cells are the exact ones."""
+    sigma, center = 0.0695, 0.123456789
+    g = grid_for(sigma)
+    total = 3 * BLK + 777
+    rng = np.random.default_rng(2)
+    words = rng.integers(0, 2**64, size=3 * total + 64, dtype=np.uint64)
+    u_ints, cells = _boundary_uniforms(center, sigma, (-3, 0, 5, 40, -47))
+    mask = (1 << 64) - 1
+
+    def put(element: int, u: int) -> None:
+        b0 = element // BLK * BLK
+        n = min(BLK, total - b0)
+        j = element - b0
+        for row, shift in enumerate((128, 64, 0)):
+            words[3 * b0 + row * n + j] = (u >> shift) & mask
+
+    boundary = [5, BLK + 100, BLK + 4000, 3 * BLK + 700]  # blocks 0, 1 and the short last one
+    spots = [(e + 13 * i) for e in boundary for i in range(len(u_ints) // len(boundary) + 1)][: len(u_ints)]
+    for e, u in zip(spots, u_ints):
+        put(e, u)
+    put(2 * BLK + 1, 0)  # block 2: p's low-precision case, and the far tail
+    put(2 * BLK + 2, 5 << 64)
+    put(3 * BLK + 1, (1 << 192) - 1)
+    put(3 * BLK + 2, 1 << 191)
+    put(3 * BLK + 3, (1 << 191) - 1)
+    monkeypatch.setattr(noise, "_encryptor", lambda key, word: _Scripted(words, word))
+    c = np.full(total, center)
+    with monkeypatch.context() as m:
+        _numpy_only(m)
+        ref = NoiseStream(KEY, "scripted").gaussian(c, sigma)
+    np.testing.assert_array_equal(np.rint(ref[spots] / g).astype(int), cells)
+    monkeypatch.setattr(noise, "_TASK_BLOCKS", 1)
+    noise.set_threads(threads)
+    calls = _counting_exact_cells(monkeypatch)
+    _same_bits(NoiseStream(KEY, "scripted").gaussian(c, sigma), ref)
+    assert len(calls) >= 20  # at least the 2 x 2 nearest U of each boundary
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler")
+def test_the_kernel_refuses_where_the_numpy_sampler_refuses(monkeypatch):
+    """Per block, in order: a non-finite value ('overflow') or too large an error bound ('too small')."""
+    n = 4 * BLK
+    cases = []
+    for bad_block, value, sigma in ((1, 1e10, 1e-10), (2, 1e308, 1e-300), (3, np.inf, 1.0), (0, np.nan, 1.0)):
+        c = np.zeros(n)
+        c[bad_block * BLK + 17] = value
+        cases.append((c, sigma))
+    c = np.zeros(n)
+    c[BLK + 1], c[2 * BLK + 1] = 1e10, 1e308  # 'too small' in block 1 comes before 'overflow' in block 2
+    cases.append((c, 1e-10))
+    for c, sigma in cases:
+        with monkeypatch.context() as m:
+            _numpy_only(m)
+            with pytest.raises(ArithmeticError) as want:
+                NoiseStream(KEY, "refuse").gaussian(c, sigma)
+        with pytest.raises(ArithmeticError) as got:
+            NoiseStream(KEY, "refuse").gaussian(c, sigma)
+        assert str(got.value) == str(want.value)
+
+
+@pytest.mark.parametrize("how", ["turned off", "no compiler", "compiler fails"])
+def test_without_a_kernel_the_numpy_sampler_gives_the_same_output(monkeypatch, how):
+    """A machine without a C compiler (or with one that fails) draws through the numpy sampler: no error, the same
+    values."""
+    c = np.random.default_rng(3).normal(size=5 * BLK + 9)
+    want = NoiseStream(KEY, "fallback").gaussian(c, 0.7)
+    monkeypatch.setattr(noise_native, "_LIB", None)
+    if how == "turned off":
+        monkeypatch.setenv("DPCDA_NOISE_NATIVE", "0")
+    elif how == "no compiler":
+        monkeypatch.delenv("CC", raising=False)
+        monkeypatch.setattr(noise_native.shutil, "which", lambda name: None)
+    else:
+        monkeypatch.setenv("CC", "false")
+    assert noise_native.kernel() is None
+    assert noise_native.status() != "compiled"
+    _same_bits(NoiseStream(KEY, "fallback").gaussian(c, 0.7), want)
+    monkeypatch.setattr(noise_native, "_LIB", None)  # built again (or not) by the next test
