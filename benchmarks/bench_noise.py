@@ -92,7 +92,7 @@ def sampler_only(n: int, native: bool):
     buf[: 2 * blk] = top
     center, out, dist, st = np.zeros(blk), np.empty(blk), np.empty(blk), np.empty((1, noise.STATS_PER_BLOCK))
     g = noise.grid_for(0.7)
-    fn = noise_native.kernel() if native else None
+    fn = noise.native_kernel() if native else None
 
     def run():
         for _ in range(0, n, blk):
@@ -123,7 +123,7 @@ def plan_rows(args, device: torch.device, threads: int, compiled_ok: bool) -> li
         row("numpy standard_normal (float64)", numpy_normal(n, threads), gaussians=n)
     row("torch.randn (float64)", lambda: torch.randn(n, dtype=torch.float64, device=device), gaussians=n)
     if device.type == "cpu":
-        native = noise_native.kernel() is not None
+        native = noise.native_kernel() is not None
         if native:
             row(
                 "host exact Gaussian (OpenSSL + compiled sampler)",
@@ -254,7 +254,7 @@ def main(argv=None) -> None:
         except Exception as err:  # noqa: BLE001 - report and go on eagerly
             print(f"torch.compile failed ({type(err).__name__}: {err}); eager only")
             compiled_ok = False
-    noise_native.kernel()  # built here, not in a timed call
+    noise.native_kernel()  # built here, not in a timed call
     name = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {cores} cores for this process"
     head = (
         f"{name}; torch {torch.__version__}; kernels: {'compiled (torch.compile)' if compiled_ok else 'eager'}"

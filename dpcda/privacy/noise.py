@@ -24,11 +24,12 @@ output is a function of U alone. Phi^-1 is evaluated in float64 with Wichura's A
 float value lies within (twice) the error bound of a cell boundary is decided exactly instead: u is compared with
 Phi(boundary) computed in 170-digit decimal arithmetic. On the host the float part runs as one compiled loop
 (``privacy.noise_native``: the same IEEE operations in the same order, its ``log`` within the same error bound) or,
-where no C compiler is present, in numpy; the decisions above are taken from its values the same way. So given U, the output is exactly the ideal mechanism's
-output at u (a zero always as +0.0, whichever path decided it). The only gap left is u's resolution: every output
-cell receives a number of U values within one of 2^192 times its ideal probability, the implementation's support is
-|Z| <= Phi^-1(1 - 2^-193) < 16.5 (ideal mass outside it: below 2^-191), and fewer than 33 * 2^13 + 2 < 2^18.1 cells
-lie inside. The total variation distance from the ideal mechanism is therefore below tau = 2^-174 per draw.
+where no C compiler is present, in numpy; the decisions above are taken from its values the same way. So given U,
+the output is exactly the ideal mechanism's output at u (a zero always as +0.0, whichever path decided it). The only
+gap left is u's resolution: every output cell receives a number of U values within one of 2^192 times its ideal
+probability, the implementation's support is |Z| <= Phi^-1(1 - 2^-193) < 16.5 (ideal mass outside it: below 2^-191),
+and fewer than 33 * 2^13 + 2 < 2^18.1 cells lie inside. The total variation distance from the ideal mechanism is
+therefore below tau = 2^-174 per draw.
 
 Binomial draws (``binomial``, poisson-mode row sizes) use the inverse CDF of Binomial(n, q), q rational, tabulated
 to 192 bits in decimal arithmetic up to the point M where the upper tail is below 2^-193 (every threshold below
@@ -461,9 +462,7 @@ def _gaussian_span(subkey, first, enc, flat, out, start, stop, sigma: float, g: 
     middle words of each block (the low words where an exact decision needs them); without it the numpy sampler
     reads all three, from ``enc`` if given (an OpenSSL stream at the span's first word). Returns the OpenSSL stream
     at word first + 3 stop if one ended there, else None."""
-    from dpcda.privacy import noise_native
-
-    fn = noise_native.kernel() if stop - start >= _NATIVE_MIN else None
+    fn = native_kernel() if stop - start >= _NATIVE_MIN else None
     if fn is not None:
         _native_span(fn, subkey, first, flat, out, start, stop, sigma, g)
         return None
@@ -554,6 +553,14 @@ def _finish_block(st, dist, center, out, top, low, sigma: float, g: float) -> bo
             k = _exact_cell(float(center[i]), sigma, g, u_int, int(out[i] / g))
             out[i] = (k + 0.0) * g
     return True
+
+
+def native_kernel():
+    """The compiled sampler (``privacy.noise_native``), built and checked against numpy once per process, or None
+    (no C compiler, a failed build or check, ``DPCDA_NOISE_NATIVE=0``): then numpy runs the sampler."""
+    from dpcda.privacy import noise_native
+
+    return noise_native.kernel(_check_native)
 
 
 @lru_cache(maxsize=1)
