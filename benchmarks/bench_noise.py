@@ -97,7 +97,7 @@ def sampler_only(n: int, native: bool):
     def run():
         for _ in range(0, n, blk):
             if fn is not None:
-                noise._call_kernel(fn, 1, blk, buf, 0, center, out, dist, st, 0.7, g)
+                noise._call_kernel(fn, 1, blk, buf, 0, 2 * blk, center, out, dist, st, 0.7, g)
                 noise._finish_block(st[0], dist, center, out, top, lambda i: int(words[2, i]), 0.7, g)
             else:
                 noise._rounded_gaussian(center, 0.7, g, words)

@@ -63,6 +63,20 @@ def _boundary_centres(path: tuple, total: int, sigma: float, cells: int, seed: i
     return c, idx
 
 
+def _counting_kernel_calls(monkeypatch) -> list:
+    """Every span on the kernel (none left to numpy for being short), and a record of the calls."""
+    calls = []
+    kernel = noise._call_kernel
+
+    def counted(*args):
+        calls.append(args[1])
+        return kernel(*args)
+
+    monkeypatch.setattr(noise, "_call_kernel", counted)
+    monkeypatch.setattr(noise, "_NATIVE_MIN", 0)
+    return calls
+
+
 def _counting_exact_cells(monkeypatch) -> list:
     calls = []
     exact = noise._exact_cell
@@ -84,8 +98,8 @@ def test_the_kernel_builds_and_passes_its_check_where_a_compiler_is_present():
 @pytest.mark.skipif(not HAS_CC, reason="no C compiler")
 def test_a_million_draws_are_identical_across_backends_threads_and_span_sizes(monkeypatch):
     """10^6 + 3 draws (a short last block), 150 of them forced onto cell boundaries: the numpy sampler on one thread
-    is the reference; the kernel on 1 and 2 threads, with groups of 1 and 4 blocks and tasks of 3 and 16 blocks,
-    gives the same bits and decides the same boundary cells exactly."""
+    is the reference; the kernel on 1 and 2 threads, with groups of 1, 3 and 4 blocks, tasks of 1, 3 and 16 blocks,
+    low words skipped or read, gives the same bits and decides the same boundary cells exactly."""
     sigma, total = 0.0695, 1_000_003
     path = ("native", "million")
     c, forced = _boundary_centres(path, total, sigma, 150, 1)
@@ -95,14 +109,24 @@ def test_a_million_draws_are_identical_across_backends_threads_and_span_sizes(mo
         noise.set_threads(1)
         ref = NoiseStream(KEY, *path).gaussian(c, sigma)
     decided = {round(a[0], 12) for a in calls}
+    kernel_calls = _counting_kernel_calls(monkeypatch)
     assert len(calls) >= 150 and {round(x, 12) for x in c[forced]} <= decided  # every forced cell decided exactly
-    for threads, group, task in ((1, 4, 16), (2, 4, 16), (2, 1, 3), (1, 1, 16), (2, 3, 1)):
+    for threads, group, task, skip in (
+        (1, 4, 16, True),
+        (2, 4, 16, True),
+        (2, 1, 3, False),
+        (1, 1, 16, False),
+        (2, 3, 1, True),
+    ):
+        monkeypatch.setattr(noise, "_SKIP_LOW_WORDS", skip)
         monkeypatch.setattr(noise, "_NATIVE_GROUP", group)
         monkeypatch.setattr(noise, "_TASK_BLOCKS", task)
         noise.set_threads(threads)
         calls.clear()
+        kernel_calls.clear()
         s = NoiseStream(KEY, *path)
         _same_bits(s.gaussian(c, sigma), ref)
+        assert sum(kernel_calls) == -(-total // BLK)  # every block through the kernel
         assert {round(a[0], 12) for a in calls} >= {round(x, 12) for x in c[forced]}
         assert s.position == 3 * total
 
@@ -137,8 +161,8 @@ def _boundary_uniforms(center: float, sigma: float, ks) -> tuple:
 
 
 @pytest.mark.skipif(not HAS_CC, reason="no C compiler")
-@pytest.mark.parametrize("threads", [1, 2])
-def test_chosen_uniforms_near_boundaries_in_the_tails_and_with_low_precision_p(monkeypatch, threads):
+@pytest.mark.parametrize("threads,skip", [(1, True), (2, True), (1, False)])
+def test_chosen_uniforms_near_boundaries_in_the_tails_and_with_low_precision_p(monkeypatch, threads, skip):
     """Blocks holding U beside cell boundaries (decided exactly, the low word read only for them), U = 0 and other
     top words below 2^11 (the block goes through the numpy sampler whole), U at both ends and at 1/2: the kernel's
     output is the numpy sampler's, and the boundary cells are the exact ones."""
@@ -173,9 +197,12 @@ def test_chosen_uniforms_near_boundaries_in_the_tails_and_with_low_precision_p(m
         ref = NoiseStream(KEY, "scripted").gaussian(c, sigma)
     np.testing.assert_array_equal(np.rint(ref[spots] / g).astype(int), cells)
     monkeypatch.setattr(noise, "_TASK_BLOCKS", 1)
+    monkeypatch.setattr(noise, "_SKIP_LOW_WORDS", skip)
     noise.set_threads(threads)
     calls = _counting_exact_cells(monkeypatch)
+    kernel_calls = _counting_kernel_calls(monkeypatch)
     _same_bits(NoiseStream(KEY, "scripted").gaussian(c, sigma), ref)
+    assert sum(kernel_calls) == 4
     assert len(calls) >= 20  # at least the 2 x 2 nearest U of each boundary
 
 

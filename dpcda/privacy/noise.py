@@ -90,6 +90,7 @@ _ZEROS = bytes(1 << 20)  # plaintext for the keystream, 1 MiB at a time
 _SLACK_WORDS = 8
 _TASK_BLOCKS = 16  # Gaussian blocks per thread task (128 Ki elements)
 _NATIVE_GROUP = 4  # blocks per call of the compiled sampler (noise_native)
+_SKIP_LOW_WORDS = True  # the compiled sampler reads a block's low words only where an exact decision needs them
 _NATIVE_MIN = 2 * _BLOCK  # smaller spans: the numpy sampler (no build for a few draws)
 STATS_PER_BLOCK = 5  # what the compiled sampler returns per block (noise_native.STATS)
 _TASK_WORDS = 1 << 20  # keystream words per thread task
@@ -464,8 +465,7 @@ def _gaussian_span(subkey, first, enc, flat, out, start, stop, sigma: float, g: 
     at word first + 3 stop if one ended there, else None."""
     fn = native_kernel() if stop - start >= _NATIVE_MIN else None
     if fn is not None:
-        _native_span(fn, subkey, first, flat, out, start, stop, sigma, g)
-        return None
+        return _native_span(fn, subkey, first, enc, flat, out, start, stop, sigma, g)
     enc = enc if enc is not None else _encryptor(subkey, first + 3 * start)
     buf = np.empty(3 * _BLOCK + _SLACK_WORDS, np.uint64)
     for s in range(start, stop, _BLOCK):
@@ -476,31 +476,58 @@ def _gaussian_span(subkey, first, enc, flat, out, start, stop, sigma: float, g: 
     return enc
 
 
-def _native_span(fn, subkey, first, flat, out, start, stop, sigma: float, g: float) -> None:
+def _native_span(fn, subkey, first, enc, flat, out, start, stop, sigma: float, g: float):
     """``_gaussian_span`` with the compiled kernel: _NATIVE_GROUP blocks per call (the GIL released inside), then
-    per block, in order, the numpy sampler's error bound, refusals and exact decisions (``_finish_block``)."""
+    per block, in order, the numpy sampler's error bound, refusals and exact decisions (``_finish_block``).
+
+    With _SKIP_LOW_WORDS each block reads its top and middle words from an OpenSSL stream opened at them, and a low
+    word only where an exact decision needs it; else one stream reads every word in order (``enc``, if given, is
+    at the span's first word), and is returned at word first + 3 stop."""
+    skip = _SKIP_LOW_WORDS
     group = _NATIVE_GROUP * _BLOCK
-    words = np.empty(2 * group + _SLACK_WORDS, np.uint64)
+    stride = (2 if skip else 3) * _BLOCK  # words per block in the buffer
+    words = np.empty(stride * _NATIVE_GROUP + _SLACK_WORDS, np.uint64)
     dist = np.empty(group, np.float64)
     stats = np.empty((_NATIVE_GROUP, STATS_PER_BLOCK), np.float64)
+    if not skip and enc is None:
+        enc = _encryptor(subkey, first + 3 * start)
     for s in range(start, stop, group):
         e = min(stop, s + group)
         full, rest = divmod(e - s, _BLOCK)
-        for j in range(full + (1 if rest else 0)):  # top and middle words of each block; its low words skipped
-            n = min(_BLOCK, e - s - j * _BLOCK)
-            _fill_from(_encryptor(subkey, first + 3 * (s + j * _BLOCK)), words, 2 * _BLOCK * j, 2 * n)
+        if skip:
+            for j in range(full + (1 if rest else 0)):  # top and middle words of each block
+                n = min(_BLOCK, e - s - j * _BLOCK)
+                _fill_from(_encryptor(subkey, first + 3 * (s + j * _BLOCK)), words, stride * j, 2 * n)
+        else:
+            _fill_from(enc, words, 0, 3 * (e - s))
         if full:
-            _call_kernel(fn, full, _BLOCK, words, 0, flat[s : s + full * _BLOCK], out[s:], dist, stats, sigma, g)
+            _call_kernel(
+                fn, full, _BLOCK, words, 0, stride, flat[s : s + full * _BLOCK], out[s:], dist, stats, sigma, g
+            )
         if rest:
             at = full * _BLOCK
-            _call_kernel(fn, 1, rest, words, 2 * at, flat[s + at : e], out[s + at :], dist[at:], stats[full:], sigma, g)
+            _call_kernel(
+                fn,
+                1,
+                rest,
+                words,
+                stride * full,
+                stride,
+                flat[s + at : e],
+                out[s + at :],
+                dist[at:],
+                stats[full:],
+                sigma,
+                g,
+            )
         for j in range(full + (1 if rest else 0)):
             b0 = s + j * _BLOCK
             n = min(_BLOCK, e - b0)
-            top = words[2 * _BLOCK * j : 2 * _BLOCK * j + 2 * n]
-            base = first + 3 * b0 + 2 * n  # the block's low words
+            top = words[stride * j : stride * j + 3 * n]  # n top, n middle (and n low) words
 
-            def low(i: int, base=base) -> int:
+            def low(i: int, base=first + 3 * b0 + 2 * n, top=top, n=n) -> int:  # element i's low word
+                if not skip:
+                    return int(top[2 * n + i])
                 w = np.empty(1 + _SLACK_WORDS, np.uint64)
                 _fill_from(_encryptor(subkey, base + i), w, 0, 1)
                 return int(w[0])
@@ -511,10 +538,12 @@ def _native_span(fn, subkey, first, flat, out, start, stop, sigma: float, g: flo
                 u = np.empty(3 * n + _SLACK_WORDS, np.uint64)  # p's rare low-precision case: numpy, all words
                 _fill_from(_encryptor(subkey, first + 3 * b0), u, 0, 3 * n)
                 out[b0 : b0 + n] = _rounded_gaussian(flat[b0 : b0 + n], float(sigma), g, u[: 3 * n].reshape(3, n))
+    return enc
 
 
-def _call_kernel(fn, nblocks, n, words, offset, center, out, dist, stats, sigma: float, g: float) -> None:
-    """The kernel on ``nblocks`` blocks of ``n`` elements (words of block j at words[offset + 2 _BLOCK j:])."""
+def _call_kernel(fn, nblocks, n, words, offset, stride, center, out, dist, stats, sigma: float, g: float) -> None:
+    """The kernel on ``nblocks`` blocks of ``n`` elements (n top then n middle words of block j at
+    words[offset + stride j:])."""
     c = np.ascontiguousarray(center, np.float64)
     if not (out.flags.c_contiguous and out.dtype == np.float64 and out.size >= nblocks * n and c.size == nblocks * n):
         raise ValueError("noise sampler: kernel buffers of the wrong shape")  # never expected: memory safety first
@@ -522,7 +551,7 @@ def _call_kernel(fn, nblocks, n, words, offset, center, out, dist, stats, sigma:
         nblocks,
         n,
         words.ctypes.data + 8 * offset,
-        2 * _BLOCK,
+        stride,
         c.ctypes.data,
         out.ctypes.data,
         dist.ctypes.data,
@@ -584,7 +613,7 @@ def _check_native(fn) -> str:
         pad = np.zeros(2 * _BLOCK + _SLACK_WORDS, np.uint64)
         pad[: 2 * n] = top
         out, dist, st = np.empty(n), np.empty(n), np.empty((1, STATS_PER_BLOCK))
-        _call_kernel(fn, 1, n, pad, 0, center, out, dist, st, sigma, g)
+        _call_kernel(fn, 1, n, pad, 0, 2 * _BLOCK, center, out, dist, st, sigma, g)
         if not _finish_block(st[0], dist, center, out, top, lambda i, u=u: int(u[2, i]), sigma, g):
             if not int(st[0, 4]):
                 return f"sigma {sigma}: w0 < 2^11 count"
