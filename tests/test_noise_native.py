@@ -107,7 +107,9 @@ def test_a_million_draws_are_identical_across_backends_threads_and_span_sizes(mo
     with monkeypatch.context() as m:
         _numpy_only(m)
         noise.set_threads(1)
-        ref = NoiseStream(KEY, *path).gaussian(c, sigma)
+        s = NoiseStream(KEY, *path)
+        ref = s.gaussian(c, sigma)
+        after = s.words(5)
     decided = {round(a[0], 12) for a in calls}
     kernel_calls = _counting_kernel_calls(monkeypatch)
     assert len(calls) >= 150 and {round(x, 12) for x in c[forced]} <= decided  # every forced cell decided exactly
@@ -129,6 +131,7 @@ def test_a_million_draws_are_identical_across_backends_threads_and_span_sizes(mo
         assert sum(kernel_calls) == -(-total // BLK)  # every block through the kernel
         assert {round(a[0], 12) for a in calls} >= {round(x, 12) for x in c[forced]}
         assert s.position == 3 * total
+        np.testing.assert_array_equal(s.words(5), after)  # the next draw reads the words after the draw's
 
 
 class _Scripted:

@@ -538,7 +538,7 @@ def _native_span(fn, subkey, first, enc, flat, out, start, stop, sigma: float, g
                 u = np.empty(3 * n + _SLACK_WORDS, np.uint64)  # p's rare low-precision case: numpy, all words
                 _fill_from(_encryptor(subkey, first + 3 * b0), u, 0, 3 * n)
                 out[b0 : b0 + n] = _rounded_gaussian(flat[b0 : b0 + n], float(sigma), g, u[: 3 * n].reshape(3, n))
-    return enc
+    return None if skip else enc  # skipping, ``enc`` (if any) was never read: it is not at the span's end
 
 
 def _call_kernel(fn, nblocks, n, words, offset, stride, center, out, dist, stats, sigma: float, g: float) -> None:
