@@ -3,6 +3,7 @@
     python -m benchmarks.bench_noise                       # CPU: 1 thread and all cores, host and torch paths
     python -m benchmarks.bench_noise --device cuda         # adds the torch path with words made on the card
     python -m benchmarks.bench_noise --out benchmarks/results/bench_noise.md
+    python -m benchmarks.bench_noise --host-only           # numpy and the host paths only (a minute, not ten)
 
 Rows, each measured in this run: every repeat times each row once, in turn (so a busy spell of the machine hits
 every row alike), and the table gives each row's median:
@@ -143,6 +144,8 @@ def plan_rows(args, device: torch.device, threads: int, compiled_ok: bool) -> li
     sk = noise.subkey(KEY, ("d",))
     ct = torch.zeros(n, dtype=torch.float64, device=device)
     modes = [("eager", False)] + ([("compiled", True)] if compiled_ok else [])
+    if args.host_only and device.type == "cpu":
+        modes = []
     for label, compiled in modes:
 
         def env(fn, compiled=compiled):
@@ -240,12 +243,15 @@ def main(argv=None) -> None:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--threads", type=int, nargs="+", default=None, help="CPU thread counts (default: 1 and all)")
     ap.add_argument("--no-compile", action="store_true", help="eager kernels only")
+    ap.add_argument(
+        "--host-only", action="store_true", help="numpy, torch.randn and the host paths only (no torch path)"
+    )
     ap.add_argument("--out", default=None, help="also write the table (markdown) to this file")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     cores = noise.available_cores()
     counts = args.threads or sorted({1, cores})
-    compiled_ok = not args.no_compile
+    compiled_ok = not (args.no_compile or args.host_only)
     compile_secs = {}
     if compiled_ok:
         try:
