@@ -8,6 +8,7 @@ through the uniforms themselves), so every run decides some cells exactly.
 
 from __future__ import annotations
 
+import ctypes
 import shutil
 
 import mpmath
@@ -249,3 +250,84 @@ def test_without_a_kernel_the_numpy_sampler_gives_the_same_output(monkeypatch, h
     assert noise_native.status() != "compiled"
     _same_bits(NoiseStream(KEY, "fallback").gaussian(c, 0.7), want)
     monkeypatch.setattr(noise_native, "_LIB", None)  # built again (or not) by the next test
+
+
+def _compiled(monkeypatch, source: str, flags: list):
+    """The kernel built from ``source`` with exactly ``flags`` (through the module's own compile step)."""
+    monkeypatch.setattr(noise_native, "SOURCE", source)
+    fn = noise_native._compile(shutil.which("cc") or shutil.which("gcc") or shutil.which("clang"), flags)
+    fn = fn.dpcda_rounded_gaussian
+    fn.restype = None
+    fn.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
+    fn.argtypes += [ctypes.c_void_p] * 4 + [ctypes.c_double, ctypes.c_double, ctypes.c_void_p]
+    return fn
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler")
+@pytest.mark.parametrize(
+    "what,old,new,flags",
+    [
+        ("far tail off by 0.1", "double rf = r - 3.4;", "double rf = r - 3.3;", []),
+        ("zeros not made +0.0", "o[i] = (k + 0.0) * g;", "o[i] = k * g;", []),
+        ("-ffast-math", "", "", ["-ffast-math"]),
+        ("-fno-signed-zeros", "", "", ["-march=native", "-fno-signed-zeros"]),
+    ],
+)
+def test_the_load_check_fails_a_kernel_that_differs_in_the_far_tail_or_the_sign_of_zero(
+    monkeypatch, what, old, new, flags
+):
+    """A far-tail branch off by 0.1 in r, or zeros left as rint's -0.0 (by the source, or by a value-unsafe build):
+    the load check names a difference (it compares a far-tail block, and zeros reached from below)."""
+    source = noise_native.SOURCE.replace(old, new) if old else noise_native.SOURCE
+    assert source != noise_native.SOURCE or flags
+    assert noise._check_native(_compiled(monkeypatch, source, noise_native._FLAGS + flags)) != "", what
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler")
+def test_the_value_safety_flags_come_last_and_undo_a_value_unsafe_flag_before_them(monkeypatch):
+    """The build's command ends with the value-safety flags (the system's compiler takes them), so a -ffast-math
+    earlier in it changes no value: the check passes."""
+    commands = []
+    run = noise_native.subprocess.run
+    monkeypatch.setattr(noise_native.subprocess, "run", lambda cmd, **kw: (commands.append(cmd), run(cmd, **kw))[1])
+    monkeypatch.setattr(noise_native, "_LIB", None)
+    assert noise.native_kernel() is not None, noise_native.status()
+    cmd = commands[0]
+    tail = cmd[cmd.index("-o") - len(noise_native.SAFE_FLAGS) : cmd.index("-o")]
+    assert tail == noise_native.SAFE_FLAGS and "-fsigned-zeros" in tail and "-fno-fast-math" in tail
+    unsafe = noise_native._FLAGS + ["-ffast-math", "-fno-signed-zeros"] + noise_native.SAFE_FLAGS
+    assert noise._check_native(_compiled(monkeypatch, noise_native.SOURCE, unsafe)) == ""
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler")
+def test_the_load_check_makes_exact_decisions_and_reaches_the_far_tail(monkeypatch):
+    """The check decides cells exactly at every sigma, and compares a block whose uniforms are in the far tail."""
+    calls = _counting_exact_cells(monkeypatch)
+    words, sizes = noise._check_words()
+    u = words[3 * BLK : 6 * BLK].reshape(3, BLK)
+    _, p = noise._tail_p(u)
+    assert (np.sqrt(-np.log(p)) > 5.0).mean() > 0.9 and p.min() >= 2.0**-53  # far tail, none with w0 < 2^11
+    assert noise._check_native(noise.native_kernel()) == ""
+    assert len({a[1] for a in calls}) == 3 and len(calls) >= 30
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler")
+@pytest.mark.parametrize("sigma", [0.7, 1e-3, 123.0])
+def test_far_tail_uniforms_in_a_block_without_low_precision_p_kernel_equals_numpy(sigma):
+    """A block of U in the far tail (top words from 2^11 to 2^28, both signs): the kernel finishes the block itself
+    and gives the numpy sampler's output."""
+    fn = noise.native_kernel()
+    assert fn is not None, noise_native.status()
+    rng = np.random.default_rng(11)
+    u = rng.integers(0, 2**64, size=(3, BLK), dtype=np.uint64)
+    w0 = np.exp2(rng.uniform(11.0, 28.0, BLK)).astype(np.uint64)
+    u[0] = np.where(rng.integers(0, 2, BLK).astype(bool), ~w0, w0)
+    g = grid_for(sigma)
+    c = rng.normal(size=BLK) * 5
+    want = noise._rounded_gaussian(c, sigma, g, u)
+    top = np.ascontiguousarray(u[:2]).reshape(-1)
+    out, dist, st = np.empty(BLK), np.empty(BLK), np.empty((1, noise.STATS_PER_BLOCK))
+    noise._call_kernel(fn, 1, BLK, u.reshape(-1).copy(), 0, 3 * BLK, c, out, dist, st, sigma, g)
+    assert st[0, 0] > 7.0 and st[0, 4] == 0  # far tail reached, no w0 < 2^11
+    assert noise._finish_block(st[0], dist, c, out, top, lambda i: int(u[2, i]), sigma, g)
+    _same_bits(out, want)

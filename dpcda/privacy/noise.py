@@ -597,29 +597,85 @@ def _coefficients() -> np.ndarray:
     return np.array([_A, _B, _C, _D, _E, _F], np.float64).reshape(-1)
 
 
-def _check_native(fn) -> str:
-    """'' if the kernel gives the numpy sampler's output, bit for bit, on fixed words (a full block of random
-    uniforms, and a short block of the extremes: both tails, the centre, w0 < 2^11); else what differs."""
-    words = NoiseStream(public_key("native-check", 0), "words").words(3 * _BLOCK).reshape(3, _BLOCK)
+def _check_words() -> tuple:
+    """The load check's fixed uniforms, in the draws' layout (per block of n: n top, n middle, n low words), and for
+    each block its elements: three full blocks and a short one. Block 0 holds random uniforms; block 1 the far tail
+    (p < 1.4e-11, r > 5: top words from 2^11 to 2^28, both signs), p beside the tail's edge 0.075 and r = 5, U beside
+    1/2; block 2 random uniforms again; the short block 3 the extremes with w0 < 2^11 (U = 0, 2^192 - 1, ...)."""
+    rng = np.random.default_rng(20261126)
     mask = (1 << 64) - 1
-    extremes = [0, 1, 5 << 64, (1 << 191) - 1, 1 << 191, (1 << 192) - 2, (1 << 192) - 1, 12345 << 140]
-    ext = np.array([[(u >> s) & mask for s in (128, 64, 0)] for u in extremes], np.uint64).T.copy()
-    for sigma, u in ((0.7, words), (1e-3, words), (2.5, ext)):
-        n = u.shape[1]
-        center = np.linspace(-3.0, 3.0, n)
+    words = NoiseStream(public_key("native-check", 0), "words").words(3 * 3 * _BLOCK).reshape(3, 3, _BLOCK).copy()
+    far = np.exp2(rng.uniform(11.0, 28.0, _BLOCK)).astype(np.uint64)  # w0 (and so p 2^-64 w0) in the far tail
+    far[:8] = [1 << 11, (1 << 11) + 1, (1 << 11) + 2, 3 << 10, 1 << 20, (1 << 27) + 12345, 1 << 27, (1 << 28) - 1]
+    for j, p_edge in enumerate((0.075, math.exp(-25.0))):  # p on either side of the tail's edge and of r = 5
+        at = 16 + 64 * j
+        far[at : at + 64] = int(p_edge * 2.0**64) + rng.integers(-(1 << 30), 1 << 30, 64)
+    far[200:264] = ((1 << 63) - 1) - rng.integers(0, 1 << 20, 64).astype(np.uint64)  # p beside 1/2
+    flip = rng.integers(0, 2, _BLOCK).astype(bool)  # U >= 2^191 (w0 = ~u0): the other tail
+    words[1, 0] = np.where(flip, ~far, far)
+    extremes = [0, 1, 5 << 64, (1 << 192) - 1, (1 << 192) - 2, 12345 << 140, (1 << 191) - 1, 1 << 191]
+    ext = np.array([[(u >> s) & mask for s in (128, 64, 0)] for u in extremes], np.uint64).T
+    flat = np.concatenate([words.reshape(-1), ext.reshape(-1), np.zeros(_SLACK_WORDS, np.uint64)])
+    return flat, [_BLOCK, _BLOCK, _BLOCK, len(extremes)]
+
+
+def _check_native(fn) -> str:
+    """'' if the kernel gives the numpy sampler's output, bit for bit, on fixed uniforms (``_check_words``: random
+    ones, the far tail and the tail's edges, U beside 1/2 and the extremes), called on several blocks at once in the
+    draws' layout as a draw calls it; else what differs. At each sigma the centres put some elements right beside a
+    cell boundary (so the check makes exact decisions, and fails if it made none) and some at scaled values in
+    (-1/2, 0), where rint gives -0.0 and the output must be +0.0 (a build that ignores signed zeros fails here).
+    The block with w0 < 2^11 must be handed back to the numpy sampler, with the right count."""
+    words, sizes = _check_words()
+    starts = [3 * sum(sizes[:j]) for j in range(len(sizes))]
+    rng = np.random.default_rng(7)
+    for sigma in (0.7, 1e-3, 2.5):
         g = grid_for(sigma)
-        want = _rounded_gaussian(center, sigma, g, u)
-        top = np.ascontiguousarray(u[:2]).reshape(-1)
-        pad = np.zeros(2 * _BLOCK + _SLACK_WORDS, np.uint64)
-        pad[: 2 * n] = top
-        out, dist, st = np.empty(n), np.empty(n), np.empty((1, STATS_PER_BLOCK))
-        _call_kernel(fn, 1, n, pad, 0, 2 * _BLOCK, center, out, dist, st, sigma, g)
-        if not _finish_block(st[0], dist, center, out, top, lambda i, u=u: int(u[2, i]), sigma, g):
-            if not int(st[0, 4]):
-                return f"sigma {sigma}: w0 < 2^11 count"
-            continue  # the extremes hold w0 < 2^11: the numpy sampler decides that block
-        if not np.array_equal(out.view(np.uint64), want.view(np.uint64)):
-            return f"sigma {sigma}: {int((out.view(np.uint64) != want.view(np.uint64)).sum())} of {n} values"
+        z = np.zeros(sum(sizes))
+        blocks = []
+        for j, n in enumerate(sizes):
+            u = words[starts[j] : starts[j] + 3 * n].reshape(3, n)
+            flip, p = _tail_p(u)
+            t = upper_quantile(p)
+            z[j * _BLOCK : j * _BLOCK + n] = np.where(flip, t, -t)
+            blocks.append(u)
+        center = rng.normal(size=z.size) * 3.0
+        idx = rng.permutation(z.size)
+        near, negzero = idx[:24], idx[24 : z.size // 4]
+        center[near] = (rng.integers(-40, 40, near.size) + 0.5) * g - sigma * z[near]  # beside a boundary
+        center[negzero] = -sigma * z[negzero] - rng.uniform(0.05, 0.45, negzero.size) * g  # rint(scaled) = -0.0
+        out, dist = np.empty(z.size), np.empty(z.size)
+        st = np.empty((len(sizes), STATS_PER_BLOCK))
+        full = len(sizes) - 1
+        _call_kernel(fn, full, _BLOCK, words, 0, 3 * _BLOCK, center[: full * _BLOCK], out, dist, st, sigma, g)
+        at = full * _BLOCK
+        _call_kernel(
+            fn, 1, sizes[-1], words, starts[-1], 3 * _BLOCK, center[at:], out[at:], dist[at:], st[full:], sigma, g
+        )
+        decided = []
+        for j, (n, u) in enumerate(zip(sizes, blocks)):
+            sl = slice(j * _BLOCK, j * _BLOCK + n)
+            top = np.ascontiguousarray(u[:2]).reshape(-1)
+            small = int(((u[0] ^ (np.uint64(0) - (u[0] >> np.uint64(63)))) & _LOW63 < np.uint64(1 << 11)).sum())
+            if int(st[j, 4]) != small:
+                return f"sigma {sigma}, block {j}: {int(st[j, 4])} elements with w0 < 2^11, not {small}"
+
+            def low(i: int, u=u) -> int:
+                decided.append(i)
+                return int(u[2, i])
+
+            if not _finish_block(st[j], dist[sl], center[sl], out[sl], top, low, sigma, g):
+                if small:
+                    continue  # the numpy sampler decides that block
+                return f"sigma {sigma}, block {j}: not finished"
+            want = _rounded_gaussian(center[sl], sigma, g, u)
+            differ = int((out[sl].view(np.uint64) != want.view(np.uint64)).sum())
+            if differ:
+                return f"sigma {sigma}, block {j}: {differ} of {n} values"
+            if small:
+                return f"sigma {sigma}, block {j}: finished with w0 < 2^11"
+        if not decided:
+            return f"sigma {sigma}: no exact decision made"
     return ""
 
 

@@ -134,9 +134,20 @@ void dpcda_rounded_gaussian(int64_t nblocks, int64_t n, const uint64_t *words, i
 }
 """
 
-# value-safe flags only: no contraction into fused multiply-adds, no -ffast-math; errno and trap semantics (which
-# change no value) are dropped so the loops vectorise
-_FLAGS = ["-O3", "-std=c99", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math"]
+# no contraction into fused multiply-adds, no -ffast-math; errno (which changes no value) is dropped
+_FLAGS = ["-O3", "-std=c99", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno"]
+# appended after every other flag (the last of two contrary flags wins), so nothing before them can turn on a
+# value-changing optimisation (-ffast-math, -fno-signed-zeros, contraction, reassociation, reciprocals)
+SAFE_FLAGS = [
+    "-fno-fast-math",
+    "-fsigned-zeros",
+    "-ftrapping-math",
+    "-fno-unsafe-math-optimizations",
+    "-fno-associative-math",
+    "-fno-reciprocal-math",
+    "-fno-finite-math-only",
+    "-ffp-contract=off",
+]
 _LOCK = threading.Lock()
 _LIB = None  # the loaded function, or False once a build failed or was turned off
 _REASON = "not built yet"
@@ -166,7 +177,7 @@ def _build():
     errors = []
     for flags in (_FLAGS + ["-march=native"], _FLAGS):  # the host's vector units where the compiler knows them
         try:
-            fn = _compile(cc, flags).dpcda_rounded_gaussian
+            fn = _compile(cc, flags + SAFE_FLAGS).dpcda_rounded_gaussian
         except (OSError, subprocess.SubprocessError) as err:
             errors.append(f"{type(err).__name__}: {getattr(err, 'stderr', b'')[-300:] or err}")
             continue
