@@ -331,3 +331,20 @@ def test_far_tail_uniforms_in_a_block_without_low_precision_p_kernel_equals_nump
     assert st[0, 0] > 7.0 and st[0, 4] == 0  # far tail reached, no w0 < 2^11
     assert noise._finish_block(st[0], dist, c, out, top, lambda i: int(u[2, i]), sigma, g)
     _same_bits(out, want)
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler")
+def test_a_float32_sigma_gives_the_numpy_samplers_output(monkeypatch):
+    """sigma as np.float32 (its float64 value, as the numpy sampler takes it), with cells decided exactly."""
+    assert noise.native_kernel() is not None, noise_native.status()  # built (and checked) before counting calls
+    sigma = np.float32(0.0695)
+    total = 3 * BLK
+    c, _ = _boundary_centres(("f32",), total, float(sigma), 20, 4)
+    calls = _counting_exact_cells(monkeypatch)
+    with monkeypatch.context() as m:
+        _numpy_only(m)
+        want = NoiseStream(KEY, "f32").gaussian(c, sigma)
+    calls.clear()
+    kernel_calls = _counting_kernel_calls(monkeypatch)
+    _same_bits(NoiseStream(KEY, "f32").gaussian(c, sigma), want)
+    assert sum(kernel_calls) == 3 and len(calls) >= 20

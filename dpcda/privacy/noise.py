@@ -483,6 +483,7 @@ def _native_span(fn, subkey, first, enc, flat, out, start, stop, sigma: float, g
     With _SKIP_LOW_WORDS each block reads its top and middle words from an OpenSSL stream opened at them, and a low
     word only where an exact decision needs it; else one stream reads every word in order (``enc``, if given, is
     at the span's first word), and is returned at word first + 3 stop."""
+    sigma = float(sigma)  # a numpy float32 sigma: the numpy sampler's float64 value (and Fraction takes it)
     skip = _SKIP_LOW_WORDS
     group = _NATIVE_GROUP * _BLOCK
     stride = (2 if skip else 3) * _BLOCK  # words per block in the buffer
