@@ -9,6 +9,7 @@ through the uniforms themselves), so every run decides some cells exactly.
 from __future__ import annotations
 
 import ctypes
+import logging
 import shutil
 
 import mpmath
@@ -348,3 +349,26 @@ def test_a_float32_sigma_gives_the_numpy_samplers_output(monkeypatch):
     kernel_calls = _counting_kernel_calls(monkeypatch)
     _same_bits(NoiseStream(KEY, "f32").gaussian(c, sigma), want)
     assert sum(kernel_calls) == 3 and len(calls) >= 20
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler")
+def test_a_kernel_whose_check_raises_is_turned_off_once_and_numpy_runs(monkeypatch, caplog):
+    """A kernel that overflows inside the load check: one warning, the numpy sampler's output, no build per draw."""
+    monkeypatch.setattr(
+        noise_native, "SOURCE", noise_native.SOURCE.replace("s = s * sigma_over_g;", "s = s * sigma_over_g * 1e308;")
+    )
+    builds = []
+    build = noise_native._build
+    monkeypatch.setattr(noise_native, "_build", lambda: (builds.append(1), build())[1])
+    monkeypatch.setattr(noise_native, "_LIB", None)
+    c = np.zeros(3 * BLK)
+    with monkeypatch.context() as m:
+        _numpy_only(m)
+        want = [NoiseStream(KEY, "raises", i).gaussian(c, 1.0) for i in range(2)]
+    with caplog.at_level(logging.WARNING, logger=noise_native.__name__):
+        got = [NoiseStream(KEY, "raises", i).gaussian(c, 1.0) for i in range(2)]
+    for a, b in zip(got, want):
+        _same_bits(a, b)
+    assert len(builds) == 1 and noise_native._LIB is False and "raised ArithmeticError" in noise_native.status()
+    assert len([r for r in caplog.records if "not used" in r.getMessage()]) == 1
+    monkeypatch.setattr(noise_native, "_LIB", None)  # built again by the next test

@@ -178,7 +178,7 @@ def _build():
     for flags in (_FLAGS + ["-march=native"], _FLAGS):  # the host's vector units where the compiler knows them
         try:
             fn = _compile(cc, flags + SAFE_FLAGS).dpcda_rounded_gaussian
-        except (OSError, subprocess.SubprocessError) as err:
+        except (OSError, AttributeError, subprocess.SubprocessError) as err:
             errors.append(f"{type(err).__name__}: {getattr(err, 'stderr', b'')[-300:] or err}")
             continue
         fn.restype = None
@@ -193,16 +193,21 @@ def kernel(check):
     """The compiled sampler (built and checked once per process), or None: then the numpy sampler runs.
 
     ``check(fn)``: '' where ``fn`` gives the numpy sampler's output on fixed words, else what differs (``noise``
-    passes its own check: this module imports nothing of ``noise``)."""
+    passes its own check: this module imports nothing of ``noise``). A check that raises has failed: the kernel is
+    off for the process (one warning), never built again per draw."""
     global _LIB, _REASON
     if _LIB is None:
         with _LOCK:
             if _LIB is None:
-                fn = _build()
-                if fn is not None:
-                    problem = check(fn)
-                    if problem:
-                        _REASON, fn = f"disagrees with the numpy sampler ({problem})", None
+                fn = None
+                try:
+                    fn = _build()
+                    if fn is not None:
+                        problem = check(fn)
+                        if problem:
+                            _REASON, fn = f"disagrees with the numpy sampler ({problem})", None
+                except Exception as err:  # whatever went wrong (an overflow included), numpy runs the sampler
+                    _REASON, fn = f"the load check raised {type(err).__name__}: {err}", None
                 if fn is not None:
                     _REASON = "compiled"
                 elif os.environ.get(_ENV, "1") != "0":
