@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import shutil
+import signal
+import time
 
 import mpmath
 import numpy as np
@@ -372,3 +375,32 @@ def test_a_kernel_whose_check_raises_is_turned_off_once_and_numpy_runs(monkeypat
     assert len(builds) == 1 and noise_native._LIB is False and "raised ArithmeticError" in noise_native.status()
     assert len([r for r in caplog.records if "not used" in r.getMessage()]) == 1
     monkeypatch.setattr(noise_native, "_LIB", None)  # built again by the next test
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
+def test_a_fork_while_the_build_holds_the_lock_does_not_hang_the_child(monkeypatch):
+    """The lock held (as by another thread building) at fork: the child builds for itself instead of waiting on a
+    lock no thread of it holds."""
+    monkeypatch.setattr(noise_native, "_LIB", None)
+    noise.set_threads(1)
+    with noise_native._LOCK:
+        pid = os.fork()
+        if pid == 0:  # the child: a large draw needs the kernel (or numpy), then exits
+            try:
+                signal.alarm(30)
+                NoiseStream(KEY, "fork").gaussian(np.zeros(3 * BLK), 1.0)
+                os._exit(0)
+            finally:
+                os._exit(1)
+    deadline = time.monotonic() + 60
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the child hung on the build lock")
+        time.sleep(0.05)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    monkeypatch.setattr(noise_native, "_LIB", None)

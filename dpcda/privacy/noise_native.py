@@ -228,3 +228,14 @@ def _reset() -> None:
     global _LIB, _REASON
     with _LOCK:
         _LIB, _REASON = None, "not built yet"
+
+
+def _after_fork_in_child() -> None:
+    """A fork while another thread held ``_LOCK`` (building) leaves the child's copy held by no thread of the child:
+    the child gets a fresh lock, and builds (or not) for itself where the parent had not finished."""
+    global _LOCK
+    _LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
