@@ -23,13 +23,13 @@ output is a function of U alone. Phi^-1 is evaluated in float64 with Wichura's A
 1e-16; we assume 2^-40 (1 + |z|), and the tests check it against mpmath over the whole range). Any output whose
 float value lies within (twice) the error bound of a cell boundary is decided exactly instead: u is compared with
 Phi(boundary) computed in 170-digit decimal arithmetic. On the host the float part runs as one compiled loop
-(``privacy.noise_native``: the same IEEE operations in the same order, its ``log`` within the same error bound) or,
-where no C compiler is present, in numpy; the decisions above are taken from its values the same way. So given U,
-the output is exactly the ideal mechanism's output at u (a zero always as +0.0, whichever path decided it). The only
-gap left is u's resolution: every output cell receives a number of U values within one of 2^192 times its ideal
-probability, the implementation's support is |Z| <= Phi^-1(1 - 2^-193) < 16.5 (ideal mass outside it: below 2^-191),
-and fewer than 33 * 2^13 + 2 < 2^18.1 cells lie inside. The total variation distance from the ideal mechanism is
-therefore below tau = 2^-174 per draw.
+(``privacy.noise_native``: the same IEEE operations in the same order, its ``log`` within the same error bound; checked
+against numpy at load) or, where no C compiler is present or the check fails, in numpy; the decisions above are taken
+from its values the same way. So given U, the output is exactly the ideal mechanism's output at u (a zero always as
++0.0, whichever path decided it). The only gap left is u's resolution: every output cell receives a number of U values
+within one of 2^192 times its ideal probability, the implementation's support is |Z| <= Phi^-1(1 - 2^-193) < 16.5 (ideal
+mass outside it: below 2^-191), and fewer than 33 * 2^13 + 2 < 2^18.1 cells lie inside. The total variation distance
+from the ideal mechanism is therefore below tau = 2^-174 per draw.
 
 Binomial draws (``binomial``, poisson-mode row sizes) use the inverse CDF of Binomial(n, q), q rational, tabulated
 to 192 bits in decimal arithmetic up to the point M where the upper tail is below 2^-193 (every threshold below
@@ -81,8 +81,8 @@ SAMPLER = (
 WORDS = (
     "mixing noise on a CUDA worker: ChaCha20 and the sampler in torch on the card (privacy.noise_device: the same "
     "words and outputs as the OpenSSL stream, bit for bit, identity-tested), near-boundary cells decided on the "
-    "host; everything else: OpenSSL on the host and the sampler as a compiled loop (numpy where no C compiler is "
-    "present: the same output), on all its cores"
+    "host; everything else: OpenSSL on the host and the sampler as a compiled loop where a C compiler is present "
+    "and the loop passes its check against numpy at load, else in numpy (the same output), on all its cores"
 )
 _BLOCK = 8192  # elements per vectorised block (keeps temporaries in cache)
 _DENSE_KEYS = 1 << 22  # random keys per batch in the dense distinct-index sampler

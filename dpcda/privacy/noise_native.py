@@ -10,7 +10,9 @@ Why the output is the same, bit for bit. The kernel evaluates, per element, the 
 evaluates, in the same order: p from the two top words (int64 -> float64 conversions, products by powers of two, one
 sum), AS 241's Horner recurrences with the same coefficients (passed from ``noise``), the division, the products by
 sigma/g and the division by g, round half to even, (k + 0.0) * g. It is built with ``-ffp-contract=off`` (no fused
-multiply-adds) and without ``-ffast-math``, so vector and scalar code round every operation as numpy does. The one
+multiply-adds) and without ``-ffast-math``, and the command ends with value-safety flags (``SAFE_FLAGS``: signed
+zeros, no unsafe math, reassociation, reciprocals or contraction) that override anything before them, so vector and
+scalar code round every operation as numpy does. The one
 call that may differ is ``log`` in the tail branch (glibc's, where numpy may use its own SIMD log): both are within
 an ulp or two, far inside the error bound ``noise.Z_ERROR`` the exact decision assumes (2^-40 (1 + |z|), observed
 below 2^-50), so every element the float value decides lies in the exact cell at u, which is the numpy sampler's
@@ -19,9 +21,13 @@ output too. Everything else is decided where numpy decides it: the kernel return
 bound, the same refusals and the same exact decimal decision to the same elements (a block holding one of p's rare
 low-precision cases, w0 < 2^11, goes through the numpy sampler whole).
 
-At load the kernel is checked against the numpy sampler on fixed words, near-boundary and tail cells included; a
-machine without a C compiler, a failed build or a failed check leaves ``kernel()`` None and the numpy sampler runs:
-the same output, slower. ``DPCDA_NOISE_NATIVE=0`` turns the kernel off.
+At load the kernel is checked against the numpy sampler, bit for bit, on fixed uniforms (``noise._check_native``):
+random blocks, a block in the far tail (r > 5, both signs), p beside the tail's edge and beside 1/2, zeros reached from
+below (rint's -0.0 must leave as +0.0) and cells beside a boundary that are decided exactly, several blocks per call
+in the draws' layout; a block with w0 < 2^11 must be handed back. It samples the arithmetic, it does not prove it:
+what it cannot catch, the value-safety flags and the shared error bound are there for. A machine without a C
+compiler, a failed build, a failed check or a check that raises leaves ``kernel()`` None for the process (one
+warning) and the numpy sampler runs: the same output, slower. ``DPCDA_NOISE_NATIVE=0`` turns the kernel off.
 """
 
 from __future__ import annotations
