@@ -22,11 +22,14 @@ We sample it by inversion. A 192-bit uniform integer U gives u = (U + 1/2) / 2^1
 output is a function of U alone. Phi^-1 is evaluated in float64 with Wichura's AS 241 (relative error about
 1e-16; we assume 2^-40 (1 + |z|), and the tests check it against mpmath over the whole range). Any output whose
 float value lies within (twice) the error bound of a cell boundary is decided exactly instead: u is compared with
-Phi(boundary) computed in 170-digit decimal arithmetic. So given U, the output is exactly the ideal mechanism's
-output at u (a zero always as +0.0, whichever path decided it). The only gap left is u's resolution: every output
-cell receives a number of U values within one of 2^192 times its ideal probability, the implementation's support is
-|Z| <= Phi^-1(1 - 2^-193) < 16.5 (ideal mass outside it: below 2^-191), and fewer than 33 * 2^13 + 2 < 2^18.1 cells
-lie inside. The total variation distance from the ideal mechanism is therefore below tau = 2^-174 per draw.
+Phi(boundary) computed in 170-digit decimal arithmetic. On the host the float part runs as one compiled loop
+(``privacy.noise_native``: the same IEEE operations in the same order, its ``log`` within the same error bound; checked
+against numpy at load) or, where no C compiler is present or the check fails, in numpy; the decisions above are taken
+from its values the same way. So given U, the output is exactly the ideal mechanism's output at u (a zero always as
++0.0, whichever path decided it). The only gap left is u's resolution: every output cell receives a number of U values
+within one of 2^192 times its ideal probability, the implementation's support is |Z| <= Phi^-1(1 - 2^-193) < 16.5 (ideal
+mass outside it: below 2^-191), and fewer than 33 * 2^13 + 2 < 2^18.1 cells lie inside. The total variation distance
+from the ideal mechanism is therefore below tau = 2^-174 per draw.
 
 Binomial draws (``binomial``, poisson-mode row sizes) use the inverse CDF of Binomial(n, q), q rational, tabulated
 to 192 bits in decimal arithmetic up to the point M where the upper tail is below 2^-193 (every threshold below
@@ -78,13 +81,18 @@ SAMPLER = (
 WORDS = (
     "mixing noise on a CUDA worker: ChaCha20 and the sampler in torch on the card (privacy.noise_device: the same "
     "words and outputs as the OpenSSL stream, bit for bit, identity-tested), near-boundary cells decided on the "
-    "host; everything else: OpenSSL and numpy on the host, on all its cores"
+    "host; everything else: OpenSSL on the host and the sampler as a compiled loop where a C compiler is present "
+    "and the loop passes its check against numpy at load, else in numpy (the same output), on all its cores"
 )
 _BLOCK = 8192  # elements per vectorised block (keeps temporaries in cache)
 _DENSE_KEYS = 1 << 22  # random keys per batch in the dense distinct-index sampler
 _ZEROS = bytes(1 << 20)  # plaintext for the keystream, 1 MiB at a time
 _SLACK_WORDS = 8
-_TASK_BLOCKS = 16  # Gaussian blocks per thread task (128 Ki elements)
+_TASK_BLOCKS = 64  # Gaussian blocks per thread task (512 Ki elements: few OpenSSL streams to open)
+_NATIVE_GROUP = 4  # blocks per call of the compiled sampler (noise_native)
+_SKIP_LOW_WORDS = False  # True: each block opens an OpenSSL stream to skip its low words (openings serialise threads)
+_NATIVE_MIN = 2 * _BLOCK  # smaller spans: the numpy sampler (no build for a few draws)
+STATS_PER_BLOCK = 5  # what the compiled sampler returns per block (noise_native.STATS)
 _TASK_WORDS = 1 << 20  # keystream words per thread task
 MAX_STREAM_WORDS = 8 << 32  # 2^32 ChaCha20 blocks: OpenSSL refuses to wrap the 32-bit block counter
 _OVERFLOW = (
@@ -411,14 +419,13 @@ class NoiseStream:
         if workers > 1 and flat.size > task:  # spans of blocks in parallel, each reading its own stream span
 
             def span(s: int) -> None:
-                enc = _encryptor(self._subkey, first + 3 * s)
-                _gaussian_span(enc, flat, out, s, min(flat.size, s + task), sigma, g)
+                _gaussian_span(self._subkey, first, None, flat, out, s, min(flat.size, s + task), sigma, g)
 
             list(_pool(workers).map(span, range(0, flat.size, task)))
         else:
-            enc = enc if enc is not None else _encryptor(self._subkey, first)
-            _gaussian_span(enc, flat, out, 0, flat.size, sigma, g)
-            self._keep(enc, first + 3 * flat.size)
+            enc = _gaussian_span(self._subkey, first, enc, flat, out, 0, flat.size, sigma, g)
+            if enc is not None:
+                self._keep(enc, first + 3 * flat.size)
         return out.reshape(c.shape)
 
     def _gaussian_on_device(self, center, sigma: float):
@@ -448,15 +455,235 @@ class NoiseStream:
         return out.cpu().numpy() if as_numpy else out
 
 
-def _gaussian_span(enc, flat: np.ndarray, out: np.ndarray, start: int, stop: int, sigma: float, g: float) -> None:
-    """out[start:stop] from ``enc`` positioned at the span's first word: blocks of _BLOCK elements, each reading
-    3n words (n top, n middle, n low words of the 192-bit uniforms)."""
+def _gaussian_span(subkey, first, enc, flat, out, start, stop, sigma: float, g: float):
+    """out[start:stop] (``start`` a multiple of _BLOCK) for the draw whose words start at stream word ``first``.
+
+    The layout is fixed: block j of _BLOCK elements (the last one shorter) reads words first + 3 j _BLOCK on: n top,
+    n middle and n low words of its n 192-bit uniforms. The compiled kernel (``noise_native``) reads only the top and
+    middle words of each block (the low words where an exact decision needs them); without it the numpy sampler
+    reads all three, from ``enc`` if given (an OpenSSL stream at the span's first word). Returns the OpenSSL stream
+    at word first + 3 stop if one ended there, else None."""
+    fn = native_kernel() if stop - start >= _NATIVE_MIN else None
+    if fn is not None:
+        return _native_span(fn, subkey, first, enc, flat, out, start, stop, sigma, g)
+    enc = enc if enc is not None else _encryptor(subkey, first + 3 * start)
     buf = np.empty(3 * _BLOCK + _SLACK_WORDS, np.uint64)
     for s in range(start, stop, _BLOCK):
         e = min(stop, s + _BLOCK)
         n = e - s
         _fill_from(enc, buf, 0, 3 * n)
         out[s:e] = _rounded_gaussian(flat[s:e], float(sigma), g, buf[: 3 * n].reshape(UNIFORM_WORDS, n))
+    return enc
+
+
+def _native_span(fn, subkey, first, enc, flat, out, start, stop, sigma: float, g: float):
+    """``_gaussian_span`` with the compiled kernel: _NATIVE_GROUP blocks per call (the GIL released inside), then
+    per block, in order, the numpy sampler's error bound, refusals and exact decisions (``_finish_block``).
+
+    With _SKIP_LOW_WORDS each block reads its top and middle words from an OpenSSL stream opened at them, and a low
+    word only where an exact decision needs it; else one stream reads every word in order (``enc``, if given, is
+    at the span's first word), and is returned at word first + 3 stop."""
+    sigma = float(sigma)  # a numpy float32 sigma: the numpy sampler's float64 value (and Fraction takes it)
+    skip = _SKIP_LOW_WORDS
+    group = _NATIVE_GROUP * _BLOCK
+    stride = (2 if skip else 3) * _BLOCK  # words per block in the buffer
+    words = np.empty(stride * _NATIVE_GROUP + _SLACK_WORDS, np.uint64)
+    dist = np.empty(group, np.float64)
+    stats = np.empty((_NATIVE_GROUP, STATS_PER_BLOCK), np.float64)
+    if not skip and enc is None:
+        enc = _encryptor(subkey, first + 3 * start)
+    for s in range(start, stop, group):
+        e = min(stop, s + group)
+        full, rest = divmod(e - s, _BLOCK)
+        if skip:
+            for j in range(full + (1 if rest else 0)):  # top and middle words of each block
+                n = min(_BLOCK, e - s - j * _BLOCK)
+                _fill_from(_encryptor(subkey, first + 3 * (s + j * _BLOCK)), words, stride * j, 2 * n)
+        else:
+            _fill_from(enc, words, 0, 3 * (e - s))
+        if full:
+            _call_kernel(
+                fn, full, _BLOCK, words, 0, stride, flat[s : s + full * _BLOCK], out[s:], dist, stats, sigma, g
+            )
+        if rest:
+            at = full * _BLOCK
+            _call_kernel(
+                fn,
+                1,
+                rest,
+                words,
+                stride * full,
+                stride,
+                flat[s + at : e],
+                out[s + at :],
+                dist[at:],
+                stats[full:],
+                sigma,
+                g,
+            )
+        for j in range(full + (1 if rest else 0)):
+            b0 = s + j * _BLOCK
+            n = min(_BLOCK, e - b0)
+            top = words[stride * j : stride * j + 3 * n]  # n top, n middle (and n low) words
+
+            def low(i: int, base=first + 3 * b0 + 2 * n, top=top, n=n) -> int:  # element i's low word
+                if not skip:
+                    return int(top[2 * n + i])
+                w = np.empty(1 + _SLACK_WORDS, np.uint64)
+                _fill_from(_encryptor(subkey, base + i), w, 0, 1)
+                return int(w[0])
+
+            if not _finish_block(
+                stats[j], dist[j * _BLOCK : j * _BLOCK + n], flat[b0 : b0 + n], out[b0 : b0 + n], top, low, sigma, g
+            ):
+                u = np.empty(3 * n + _SLACK_WORDS, np.uint64)  # p's rare low-precision case: numpy, all words
+                _fill_from(_encryptor(subkey, first + 3 * b0), u, 0, 3 * n)
+                out[b0 : b0 + n] = _rounded_gaussian(flat[b0 : b0 + n], float(sigma), g, u[: 3 * n].reshape(3, n))
+    return None if skip else enc  # skipping, ``enc`` (if any) was never read: it is not at the span's end
+
+
+def _call_kernel(fn, nblocks, n, words, offset, stride, center, out, dist, stats, sigma: float, g: float) -> None:
+    """The kernel on ``nblocks`` blocks of ``n`` elements (n top then n middle words of block j at
+    words[offset + stride j:])."""
+    c = np.ascontiguousarray(center, np.float64)
+    if not (out.flags.c_contiguous and out.dtype == np.float64 and out.size >= nblocks * n and c.size == nblocks * n):
+        raise ValueError("noise sampler: kernel buffers of the wrong shape")  # never expected: memory safety first
+    fn(
+        nblocks,
+        n,
+        words.ctypes.data + 8 * offset,
+        stride,
+        c.ctypes.data,
+        out.ctypes.data,
+        dist.ctypes.data,
+        _coefficients().ctypes.data,
+        sigma / g,
+        g,
+        stats.ctypes.data,
+    )
+
+
+def _finish_block(st, dist, center, out, top, low, sigma: float, g: float) -> bool:
+    """After the kernel, one block as ``_rounded_gaussian`` finishes it: its error bound from its largest t and |c|,
+    the same refusals, and the exact decision for every element within (twice) the bound of a cell boundary.
+    ``top``: the block's n top then n middle words; ``low(i)``: element i's low word. False (nothing done) where an
+    element has w0 < 2^11: the caller runs the numpy sampler on the block."""
+    tmax, cmax, finite, dmax, small = (float(x) for x in st)
+    if small:
+        return False
+    err = _error_bound(sigma, g, tmax, cmax)
+    if not (finite and math.isfinite(err)):
+        raise ArithmeticError(f"noise sampler: values overflow at sigma={sigma:g} (too large for the grid)")
+    if err > 0.125:
+        raise ArithmeticError(f"noise sampler: sigma={sigma:g} is too small for the values' size")
+    if dmax >= 0.5 - 2.0 * err:
+        n = center.size
+        for i in np.flatnonzero(dist >= 0.5 - 2.0 * err):
+            u_int = (int(top[i]) << 128) | (int(top[n + i]) << 64) | low(int(i))
+            k = _exact_cell(float(center[i]), sigma, g, u_int, int(out[i] / g))
+            out[i] = (k + 0.0) * g
+    return True
+
+
+def native_kernel():
+    """The compiled sampler (``privacy.noise_native``), built and checked against numpy once per process, or None
+    (no C compiler, a failed build or check, ``DPCDA_NOISE_NATIVE=0``): then numpy runs the sampler."""
+    from dpcda.privacy import noise_native
+
+    return noise_native.kernel(_check_native)
+
+
+@lru_cache(maxsize=1)
+def _coefficients() -> np.ndarray:
+    return np.array([_A, _B, _C, _D, _E, _F], np.float64).reshape(-1)
+
+
+def _check_words() -> tuple:
+    """The load check's fixed uniforms, in the draws' layout (per block of n: n top, n middle, n low words), and for
+    each block its elements: three full blocks and a short one. Block 0 holds random uniforms; block 1 the far tail
+    (p < 1.4e-11, r > 5: top words from 2^11 to 2^28, both signs), p beside the tail's edge 0.075 and r = 5, U beside
+    1/2; block 2 random uniforms again; the short block 3 the extremes with w0 < 2^11 (U = 0, 2^192 - 1, ...)."""
+    rng = np.random.default_rng(20261126)
+    mask = (1 << 64) - 1
+    words = NoiseStream(public_key("native-check", 0), "words").words(3 * 3 * _BLOCK).reshape(3, 3, _BLOCK).copy()
+    far = np.exp2(rng.uniform(11.0, 28.0, _BLOCK)).astype(np.uint64)  # w0 (and so p 2^-64 w0) in the far tail
+    far[:8] = [1 << 11, (1 << 11) + 1, (1 << 11) + 2, 3 << 10, 1 << 20, (1 << 27) + 12345, 1 << 27, (1 << 28) - 1]
+    for j, p_edge in enumerate((0.075, math.exp(-25.0))):  # p on either side of the tail's edge and of r = 5
+        at = 16 + 64 * j
+        far[at : at + 64] = int(p_edge * 2.0**64) + rng.integers(-(1 << 30), 1 << 30, 64)
+    far[200:264] = ((1 << 63) - 1) - rng.integers(0, 1 << 20, 64).astype(np.uint64)  # p beside 1/2
+    flip = rng.integers(0, 2, _BLOCK).astype(bool)  # U >= 2^191 (w0 = ~u0): the other tail
+    words[1, 0] = np.where(flip, ~far, far)
+    extremes = [0, 1, 5 << 64, (1 << 192) - 1, (1 << 192) - 2, 12345 << 140, (1 << 191) - 1, 1 << 191]
+    ext = np.array([[(u >> s) & mask for s in (128, 64, 0)] for u in extremes], np.uint64).T
+    flat = np.concatenate([words.reshape(-1), ext.reshape(-1), np.zeros(_SLACK_WORDS, np.uint64)])
+    return flat, [_BLOCK, _BLOCK, _BLOCK, len(extremes)]
+
+
+def _check_native(fn) -> str:
+    """'' if the kernel gives the numpy sampler's output, bit for bit, on fixed uniforms (``_check_words``: random
+    ones, the far tail and the tail's edges, U beside 1/2 and the extremes), called on several blocks at once in the
+    draws' layout as a draw calls it; else what differs. At each sigma the centres put some elements right beside a
+    cell boundary (so the check makes exact decisions, and fails if it made none) and some at scaled values in
+    (-1/2, 0), where rint gives -0.0 and the output must be +0.0 (a build that ignores signed zeros fails here).
+    The block with w0 < 2^11 must be handed back to the numpy sampler, with the right count."""
+    words, sizes = _check_words()
+    starts = [3 * sum(sizes[:j]) for j in range(len(sizes))]
+    rng = np.random.default_rng(7)
+    for sigma in (0.7, 1e-3, 2.5):
+        g = grid_for(sigma)
+        z = np.zeros(sum(sizes))
+        blocks = []
+        for j, n in enumerate(sizes):
+            u = words[starts[j] : starts[j] + 3 * n].reshape(3, n)
+            flip, p = _tail_p(u)
+            t = upper_quantile(p)
+            z[j * _BLOCK : j * _BLOCK + n] = np.where(flip, t, -t)
+            blocks.append(u)
+        center = rng.normal(size=z.size) * 3.0
+        idx = rng.permutation(z.size)
+        near, negzero = idx[:24], idx[24 : z.size // 4]
+        center[near] = (rng.integers(-40, 40, near.size) + 0.5) * g - sigma * z[near]  # beside a boundary
+        center[negzero] = -sigma * z[negzero] - rng.uniform(0.05, 0.45, negzero.size) * g  # rint(scaled) = -0.0
+        out, dist = np.empty(z.size), np.empty(z.size)
+        st = np.empty((len(sizes), STATS_PER_BLOCK))
+        full = len(sizes) - 1
+        _call_kernel(fn, full, _BLOCK, words, 0, 3 * _BLOCK, center[: full * _BLOCK], out, dist, st, sigma, g)
+        at = full * _BLOCK
+        _call_kernel(
+            fn, 1, sizes[-1], words, starts[-1], 3 * _BLOCK, center[at:], out[at:], dist[at:], st[full:], sigma, g
+        )
+        decided = []
+        for j, (n, u) in enumerate(zip(sizes, blocks)):
+            sl = slice(j * _BLOCK, j * _BLOCK + n)
+            top = np.ascontiguousarray(u[:2]).reshape(-1)
+            small = int(((u[0] ^ (np.uint64(0) - (u[0] >> np.uint64(63)))) & _LOW63 < np.uint64(1 << 11)).sum())
+            if int(st[j, 4]) != small:
+                return f"sigma {sigma}, block {j}: {int(st[j, 4])} elements with w0 < 2^11, not {small}"
+
+            def low(i: int, u=u) -> int:
+                decided.append(i)
+                return int(u[2, i])
+
+            if not _finish_block(st[j], dist[sl], center[sl], out[sl], top, low, sigma, g):
+                if small:
+                    continue  # the numpy sampler decides that block
+                return f"sigma {sigma}, block {j}: not finished"
+            want = _rounded_gaussian(center[sl], sigma, g, u)
+            differ = int((out[sl].view(np.uint64) != want.view(np.uint64)).sum())
+            if differ:
+                return f"sigma {sigma}, block {j}: {differ} of {n} values"
+            if small:
+                return f"sigma {sigma}, block {j}: finished with w0 < 2^11"
+        if not decided:
+            return f"sigma {sigma}: no exact decision made"
+    return ""
+
+
+def _error_bound(sigma: float, g: float, tmax: float, cmax: float) -> float:
+    """Float error of a block's scaled values, in grid units: AS 241 and p's rounding (Z_ERROR (1 + |z|)) and three
+    roundings, from the block's largest t and |c|."""
+    return (sigma * Z_ERROR * (1.0 + tmax) + 2.0**-50 * (cmax + sigma * tmax)) / g
 
 
 def _has_repeat(idx: np.ndarray) -> np.ndarray:
@@ -595,10 +822,9 @@ def _rounded_gaussian(center: np.ndarray, sigma: float, g: float, u: np.ndarray)
     scaled *= sigma / g
     scaled += center / g  # (center + sigma z) / g: g is a power of two, so the divisions are exact
     k = np.rint(scaled)
-    # Float error of scaled, in grid units: AS 241 and p's rounding (Z_ERROR (1 + |z|)) and three roundings.
     tmax = float(t.max()) if t.size else 0.0
     cmax = float(np.abs(center).max()) if center.size else 0.0
-    err = (sigma * Z_ERROR * (1.0 + tmax) + 2.0**-50 * (cmax + sigma * tmax)) / g
+    err = _error_bound(sigma, g, tmax, cmax)
     if not (np.isfinite(scaled).all() and math.isfinite(err)):
         raise ArithmeticError(f"noise sampler: values overflow at sigma={sigma:g} (too large for the grid)")
     if err > 0.125:
