@@ -426,3 +426,71 @@ def test_benchmarks_write_their_result_files_through_benchmarks_files():
             if re.search(r"open\(.*[\"']wb?[\"']", line) and not re.search(r"\.installed|\btmp\b|\.tmp", line):
                 offenders.append(f"{path.relative_to(root)}:{n}: {line.strip()}")
     assert not offenders, offenders
+
+
+BENCH_FOLDERS = ("reproduce", "perf", "studies", "checks")
+
+
+def test_the_benchmarks_index_lists_every_script_once_under_its_folder_with_a_command_that_runs_it():
+    """benchmarks/README.md has one row per script of the four folders, under that folder's heading, and the row's
+    command runs that very script (``python -m benchmarks.<folder>.<script>``, or its path for a shell script)."""
+    import re
+    from pathlib import Path
+
+    from tests.conftest import ROOT
+
+    root = Path(ROOT) / "benchmarks"
+    on_disk = {
+        f"{p.parent.name}/{p.name}"
+        for folder in BENCH_FOLDERS
+        for p in (root / folder).iterdir()
+        if p.suffix in (".py", ".sh") and p.name != "__init__.py"
+    }
+    listed, folder = [], None
+    for line in (root / "README.md").read_text().splitlines():
+        if line.startswith("## "):
+            folder = line[3:].split("/")[0]
+        row = re.match(r"\| \[([\w.]+)\]\((\w+)/([\w.]+)\) \|", line)
+        if not row:
+            continue
+        name, link_folder, link_name = row.groups()
+        assert name == link_name and link_folder == folder, line
+        listed.append(f"{folder}/{name}")
+        command = line.split("|")[3]
+        module, path = f"benchmarks.{folder}.{name.rsplit('.', 1)[0]}", f"benchmarks/{folder}/{name}"
+        assert re.search(rf"(-m {re.escape(module)}|{re.escape(path)})[ `]", command), line
+    assert sorted(listed) == sorted(on_disk)
+
+
+def test_every_benchmark_module_or_script_named_in_the_repository_exists():
+    """A command, import or path that names a benchmark (``benchmarks.<folder>.<script>``, ``benchmarks/...py``) in
+    the code, the docs or a result file names one that is there: a moved script leaves no old name behind."""
+    import re
+    from pathlib import Path
+
+    from tests.conftest import ROOT
+
+    root = Path(ROOT)
+    removed = {"p3gm_smoke"}  # its result file and log entry name the revision that still holds it
+    texts = [root / "README.md", *root.glob("docs/*.md"), *root.glob("scripts/*"), *root.glob("tests/*.py")]
+    texts += [p for p in root.glob("dpcda/**/*.py")]
+    texts += [p for p in root.glob("benchmarks/**/*") if p.suffix in (".py", ".sh", ".md", ".csv")]
+    bad = []
+    for path in texts:
+        text = path.read_text()
+        for dotted in re.findall(r"\bbenchmarks((?:\.[a-z0-9_]+)+)", text):
+            parts = dotted.strip(".").split(".")
+            if parts[0] in removed:
+                continue
+            # a top-level helper (benchmarks.files), a folder (from benchmarks.studies import ...), or a script in one
+            if (root / "benchmarks" / f"{parts[0]}.py").is_file():
+                continue
+            if parts[0] in BENCH_FOLDERS and (
+                len(parts) == 1 or (root / "benchmarks" / parts[0] / f"{parts[1]}.py").is_file()
+            ):
+                continue
+            bad.append(f"{path.relative_to(root)}: benchmarks{dotted}")
+        for named in re.findall(r"\bbenchmarks/([\w/]+\.(?:py|sh))\b", text):
+            if not (root / "benchmarks" / named).is_file() and Path(named).stem not in removed:
+                bad.append(f"{path.relative_to(root)}: benchmarks/{named}")
+    assert not bad, bad
