@@ -6,6 +6,10 @@ import csv
 import io
 import os
 
+# the repository and the one folder every benchmark writes its result files into (README.md there is the log)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+
 
 def write_text(path: str, text: str) -> None:
     """``text`` to ``path`` through a temporary file in the same folder and one rename."""

@@ -9,8 +9,8 @@ import os
 import numpy as np
 import pytest
 
-from benchmarks.label_noise_table import label_flip_rate
-from benchmarks.reproduce_table2 import main, parse_calibration, synthesize
+from benchmarks.reproduce.label_noise_table import label_flip_rate
+from benchmarks.reproduce.reproduce_table2 import main, parse_calibration, synthesize
 from dpcda.mechanisms.combiners import FirstPassCombiner
 from dpcda.mechanisms.dpcda import noisy_labels
 from dpcda.pipeline.prepare import load_fashion_mnist
@@ -172,7 +172,7 @@ def test_label_flip_rate_matches_the_mechanism(sigma_y):
 
 
 def test_tabular_smartnoise_past_its_time_limit_is_stated_and_resume_measures_short_cells(tmp_path, monkeypatch):
-    from benchmarks import tabular_table
+    from benchmarks.reproduce import tabular_table
 
     # a stand-in for smartnoise's venv python that never finishes
     fake = tmp_path / "python"
@@ -202,7 +202,7 @@ def test_tabular_smartnoise_past_its_time_limit_is_stated_and_resume_measures_sh
 
 
 def test_tabular_keeps_each_finished_release_and_resume_measures_only_the_missing_ones(tmp_path, monkeypatch):
-    from benchmarks import tabular_table
+    from benchmarks.reproduce import tabular_table
 
     calls, budget = [], {"left": 1}
 
@@ -257,7 +257,7 @@ def test_tabular_keeps_each_finished_release_and_resume_measures_only_the_missin
 
 
 def test_calibration_benchmark_prints_the_time_and_the_noise_of_each_share(capsys):
-    from benchmarks.bench_calibration import main as bench_calibration
+    from benchmarks.perf.bench_calibration import main as bench_calibration
 
     bench_calibration(["--targets", "0.5", "2"])
     out = capsys.readouterr().out
@@ -268,7 +268,7 @@ def test_calibration_benchmark_prints_the_time_and_the_noise_of_each_share(capsy
 
 
 def test_pld_resolution_benchmark_agrees_with_the_direct_convolution_at_a_large_delta(capsys):
-    from benchmarks.pld_resolution import main as pld_resolution
+    from benchmarks.checks.pld_resolution import main as pld_resolution
 
     pld_resolution(["--config", "0.01", "400", "1.0"])
     row = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| 0.01 | 400 |")]
@@ -283,7 +283,7 @@ def test_pld_resolution_benchmark_agrees_with_the_direct_convolution_at_a_large_
 
 
 def test_pca_spectrum_measures_the_basis_a_share_of_epsilon_buys():
-    from benchmarks.pca_spectrum import captured, noise_std
+    from benchmarks.studies.pca_spectrum import captured, noise_std
     from dpcda.mechanisms.dppca import CovarianceCombiner
     from dpcda.privacy.noise import NoiseStream, public_key
 
@@ -305,7 +305,7 @@ def test_pca_spectrum_measures_the_basis_a_share_of_epsilon_buys():
 
 
 def test_table2_best_cells_are_completed_again_when_a_new_release_demotes_the_best():
-    from benchmarks.reproduce_table2 import best_cells, complete_best_cells
+    from benchmarks.reproduce.reproduce_table2 import best_cells, complete_best_cells
 
     def row(cal, eps, l, mean, runs):
         return {"calibration": cal, "epsilon": eps, "l": l, "mean": mean, "runs": runs}
@@ -327,7 +327,7 @@ def test_table2_best_cells_are_completed_again_when_a_new_release_demotes_the_be
 def test_table2_resume_merges_the_cells_of_split_runs(tmp_path):
     import argparse
 
-    from benchmarks.reproduce_table2 import load_done
+    from benchmarks.reproduce.reproduce_table2 import load_done
     from tests.conftest import ROOT
 
     with open(ROOT / "benchmarks" / "results" / "table2_fashion_mnist.csv") as fh:
@@ -347,7 +347,7 @@ def test_table2_resume_merges_the_cells_of_split_runs(tmp_path):
 
 
 def test_table3_split_runs_merge_into_one_table_in_the_variants_order(tmp_path):
-    from benchmarks import reproduce_table3 as t3
+    from benchmarks.reproduce import reproduce_table3 as t3
 
     common = ["--datasets", "digits", "--ls", "4", "--runs", "1", "--epochs", "1", "--limit", "400"]
     t3.main([*common, "--eps", "10", "--variants", "local/plain", "--out", str(tmp_path / "a")])
@@ -385,7 +385,7 @@ def _seed004_loop(accuracies):
     "curve", [[0.5, 0.6, 0.55, 0.9], [0.7, 0.69], [0.3, 0.3, 0.31, 0.2], [0.1, 0.2, 0.3], [0.4, 0.4, 0.4]]
 )
 def test_seed004_rule_reports_what_seed_004s_loop_reports(curve):
-    from benchmarks.p3gm_protocol import seed004_rule
+    from benchmarks.studies.p3gm_protocol import seed004_rule
 
     acc, epoch = seed004_rule(curve)
     expected = _seed004_loop(curve)
@@ -397,7 +397,7 @@ def test_seed004_rule_reports_what_seed_004s_loop_reports(curve):
 
 
 def test_seed004_curve_trains_its_classifier_and_runs_the_fixed_epochs(tmp_path):
-    from benchmarks.p3gm_protocol import Seed004CNN, seed004_curve
+    from benchmarks.studies.p3gm_protocol import Seed004CNN, seed004_curve
 
     assert sum(p.numel() for p in Seed004CNN().parameters()) == 28 * 9 + 28 + 4732 * 128 + 128 + 128 * 10 + 10
     rng = np.random.default_rng(0)
@@ -416,10 +416,81 @@ def test_benchmarks_write_their_result_files_through_benchmarks_files():
     from pathlib import Path
 
     offenders = []
-    for path in sorted(Path(__file__).resolve().parent.parent.joinpath("benchmarks").glob("*.py")):
-        if path.name == "files.py":
+    root = Path(__file__).resolve().parent.parent.joinpath("benchmarks")
+    scripts = sorted(root.rglob("*.py"))
+    assert len(scripts) > 30 and root / "reproduce" / "reproduce_table2.py" in scripts  # the subfolders are searched
+    for path in scripts:
+        if path == root / "files.py":
             continue
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if re.search(r"open\(.*[\"']wb?[\"']", line) and not re.search(r"\.installed|\btmp\b|\.tmp", line):
-                offenders.append(f"{path.name}:{n}: {line.strip()}")
+                offenders.append(f"{path.relative_to(root)}:{n}: {line.strip()}")
     assert not offenders, offenders
+
+
+BENCH_FOLDERS = ("reproduce", "perf", "studies", "checks")
+
+
+def test_the_benchmarks_index_lists_every_script_once_under_its_folder_with_a_command_that_runs_it():
+    """benchmarks/README.md has one row per script of the four folders, under that folder's heading, and the row's
+    command runs that very script (``python -m benchmarks.<folder>.<script>``, or its path for a shell script)."""
+    import re
+    from pathlib import Path
+
+    from tests.conftest import ROOT
+
+    root = Path(ROOT) / "benchmarks"
+    on_disk = {
+        f"{p.parent.name}/{p.name}"
+        for folder in BENCH_FOLDERS
+        for p in (root / folder).iterdir()
+        if p.suffix in (".py", ".sh") and p.name != "__init__.py"
+    }
+    listed, folder = [], None
+    for line in (root / "README.md").read_text().splitlines():
+        if line.startswith("## "):
+            folder = line[3:].split("/")[0]
+        row = re.match(r"\| \[([\w.]+)\]\((\w+)/([\w.]+)\) \|", line)
+        if not row:
+            continue
+        name, link_folder, link_name = row.groups()
+        assert name == link_name and link_folder == folder, line
+        listed.append(f"{folder}/{name}")
+        command = line.split("|")[3]
+        module, path = f"benchmarks.{folder}.{name.rsplit('.', 1)[0]}", f"benchmarks/{folder}/{name}"
+        assert re.search(rf"(-m {re.escape(module)}|{re.escape(path)})[ `]", command), line
+    assert sorted(listed) == sorted(on_disk)
+
+
+def test_every_benchmark_module_or_script_named_in_the_repository_exists():
+    """A command, import or path that names a benchmark (``benchmarks.<folder>.<script>``, ``benchmarks/...py``) in
+    the code, the docs or a result file names one that is there: a moved script leaves no old name behind."""
+    import re
+    from pathlib import Path
+
+    from tests.conftest import ROOT
+
+    root = Path(ROOT)
+    removed = {"p3gm_smoke"}  # its result file and log entry name the revision that still holds it
+    texts = [root / "README.md", *root.glob("docs/*.md"), *root.glob("scripts/*"), *root.glob("tests/*.py")]
+    texts += [p for p in root.glob("dpcda/**/*.py")]
+    texts += [p for p in root.glob("benchmarks/**/*") if p.suffix in (".py", ".sh", ".md", ".csv")]
+    bad = []
+    for path in texts:
+        text = path.read_text()
+        for dotted in re.findall(r"\bbenchmarks((?:\.[a-z0-9_]+)+)", text):
+            parts = dotted.strip(".").split(".")
+            if parts[0] in removed:
+                continue
+            # a top-level helper (benchmarks.files), a folder (from benchmarks.studies import ...), or a script in one
+            if (root / "benchmarks" / f"{parts[0]}.py").is_file():
+                continue
+            if parts[0] in BENCH_FOLDERS and (
+                len(parts) == 1 or (root / "benchmarks" / parts[0] / f"{parts[1]}.py").is_file()
+            ):
+                continue
+            bad.append(f"{path.relative_to(root)}: benchmarks{dotted}")
+        for named in re.findall(r"\bbenchmarks/([\w/]+\.(?:py|sh))\b", text):
+            if not (root / "benchmarks" / named).is_file() and Path(named).stem not in removed:
+                bad.append(f"{path.relative_to(root)}: benchmarks/{named}")
+    assert not bad, bad

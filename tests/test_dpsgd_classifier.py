@@ -1,4 +1,4 @@
-"""benchmarks.dpsgd_classifier: the DP-SGD reference classifier on tiny data (8x8 images, a few dozen rows).
+"""benchmarks.studies.dpsgd_classifier: the DP-SGD reference classifier on tiny data (8x8 images, a few dozen rows).
 
 Pure unit tests, no Beam: the clipped per-example sum against a naive loop, determinism of the batches and the noise
 in the key, the accounting against the target, and no torch random draw inside a training step.
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks import dpsgd_classifier as dc
+from benchmarks.studies import dpsgd_classifier as dc
 from dpcda.privacy.accounting import ReleaseEvents, account
 from dpcda.privacy.events import DpSgdEvent
 from dpcda.privacy.noise import NoiseStream, key_from_test_seed, public_key

@@ -207,12 +207,13 @@ def test_no_import_circles():
 
 
 def test_readme_is_a_short_user_guide_whose_links_resolve():
-    """At most 170 lines (results live in docs/ and benchmarks/results/), and every relative link of the README and
-    docs/ points at a file that exists."""
+    """At most 170 lines (results live in docs/ and benchmarks/results/), and every relative link of the README, of
+    docs/, of the benchmarks' index and of the result files points at a file that exists."""
     import re
 
     assert len((ROOT / "README.md").read_text().splitlines()) <= 170
-    for doc in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+    results = (ROOT / "benchmarks" / "results").glob("*.md")
+    for doc in [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "benchmarks" / "README.md", *results]:
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text()):
             if not target.startswith(("http://", "https://")):
                 assert (doc.parent / target).exists(), f"{doc.name}: broken link {target}"

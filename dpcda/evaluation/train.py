@@ -23,7 +23,7 @@ between 0.10 and 0.75 accuracy across seeds. What makes it stable, using no real
   score is 0.17), so no choice is made on it.
 * No dropout (the Table 1 network's 0.5 is switched off, ``dropout=0.0``). A mixing release's label scores differ
   from uniform by a few hundredths; dropout 0.5 in the head shrinks a prediction that small to almost nothing. On
-  DPMix, Fashion-MNIST, eps 20, l = 64 (``benchmarks/dpmix_recipe``) the CNN with dropout explained 12 % of the
+  DPMix, Fashion-MNIST, eps 20, l = 64 (``benchmarks/studies/dpmix_recipe``) the CNN with dropout explained 12 % of the
   variance of the exact label means of fresh test mixtures, the linear probe 31 %, the CNN without dropout 28 %; real
   test accuracy 0.30 (the recipe before: dropout, clipped targets, epoch chosen on the argmax), 0.50 (last iterate,
   squared error, dropout), 0.71 (no dropout), probe 0.73.
@@ -35,8 +35,8 @@ between 0.10 and 0.75 accuracy across seeds. What makes it stable, using no real
 
 Speed: the CNN runs in channels-last memory format, and under bf16 autocast where the hardware has bf16 units (any
 CUDA device; CPUs with AVX-512 BF16 or AMX): 2.4x the float32 rows/s on this project's 2-core CPU
-(``benchmarks/bench_train``). Weights, optimizer state, the loss and the EMA stay float32; the equal accuracy over
-several releases is measured by ``benchmarks/precision_check`` (results in benchmarks/results/).
+(``benchmarks/perf/bench_train``). Weights, optimizer state, the loss and the EMA stay float32; the equal accuracy over
+several releases is measured by ``benchmarks/checks/precision_check`` (results in benchmarks/results/).
 
 Data stay resident on the device as tensors; batches are index slices of one permutation per epoch.
 """
@@ -101,7 +101,7 @@ class Recipe:
 RECIPES = {
     "new": Recipe(),
     "old": Recipe(selection="val_accuracy", soft_loss="clipped", dropout=None),
-    # the steps between them, for benchmarks.dpmix_recipe
+    # the steps between them, for benchmarks.studies.dpmix_recipe
     "last": Recipe(soft_loss="clipped", dropout=None),
     "last+brier": Recipe(dropout=None),
     "last+cross_entropy+dropout0": Recipe(soft_loss="cross_entropy"),

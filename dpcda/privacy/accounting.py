@@ -68,7 +68,7 @@ class RoundoffReservingPLDAccountant(pld.PLDAccountant):
     dp_accounting's delta plus that share (its inverse). The share covers the float64 round-off of the FFT
     composition, which lands on delta (see ``PLD_MIN_DELTA``); ``check_pld_delta`` refuses a delta too small for the
     share to cover it. Every PLD number of the product (accounting, calibration searches, the adaptive stages) is read
-    through this class; ``benchmarks/pld_resolution.py`` measures the round-off with dp_accounting's own methods.
+    through this class; ``benchmarks/checks/pld_resolution.py`` measures the round-off with dp_accounting's own methods.
     """
 
     def get_epsilon(self, target_delta: float) -> float:
@@ -109,9 +109,10 @@ class AccountingError(DpcdaError, ValueError):
 
 
 # dp_accounting's PLD composes by FFT in float64, and the round-off lands on the delta it reports as an absolute error
-# that grows about linearly with the number of compositions n, about 1.2e-16 n: 7e-13 at 6,000, 8e-12 at 60,000,
-# 2e-10 at 2,000,000, measured against a direct convolution of the same pessimistic PMFs (benchmarks/pld_resolution.py);
-# below that its epsilon is round-off (negative deltas and infinity masses, epsilon zig-zagging as the noise grows).
+# that grows about linearly with the number of compositions n, about 1.2e-16 n: 7e-13 at 6,000, 8e-12 at 60,000, 2e-10
+# at 2,000,000, measured against a direct convolution of the same pessimistic PMFs
+# (benchmarks/checks/pld_resolution.py); below that its epsilon is round-off (negative deltas and infinity masses,
+# epsilon zig-zagging as the noise grows).
 # Where the PLD is the accountant of record (add/remove, poisson mode) its delta must be at least
 # max(PLD_MIN_DELTA, PLD_DELTA_PER_COMPOSITION n) (pld_least_delta), so that 2e-16 n, the round-off with a margin, fits
 # in the share PLD_ROUNDOFF_SHARE of delta that the accountant sets aside for it (RoundoffReservingPLDAccountant).

@@ -21,7 +21,7 @@ from dpcda.schemas.table import TableSchema
 MAX_CLASSES = 1 << 16
 MAX_MIXING_ORDER = 1 << 14  # keeps a row's summed records below privacy.events.MAX_ROW_RECORDS
 MAX_SAMPLES_PER_INPUT_ROW = 100  # T may be at most this many times the input rows (checked once they are counted)
-DEFAULT_LABEL_NOISE_RATIO = 1.0  # dpmix sigma_y / sigma_x; benchmarks/dpmix_ratio.py measures the choice
+DEFAULT_LABEL_NOISE_RATIO = 1.0  # dpmix sigma_y / sigma_x; benchmarks/studies/dpmix_ratio.py measures the choice
 
 
 class ConfigError(DpcdaError, ValueError):

@@ -1,0 +1,1 @@
+"""Speed and memory of the release and its parts, optionally paired against another git revision."""

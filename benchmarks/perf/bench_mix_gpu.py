@@ -1,0 +1,118 @@
+"""The mixing step alone, as achieved GB/s of gathered rows against the card's measured bandwidth.
+
+    python -m benchmarks.perf.bench_mix_gpu                 # N_k = T_k = 10^6, l = 64, d = 784 on CUDA
+    python -m benchmarks.perf.bench_mix_gpu --n 20000 --t 20000 --l 16   # a small CPU run
+
+Gathered bytes = T_k * l * d * 8 (each selected record read once per synthetic row, float64). The ceiling is a
+device-to-device copy measured on the same card (bytes read + written). Indices come from the CPU, the noise from
+where the rows are (``privacy.noise``; on CUDA ``privacy.noise_device``), as in a release. The noise columns time
+the same chunks' noise alone (same streams, same shapes) and give its share of the mixing time. Beam-free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from dpcda.mechanisms.device import pick_device
+from dpcda.mechanisms.dpcda import mix_chunk
+from dpcda.privacy.noise import NoiseStream, key_from_test_seed
+
+
+def copy_bandwidth(device, nbytes=2 << 30) -> float:
+    a = torch.empty(nbytes // 4, dtype=torch.float32, device=device).normal_()
+    b = torch.empty_like(a)
+    for _ in range(2):
+        b.copy_(a)
+    sync(device)
+    t = time.perf_counter()
+    reps = 5
+    for _ in range(reps):
+        b.copy_(a)
+    sync(device)
+    return 2 * nbytes * reps / (time.perf_counter() - t) / 1e9
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def noise_time(key, args, chunk: int, device) -> float:
+    """Seconds the mixing noise alone takes for T_k rows in chunks of ``chunk``: the same streams and shapes as
+    ``mix_chunk`` draws (a tensor on CUDA, an array on the host)."""
+    means = torch.zeros((chunk, args.d), dtype=torch.float64, device=device)
+    host = means.cpu().numpy()
+    sync(device)
+    t = time.perf_counter()
+    done, c = 0, 0
+    while done < args.t:
+        rows = min(chunk, args.t - done)
+        stream = NoiseStream(key, "mix-noise", 0, c)
+        stream.gaussian(means[:rows] if device.type == "cuda" else host[:rows], 0.1)
+        done, c = done + rows, c + 1
+    sync(device)
+    return time.perf_counter() - t
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=10**6)
+    ap.add_argument("--t", type=int, default=10**6)
+    ap.add_argument("--l", type=int, default=64)
+    ap.add_argument("--d", type=int, default=784)
+    ap.add_argument("--chunk-rows", type=int, nargs="+", default=[4096, 16384, 65536])
+    ap.add_argument("--device", default="auto")
+    args = ap.parse_args(argv)
+    device = pick_device(args.device)
+    x = torch.rand((args.n, args.d), dtype=torch.float64, device=device)
+    key = key_from_test_seed(0)
+    bw = copy_bandwidth(device, nbytes=min(2 << 30, x.numel() * 4))
+    gathered = args.t * args.l * args.d * 8
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    print(
+        f"device {name}; N_k={args.n} T_k={args.t} l={args.l} d={args.d}; gathered {gathered / 1e9:.1f} GB; "
+        f"copy bandwidth {bw:.0f} GB/s"
+    )
+    print(
+        "| chunk_rows | seconds | gathered GB/s | fraction of copy bandwidth | rows/s | noise seconds | noise share |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for chunk in args.chunk_rows:
+        mix_chunk(
+            x,
+            mode="fixed",
+            mixing_order=args.l,
+            sigma_x=0.1,
+            rows=min(chunk, 1024),  # warm-up
+            index_stream=NoiseStream(key, "warmup-index"),
+            noise_stream=NoiseStream(key, "warmup-noise"),
+        )
+        sync(device)
+        t = time.perf_counter()
+        done, c = 0, 0
+        while done < args.t:
+            rows = min(chunk, args.t - done)
+            mix_chunk(
+                x,
+                mode="fixed",
+                mixing_order=args.l,
+                sigma_x=0.1,
+                rows=rows,
+                index_stream=NoiseStream(key, "mix-index", 0, c),
+                noise_stream=NoiseStream(key, "mix-noise", 0, c),
+            )
+            done, c = done + rows, c + 1
+        sync(device)
+        secs = time.perf_counter() - t
+        noise_secs = noise_time(key, args, chunk, device)
+        print(
+            f"| {chunk} | {secs:.3f} | {gathered / secs / 1e9:.1f} | {gathered / secs / 1e9 / bw:.2f} | "
+            f"{args.t / secs:,.0f} | {noise_secs:.3f} | {noise_secs / secs:.0%} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

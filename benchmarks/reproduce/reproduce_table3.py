@@ -1,0 +1,385 @@
+"""Seed 000's Table 3 and seed 001's comparisons: every mechanism of the product at eps 20 and 10, one table.
+
+    python -m benchmarks.reproduce.reproduce_table3 --resume                    # Fashion-MNIST and digits, full grid
+    python -m benchmarks.reproduce.reproduce_table3 --datasets digits --eps 10  # a quick look (digits is tiny)
+    ... --resume --merge OTHER.csv                                              # + the cells of a run split off (--out)
+
+Rows are (mechanism, variant): DP-CDA fixed and poisson, each plain and low-passed; DPMix plain and with seed 001's
+denoising (a Gaussian blur of std 1 pixel before training; post-processing); local perturbation; random projection
+with p in {50, 100, 200, 400} (p < d only). All run the product's own code in-process
+(``mechanisms.inprocess.release_in_process``) with its accounting (statistics included) and the evaluation recipe of
+``evaluation.train`` (CNN for images; MLP for projections; DPMix trains on its label scores).
+
+Best-l search, stated: for the mixing mechanisms one release per l in ``--ls`` is scored, and the l with the best
+real-test accuracy is then given ``--runs`` releases in all (the search release is one of them), as the seeds chose
+their l*. That choice looks at the test set, which a deployment could not do; the table says which l won. Writes
+benchmarks/results/table3_<dataset>.{md,csv,png} with the seeds' numbers beside ours where they report one (seed 000
+Table 3 has DP-CDA on Fashion-MNIST; DPMix, local perturbation and random projection only on MNIST and CIFAR10, shown
+as such).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import time
+import zlib
+
+import numpy as np
+
+from benchmarks.files import RESULTS, ROOT, write_csv, write_text
+from dpcda.evaluation.train import PROBE_MARGIN, RECIPES, train_and_score
+from dpcda.mechanisms.inprocess import first_pass, release_in_process
+from dpcda.mechanisms.plan import normalize
+from dpcda.pipeline.prepare import FASHION_MNIST_DIR, load_digits_split, load_fashion_mnist
+from dpcda.privacy.noise import key_from_test_seed
+from dpcda.schemas.config import ReleaseConfig
+
+OUT = RESULTS
+REFERENCE = os.path.join(ROOT, "..", "shared", "reference", "comparisons.csv")
+FIELDS = (
+    "dataset",
+    "mechanism",
+    "variant",
+    "epsilon",
+    "l",
+    "mean",
+    "std",
+    "runs",
+    "accuracies",
+    "sigma_x",
+    "searched",
+    "paper",
+    "paper_source",
+    "epochs",
+    "seconds",
+    "probe",
+    "probe_accuracies",
+    "recipe",
+)
+# (mechanism, variant, config fields); l is searched for the mixing mechanisms
+VARIANTS = [
+    ("dpcda", "fixed", dict(mechanism="dpcda", mode="fixed")),
+    ("dpcda", "fixed+lowpass", dict(mechanism="dpcda", mode="fixed", lowpass="LP")),
+    ("dpcda", "poisson", dict(mechanism="dpcda", mode="poisson")),
+    ("dpcda", "poisson+lowpass", dict(mechanism="dpcda", mode="poisson", lowpass="LP")),
+    ("dpmix", "plain", dict(mechanism="dpmix", mode="fixed")),
+    ("dpmix", "denoised", dict(mechanism="dpmix", mode="fixed", denoise=1.0)),
+    ("local", "plain", dict(mechanism="local", mixing_order=1)),
+    *[
+        ("randproj", f"p={p}", dict(mechanism="randproj", mixing_order=1, projection_dim=p))
+        for p in (50, 100, 200, 400)
+    ],
+]
+PAPER_NAMES = {"dpcda": "DP-CDA", "dpmix": "DPMix", "local": "LocalPerturbation", "randproj": "RandomProjection"}
+
+
+def load(dataset: str, source: str):
+    if dataset == "fashion-mnist":
+        return (*load_fashion_mnist("train", source), *load_fashion_mnist("test", source), 16)
+    return (*load_digits_split("train"), *load_digits_split("test"), 4)
+
+
+def paper_reference(path=REFERENCE) -> dict:
+    """(algorithm, dataset, eps) -> accuracy from the seeds (comparisons.csv)."""
+    ref = {}
+    if os.path.exists(path):
+        with open(path) as fh:
+            for row in csv.DictReader(line for line in fh if not line.startswith("#")):
+                ref[(row["algorithm"], row["dataset"], row["eps"])] = (float(row["accuracy"]), row["source"])
+    return ref
+
+
+def run_release(
+    x, y, tx, ty, first, fields: dict, *, eps, l, seed, epochs, num_classes, lowpass, sigma_x=None, recipe="new"
+):
+    """(real-test accuracy, sigma_x, linear probe's accuracy) of one release; ``sigma_x`` given: that noise instead of
+    ``eps``'s calibration."""
+    fields = {**fields, "lowpass": lowpass if fields.get("lowpass") == "LP" else fields.get("lowpass")}
+    if fields["mechanism"] in ("dpcda", "dpmix"):
+        fields["mixing_order"] = l
+    if fields["mechanism"] == "dpmix" or fields.get("mode") == "poisson":
+        fields["num_classes"] = num_classes
+    if fields["mechanism"] == "randproj" and fields["projection_dim"] >= x.shape[1]:
+        return None
+    cfg = ReleaseConfig(
+        input="in-process",
+        output="in-process",
+        **({"epsilon": float(eps)} if sigma_x is None else {"sigma_x": float(sigma_x)}),
+        seed=seed,
+        num_classes=num_classes,
+        **{k: v for k, v in fields.items() if k != "num_classes"},
+    )
+    feats, labels, plan, scores = release_in_process(x, y, cfg, key_from_test_seed(seed), first=first)
+    test = normalize(tx, plan.mean, plan.std, plan.clip, plan.bounds)
+    model = None
+    if plan.projection is not None:
+        from dpcda.mechanisms.randproj import projection_matrix
+
+        test = (test.astype(np.float64) @ projection_matrix(x.shape[1], plan.projection[0], plan.projection[1])).astype(
+            np.float32
+        )
+        model = "mlp"
+    res = train_and_score(
+        feats,
+        labels,
+        test,
+        ty,
+        num_classes=num_classes,
+        epochs=epochs,
+        seed=seed,
+        progress=False,
+        device="cpu",
+        soft_labels=scores if plan.mechanism == "dpmix" else None,
+        model=model,
+        recipe=RECIPES[recipe],
+    )
+    return res["accuracy_mean"], plan.sigma_x, res["probe"]["accuracy"]
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--datasets", nargs="+", default=["fashion-mnist", "digits"], choices=["fashion-mnist", "digits"])
+    ap.add_argument("--eps", nargs="+", default=["20", "10"])
+    ap.add_argument("--ls", type=int, nargs="+", default=[4, 16, 64], help="l searched for the mixing mechanisms")
+    ap.add_argument("--runs", type=int, default=3, help="releases of each reported cell")
+    ap.add_argument("--epochs", type=int, default=None, help="(default: 5 on Fashion-MNIST, 20 on digits)")
+    ap.add_argument("--variants", nargs="+", default=None, help="mechanism/variant names to run (default: all)")
+    ap.add_argument("--source", default=FASHION_MNIST_DIR)
+    ap.add_argument("--limit", type=int, default=None, help="first N training rows")
+    ap.add_argument("--out", default=OUT)
+    ap.add_argument("--resume", action="store_true", help="keep the cells already in the output CSV")
+    ap.add_argument(
+        "--recipe",
+        default="new",
+        choices=["new", "old"],
+        help="the evaluation's training recipe (evaluation.train.RECIPES); --resume re-measures a cell whose CSV row "
+        "names another recipe, and keeps that row, labelled, until then",
+    )
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        default=[],
+        metavar="CSV",
+        help="with --resume: also take the cells of these tables (runs split by --eps/--variants, e.g. one per core, "
+        "under another --out)",
+    )
+    args = ap.parse_args(argv)
+    if args.merge and not args.resume:
+        ap.error("--merge takes the cells of other tables into this one: give --resume too")
+    ref = paper_reference()
+    for dataset in args.datasets:
+        x, y, tx, ty, lowpass = load(dataset, args.source)
+        if args.limit:
+            x, y = x[: args.limit], y[: args.limit]
+        epochs = args.epochs or (5 if dataset == "fashion-mnist" else 20)
+        first = first_pass(x, y)
+        stem = os.path.join(args.out, f"table3_{dataset.replace('-', '_')}")
+        kept = load_done([stem + ".csv", *args.merge], dataset) if args.resume else {}
+        done = {k: r for k, r in kept.items() if (r.get("recipe") or "old") == args.recipe}
+        rows = list(kept.values())
+        if rows:  # the merged table (and the md in today's layout) before any new cell
+            write(rows, stem, dataset)
+        for eps in args.eps:
+            for mech, variant, fields in VARIANTS:
+                if args.variants and f"{mech}/{variant}" not in args.variants:
+                    continue
+                if (mech, variant, eps) in done:
+                    continue
+                t = time.time()
+                base = zlib.crc32(f"{dataset}/{mech}/{variant}/{eps}".encode()) % 1_000_000
+                ls = args.ls if mech in ("dpcda", "dpmix") else [1]
+                search = {}
+                for l in ls:
+                    got = run_release(
+                        x,
+                        y,
+                        tx,
+                        ty,
+                        first,
+                        dict(fields),
+                        eps=eps,
+                        l=l,
+                        seed=base + l,
+                        epochs=epochs,
+                        num_classes=10,
+                        lowpass=lowpass,
+                        recipe=args.recipe,
+                    )
+                    if got is None:
+                        break
+                    search[l] = got
+                    print(
+                        f"  {dataset} {mech}/{variant} eps={eps} l={l}: {got[0]:.4f} (probe {got[2]:.4f})", flush=True
+                    )
+                if not search:
+                    continue
+                best = max(search, key=lambda k: search[k][0])
+                accs, sigmas, probes = [search[best][0]], [search[best][1]], [search[best][2]]
+                for r in range(1, args.runs):
+                    a, s, p = run_release(
+                        x,
+                        y,
+                        tx,
+                        ty,
+                        first,
+                        dict(fields),
+                        eps=eps,
+                        l=best,
+                        seed=base + best + 1000 * r,
+                        epochs=epochs,
+                        num_classes=10,
+                        lowpass=lowpass,
+                        recipe=args.recipe,
+                    )
+                    accs.append(a)
+                    sigmas.append(s)
+                    probes.append(p)
+                algorithm = PAPER_NAMES[mech] + ("+denoising" if variant == "denoised" else "")
+                paper, source = ref.get((algorithm, "FashionMNIST", eps), (None, ""))
+                source = f"Fashion-MNIST, {source}" if paper is not None else ""
+                if dataset != "fashion-mnist":  # the seeds report nothing on digits
+                    paper, source = None, ""
+                elif paper is None:  # the seeds report these baselines on MNIST only: shown as such
+                    paper, source = ref.get((algorithm, "MNIST", eps), (None, ""))
+                    source = f"MNIST, {source}" if paper is not None else ""
+                rows = [r for r in rows if (r["mechanism"], r["variant"], r["epsilon"]) != (mech, variant, eps)]
+                rows.append(
+                    {
+                        "dataset": dataset,
+                        "mechanism": mech,
+                        "variant": variant,
+                        "epsilon": eps,
+                        "l": best,
+                        "mean": float(np.mean(accs)),
+                        "std": float(np.std(accs)),
+                        "runs": len(accs),
+                        "accuracies": " ".join(f"{a:.4f}" for a in accs),
+                        "sigma_x": float(np.mean(sigmas)),
+                        "searched": " ".join(f"{k}:{v[0]:.4f}" for k, v in search.items()),
+                        "paper": "" if paper is None else paper,
+                        "paper_source": source,
+                        "epochs": epochs,
+                        "seconds": round(time.time() - t, 1),
+                        "probe": float(np.mean(probes)),
+                        "probe_accuracies": " ".join(f"{a:.4f}" for a in probes),
+                        "recipe": args.recipe,
+                    }
+                )
+                print(
+                    f"{dataset} {mech}/{variant} eps={eps}: l={best} {np.mean(accs):.4f} +- {np.std(accs):.4f}",
+                    flush=True,
+                )
+                write(rows, stem, dataset)
+
+
+def load_done(paths, dataset: str) -> dict:
+    """The cells already measured in these CSVs (those that exist), keyed by (mechanism, variant, eps); a cell in
+    several files is taken from the one with the most releases."""
+    done = {}
+    for path in paths:
+        if not os.path.exists(path):
+            continue
+        with open(path) as fh:
+            for row in csv.DictReader(fh):
+                if row["dataset"] != dataset:
+                    raise SystemExit(f"--resume/--merge: {path} holds {row['dataset']}, not {dataset}")
+                key = (row["mechanism"], row["variant"], row["epsilon"])
+                src = row.get("paper_source") or ""
+                if src and not src.startswith(("MNIST, ", "Fashion-MNIST, ")):  # older rows: the dataset named first
+                    mnist = src.endswith(" (MNIST)")
+                    row["paper_source"] = ("MNIST, " if mnist else "Fashion-MNIST, ") + src.removesuffix(" (MNIST)")
+                if key not in done or int(row["runs"]) > int(done[key]["runs"]):
+                    done[key] = row
+    return done
+
+
+def table_order(rows) -> list:
+    """Rows by epsilon (largest first) and then in the order of VARIANTS, whatever order they were measured in."""
+    rank = {(m, v): i for i, (m, v, _) in enumerate(VARIANTS)}
+    return sorted(rows, key=lambda r: (-float(r["epsilon"]), rank.get((r["mechanism"], r["variant"]), len(rank))))
+
+
+CHANCE_FACTOR = 2  # a cell is called "at or near chance" below this many times the chance accuracy
+
+
+def near_chance(rows, num_classes: int = 10) -> list:
+    return [r for r in rows if float(r["mean"]) < CHANCE_FACTOR / num_classes]
+
+
+def write(rows, stem: str, dataset: str) -> None:
+    os.makedirs(os.path.dirname(stem), exist_ok=True)
+    rows = table_order(rows)
+    write_csv(stem + ".csv", FIELDS, rows)
+    lines = [
+        f"# {dataset}: every mechanism at eps 20 and 10 (delta 1e-5), accuracy of the evaluation model trained on "
+        f"the release and tested on the real test split",
+        "",
+        "Generated by `python -m benchmarks.reproduce.reproduce_table3`; l chosen on real-test accuracy over the "
+        "searched grid (shown), as the seeds chose l*. `paper` is the seeds' number for the same algorithm, with the "
+        "dataset it was measured on (MNIST where they report no Fashion-MNIST figure: not comparable with our rows). "
+        "A mean near 0.10 is chance.",
+        "",
+        "Recipe `new` (`evaluation.train.RECIPES`): the last iterate of a fixed schedule, no dropout, label scores "
+        "fitted as released (squared error); `old` (rows not yet re-measured): the epoch with the best synthetic "
+        "hold-out accuracy on the argmax of the labels, dropout 0.5, scores clipped at 0 and renormalised. `probe`: "
+        "the linear probe (`evaluation.probe`, ridge to the released labels or scores) on the same releases, mean "
+        f"over them; `!` marks a CNN more than {PROBE_MARGIN} below it.",
+        "",
+        "| mechanism | variant | eps | l | recipe | ours mean +- std (releases) | probe | searched l: accuracy "
+        "| paper |",
+        "|---|---|---:|---:|---|---:|---:|---|---:|",
+    ]
+    for r in rows:
+        paper = f"{float(r['paper']):.3f} ({r['paper_source']})" if r["paper"] not in ("", None) else "-"
+        probe = f"{float(r['probe']):.4f}" if r.get("probe") not in ("", None) else "-"
+        if probe != "-" and float(r["mean"]) < float(r["probe"]) - PROBE_MARGIN:
+            probe += " !"
+        lines.append(
+            f"| {r['mechanism']} | {r['variant']} | {r['epsilon']} | {r['l']} | {r.get('recipe') or 'old'} | "
+            f"{float(r['mean']):.4f} +- {float(r['std']):.4f} ({r['runs']}) | {probe} | {r['searched']} | {paper} |"
+        )
+    low = near_chance(rows)
+    lines += [
+        "",
+        f"At or near chance (mean below {CHANCE_FACTOR} x 0.10): "
+        + (
+            "; ".join(f"{r['mechanism']}/{r['variant']} at eps {r['epsilon']} ({float(r['mean']):.4f})" for r in low)
+            if low
+            else "none"
+        )
+        + ".",
+    ]
+    write_text(stem + ".md", "\n".join(lines) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    names = list(dict.fromkeys((r["mechanism"], r["variant"]) for r in rows))  # rows are in the variants' order
+    for j, eps in enumerate(sorted({r["epsilon"] for r in rows})):
+        vals = [
+            next(
+                (float(r["mean"]) for r in rows if (r["mechanism"], r["variant"]) == n and r["epsilon"] == eps), np.nan
+            )
+            for n in names
+        ]
+        errs = [
+            next((float(r["std"]) for r in rows if (r["mechanism"], r["variant"]) == n and r["epsilon"] == eps), 0.0)
+            for n in names
+        ]
+        ax.bar(np.arange(len(names)) + 0.4 * j, vals, 0.4, yerr=errs, label=f"eps {eps}")
+    ticks = ["\n".join([m, *v.replace("+", "+ ").split()]) for m, v in names]  # "fixed+lowpass" on two lines
+    ax.set_xticks(np.arange(len(names)) + 0.2, ticks, fontsize=7)
+    ax.axhline(0.1, color="grey", lw=0.8, ls="--")
+    ax.set_ylabel("real-test accuracy")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(stem + ".png", dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
