@@ -189,23 +189,13 @@ def calibrate_synthesis(
     must fit (``calibrate_parallel``, visiting groups in that key's order)."""
     if plan.synthesis_epsilon is None:
         raise CalibrationError("the budget has no target epsilon (sigma_x was given): nothing to calibrate")
-    if parallel_first is not None:
-        return calibrate_parallel(
-            plan.mode,
-            make_events,
-            target_epsilon=plan.synthesis_epsilon,
-            delta=plan.accountant_delta,
-            shared=list(plan.shared),
-            scale=scale,
-            stated_delta=plan.delta,
-            first=parallel_first,
-        )
-    return calibrate_noise(
-        plan.mode,
-        make_events,
+    given = dict(
         target_epsilon=plan.synthesis_epsilon,
         delta=plan.accountant_delta,
         shared=list(plan.shared),
         scale=scale,
         stated_delta=plan.delta,
     )
+    if parallel_first is not None:
+        return calibrate_parallel(plan.mode, make_events, first=parallel_first, **given)
+    return calibrate_noise(plan.mode, make_events, **given)
