@@ -35,6 +35,9 @@ def expected(case: str, recorded: dict) -> dict:
         assert "class_rows" not in mech and "rows_per_class" not in mech
         mech["class_rows"] = "equal"
         mech["rows_per_class"] = [mech["samples_per_class"]] * mech["num_classes"]
+    if not case.startswith("dpcda"):  # each mechanism states how its events compose (not dpcda's classes)
+        assert p["composition"].startswith("parallel over classes")
+        p["composition"] = registry.get(m["mechanism"]["name"]).composition
     if case == "p3gm":  # p3gm states its own label caveat; it carried local perturbation's "released once"
         assert "every record is released once" in p["caveats"][1]
         p["caveats"][1] = registry.get("p3gm").label_caveat()

@@ -62,6 +62,10 @@ class Mechanism(abc.ABC):
     projects: ClassVar[bool] = False  # every record is mapped by a public matrix (its norm is in the sensitivity)
     fits_model: ClassVar[bool] = False  # rows are sampled from a DP-fitted model (no noise on the rows themselves)
     paper_theorem: ClassVar[bool] = False  # seed 000's Theorem 1 (evaluation.paper) is stated beside the guarantee
+    # how its events compose, in the manifest's privacy.composition
+    composition: ClassVar[str] = (
+        "parallel over classes (a record meets only its own class's rows); sequential with the statistics releases"
+    )
     normalizes: ClassVar[bool] = True  # its rows are z-scored (False: no statistics are computed or spent)
     accountant: ClassVar[str] = ""  # the accountant of its events where not the mode's ('rdp': zCDP events)
 

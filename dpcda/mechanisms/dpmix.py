@@ -96,6 +96,7 @@ class Dpmix(Mechanism):
     """Seed 001: each row mixes l records of the whole dataset, features and one-hot labels, plus noise."""
 
     name = "dpmix"
+    composition = "one group, the whole dataset (a record may meet any row); sequential with the statistics releases"
     summary = "DPMix (seed 001): mixing of l records of the whole dataset, features and labels"
     groups = "dataset"
     mixes = True

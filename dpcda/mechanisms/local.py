@@ -44,6 +44,7 @@ class Local(Mechanism):
     """Every record once, plus Gaussian noise (the baseline of seeds 000 and 001)."""
 
     name = "local"
+    composition = "parallel over records (each record makes its own row); sequential with the statistics releases"
     summary = "local perturbation: every record once, plus Gaussian noise"
     modes = ("fixed",)
     groups = "record"

@@ -403,6 +403,10 @@ class Marginals(Mechanism):
     """Rows sampled from a graphical model fitted to noisy one- and two-way counts (MST selection), tables only."""
 
     name = "marginals"
+    composition = (
+        "sequential: the one-way counts, the selection rounds and the selected pairs' counts (one zCDP budget), after "
+        "the class histogram (adaptive)"
+    )
     summary = "marginals (MST): noisy one- and two-way counts on public bins, a graphical model (mbi) sampled"
     modes = ("poisson",)
     groups = "dataset"

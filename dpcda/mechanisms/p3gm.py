@@ -733,6 +733,7 @@ class P3gm(Mechanism):
     """Seed 004: rows sampled from a generative model whose every fitted quantity is DP (DP-PCA, DP-EM, DP-SGD)."""
 
     name = "p3gm"
+    composition = "sequential: the statistics, the DP-PCA covariance, DP-EM and DP-SGD over the whole dataset"
     summary = "P3GM (seed 004): a VAE with a DP-PCA encoder and a DP-EM prior, trained with DP-SGD"
     modes = ("poisson",)
     groups = "dataset"

@@ -242,8 +242,7 @@ def build_manifest(cfg, input_info: InputInfo, plan, outputs, prefix: str = "") 
             epsilon_this_histogram=finite(acc.epsilon) if plan.mode == "poisson" else None,
             accountant=acc.accountant,
             neighbouring_relation=acc.relation,
-            composition="parallel over classes (a record meets only its own class's rows); sequential "
-            "with the statistics releases",
+            composition=plan.mechanism_entry.composition,
             components={k: finite(v) for k, v in acc.components.items()},
             cross_check={k: finite(v) for k, v in acc.cross_check.items()},
             delta_breakdown=dict(acc.delta_breakdown),
