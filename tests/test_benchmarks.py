@@ -494,3 +494,25 @@ def test_every_benchmark_module_or_script_named_in_the_repository_exists():
             if not (root / "benchmarks" / named).is_file() and Path(named).stem not in removed:
                 bad.append(f"{path.relative_to(root)}: benchmarks/{named}")
     assert not bad, bad
+
+
+def test_tabular_release_log_of_fewer_columns_is_rewritten_with_the_new_header(tmp_path):
+    from benchmarks.reproduce import tabular_table
+
+    log = tmp_path / "tabular_wa_churn_releases.csv"
+    old = tabular_table.RELEASE_FIELDS[: -len(tabular_table.ANALYST)]  # a log written before the analyst's columns
+    with open(log, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=old)
+        w.writeheader()
+        w.writerow({**dict.fromkeys(old, 0.5), "method": "dpmix", "epsilon": "1", "release": 0, "l": 4})
+    figs = {"accuracy": 0.7, "roc_auc": 0.8, "balanced_accuracy": 0.6,
+            "models": {"logistic_regression": {"accuracy": 0.7}}, "column_distance_mean": 0.2, "correlation_gap": 0.1,
+            "marginals": {"one_way_tvd_mean": 0.01, "two_way_tvd_label_mean": 0.02, "two_way_tvd_mean": 0.03,
+                          "base_rate": {"max_gap": 0.004}}}  # fmt: skip
+    tabular_table.append_release(str(log), tabular_table.release_record("marginals mst", "1", 0, figs, "", 2.0))
+    got = tabular_table.read_releases(str(log))
+    assert got[("dpmix", "1", 0)]["roc_auc"] == 0.5 and got[("dpmix", "1", 0)]["label_pair_tvd"] == ""
+    new = got[("marginals mst", "1", 0)]
+    assert (new["balanced_accuracy"], new["one_way_tvd"], new["label_pair_tvd"]) == (0.6, 0.01, 0.02)
+    row = tabular_table.cell_row("wa_churn", [got[("dpmix", "1", 0)]])  # an old cell: its new columns blank
+    assert row["roc_auc"] == 0.5 and row["all_pair_tvd"] == ""

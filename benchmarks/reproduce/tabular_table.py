@@ -9,7 +9,12 @@ mechanism with its accounting, statistics included, and decoding, as ``storage.t
 in the pipeline), then ``evaluation.tabular``: gradient boosting and logistic regression trained on the synthetic
 table and tested on the real test table, per-column marginal distance and correlation gap. Two reference rows that
 are not private: ``real`` (the models trained on the real training table) and ``majority`` (always the most common
-test label, the floor). Writes benchmarks/results/tabular_<table>.{md,csv} and tabular.png.
+test label, the floor). Headline figures: ROC AUC and balanced accuracy (accuracy is kept: on a skewed label it
+rewards the majority) and ``evaluation.table_metrics``'s analyst figures against the real test table (mean one-way
+TVD, mean two-way TVD over the label's pairs and over all pairs, the label's base-rate gap). Methods: DP-CDA and DPMix
+as recorded (equal rows per class, argmax decoding), ``dpcda poisson (table defaults)`` (proportional rows, sampled
+decoding) and the marginals mechanism (``marginals mst``, ``marginals mst-label``: MST on public bins, its rows exact
+codes, decoded without normalisation). Writes benchmarks/results/tabular_<table>.{md,csv} and tabular.png (ROC AUC).
 
 ``--smartnoise-venv DIR`` adds smartnoise-synth's MST and AIM on the same rows, split, schema (numeric columns clamped
 and binned in their declared bounds, 20 bins) and metrics. smartnoise-synth pins its own numpy and torch, so it runs
@@ -40,6 +45,7 @@ import numpy as np
 import yaml
 
 from benchmarks.files import RESULTS, ROOT, write_csv, write_text
+from dpcda.evaluation.table_metrics import table_metrics
 from dpcda.evaluation.tabular import evaluate_tables, train_on_synthetic
 from dpcda.mechanisms.inprocess import first_pass, release_in_process
 from dpcda.pipeline.prepare import load_rdataset, split_table
@@ -64,10 +70,20 @@ METHODS = {
     "dpcda poisson": dict(mechanism="dpcda", mode="poisson", decoding="argmax", **EQUAL),
     "dpcda fixed, sample decoding": dict(mechanism="dpcda", mode="fixed", decoding="sample", **EQUAL),
     "dpmix": dict(mechanism="dpmix", mode="fixed", decoding="argmax"),
+    # today's table defaults: rows per class in proportion to the class sizes, sampled decoding
+    "dpcda poisson (table defaults)": dict(
+        mechanism="dpcda", mode="poisson", decoding="sample", class_rows="proportional"
+    ),
+    # the marginals mechanism (MST on public bins): rows are codes, decoded as they are (no normalisation)
+    "marginals mst": dict(mechanism="marginals", mode="poisson", marginals_selection="mst"),
+    "marginals mst-label": dict(mechanism="marginals", mode="poisson", marginals_selection="mst-label"),
 }
+# the analyst's figures (evaluation.table_metrics against the real test table) and balanced accuracy, beside the older
+# columns; files written before these columns existed read as blank there
+ANALYST = ("balanced_accuracy", "one_way_tvd", "label_pair_tvd", "all_pair_tvd", "base_rate_gap")
 FIELDS = ("table", "method", "epsilon", "l", "runs", "accuracy", "accuracy_std", "roc_auc", "lr_accuracy",
-          "column_distance", "correlation_gap", "seconds", "note")  # fmt: skip
-NUMBERS = FIELDS[5:12]
+          "column_distance", "correlation_gap", "seconds", *ANALYST, "note")  # fmt: skip
+NUMBERS = FIELDS[5:-1]
 
 
 def load(name: str):
@@ -93,13 +109,15 @@ def one_release(train, test, conf: dict, method: dict, eps: float, seed: int, re
         mechanism=method["mechanism"],
         mode=method["mode"],
         mixing_order=l,
-        **({"class_rows": method["class_rows"]} if "class_rows" in method else {}),
+        **{k: method[k] for k in ("class_rows", "marginals_selection") if k in method},
     )
     block = encode_batch(train, schema, "train", 0)
     key = key_from_test_seed(seed)
     feats, labels, plan, scores = release_in_process(
         block.features, block.labels, cfg, key, first=first_pass(block.features, block.labels)
     )
+    # rows in [0, 1] again; a mechanism that does not normalise (marginals: exact codes) has mean 0 and std 1, so
+    # its rows pass unchanged
     x01 = feats.astype(np.float64) * plan.std + plan.mean
     labels = scores if scores is not None else labels  # released label scores (DPMix): decoded as the pipeline does
     sample = schema.decoding == "sample"
@@ -108,7 +126,8 @@ def one_release(train, test, conf: dict, method: dict, eps: float, seed: int, re
     synth = decode_rows(x01, labels, schema, train.schema, uniforms=uniforms, label_draws=draws)
     if return_table:
         return synth
-    return evaluate_tables(synth, test, schema, seed), plan, l
+    # the mixing order means nothing to the marginals mechanism
+    return evaluate_tables(synth, test, schema, seed), plan, "" if method["mechanism"] == "marginals" else l
 
 
 SMARTNOISE = ("mst", "aim")
@@ -169,17 +188,28 @@ def reference_rows(name, train, test, conf):
     base = dict(
         table=name, epsilon="inf", l="", runs=1, accuracy_std=0.0, column_distance="", correlation_gap="", note=""
     )
+    gb = real["gradient_boosting"]
     return [
-        {**base, "method": "real (not private)", "accuracy": real["gradient_boosting"]["accuracy"],
-         "roc_auc": real["gradient_boosting"]["roc_auc"], "lr_accuracy": real["logistic_regression"]["accuracy"],
-         "seconds": ""},
+        {**base, "method": "real (not private)", "accuracy": gb["accuracy"], "roc_auc": gb["roc_auc"],
+         "lr_accuracy": real["logistic_regression"]["accuracy"], "seconds": "",
+         "balanced_accuracy": gb["balanced_accuracy"], **analyst(table_metrics(test, train, schema))},
         {**base, "method": "majority label", "accuracy": majority, "roc_auc": 0.5, "lr_accuracy": majority,
-         "seconds": ""},
+         "seconds": "", "balanced_accuracy": 1.0 / schema.num_classes, **dict.fromkeys(ANALYST[1:], "")},
     ]  # fmt: skip
 
 
+def analyst(m: dict) -> dict:
+    """The analyst's figures of ``table_metrics``'s answer, by this table's column names."""
+    return {
+        "one_way_tvd": m["one_way_tvd_mean"],
+        "label_pair_tvd": m["two_way_tvd_label_mean"],
+        "all_pair_tvd": m["two_way_tvd_mean"],
+        "base_rate_gap": m["base_rate"]["max_gap"],
+    }
+
+
 RELEASE_FIELDS = ("method", "epsilon", "release", "l", "accuracy", "roc_auc", "lr_accuracy", "column_distance",
-                  "correlation_gap", "seconds")  # fmt: skip
+                  "correlation_gap", "seconds", *ANALYST)  # fmt: skip
 
 
 def releases_path(out: str, name: str) -> str:
@@ -194,7 +224,7 @@ def read_releases(path: str) -> dict:
         recs = list(csv.DictReader(fh))
     for r in recs:
         for k in RELEASE_FIELDS[4:]:
-            r[k] = float(r[k]) if r[k] else ""
+            r[k] = float(r[k]) if r.get(k) else ""  # blank: a log written before the column existed
     return {(r["method"], r["epsilon"], int(r["release"])): r for r in recs}
 
 
@@ -205,6 +235,11 @@ def write_releases(path: str, recs) -> None:
 def append_release(path: str, rec: dict) -> None:
     """One finished release, on disk before the next one starts."""
     new = not os.path.exists(path) or os.path.getsize(path) == 0
+    if not new:
+        with open(path) as fh:
+            header = fh.readline().strip().split(",")
+        if header != list(RELEASE_FIELDS):  # a log of fewer columns: rewritten with today's header first
+            write_releases(path, read_releases(path).values())
     with open(path, "a", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=RELEASE_FIELDS)
         if new:
@@ -226,7 +261,15 @@ def release_record(method: str, eps: str, release: int, figs: dict, l, seconds: 
         "column_distance": figs["column_distance_mean"],
         "correlation_gap": figs["correlation_gap"],
         "seconds": seconds,
+        "balanced_accuracy": figs.get("balanced_accuracy", ""),
+        **(analyst(figs["marginals"]) if "marginals" in figs else dict.fromkeys(ANALYST[1:], "")),
     }
+
+
+def mean_of(recs: list[dict], key: str):
+    """The mean over the releases that have the figure (blank if none has it)."""
+    got = [r[key] for r in recs if r.get(key, "") != ""]
+    return float(np.mean(got)) if got else ""
 
 
 def cell_row(name: str, recs: list[dict]) -> dict:
@@ -244,6 +287,7 @@ def cell_row(name: str, recs: list[dict]) -> dict:
         "roc_auc": float(np.mean(aucs)) if aucs else "",
         **{k: float(np.mean([r[k] for r in recs])) for k in ("lr_accuracy", "column_distance", "correlation_gap")},
         "seconds": float(np.mean([r["seconds"] for r in recs])),
+        **{k: mean_of(recs, k) for k in ANALYST},
         "note": "",
     }
 
@@ -263,7 +307,7 @@ def read_rows(path: str) -> list[dict]:
         rows = list(csv.DictReader(fh))
     for r in rows:
         for k in NUMBERS:
-            r[k] = float(r[k]) if r[k] else ""
+            r[k] = float(r[k]) if r.get(k) else ""  # blank: a file written before the column existed
         r["runs"] = int(r["runs"])
         r["note"] = r.get("note") or ""  # files written before the column existed
     return rows
@@ -286,23 +330,31 @@ def write(name: str, rows: list[dict], out: str, quiet: bool = False) -> None:
         "",
         f"`python -m benchmarks.reproduce.tabular_table --tables {name}` (3 releases per cell unless `runs` says "
         "otherwise). "
-        "accuracy and ROC AUC: gradient boosting; lr: logistic regression; column distance: mean over columns of "
-        "TV (categories) or KS (numbers) against the real test table; correlation gap: mean |corr difference| of "
-        "the encoded columns. Figures on the real test table are outside the guarantee (docs/tables.md).",
+        "ROC AUC, balanced accuracy and accuracy: gradient boosting trained on the synthetic table, tested on the "
+        "real test table (accuracy is kept, not headlined: on this skewed label it rewards the majority); lr: "
+        "logistic regression's accuracy. The TVDs and the base-rate gap are `evaluation.table_metrics`'s against the "
+        "real test table (20 bins per numeric column, nulls a value of their own): one-way the mean over the "
+        "columns, label pairs the mean over the label's pairs, all pairs over every pair, base-rate gap the largest "
+        "difference of the label's class frequencies (for `real`: the training table against the test table). "
+        "Column distance: mean over columns of TV (categories) or KS (numbers); correlation gap: mean |corr "
+        "difference| of the encoded columns. Blank: a cell measured before its column existed. Figures on the real "
+        "test table are outside the guarantee (docs/tables.md).",
         "",
-        "| method | eps | l | runs | accuracy | ROC AUC | lr accuracy | column distance | correlation gap | s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| method | eps | l | runs | ROC AUC | balanced accuracy | one-way TVD | label-pair TVD | all-pair TVD | "
+        "base-rate gap | accuracy | lr accuracy | column distance | correlation gap | s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r["runs"] == 0:
             stopped = f"did not finish in {r['seconds']:.0f} s"
-            lines.append(f"| {r['method']} | {r['epsilon']} |  | 0 | {stopped} | | | | | |")
+            lines.append(f"| {r['method']} | {r['epsilon']} |  | 0 | {stopped} |" + " |" * 10)
             continue
+        auc = fmt(r["roc_auc"]) + (f" ({r['note']})" if r["note"] else "")
         acc = fmt(r["accuracy"]) + (f" +- {r['accuracy_std']:.4f}" if r["runs"] != 1 else "")
-        acc += f" ({r['note']})" if r["note"] else ""
         lines.append(
-            f"| {r['method']} | {r['epsilon']} | {r['l']} | {r['runs']} | {acc} | {fmt(r['roc_auc'])} | "
-            f"{fmt(r['lr_accuracy'])} | {fmt(r['column_distance'])} | {fmt(r['correlation_gap'])} | "
+            f"| {r['method']} | {r['epsilon']} | {r['l']} | {r['runs']} | {auc} | "
+            + " | ".join(fmt(r[k]) for k in ANALYST)
+            + f" | {acc} | {fmt(r['lr_accuracy'])} | {fmt(r['column_distance'])} | {fmt(r['correlation_gap'])} | "
             f"{fmt(r['seconds'], 1)} |"
         )
     write_text(stem + ".md", "\n".join(lines) + "\n")
@@ -318,13 +370,14 @@ def plot(all_rows: dict, out: str) -> None:
 
     fig, axes = plt.subplots(1, len(all_rows), figsize=(5 * len(all_rows), 3.6), squeeze=False)
     for ax, (name, rows) in zip(axes[0], all_rows.items()):
-        rows = [r for r in rows if r["runs"]]  # a cell that did not finish has no bar (its table says so)
+        rows = [r for r in rows if r["runs"] and r["roc_auc"] != ""]  # a cell that did not finish has no bar
         labels = [f"{r['method']}\neps {r['epsilon']}" for r in rows]
-        ax.barh(range(len(rows)), [r["accuracy"] for r in rows], xerr=[r["accuracy_std"] for r in rows])
+        ax.barh(range(len(rows)), [r["roc_auc"] for r in rows])
+        ax.axvline(0.5, color="grey", lw=0.8)
         ax.set_yticks(range(len(rows)), labels, fontsize=6)
         ax.set_xlim(0, 1)
         ax.set_title(name)
-        ax.set_xlabel("test accuracy (gradient boosting)")
+        ax.set_xlabel("test ROC AUC (gradient boosting)")
     fig.tight_layout()
     fig.savefig(os.path.join(out, "tabular.png"), dpi=90)
 
