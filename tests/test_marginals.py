@@ -272,7 +272,7 @@ def test_bad_marginals_configs_are_one_line_errors(fields, needle):
 
 def test_a_good_marginals_config_defaults_to_add_remove():
     cfg = _cfg(table=SCHEMA)
-    assert cfg.mode == "poisson" and cfg.marginals_selection == "mst" and cfg.marginals_bins == 20
+    assert cfg.mode == "poisson" and cfg.marginals_selection == "mst-label" and cfg.marginals_bins == 20
 
 
 def test_too_many_cells_are_refused_before_work(monkeypatch):
@@ -313,14 +313,16 @@ def test_the_manifest_states_the_selection_and_its_epsilon_recomputes(released):
     _, rel = released
     mech, privacy = rel.manifest["mechanism"], rel.manifest["privacy"]
     n = len(mech["columns"])
-    assert mech["name"] == "marginals" and len(mech["cliques"]) == n - 1 == mech["selection_rounds"]
+    # the default selection, mst-label: the tree's n - 1 pairs selected, the label's n - 1 pairs chosen in advance
+    assert mech["name"] == "marginals" and mech["selection"] == "mst-label" and mech["selection_rounds"] == n - 1
+    assert len(mech["cliques"]) == 2 * (n - 1)
     assert all(a in mech["columns"] and b in mech["columns"] for a, b in mech["cliques"])
     assert rel.manifest["normalization"]["method"] == "none" and privacy["accountant"] == "rdp"
     assert mech["rho"] == pytest.approx(sum(mech["rho_split"].values()), rel=1e-9)
     acc = rdp.RdpAccountant(RDP_ORDERS, dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
     acc.compose(dp_accounting.GaussianDpEvent(mech["one_way_noise_std"]), n)
     acc.compose(dp_accounting.ZCDpEvent(mech["round_epsilon"] ** 2 / 8), n - 1)
-    acc.compose(dp_accounting.GaussianDpEvent(mech["two_way_noise_std"]), n - 1)
+    acc.compose(dp_accounting.GaussianDpEvent(mech["two_way_noise_std"]), 2 * (n - 1))
     eps = acc.get_epsilon(privacy["delta_breakdown"]["accountant"])
     assert privacy["components"]["marginals"] == pytest.approx(eps, rel=1e-6)
     stated = privacy["components"]["marginals"] + privacy["components"]["class_histogram"]

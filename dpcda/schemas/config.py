@@ -190,9 +190,10 @@ class ReleaseConfig(BaseModel):
         description="p3gm: weight of the label cross-entropy in the VAE loss (default: sqrt(d), mechanisms.p3gm)",
     )
     marginals_selection: Literal["mst", "mst-label"] = Field(
-        "mst",
+        "mst-label",
         description="marginals: which pairs of columns are measured (mst: a spanning tree picked by the exponential "
-        "mechanism, MST; mst-label: that tree and the label's pair with every column, measured from the same share)",
+        "mechanism, MST; mst-label, the default: that tree and the label's pair with every column, measured from the "
+        "same share; benchmarks/results/tabular_wa_churn.md)",
     )
     marginals_bins: int = Field(
         20, ge=2, le=1024, description="marginals: equal bins of each numeric column's declared bounds"
