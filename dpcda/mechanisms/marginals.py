@@ -21,7 +21,7 @@ rounded Gaussian whose privacy is the Gaussian mechanism's).
 Fitting and sampling are post-processing of the noisy counts: ``mbi``'s mirror descent fits a graphical model on the
 measured cliques (its total is the noisy counts' minimum-variance estimate), ``synthetic_data`` draws rows (mbi draws
 from numpy's global generator: it is seeded from the noise stream for the call and restored after), and a numeric code
-becomes a value drawn uniformly inside its bin (a generator seeded from the noise stream).
+becomes a value drawn uniformly inside its bin (uniforms of the noise stream).
 """
 
 from __future__ import annotations
@@ -129,11 +129,11 @@ def integer_bins(col, bins: int) -> Optional[list]:
 
 
 def rows_of(
-    codes: np.ndarray, schema, bins: int, rng: np.random.Generator, integers: frozenset = frozenset()
+    codes: np.ndarray, schema, bins: int, stream: NoiseStream, integers: frozenset = frozenset()
 ) -> tuple[np.ndarray, np.ndarray]:
     """Encoded float32 rows (the layout ``storage.tables.decode_rows`` reads) and labels of codes: a category one-hot,
-    a boolean 0/1, a numeric code a value drawn uniformly inside its bin (a column named in ``integers``: one of the
-    integers inside it, uniformly), a null code the null indicator."""
+    a boolean 0/1, a numeric code a value drawn uniformly inside its bin with ``stream``'s uniforms (a column named in
+    ``integers``: one of the integers inside it, uniformly), a null code the null indicator."""
     n = len(codes)
     x = np.zeros((n, schema.encoded_width), np.float32)
     for j, (col, at) in enumerate(schema.layout()):
@@ -147,11 +147,11 @@ def rows_of(
         else:
             table = integer_bins(col, bins) if col.name in integers else None
             if table is None:
-                x[rows, at] = np.clip((c[rows] + rng.random(rows.size)) / bins, 0.0, 1.0)
+                x[rows, at] = np.clip((c[rows] + stream.uniform(rows.size)) / bins, 0.0, 1.0)
             else:
                 for b in np.unique(c[rows]):
                     at_b = rows[c[rows] == b]
-                    x[at_b, at] = table[b][rng.integers(0, len(table[b]), at_b.size)]
+                    x[at_b, at] = table[b][stream.uniform_int(len(table[b]), at_b.size)]
         if col.nullable:
             x[null, at + col.width - 1] = 1.0
     return x, np.asarray(codes[:, -1], np.int64)
@@ -365,12 +365,11 @@ def fit_and_sample(
         fit_seconds=round(time.time() - start, 2),
     )
     log.info("stage=marginals fitted cliques=%d seconds=%.1f", len(measured.pairs), time.time() - start)
-    seed = NoiseStream(key, "marginals", "values").words(4)
-    rng = np.random.Generator(np.random.PCG64(seed))
+    values = NoiseStream(key, "marginals", "values")
 
     def chunks():
         for lo in range(0, len(codes), chunk_rows):
-            yield rows_of(codes[lo : lo + chunk_rows], schema, mp.domain.bins, rng, integers)
+            yield rows_of(codes[lo : lo + chunk_rows], schema, mp.domain.bins, values, integers)
 
     return stated, chunks()
 
