@@ -312,30 +312,40 @@ def _share(share, with_std: bool) -> dict:
     return out
 
 
+def _stand_in_config(**fields):
+    """The ``ReleaseConfig`` of a release with ``fields``, checked as a release checks it (ConfigError, one line),
+    with stand-ins for what account reads no data from: the input, the output and a public statistics file."""
+    from dpcda.schemas.config import load_config
+
+    normalization = fields.get("normalization")
+    return load_config(
+        None,
+        dict(
+            input="(account)",
+            output="(account)",
+            normalization_file="(account)" if normalization == "public" else None,
+            allow_exact_normalization=True if normalization == "exact" else None,
+            **fields,
+        ),
+    )
+
+
 def _check_like_a_release(mechanism, mode, epsilon, sigma_x, delta, clip, num_classes, shares) -> None:
     """CalibrationError where a release with these settings would be refused by its config (the same one-line
     message): account prints only what a release would run."""
     from dpcda.privacy.calibration import CalibrationError
-    from dpcda.schemas.config import ConfigError, load_config
+    from dpcda.schemas.config import ConfigError
 
-    normalization = shares.get("normalization")
     try:
-        load_config(
-            None,
-            dict(
-                input="(account)",
-                output="account/release",
-                mechanism=mechanism,
-                mode=mode,
-                epsilon=epsilon,
-                sigma_x=sigma_x,
-                delta=delta,
-                clip=clip,
-                num_classes=num_classes or 2,  # a stand-in where K is not given: no check here depends on it
-                normalization_file="(public statistics)" if normalization == "public" else None,
-                allow_exact_normalization=True if normalization == "exact" else None,
-                **shares,
-            ),
+        _stand_in_config(
+            mechanism=mechanism,
+            mode=mode,
+            epsilon=epsilon,
+            sigma_x=sigma_x,
+            delta=delta,
+            clip=clip,
+            num_classes=num_classes or 2,  # a stand-in where K is not given: no check here depends on it
+            **shares,
         )
     except ConfigError as err:
         raise CalibrationError(str(err)) from None
@@ -351,7 +361,6 @@ def _account_model(entry, n, epsilon, sigma_x, delta, clip, d, K, knobs) -> dict
     from dpcda.mechanisms.plan import build_plan
     from dpcda.privacy.calibration import CalibrationError
     from dpcda.privacy.noise import fresh_key
-    from dpcda.schemas.config import load_config
 
     if d is None or K is None:
         raise CalibrationError(
@@ -360,24 +369,10 @@ def _account_model(entry, n, epsilon, sigma_x, delta, clip, d, K, knobs) -> dict
     if sigma_x not in (None, 0):
         raise CalibrationError(f"{entry.name}: --sigma-x takes 0 only (no noise); give --epsilon")
     given = {k: v for k, v in knobs.items() if v is not None}
-    public_stats = None
-    if given.get("normalization") == "public":  # the user's statistics file: public stand-ins here
-        given["normalization_file"] = "(account)"
-        public_stats = (np.zeros(d), np.ones(d))
-    given["allow_exact_normalization"] = given.get("normalization") == "exact" or None
-    cfg = load_config(  # a field error is one line (ConfigError), not pydantic's traceback
-        None,
-        dict(
-            input="(account)",
-            output="(account)",
-            mechanism=entry.name,
-            epsilon=epsilon,
-            sigma_x=sigma_x,
-            delta=delta,
-            clip=clip,
-            num_classes=K,
-            **given,
-        ),
+    # the user's statistics file: public stand-ins here
+    public_stats = (np.zeros(d), np.ones(d)) if given.get("normalization") == "public" else None
+    cfg = _stand_in_config(
+        mechanism=entry.name, epsilon=epsilon, sigma_x=sigma_x, delta=delta, clip=clip, num_classes=K, **given
     )
     first = FirstPass(
         count=n,
