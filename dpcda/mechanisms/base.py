@@ -101,13 +101,9 @@ class Mechanism(abc.ABC):
         if cfg.sigma_x is not None:
             sigma_x = float(cfg.sigma_x)
         else:
-            sigma_x = calibrate_synthesis(budget, self.calibration_events(events), scale=clip)
+            # the events compose in sequence (a mechanism whose groups compose in parallel overrides calibrate: DP-CDA)
+            sigma_x = calibrate_synthesis(budget, events, scale=clip)
         return Calibrated(sigma_x=sigma_x, per_group=tuple(events(sigma_x)))
-
-    def calibration_events(self, events: Callable[[float], list]) -> Callable[[float], list]:
-        """The events calibration searches over, composed in sequence (a mechanism whose groups compose in parallel
-        overrides ``calibrate`` instead: DP-CDA)."""
-        return events
 
     def label_noise_ratio(self, cfg) -> Optional[float]:
         return None
