@@ -4,6 +4,7 @@ is ours, never an input, atomically. Each test names the case of the bad-input c
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -310,6 +311,12 @@ def test_a_gcs_run_whose_prefix_is_emptied_after_the_pipeline_and_then_fails_kee
     # a run older than the stale-run age may have been swept by another run: an empty prefix proves nothing either
     old = publish.prepare(f"{gcs}/rel", overwrite=False, inputs=[])
     old.run_id = "20000101T000000Z-00000000"
+    assert publish.exposed_on_gcs(old, DpcdaError("bad row"))
+    # nor one that another launcher, its clock CLOCK_SKEW_HOURS ahead of ours, sees as older than that age
+    skewed = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(
+        hours=publish.STALE_RUN_HOURS - publish.CLOCK_SKEW_HOURS + 0.5
+    )
+    old.run_id = skewed.strftime("%Y%m%dT%H%M%SZ") + "-00000000"
     assert publish.exposed_on_gcs(old, DpcdaError("bad row"))
     publish.abandon(old, DpcdaError("bad row"))
 

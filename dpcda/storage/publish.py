@@ -53,6 +53,9 @@ MANIFEST = "manifest.json"
 DRAFT = "manifest.draft.json"  # what the pipeline writes; only ``publish`` writes MANIFEST
 RUNS = "runs"
 STALE_RUN_HOURS = 72
+# Another launcher's clock may run ahead of ours: to it a run is older than to us, so it may sweep a run we still
+# see as younger than STALE_RUN_HOURS. A failed run counts as possibly swept from STALE_RUN_HOURS - this on.
+CLOCK_SKEW_HOURS = 24
 RUN_MARKER = ".dpcda-run"  # written into every local run directory: only such directories are ever swept
 _RUN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{8}")
 
@@ -474,8 +477,8 @@ def exposed_on_gcs(target: Target, err: Optional[BaseException]) -> bool:
 
     Not exposed only when all hold: (1) the pipeline had not returned (``target.written`` is False: once it has,
     its parts were readable, and an empty prefix now proves nothing: another run's clean-up, a lifecycle rule or a
-    stage may have removed them since), (2) the run is younger than ``STALE_RUN_HOURS`` (older, another run may have
-    swept its prefix), (3) the run's prefix holds no object now, and (4) the run ended in one of our own errors (a
+    stage may have removed them since), (2) the run is younger than ``STALE_RUN_HOURS - CLOCK_SKEW_HOURS`` (older,
+    another run, perhaps on a launcher whose clock runs ahead of ours, may have swept its prefix), (3) the run's prefix holds no object now, and (4) the run ended in one of our own errors (a
     ``DpcdaError`` in ``err``'s chain), with no interrupt in it. Our errors reach here once the runner has stopped
     (the DirectRunner raises after its workers stop; a Dataflow job's failure is raised once the job is in a
     terminal state), so no worker writes after the listing. An interrupt, a polling error or anything unknown may
@@ -485,7 +488,7 @@ def exposed_on_gcs(target: Target, err: Optional[BaseException]) -> bool:
     if target.written:
         return True
     age = _run_age_hours(target.run_id)
-    if age is None or age >= STALE_RUN_HOURS:
+    if age is None or age >= STALE_RUN_HOURS - CLOCK_SKEW_HOURS:
         return True
     ours, seen, chain = False, err, 0
     while seen is not None and chain < 50:
