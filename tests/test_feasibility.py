@@ -623,6 +623,26 @@ def test_sample_boolean_output_errors_are_one_line(cli, private_csv, tmp_path):
     assert "\n" not in str(err.value) and not any(p.name.startswith(".sb.csv") for p in tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("appears", ["s.csv", "s.csv.json"])
+def test_sample_boolean_keeps_a_file_that_appears_at_its_output_while_it_writes(cli, private_csv, tmp_path, appears):
+    """Nothing stood at OUTPUT when the command checked it, so nothing is replaced: a file that appears before the
+    rename is kept, the command refuses in one line, and neither its table nor a temp file is left behind."""
+    from dpcda.pipeline import sampling_cli
+
+    check = sampling_cli._check_ours
+
+    def someone_writes(tmp, inode):
+        if (".json." in os.path.basename(tmp)) == appears.endswith(".json") and not (tmp_path / appears).exists():
+            (tmp_path / appears).write_text("THEIRS")
+        check(tmp, inode)
+
+    with mock.patch("dpcda.pipeline.sampling_cli._check_ours", someone_writes):
+        with pytest.raises(PrivateSamplingError, match="appeared while it was written") as err:
+            _sample(cli, private_csv, tmp_path / "s.csv")
+    assert "\n" not in str(err.value) and (tmp_path / appears).read_text() == "THEIRS"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["ok.csv", appears])
+
+
 def test_sample_boolean_temp_files_cannot_be_redirected_by_a_planted_link(cli, private_csv, tmp_path):
     """The temp files have unpredictable names created by the command: a link at the old predictable name (or any
     name) is never written through."""

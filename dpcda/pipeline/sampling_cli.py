@@ -15,6 +15,7 @@ Wiring (pipeline/cli.py): ``COMMANDS.update(register(sub))`` on its subparsers; 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -385,15 +386,23 @@ def _check_ours(tmp: str, inode: int) -> None:
         raise OSError(0, f"the temporary file {tmp} was replaced by someone else")
 
 
-def _replace_ours(tmp: str, inode: int, dest: str) -> None:
-    """Renames our temp file onto ``dest``, checked to be ours just before."""
+def _replace_ours(tmp: str, inode: int, dest: str, replace: bool) -> None:
+    """Renames our temp file onto ``dest``, checked to be ours just before. ``replace``: ``dest`` held an earlier
+    output that ``check_output`` has just allowed to be replaced; otherwise nothing is replaced: a file that appeared
+    at ``dest`` since the check is kept and the write refused (``renameat2(RENAME_NOREPLACE)``)."""
+    from dpcda.storage.outputs import _rename_noreplace
+
     _check_ours(tmp, inode)
-    os.replace(tmp, dest)
+    if replace:
+        os.replace(tmp, dest)
+    else:
+        _rename_noreplace(tmp, dest, "--output")
 
 
 def cmd_sample_boolean(args, _beam_args) -> int:
     from dpcda.mechanisms.private_sampling import MAX_SYNTHETIC_SIZE, PrivateSamplingError, sample_boolean
     from dpcda.privacy.noise import fresh_key, key_from_test_seed
+    from dpcda.storage.publish import PublishError
 
     out = args.output
     kind = _kind(out, "--output")
@@ -421,11 +430,20 @@ def cmd_sample_boolean(args, _beam_args) -> int:
         tmp_table, table_inode = _write_temp(folder, out, buf.getvalue())
         tmp_side, side_inode = _write_temp(folder, side, (json.dumps(meta, indent=2) + "\n").encode())
         check_output(out, inputs=[args.input], overwrite=args.overwrite)  # nothing foreign appeared meanwhile
+        ours = {p: os.path.lexists(p) for p in (out, side)}  # earlier outputs check_output allows us to replace
         _check_ours(tmp_side, side_inode)  # both temp files still ours before either is published
-        _replace_ours(tmp_table, table_inode, out)
-        _replace_ours(tmp_side, side_inode, side)  # the sidecar last: its presence means the table is complete
+        _replace_ours(tmp_table, table_inode, out, ours[out])
+        try:
+            _replace_ours(tmp_side, side_inode, side, ours[side])  # the sidecar last: it means the table is complete
+        except BaseException:
+            with contextlib.suppress(OSError):  # a new table of ours, without its sidecar: not left behind
+                if not ours[out] and os.stat(out, follow_symlinks=False).st_ino == table_inode:
+                    os.remove(out)
+            raise
     except FileNotFoundError:
         raise PrivateSamplingError(f"--output {out}: folder {folder} does not exist") from None
+    except PublishError as err:  # a file appeared at OUTPUT or OUTPUT.json while the sample was written
+        raise PrivateSamplingError(str(err)) from None
     except OSError as err:
         why = err.strerror or str(err) or type(err).__name__
         raise PrivateSamplingError(f"--output {out}: cannot write ({why})") from None
