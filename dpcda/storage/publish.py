@@ -478,8 +478,9 @@ def exposed_on_gcs(target: Target, err: Optional[BaseException]) -> bool:
     Not exposed only when all hold: (1) the pipeline had not returned (``target.written`` is False: once it has,
     its parts were readable, and an empty prefix now proves nothing: another run's clean-up, a lifecycle rule or a
     stage may have removed them since), (2) the run is younger than ``STALE_RUN_HOURS - CLOCK_SKEW_HOURS`` (older,
-    another run, perhaps on a launcher whose clock runs ahead of ours, may have swept its prefix), (3) the run's prefix holds no object now, and (4) the run ended in one of our own errors (a
-    ``DpcdaError`` in ``err``'s chain), with no interrupt in it. Our errors reach here once the runner has stopped
+    another run, perhaps on a launcher whose clock runs ahead of ours, may have swept its prefix), (3) the run's
+    prefix holds no object now, and (4) the run ended in one of our own errors (a ``DpcdaError`` in ``err``'s
+    chain), with no interrupt in it. Our errors reach here once the runner has stopped
     (the DirectRunner raises after its workers stop; a Dataflow job's failure is raised once the job is in a
     terminal state), so no worker writes after the listing. An interrupt, a polling error or anything unknown may
     leave a remote job running while the launcher cancels it: exposed. A listing that fails: exposed."""
