@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import pickle
 from fractions import Fraction
 
@@ -242,6 +243,37 @@ def test_a_stream_cannot_be_copied_or_pickled(monkeypatch):
                 copier(stream)
     with pytest.raises(TypeError, match="cannot be copied"):
         copy.deepcopy({"streams": [fresh]})
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_stream_made_before_a_fork_draws_in_the_parent_only():
+    """A forked child holds a copy of the stream's position: had it drawn, parent and child would have drawn the same
+    words. Every kind of draw refuses in the child; the parent draws on as if nothing happened."""
+    s = NoiseStream(KEY, "fork")
+    first = s.words(4)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report which draws refused, then leave without running the parent's cleanup
+        refused = 0
+        for draw in (
+            lambda: s.words(1),
+            lambda: s.gaussian(np.zeros(3), 1.0),
+            lambda: s.uniform_int(7, 3),
+            lambda: s.distinct(10, 2, 3),
+            lambda: s.binomial(10, Fraction(1, 3), 2),
+        ):
+            try:
+                draw()
+            except RuntimeError as err:
+                refused += "fork" in str(err)
+        os.write(write, bytes([refused]))
+        os._exit(0)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    assert status == 0 and os.read(read, 1) == bytes([5])
+    os.close(read)
+    both = NoiseStream(KEY, "fork").words(8)
+    np.testing.assert_array_equal(np.concatenate([first, s.words(4)]), both)
 
 
 def test_empty_draws_at_the_end_of_the_stream_return_empty_arrays():

@@ -100,6 +100,10 @@ _OVERFLOW = (
     "portion of the nonce would overflow."
 )
 _NO_COPY = "a NoiseStream cannot be copied or pickled: a copy would draw the same noise again (make one where it draws)"
+_FORKED = (
+    "a NoiseStream made before a fork cannot draw in the child: parent and child would draw the same noise (make the "
+    "stream in the process that draws from it)"
+)
 _THREADS: Optional[int] = None
 _POOL: Optional[ThreadPoolExecutor] = None
 _POOL_PID = 0
@@ -211,8 +215,8 @@ class NoiseStream:
     ``device`` (a torch device, optional): ``gaussian`` runs there (``privacy.noise_device``), with the same output
     bit for bit; so does ``gaussian`` on a tensor. Words read on the host are drawn by ``threads()`` threads.
     Each draw reserves its range of words before reading any (so threads sharing a stream read disjoint words, and
-    a failed draw's words are never used again), and a stream cannot be copied or pickled: a copy would draw the
-    same noise again.
+    a failed draw's words are never used again), and a stream cannot be copied or pickled, nor draw in a process
+    forked after it was made: a copy would draw the same noise again.
     """
 
     def __init__(self, key: bytes, *path, device=None):
@@ -224,6 +228,7 @@ class NoiseStream:
         self._lock = threading.Lock()  # guards _pos and _enc: a stream may be shared by threads
         self._pos = 0  # 64-bit words reserved so far (read, or being read by a draw under way)
         self._enc = None  # an OpenSSL stream positioned at _pos that no draw holds, if one is ready
+        self._pid = os.getpid()  # a forked child holds a copy of _pos: it must not draw (_reserve)
 
     @property
     def position(self) -> int:
@@ -245,6 +250,8 @@ class NoiseStream:
         stream read disjoint words, and a draw that fails part-way leaves its words unused for good (never read
         again by a later draw, which may run from its own position on other threads)."""
         n = int(n)
+        if os.getpid() != self._pid:
+            raise RuntimeError(_FORKED)
         with self._lock:
             first = self._pos
             if first + n > MAX_STREAM_WORDS:
