@@ -788,6 +788,22 @@ def test_worker_refuses_code_of_another_build():
         check_build((__version__, "0000000"))
 
 
+def test_noise_threads_reach_the_workers(monkeypatch):
+    """--noise-threads travels with the build every DoFn checks in its setup (a Dataflow worker is another process,
+    which the launcher's own set_threads never reaches); without it a worker uses its own cores."""
+    from dpcda.pipeline import __version__, build_commit
+    from dpcda.privacy import noise
+    from dpcda.transforms.mix import WorkerBuild, _MixFn
+
+    monkeypatch.setattr(noise, "_THREADS", None)
+    fn = _MixFn("cpu", 64, "features", "label", expected_build=WorkerBuild(__version__, build_commit(), 3))
+    fn.setup()
+    assert noise.threads() == 3
+    noise.set_threads(None)
+    _MixFn("cpu", 64, "features", "label", expected_build=WorkerBuild(__version__, build_commit())).setup()
+    assert noise.threads() == noise.available_cores()
+
+
 def test_cli_turns_off_exception_sampling_unless_allowed(tmp_path, monkeypatch):
     import dpcda.pipeline.release as release_mod
 

@@ -38,6 +38,7 @@ from dpcda.storage.shards import InputError, check_finite_files, detect_format, 
 from dpcda.storage.tables import arrow_schema_of, label_decoding
 from dpcda.transforms.calibrate import Calibrate
 from dpcda.transforms.join import MixByJoin
+from dpcda.transforms.mix import WorkerBuild
 from dpcda.transforms.read import ReadShards
 from dpcda.transforms.stats import ComputeDpBasis, ComputeGlobalStats
 from dpcda.transforms.table import DecodeTable
@@ -107,7 +108,7 @@ def build_pipeline(
     )
     stats = blocks | "ComputeGlobalStats" >> ComputeGlobalStats(cfg.feature_bounds)
     plan = stats | "Calibrate" >> Calibrate(cfg, key, public_stats)
-    build = (__version__, build_commit())
+    build = WorkerBuild(__version__, build_commit(), cfg.noise_threads)  # checked by every worker's DoFns
     common = dict(features_column=cfg.features_column, label_column=cfg.label_column, expected_build=build)
     # The join path's groups (mechanisms.joinmix) are decided by the plan; both branches run, each on its own groups.
     joined = (

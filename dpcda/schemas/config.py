@@ -253,7 +253,7 @@ class ReleaseConfig(BaseModel):
     output_shards: int = Field(0, ge=0, le=100_000, description="Parquet part files (0: the runner decides)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where the mixing runs (auto: CUDA if present)")
     noise_threads: Optional[int] = Field(
-        None, ge=1, le=4096, description="host threads drawing noise (default: the cores the process may use)"
+        None, ge=1, le=4096, description="noise threads in each worker (default: the cores the worker may use)"
     )
     seed: Optional[int] = Field(None, ge=0, lt=1 << 63, description="TEST ONLY: fixed noise key; marks the manifest")
     overwrite: bool = Field(False, description="replace an existing release of ours at the output")
