@@ -281,6 +281,7 @@ def test_a_table_release_is_audited_in_its_encoded_space(tmp_path):
     stage = Stage("membership audit", "audit", lambda workdir, m: _membership(workdir, m, cfg.input, holdout))
     m = run_release(cfg, list(BEAM_ARGS), (stage,), eval_input=holdout).audit["membership"]
     assert m["space"].startswith("table rows encoded") and m["members"] == m["non_members"] > 200, m
+    assert m["space"].endswith("decoded (argmax) and re-encoded as the released rows were"), m
     assert m["roc_auc"] > 0.6 and m["median_distance_members"] < m["median_distance_non_members"] / 2, m
     assert m["fp"] < 0.05 and m["guess_member_when"] == "distance below threshold", m
     assert m["empirical_epsilon_lower_bound"] > 1.0 and m["synthetic_rows"] == 300, m

@@ -373,9 +373,16 @@ def membership_audit(
         # argmax, encode, normalise) before they meet the re-encoded synthetic rows, so a copied record meets itself.
         arrow_schema = arrow_schema_of(train_files[0])  # the output's schema is the input's
         argmax_table = table.model_copy(update={"decoding": "argmax"})
+        # A release that decodes by sampling drew each category from its row's scores: no test can know those draws,
+        # so real rows take the most likely one (argmax), the best guess of where a copied record lands.
+        decoded_how = (
+            "decoded (argmax) and re-encoded as the released rows were"
+            if table.decoding == "argmax"
+            else f"decoded by argmax (the release decoded by {table.decoding}: its draws are secret) and re-encoded"
+        )
         space = (
             "table rows encoded by the release's schema (storage.tables), then normalization.json; real rows also "
-            "decoded (argmax) and re-encoded as the released rows were"
+            + decoded_how
         )
     else:
 
