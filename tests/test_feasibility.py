@@ -623,20 +623,35 @@ def test_sample_boolean_output_errors_are_one_line(cli, private_csv, tmp_path):
     assert "\n" not in str(err.value) and not any(p.name.startswith(".sb.csv") for p in tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("when", ["after the last check", "just before the rename"])
 @pytest.mark.parametrize("appears", ["s.csv", "s.csv.json"])
-def test_sample_boolean_keeps_a_file_that_appears_at_its_output_while_it_writes(cli, private_csv, tmp_path, appears):
+def test_sample_boolean_keeps_a_file_that_appears_at_its_output_while_it_writes(
+    cli, private_csv, tmp_path, appears, when
+):
     """Nothing stood at OUTPUT when the command checked it, so nothing is replaced: a file that appears before the
     rename is kept, the command refuses in one line, and neither its table nor a temp file is left behind."""
     from dpcda.pipeline import sampling_cli
 
-    check = sampling_cli._check_ours
+    check_ours, check_output, calls = sampling_cli._check_ours, sampling_cli.check_output, []
 
-    def someone_writes(tmp, inode):
+    def someone_writes_at_the_rename(tmp, inode):
         if (".json." in os.path.basename(tmp)) == appears.endswith(".json") and not (tmp_path / appears).exists():
             (tmp_path / appears).write_text("THEIRS")
-        check(tmp, inode)
+        check_ours(tmp, inode)
 
-    with mock.patch("dpcda.pipeline.sampling_cli._check_ours", someone_writes):
+    def someone_writes_after_the_check(*args, **kwargs):
+        found = check_output(*args, **kwargs)
+        calls.append(1)
+        if len(calls) == 2:  # the check made just before publishing
+            (tmp_path / appears).write_text("THEIRS")
+        return found
+
+    patched = (
+        mock.patch("dpcda.pipeline.sampling_cli._check_ours", someone_writes_at_the_rename)
+        if when == "just before the rename"
+        else mock.patch("dpcda.pipeline.sampling_cli.check_output", someone_writes_after_the_check)
+    )
+    with patched:
         with pytest.raises(PrivateSamplingError, match="appeared while it was written") as err:
             _sample(cli, private_csv, tmp_path / "s.csv")
     assert "\n" not in str(err.value) and (tmp_path / appears).read_text() == "THEIRS"

@@ -276,6 +276,25 @@ def test_a_stream_made_before_a_fork_draws_in_the_parent_only():
     np.testing.assert_array_equal(np.concatenate([first, s.words(4)]), both)
 
 
+def test_streams_and_bits_made_before_a_fork_refuse_even_where_the_pid_is_the_same(monkeypatch):
+    """The guard counts forks (os.register_at_fork), not pids, which the system may reuse; an exact-mechanism
+    ``Bits`` reader, whose buffered words a child would hand out again, refuses too, and cannot be copied."""
+    from dpcda.privacy.exponential import Bits
+
+    monkeypatch.setattr(noise, "_FORKS", noise._FORKS)
+    monkeypatch.setattr(noise, "_POOL_LOCK", noise._POOL_LOCK)
+    s, bits = NoiseStream(KEY, "fork-gen"), Bits(NoiseStream(KEY, "fork-bits"))
+    bits.word()
+    for copier in (copy.copy, copy.deepcopy, pickle.dumps):
+        with pytest.raises(TypeError, match="cannot be copied"):
+            copier(bits)
+    noise._after_fork_in_child()  # what a forked child runs, here in the same process (same pid)
+    for draw in (lambda: s.words(1), lambda: s.gaussian(np.zeros(2), 1.0), bits.word, lambda: bits.below(5)):
+        with pytest.raises(RuntimeError, match="fork"):
+            draw()
+    assert NoiseStream(KEY, "fork-gen").words(1).shape == (1,)  # one made after the fork draws
+
+
 def test_empty_draws_at_the_end_of_the_stream_return_empty_arrays():
     for device in (None, "cpu"):
         s = NoiseStream(KEY, "end", device=device)

@@ -378,7 +378,8 @@ def membership_audit(
         decoded_how = (
             "decoded (argmax) and re-encoded as the released rows were"
             if table.decoding == "argmax"
-            else f"decoded by argmax (the release decoded by {table.decoding}: its draws are secret) and re-encoded"
+            else "decoded by argmax (the release sampled each category from its scores: its draws are secret) and "
+            "re-encoded"
         )
         space = (
             "table rows encoded by the release's schema (storage.tables), then normalization.json; real rows also "

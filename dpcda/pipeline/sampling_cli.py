@@ -314,8 +314,9 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
-def check_output(out: str, *, inputs: list[str], overwrite: bool) -> str:
-    """The sidecar path of OUTPUT, once OUTPUT may be written; PrivateSamplingError (one line) when it may not.
+def check_output(out: str, *, inputs: list[str], overwrite: bool) -> tuple[str, frozenset]:
+    """The sidecar path of OUTPUT and which of OUTPUT and the sidecar stand there now (earlier outputs of ours that
+    ``overwrite`` allows replacing), once OUTPUT may be written; PrivateSamplingError (one line) when it may not.
 
     Never the input (by path, link or hard link); never a folder or a link; an existing OUTPUT or OUTPUT.json is
     replaced only with ``overwrite`` and only when it is an earlier output of this command: its sidecar names this
@@ -334,7 +335,7 @@ def check_output(out: str, *, inputs: list[str], overwrite: bool) -> str:
             raise PrivateSamplingError(f"--output {out}: {path} exists and is not a regular file")
     existing = [p for p in (out, side) if os.path.lexists(p)]
     if not existing:
-        return side
+        return side, frozenset()
     if not overwrite:
         raise PrivateSamplingError(f"{existing[0]} exists; pass --overwrite to replace it")
     not_ours = f"--output {out}: not an earlier sample-boolean output"
@@ -354,7 +355,7 @@ def check_output(out: str, *, inputs: list[str], overwrite: bool) -> str:
         )
     if os.path.exists(out) and _sha256(out) != digest:
         raise PrivateSamplingError(f"{not_ours} ({out} changed since {side} was written); refusing to replace it")
-    return side
+    return side, frozenset(existing)
 
 
 def _write_temp(folder: str, beside: str, data: bytes) -> tuple[str, int]:
@@ -412,7 +413,7 @@ def cmd_sample_boolean(args, _beam_args) -> int:
         raise PrivateSamplingError(f"--synthetic-size must be in [1, {MAX_SYNTHETIC_SIZE:,}], got {k}")
     seed = _number(args, "seed", int, optional=True)
     _kind(args.input, "--input")
-    side = check_output(out, inputs=[args.input], overwrite=args.overwrite)
+    side, _ = check_output(out, inputs=[args.input], overwrite=args.overwrite)
     names, types, bits = read_boolean_table(args.input)
     key = key_from_test_seed(seed) if seed is not None else fresh_key()
     result = sample_boolean(bits, synthetic_size=k, key=key, allow_not_dp=args.allow_not_dp, **params)
@@ -429,15 +430,15 @@ def cmd_sample_boolean(args, _beam_args) -> int:
         meta["table_sha256"] = hashlib.sha256(buf.getvalue()).hexdigest()
         tmp_table, table_inode = _write_temp(folder, out, buf.getvalue())
         tmp_side, side_inode = _write_temp(folder, side, (json.dumps(meta, indent=2) + "\n").encode())
-        check_output(out, inputs=[args.input], overwrite=args.overwrite)  # nothing foreign appeared meanwhile
-        ours = {p: os.path.lexists(p) for p in (out, side)}  # earlier outputs check_output allows us to replace
+        # nothing foreign appeared meanwhile; what stands there now is ours to replace, and only that
+        _, ours = check_output(out, inputs=[args.input], overwrite=args.overwrite)
         _check_ours(tmp_side, side_inode)  # both temp files still ours before either is published
-        _replace_ours(tmp_table, table_inode, out, ours[out])
+        _replace_ours(tmp_table, table_inode, out, out in ours)
         try:
-            _replace_ours(tmp_side, side_inode, side, ours[side])  # the sidecar last: it means the table is complete
+            _replace_ours(tmp_side, side_inode, side, side in ours)  # the sidecar last: it means the table is complete
         except BaseException:
             with contextlib.suppress(OSError):  # a new table of ours, without its sidecar: not left behind
-                if not ours[out] and os.stat(out, follow_symlinks=False).st_ino == table_inode:
+                if out not in ours and os.stat(out, follow_symlinks=False).st_ino == table_inode:
                     os.remove(out)
             raise
     except FileNotFoundError:

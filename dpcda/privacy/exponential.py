@@ -26,21 +26,37 @@ from typing import Sequence
 
 import numpy as np
 
+from dpcda.privacy import noise
 from dpcda.privacy.noise import NoiseStream
 
 _BUFFER_WORDS = 256
+_NO_COPY = "Bits cannot be copied or pickled: a copy would hand out the same words again"
 
 
 class Bits:
-    """Uniform 64-bit words read from a ``NoiseStream`` a block at a time (the stream's order, deterministic)."""
+    """Uniform 64-bit words read from a ``NoiseStream`` a block at a time (the stream's order, deterministic).
+
+    Like its stream, it cannot be copied or pickled, nor read in a process forked after it was made: its buffered
+    words would be handed out twice."""
 
     def __init__(self, stream: NoiseStream):
         self.stream = stream
         self._buf = np.empty(0, np.uint64)
         self._at = 0
         self.words_read = 0
+        self._forks = noise._FORKS
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError(_NO_COPY)
+
+    def __copy__(self):
+        raise TypeError(_NO_COPY)
+
+    def __deepcopy__(self, memo):
+        raise TypeError(_NO_COPY)
 
     def word(self) -> int:
+        noise.check_not_forked(self._forks)
         if self._at >= len(self._buf):
             self._buf, self._at = self.stream.words(_BUFFER_WORDS), 0
         w = int(self._buf[self._at])

@@ -108,6 +108,25 @@ _THREADS: Optional[int] = None
 _POOL: Optional[ThreadPoolExecutor] = None
 _POOL_PID = 0
 _POOL_LOCK = threading.Lock()
+_FORKS = 0  # forks this process descends from since the module was loaded: a stream draws only where it was made
+
+
+def _after_fork_in_child() -> None:
+    """A forked child: streams made before the fork refuse to draw (``_FORKS`` moved on; a pid could be reused), and
+    the pool's lock, which another thread may have held at the fork, is new."""
+    global _FORKS, _POOL, _POOL_LOCK
+    _FORKS += 1
+    _POOL, _POOL_LOCK = None, threading.Lock()
+
+
+def check_not_forked(forks: int) -> None:
+    """RuntimeError where an object made when ``_FORKS`` was ``forks`` is used in a process forked since."""
+    if forks != _FORKS:
+        raise RuntimeError(_FORKED)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def fresh_key() -> bytes:
@@ -228,7 +247,7 @@ class NoiseStream:
         self._lock = threading.Lock()  # guards _pos and _enc: a stream may be shared by threads
         self._pos = 0  # 64-bit words reserved so far (read, or being read by a draw under way)
         self._enc = None  # an OpenSSL stream positioned at _pos that no draw holds, if one is ready
-        self._pid = os.getpid()  # a forked child holds a copy of _pos: it must not draw (_reserve)
+        self._forks = _FORKS  # a forked child holds a copy of _pos: it must not draw (_reserve)
 
     @property
     def position(self) -> int:
@@ -250,8 +269,7 @@ class NoiseStream:
         stream read disjoint words, and a draw that fails part-way leaves its words unused for good (never read
         again by a later draw, which may run from its own position on other threads)."""
         n = int(n)
-        if os.getpid() != self._pid:
-            raise RuntimeError(_FORKED)
+        check_not_forked(self._forks)
         with self._lock:
             first = self._pos
             if first + n > MAX_STREAM_WORDS:

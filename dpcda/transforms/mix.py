@@ -51,8 +51,7 @@ def check_build(expected: tuple | None) -> None:
             f"worker code dpcda {here[0]}-{here[1]} does not match the launcher's "
             f"{expected[0]}-{expected[1]}; use the worker image of the launcher's version"
         )
-    if expected.noise_threads is not None:
-        set_threads(expected.noise_threads)
+    set_threads(expected.noise_threads)  # None: this worker's cores (a reused worker forgets an earlier release's)
 
 
 class _MixFn(beam.DoFn):
