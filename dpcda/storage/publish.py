@@ -502,9 +502,12 @@ def exposed_on_gcs(target: Target, err: Optional[BaseException]) -> bool:
     try:
         bucket_name, prefix = split_gs(target.workdir)
         listing = gcs_client().bucket(bucket_name).list_blobs(prefix=prefix.rstrip("/") + "/", max_results=1)
-        return any(True for _ in listing)
+        if any(True for _ in listing):
+            return True
     except Exception:  # noqa: BLE001 - cannot tell: count it
         return True
+    age = _run_age_hours(target.run_id)  # again: a sweep may have come while the listing ran
+    return age is None or age >= STALE_RUN_HOURS - CLOCK_SKEW_HOURS
 
 
 def _delete_gcs_prefix(path: str) -> None:
