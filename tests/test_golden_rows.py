@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from dpcda.mechanisms import registry
+from dpcda.mechanisms import p3gm, registry
 from dpcda.pipeline.manifest import SECRET_KEY_CAVEAT, SEED_KEY_CAVEAT, TEST_SEED_CAVEAT
 from dpcda.privacy import noise
 from tests import golden
@@ -41,6 +41,10 @@ def expected(case: str, recorded: dict) -> dict:
     if case == "p3gm":  # p3gm states its own label caveat; it carried local perturbation's "released once"
         assert "every record is released once" in p["caveats"][1]
         p["caveats"][1] = registry.get("p3gm").label_caveat()
+        # the DP-SGD section states the per-record position check the fit passed (its norms now in a fixed order)
+        sgd = m["mechanism"]["dp_sgd"]
+        assert "per_record_check" not in sgd
+        sgd["per_record_check"] = p3gm.SGD_ROW_CHECK
     return m
 
 

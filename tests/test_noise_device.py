@@ -483,6 +483,39 @@ def test_mixing_on_cuda_releases_the_rows_the_cpu_releases(mode):
         _same_bits(l2, l1)
 
 
+@pytest.mark.parametrize("mode", ["fixed", "poisson"])
+@pytest.mark.parametrize("mechanism", ["dpcda", "dpmix"])
+def test_mixing_with_its_indices_drawn_by_the_device_sampler_releases_the_same_rows(mode, mechanism, monkeypatch):
+    """The mixers' index streams take the worker's device on CUDA (``stream_device``); on a CPU worker they stay on
+    the host. Forcing the device path on CPU tensors (``distinct`` in torch) releases the host's rows bit for bit."""
+    from fractions import Fraction
+
+    from dpcda.mechanisms import device as device_policy
+    from dpcda.mechanisms import dpcda, dpmix
+
+    assert device_policy.stream_device(torch.device("cpu")) is None
+    assert device_policy.stream_device(torch.device("cuda", 0)) == torch.device("cuda", 0)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(300, 12)) * 0.05, rng.integers(0, 3, 300)
+    kw = dict(key=KEY, mode=mode, mixing_order=8, sigma_x=0.3, samples=1500, chunk_rows=600)
+    kw.update(sampling_rate=Fraction(8, 300), device="cpu")
+    if mechanism == "dpcda":
+        run = lambda: list(dpcda.mix_class(x, class_index=1, num_classes=3, sigma_y=0.5, **kw))  # noqa: E731
+    else:
+        run = lambda: list(dpmix.mix_dataset(x, y, num_classes=3, sigma_y=0.5, **kw))  # noqa: E731
+    host = run()
+    calls = []
+    real = noise_device.distinct
+    monkeypatch.setattr(noise_device, "distinct", lambda *a: calls.append(a[1:4]) or real(*a))
+    monkeypatch.setattr(dpcda if mechanism == "dpcda" else dpmix, "stream_device", lambda dev: dev)
+    device = run()
+    assert len(calls) == len(host) == 3
+    for (c1, f1, l1), (c2, f2, l2) in zip(host, device):
+        assert c1 == c2
+        _same_bits(f2, f1)
+        _same_bits(l2, l1)
+
+
 def test_noise_benchmark_prints_every_path_beside_the_references(capsys, tmp_path):
     from benchmarks.perf.bench_noise import main as bench_noise
 
@@ -546,3 +579,103 @@ def test_one_million_binomials_equal_the_host(device):
     sk = noise.subkey(KEY, ("bin-million",))
     got = noise_device.binomial(sk, 0, 6000, q.numerator, q.denominator, 1_000_000, device, compiled=False)
     np.testing.assert_array_equal(got.cpu().numpy(), ref)
+
+
+# ---------------------------------------------------------------- distinct indices
+
+# (n, l, rows): the sparse sampler with few and with many (~36 %) rejected rows, single indices, the dense sampler
+# (l = n, l near n, several key batches), bounds around 2^32 and up to 2^62 whose residues wrap (w >= 2^63), and
+# 3 2^60 + 1, where 1 word in 16 is rejected (2^64 mod n = 2^60 - 5).
+_DISTINCT = [
+    (700, 8, 5000),
+    (100, 10, 3000),
+    (5, 1, 100),
+    (1, 1, 10),
+    (10, 10, 300),
+    (64, 40, 2000),
+    (3, 2, 5000),
+    (1 << 20, 2000, 3),
+    ((1 << 32) - 1, 4, 1000),
+    (1 << 32, 2, 1000),
+    ((1 << 32) + 1, 3, 1000),
+    (3 * (1 << 60) + 1, 5, 2000),
+    ((1 << 62) - 1, 5, 1000),
+    (1 << 62, 3, 1000),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n, l, rows", _DISTINCT)
+def test_distinct_on_the_device_equals_the_host(device, n, l, rows):
+    """The same indices element for element, and the stream left at the same word: through the stream (``device``
+    set: OpenSSL words on a CPU device, the torch ChaCha20 on a card) and through the torch ChaCha20 directly."""
+    host = NoiseStream(KEY, "distinct", n)
+    ref = [host.words(3), host.distinct(n, l, rows), host.words(2)]
+    dev = NoiseStream(KEY, "distinct", n, device=device)
+    got = [dev.words(3), dev.distinct(n, l, rows), dev.words(2)]
+    for a, b in zip(ref, got):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    take = noise_device.StreamWords(noise.subkey(KEY, ("distinct", n)), 3, device, compiled=False)
+    direct = noise_device.distinct(take, n, l, rows, device)
+    assert direct.device.type == torch.device(device).type
+    assert np.array_equal(direct.cpu().numpy(), ref[1]) and take.position == host.position - 2
+
+
+def _small_alphabet(seed: int, alphabet: int):
+    """Words from a short list of values (so keys tie and rows repeat often), the same sequence for every reader."""
+    rng = np.random.default_rng(seed)
+    values = rng.integers(0, 1 << 63, alphabet, dtype=np.uint64) * np.uint64(2)
+    values[0] = np.uint64((1 << 64) - 1)  # the largest word (most values have their top bit set)
+    sequence = values[rng.integers(0, alphabet, 1 << 20)]
+    pos = [0]
+
+    def words(n):
+        pos[0] += n
+        return sequence[pos[0] - n : pos[0]]
+
+    return words, pos
+
+
+_TIES = [(12, 5, 400, 60), (12, 12, 400, 400), (40, 9, 300, 300), (6, 2, 200, 23), (100, 10, 300, 23)]
+
+
+@pytest.mark.parametrize("n, l, rows, alphabet", _TIES)
+def test_distinct_ties_and_repeats_are_redrawn_like_the_host(n, l, rows, alphabet, monkeypatch):
+    """Words from a small alphabet: ties at the cut, inside a row and repeated indices are frequent, and each is
+    redrawn from the same next words on both sides (the host's own code reads them through ``words``)."""
+    host = NoiseStream(KEY, "ties")
+    words, pos = _small_alphabet(n, alphabet)
+    monkeypatch.setattr(host, "words", words)
+    ref = host.distinct(n, l, rows)
+    used = pos[0]
+    dev_words, dev_pos = _small_alphabet(n, alphabet)
+    got = noise_device.distinct(lambda k: torch.from_numpy(dev_words(k).view(np.int64)), n, l, rows, "cpu")
+    assert np.array_equal(got.numpy(), ref) and dev_pos[0] == used
+    assert used > rows * (l if noise.sparse_distinct(n, l) else n)  # some rows were redrawn
+
+
+def test_distinct_on_the_device_refuses_and_returns_empty_like_the_host():
+    take = noise_device.StreamWords(noise.subkey(KEY, ("e",)), 0, "cpu", compiled=False)
+    for n, l in ((3, 4), (0, 1)):
+        with pytest.raises(ValueError, match="cannot draw"):
+            noise_device.distinct(take, n, l, 5, "cpu")
+    with pytest.raises(ValueError, match="bound must be"):
+        noise_device.distinct(take, (1 << 62) + 1, 2, 5, "cpu")
+    with pytest.raises(ValueError, match="bound must be"):
+        NoiseStream(KEY, "e").distinct((1 << 62) + 1, 2, 5)
+    assert noise_device.distinct(take, 5, 0, 4, "cpu").shape == (4, 0)
+    assert noise_device.distinct(take, 5, 3, 0, "cpu").shape == (0, 3)
+    assert take.position == 0
+    dev = NoiseStream(KEY, "e", device="cpu")
+    assert dev.distinct(5, 0, 4).shape == (4, 0) and dev.position == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_one_million_distinct_indices_equal_the_host(device):
+    """10^6 indices from each sampler (sparse: 125,000 rows of 8 from 6,000; dense: 25,000 rows of 40 from 64),
+    drawn with the torch ChaCha20 on the device."""
+    for n, l, rows in ((6000, 8, 125_000), (64, 40, 25_000)):
+        ref = NoiseStream(KEY, "distinct-million", n).distinct(n, l, rows)
+        take = noise_device.StreamWords(noise.subkey(KEY, ("distinct-million", n)), 0, device, compiled=False)
+        got = noise_device.distinct(take, n, l, rows, device)
+        assert rows * l >= 1_000_000 and np.array_equal(got.cpu().numpy(), ref)

@@ -7,6 +7,7 @@ record and every OTHER record's contribution must stay exactly what it was.
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 import numpy as np
@@ -162,6 +163,88 @@ def test_adding_a_record_moves_the_clipped_sum_by_its_own_clipped_gradient():
     alone, _, _ = p3gm.ghost_clipped_sum(params, x[:1], mu[:1], eps[:1], y[:1], prior_t, 3.0, clip)
     assert float(torch.linalg.vector_norm(alone)) <= clip * (1 - CLIP_MARGIN / 2)
     torch.testing.assert_close(total - without, alone, rtol=0, atol=1e-12)  # float64 summation error only
+
+
+def _pairwise_reference(row) -> float:
+    """The pairwise order of ``row_square_sums`` in plain Python floats (IEEE float64, one rounding per operation)."""
+    s = [float(v) * float(v) for v in row]
+    while len(s) & (len(s) - 1):
+        s.append(0.0)
+    while len(s) > 1:
+        half = len(s) // 2
+        s = [s[i] + s[half + i] for i in range(half)]
+    return s[0]
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 10, 17, 784, 1000, 1024])
+def test_row_square_sums_take_one_fixed_order_whatever_the_rows_place(width):
+    """Each row's sum is the pairwise tree of its own squares, bit for bit: alone, in a block, at any position, in a
+    tensor whose rows start at odd memory offsets (the alignment a reduction kernel could branch on)."""
+    rng = np.random.default_rng(width)
+    rows = torch.tensor(rng.normal(size=(64, width)).astype(np.float32), dtype=torch.float64)
+    got = p3gm.row_square_sums(rows)
+    assert [float(v) for v in got] == [_pairwise_reference(r) for r in rows.tolist()]
+    exact = [sum(Fraction(float(v)) ** 2 for v in r) for r in rows.tolist()]  # the exact sums of squares
+    bound = max(1, (width - 1).bit_length()) * 2.0**-53 * 1.0001
+    assert all(abs(Fraction(float(g)) - e) <= Fraction(bound) * e for g, e in zip(got, exact))
+    for perm in (torch.roll(torch.arange(64), 1), torch.roll(torch.arange(64), 33), torch.arange(63, -1, -1)):
+        assert torch.equal(p3gm.row_square_sums(rows[perm]), got[perm])
+    assert torch.equal(p3gm.row_square_sums(rows[5:6]), got[5:6])
+    storage = torch.zeros(64 * width + 3, dtype=torch.float64)
+    storage[3:] = rows.reshape(-1)
+    assert torch.equal(p3gm.row_square_sums(storage[3:].view(64, width)), got)  # misaligned rows
+    assert torch.equal(p3gm.row_square_sums(rows.T.contiguous().T), got)  # column-major layout
+
+
+def _with_position_dependent_bits(monkeypatch, which: str):
+    """``_block_terms`` as on a device where output ``which`` of the rows at positions 3 mod 8 of a block moves."""
+    real = p3gm._block_terms
+
+    def moved(*args):
+        loss, acts, grads, norms = real(*args)
+        at = torch.arange(len(norms)) % 8 == 3
+        if which == "norms-ulp":  # one ulp: what a position-dependent float64 reduction gives
+            norms = torch.where(at, torch.nextafter(norms, torch.full_like(norms, math.inf)), norms)
+        elif which == "f32-bit":  # the lowest bit of a float32 pre-activation gradient
+            g = grads[0].to(torch.float32)
+            bumped = torch.nextafter(g, torch.full_like(g, math.inf)).to(torch.float64)
+            grads = [torch.where(at[:, None], bumped, grads[0])] + grads[1:]
+        return loss, acts, grads, norms
+
+    monkeypatch.setattr(p3gm, "_block_terms", moved)
+    monkeypatch.setattr(p3gm, "_CHECKED_SGD", set())
+
+
+@pytest.mark.parametrize("which", ["norms-ulp", "f32-bit"])
+def test_the_sgd_check_refuses_a_single_bit_that_depends_on_the_position(monkeypatch, which):
+    """The check stays bitwise for every per-row output, the norms included: one ulp at some positions refuses."""
+    s, params, prior_t = _network(23, 100, 10, 2)
+    p3gm.check_sgd_block(params, 23, s, prior_t)  # passes as computed
+    _with_position_dependent_bits(monkeypatch, which)
+    with pytest.raises(rowwise.RowDependenceError, match="depends on its position in a block of 64 rows"):
+        p3gm.check_sgd_block(params, 23, s, prior_t)
+
+
+def test_the_norms_no_longer_use_a_reduction_kernel(monkeypatch):
+    """A device whose reduction kernels add a row's terms in a position-dependent order (simulated: ``vecdot``,
+    ``sum`` and ``linalg.vector_norm`` move one ulp at positions 3 mod 8) changes no per-row output: they are not
+    called for the per-row terms, and the check passes."""
+    s, params, prior_t = _network(23, 100, 10, 2)
+
+    def shaky(fn):
+        def run(*a, **k):
+            out = fn(*a, **k)
+            if out.dim() == 1 and out.dtype == torch.float64 and len(out) == p3gm.SGD_BLOCK:
+                at = torch.arange(len(out)) % 8 == 3
+                out = torch.where(at, torch.nextafter(out, torch.full_like(out, math.inf)), out)
+            return out
+
+        return run
+
+    monkeypatch.setattr(torch.linalg, "vecdot", shaky(torch.linalg.vecdot))
+    monkeypatch.setattr(torch.linalg, "vector_norm", shaky(torch.linalg.vector_norm))
+    monkeypatch.setattr(p3gm, "_CHECKED_SGD", set())
+    p3gm.check_sgd_block(params, 23, s, prior_t)
 
 
 def test_a_release_refuses_shapes_that_fail_the_check_before_reading_rows(tmp_path, monkeypatch):

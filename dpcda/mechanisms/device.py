@@ -18,3 +18,10 @@ def pick_device(preference: str = "auto") -> torch.device:
         log.warning("device=%s asked for but CUDA is not available; using the CPU", preference)
         return torch.device("cpu")
     return dev
+
+
+def stream_device(device: torch.device):
+    """The device a mixing chunk's index stream draws on: the card on a CUDA worker (``NoiseStream.distinct`` and
+    ``binomial`` run there with the host's output, element for element: ``privacy.noise_device``), else None (the
+    host's samplers, on all its cores)."""
+    return device if device.type == "cuda" else None

@@ -4,7 +4,8 @@ One class at a time: ``T_k`` synthetic rows in chunks of ``chunk_rows``. Each ch
 stream ("mix-index", k, chunk) and its noise from ("mix-noise", k, chunk), so a retried chunk reproduces its rows.
 Rows are gathered and summed with ``embedding_bag`` in float64 (CUDA when present, the same code on the CPU; no
 (rows, l, d) intermediate), then the noise is drawn where the rows are (on CUDA: ``privacy.noise_device``, the same
-output bit for bit; elsewhere on the host): every released value is
+output bit for bit; elsewhere on the host); on CUDA the indices and poisson row sizes are drawn on the card too (the
+same indices, element for element): every released value is
 ``g * round((mean + sigma_x Z) / g)`` (``NoiseStream.gaussian``).
 
 fixed: each row averages exactly ``l`` distinct records, a uniform l-subset (exact).
@@ -30,6 +31,7 @@ import numpy as np
 import torch
 
 from dpcda.mechanisms.base import Calibrated, InProcess, Mechanism, PlanError
+from dpcda.mechanisms.device import stream_device
 from dpcda.mechanisms.postprocess import make_postprocess
 from dpcda.privacy.budget import BudgetPlan, calibrate_synthesis
 from dpcda.privacy.events import MAX_ROW_RECORDS, MixingEvent
@@ -170,7 +172,7 @@ def mix_class(
             mixing_order=mixing_order,
             sigma_x=sigma_x,
             rows=rows,
-            index_stream=NoiseStream(key, "mix-index", class_index, chunk),
+            index_stream=NoiseStream(key, "mix-index", class_index, chunk, device=stream_device(dev)),
             noise_stream=NoiseStream(key, "mix-noise", class_index, chunk),
             sampling_rate=rate,
             order=order_t,

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from dpcda.mechanisms.base import InProcess, Mechanism
+from dpcda.mechanisms.device import stream_device
 from dpcda.mechanisms.dpcda import canonical_order, sample_rows
 from dpcda.mechanisms.postprocess import make_postprocess
 from dpcda.privacy.events import DpmixEvent
@@ -69,7 +70,7 @@ def mix_dataset(
             mode=mode,
             mixing_order=mixing_order,
             rows=rows,
-            stream=NoiseStream(key, "dpmix-index", chunk),
+            stream=NoiseStream(key, "dpmix-index", chunk, device=stream_device(dev)),
             sampling_rate=rate,
         )
         if flat.size:

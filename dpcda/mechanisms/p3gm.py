@@ -38,19 +38,21 @@ Per-example gradients without per-example passes (ghost clipping, exact for Line
 input a_i and output gradient g_i, example i's weight gradient is g_i a_i^T (Frobenius norm ||g_i|| ||a_i||) and its
 bias gradient g_i. One backward of the summed loss to the pre-activations gives every g_i (no example's loss depends
 on another's pre-activations: no batch statistics anywhere); the squared norms sum_l ||g_il||^2 (||a_il||^2 + 1)
-and the clipped sums (f G)^T A are computed in float64 from the float32 G and A.
+and the clipped sums (f G)^T A are computed in float64 from the float32 G and A. The squared norms are sums in a fixed
+order made of elementwise operations only (``row_square_sums``), so a row's norm has the same bits at any position of
+its block on any IEEE device, where a reduction kernel's order can depend on the row's place in memory.
 
 Floats. EM: each record's contribution (r', r' xhat, r' xhat^2), r' = r (1 - CLIP_MARGIN), is computed in float64,
 truncated toward zero to multiples of 2^-EM_QUANTUM_BITS (never growing any block's norm: each stays below 1 in the
 bits), then summed as exact int64; the sums (< 2^53 quanta for fewer than ``MAX_EM_ROWS`` rows) are exact float64
 centres for ``NoiseStream.gaussian``. DP-SGD: products of float32 values are exact in float64, the float64 norms are
-within a relative d 2^-52 of the exact ones, and the margin CLIP_MARGIN in ``clip_factors`` absorbs that and the float64
-summation of the batch (``mechanisms.dpsgd``). That one row's float32 forward and backward do not depend on which
-other rows share its batch is made true rather than assumed (``mechanisms.rowwise``): the projection, the EM
-contributions and the DP-SGD passes run on zero-padded blocks of fixed shapes (SGD_BLOCK rows; Linear widths padded to
-multiples of ``rowwise.WIDTH_MULTIPLE``; the projection on one BLAS thread), and the position of a row in its block
-is checked not to matter (``check_shapes`` before any row is read, ``check_sgd_block`` and the cached checks again in
-the fit).
+within a relative d 2^-52 of the exact ones (pairwise sums: far closer), and the margin CLIP_MARGIN in ``clip_factors``
+absorbs that and the float64 summation of the batch (``mechanisms.dpsgd``). That one row's float32 forward and backward
+do not depend on which other rows share its batch is made true rather than assumed (``mechanisms.rowwise``): the
+projection, the EM contributions and the DP-SGD passes run on zero-padded blocks of fixed shapes (SGD_BLOCK rows; Linear
+widths padded to multiples of ``rowwise.WIDTH_MULTIPLE``; the projection on one BLAS thread), and the position of a row
+in its block is checked not to matter (``check_shapes`` before any row is read, ``check_sgd_block`` and the cached
+checks again in the fit).
 
 Randomness. Nothing here calls torch's or numpy's generators: every draw touching private data is a
 ``privacy.noise.NoiseStream`` under the run key; the weight initialisation and the EM start are public draws
@@ -88,6 +90,14 @@ WEIGHT_FLOOR = 1e-3  # mixture weights after the M-step (then renormalised)
 VAR_FLOOR = 1e-4  # per-coordinate variance of a component, in xhat units (xhat in the unit ball)
 LOGVAR_RANGE = (-12.0, 4.0)  # the encoder's log-variance (latent units), clamped
 PROGRESS_EVERY = 50
+# What the fit checks before it reads a row (``check_shapes``) and again per device in the fit (``check_sgd_block``),
+# stated in the manifest.
+SGD_ROW_CHECK = (
+    "on the fit's device and thread count, a block of 64 public random rows in 16 rotations, each shifted by 1 and "
+    "by 33 positions: every row's float32 loss, float64 copies of its float32 layer inputs and pre-activation "
+    "gradients, and float64 per-example gradient norm (squares summed in a fixed pairwise order of elementwise "
+    "operations) must agree bit for bit, else the release is refused (mechanisms.rowwise)"
+)
 PARAM_NAMES = (
     "enc1.weight",
     "enc1.bias",
@@ -394,8 +404,30 @@ def _block_terms(params: dict, x, mu, eps, y, prior_t, label_weight: float):
     grads = [g.detach().to(torch.float64) for g in grads]
     sq = torch.zeros(len(y), dtype=torch.float64, device=x.device)
     for a, g in zip(acts, grads):
-        sq += torch.linalg.vecdot(g, g) * (torch.linalg.vecdot(a, a) + 1.0)
+        sq = sq + row_square_sums(g) * (row_square_sums(a) + 1.0)
     return loss.detach(), acts, grads, torch.sqrt(sq)
+
+
+def row_square_sums(v: torch.Tensor) -> torch.Tensor:
+    """float64 (rows,): each row's sum of squares of the float64 (rows, width) ``v``, in one fixed order on any device.
+
+    A reduction kernel (``vecdot``, ``sum``) may add a row's terms in an order that depends on where the row lies in
+    memory (vectorised loads aligned or not, split across threads or warps): on an H200 it gave 8 of 64 rows norms
+    one ulp apart by position, which the position check refuses. Here only elementwise IEEE float64 operations run,
+    each correctly rounded on every device (no reassociation, no fused multiply-add between kernels): the squares
+    (exact for float32 inputs), zero-padded to a power-of-two width, then the first half of the columns added to the
+    second half until one column is left. The order of a row's additions is fixed by the width alone, so its sum
+    has the same bits at any position, in any batch, on any device (pairwise summation: relative error at most
+    ceil(log2 width) 2^-53 of the exact sum, as the terms are >= 0)."""
+    s = v * v
+    rows, width = s.shape
+    full = 1 << max(0, (width - 1).bit_length())
+    if full != width:
+        s = torch.cat([s, s.new_zeros((rows, full - width))], dim=1)
+    while s.shape[1] > 1:
+        half = s.shape[1] // 2
+        s = s[:, :half] + s[:, half:]
+    return s[:, 0]
 
 
 def ghost_clipped_sum(params: dict, x, mu, eps, y, prior_t, label_weight: float, clip: float):
@@ -862,6 +894,7 @@ class P3gm(Mechanism):
                 "hidden": p.hidden,
                 "encoder_hidden": p.encoder_hidden,
                 "label_weight": p.label_weight,
+                "per_record_check": SGD_ROW_CHECK,
             },
             sampling="z from the DP mixture prior, the row = the decoder's feature means, the label = the argmax of "
             "its label scores (mechanisms.p3gm)",

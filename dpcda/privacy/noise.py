@@ -79,10 +79,11 @@ SAMPLER = (
     "sizes by inversion of a 192-bit Binomial table (< 2^-171 per draw)"
 )
 WORDS = (
-    "mixing noise on a CUDA worker: ChaCha20 and the sampler in torch on the card (privacy.noise_device: the same "
-    "words and outputs as the OpenSSL stream, bit for bit, identity-tested), near-boundary cells decided on the "
-    "host; everything else: OpenSSL on the host and the sampler as a compiled loop where a C compiler is present "
-    "and the loop passes its check against numpy at load, else in numpy (the same output), on all its cores"
+    "mixing noise, indices and row sizes on a CUDA worker: ChaCha20 and the samplers in torch on the card "
+    "(privacy.noise_device: the same words and outputs as the OpenSSL stream, bit for bit, identity-tested), "
+    "near-boundary cells decided on the host; everything else: OpenSSL on the host and the sampler as a compiled "
+    "loop where a C compiler is present and the loop passes its check against numpy at load, else in numpy (the "
+    "same output), on all its cores"
 )
 _BLOCK = 8192  # elements per vectorised block (keeps temporaries in cache)
 _DENSE_KEYS = 1 << 22  # random keys per batch in the dense distinct-index sampler
@@ -352,12 +353,19 @@ class NoiseStream:
         return self.uniform_int(1 << 53, size).astype(np.float64) / float(1 << 53)
 
     def distinct(self, n: int, l: int, rows: int) -> np.ndarray:
-        """(rows, l) int64: each row ``l`` distinct indices of range(n), a uniform l-subset in uniform order."""
+        """(rows, l) int64: each row ``l`` distinct indices of range(n), a uniform l-subset in uniform order.
+
+        With a ``device``, the words and the sampler run there (``privacy.noise_device.distinct``): the same words,
+        the same decisions, so the same indices and the same stream position, element for element."""
         if not 0 <= l <= n:
             raise ValueError(f"cannot draw {l} distinct records from {n}")
         if rows == 0 or l == 0:
             return np.zeros((rows, l), np.int64)
-        if l * (l - 1) / (2.0 * n) <= 0.5:  # a row repeats an index with probability < 0.4: reject such rows
+        if self.device is not None:
+            from dpcda.privacy import noise_device
+
+            return noise_device.distinct(self._device_words, n, l, rows, self.device).cpu().numpy()
+        if sparse_distinct(n, l):  # a row repeats an index with probability < 0.4: reject such rows
             out = self.uniform_int(n, (rows, l))
             bad = _has_repeat(out)
             while bad.any():
@@ -370,6 +378,18 @@ class NoiseStream:
             stop = min(rows, start + step)
             out[start:stop] = self._smallest_keys(n, l, stop - start)
         return out
+
+    def _device_words(self, n: int):
+        """The next ``n`` words as an int64 tensor (64-bit patterns) on ``self.device``, reserved first: made there by
+        the torch ChaCha20 (``noise_device.stream_words``), or on a CPU device read from OpenSSL (faster there)."""
+        from dpcda.privacy import noise_device
+
+        torch = sys.modules["torch"]
+        device = torch.device(self.device)
+        if device.type == "cpu":
+            return torch.from_numpy(self.words(n).view(np.int64))
+        first, _ = self._reserve(n)
+        return noise_device.stream_words(self._subkey, first, int(n), device)
 
     def _smallest_keys(self, n: int, l: int, rows: int) -> np.ndarray:
         """The l smallest of n random keys per row, ordered by key; rows with a tie at the cut are redrawn."""
@@ -709,6 +729,12 @@ def _error_bound(sigma: float, g: float, tmax: float, cmax: float) -> float:
     """Float error of a block's scaled values, in grid units: AS 241 and p's rounding (Z_ERROR (1 + |z|)) and three
     roundings, from the block's largest t and |c|."""
     return (sigma * Z_ERROR * (1.0 + tmax) + 2.0**-50 * (cmax + sigma * tmax)) / g
+
+
+def sparse_distinct(n: int, l: int) -> bool:
+    """``distinct``'s choice of sampler (the host's and the device's): rows of independent uniform indices, rejected
+    on a repeat, where a repeat has probability below 0.4; else the l smallest of n random keys."""
+    return l * (l - 1) / (2.0 * n) <= 0.5
 
 
 def _has_repeat(idx: np.ndarray) -> np.ndarray:

@@ -22,6 +22,9 @@ with its own code from the full U (block by block; a block's largest t includes 
 the device refuses exactly where the host does). The output is therefore the exact rounded Gaussian at U, element
 for element the host's, every zero +0.0; the tests check that identity, in the bits, on CPU tensors and, where
 present, on CUDA.
+
+Binomial row sizes and distinct indices (``binomial``, ``distinct``) are the host's samplers in exact integer
+arithmetic on the same words: the same rejections, redraws and table comparisons, so the same draws.
 """
 
 from __future__ import annotations
@@ -427,3 +430,99 @@ def binomial(subkey: bytes, start: int, n: int, num: int, den: int, size: int, d
     lo, hi = stream_halves(subkey, start, 3 * size, device, compiled=compiled)
     th = _host._binomial_thresholds(int(n), int(num), int(den))
     return binomial_from_halves(lo.reshape(3, size), hi.reshape(3, size), th)
+
+
+# ---------------------------------------------------------------- distinct indices
+
+_SIGN = -(1 << 63)  # XOR with it maps a 64-bit pattern's unsigned order onto int64's signed order
+
+
+class StreamWords:
+    """``take(n)``: the next ``n`` words of the stream keyed by ``subkey`` from word ``start`` on, as int64 tensors on
+    ``device`` (``stream_words``); ``position`` is the next word. For drawing outside a ``NoiseStream`` (tests)."""
+
+    def __init__(self, subkey: bytes, start: int, device, *, compiled: bool = True):
+        self.subkey, self.position, self.device, self.compiled = subkey, int(start), torch.device(device), compiled
+
+    def __call__(self, n: int) -> torch.Tensor:
+        words = stream_words(self.subkey, self.position, int(n), self.device, compiled=self.compiled)
+        self.position += int(n)
+        return words
+
+
+def uniform_below(take, bound: int, total: int, device) -> torch.Tensor:
+    """int64 (total,) uniform on range(bound): ``NoiseStream.uniform_int``'s rejection on the words ``take`` gives.
+
+    The host accepts a word w (unsigned) when w < 2^64 - e, e = 2^64 mod bound, and returns w mod bound. Here w is
+    held as the int64 s = w - 2^64 [w >= 2^63]: since e < bound <= 2^62, w is accepted iff s >= 0 or s < -e, and
+    w mod bound = (s mod bound + [s < 0] e) mod bound (``remainder`` is the non-negative residue; no sum reaches
+    2^63). Rejected elements are redrawn, in order, from the next words, as on the host: exact integer arithmetic."""
+    bound = int(bound)
+    if not 1 <= bound <= 1 << 62:
+        raise ValueError(f"bound must be in [1, 2^62], got {bound}")
+    excess = (1 << 64) % bound
+    out = torch.empty(int(total), dtype=torch.int64, device=device)
+    todo = torch.arange(int(total), device=device)
+    while todo.numel():
+        s = take(todo.numel())
+        ok = (s >= 0) | (s < -excess)
+        r = torch.remainder(s, bound)
+        r = torch.where(s < 0, torch.remainder(r + excess, bound), r)
+        out[todo[ok]] = r[ok]
+        todo = todo[~ok]
+    return out
+
+
+def _has_repeat(idx: torch.Tensor) -> torch.Tensor:
+    if idx.shape[1] < 2:
+        return torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
+    s = torch.sort(idx, dim=1).values
+    return (s[:, 1:] == s[:, :-1]).any(dim=1)
+
+
+def _smallest_keys(take, n: int, l: int, rows: int, device) -> torch.Tensor:
+    """``NoiseStream._smallest_keys`` on the device: the l smallest of n keys per row (unsigned order), ordered by
+    key; rows with a tie at the cut or inside it are redrawn. Without ties the chosen indices and their order are a
+    function of the keys alone, so whichever selection algorithm finds them gives the host's."""
+    out = torch.empty((rows, l), dtype=torch.int64, device=device)
+    todo = torch.arange(rows, device=device)
+    while todo.numel():
+        keys = take(todo.numel() * n).reshape(todo.numel(), n) ^ _SIGN
+        if l < n:
+            pk, part = torch.topk(keys, l + 1, dim=1, largest=False, sorted=True)
+            tied = pk[:, l - 1] == pk[:, l]
+            chosen, sel = part[:, :l], pk[:, :l]
+        else:
+            sel, chosen = torch.sort(keys, dim=1, stable=True)
+            tied = torch.zeros(todo.numel(), dtype=torch.bool, device=device)
+        tied |= (sel[:, 1:] == sel[:, :-1]).any(dim=1)  # order inside the row must be random too
+        out[todo[~tied]] = chosen[~tied]
+        todo = todo[tied]
+    return out
+
+
+def distinct(take, n: int, l: int, rows: int, device) -> torch.Tensor:
+    """int64 (rows, l) on ``device``: ``NoiseStream.distinct``'s indices, element for element, from the words that
+    ``take(k)`` returns (the next k words of the stream as int64 tensors; the host reads the same words in the same
+    calls, so both leave the stream at the same position): the same sampler (``noise.sparse_distinct``), the same
+    rejections, the same batches of keys."""
+    device = torch.device(device)
+    n, l, rows = int(n), int(l), int(rows)
+    if not 0 <= l <= n:
+        raise ValueError(f"cannot draw {l} distinct records from {n}")
+    if rows == 0 or l == 0:
+        return torch.zeros((rows, l), dtype=torch.int64, device=device)
+    if _host.sparse_distinct(n, l):
+        out = uniform_below(take, n, rows * l, device).reshape(rows, l)
+        bad = _has_repeat(out)
+        while bool(bad.any()):
+            k = int(bad.sum())
+            out[bad] = uniform_below(take, n, k * l, device).reshape(k, l)
+            bad = _has_repeat(out)
+        return out
+    out = torch.empty((rows, l), dtype=torch.int64, device=device)
+    step = max(1, _host._DENSE_KEYS // n)
+    for start in range(0, rows, step):
+        stop = min(rows, start + step)
+        out[start:stop] = _smallest_keys(take, n, l, stop - start, device)
+    return out

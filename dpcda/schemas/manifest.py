@@ -177,7 +177,8 @@ class P3gmMechanism(_Frozen):
     dp_sgd: dict = Field(
         description="DP-SGD of the VAE: Poisson sampling rate q, steps, noise multiplier z (noise std z C on the sum "
         "of clipped gradients), clip C, learning rate, epochs, expected batch, hidden widths of the decoder and the "
-        "encoder, the label cross-entropy's weight (dp_sgd component)"
+        "encoder, the label cross-entropy's weight (dp_sgd component), and the per-record position check the fit "
+        "passed (per_record_check)"
     )
     sampling: str = Field(description="how the released rows are drawn from the fitted model (post-processing)")
 
