@@ -233,7 +233,8 @@ def test_an_aim_releases_rounds_recompute_to_at_most_its_epsilon(aim_release):
     rounds_rho = sum(r["epsilon"] ** 2 / 8 + 1 / (2 * r["noise_std"] ** 2) for r in aim["rounds"])
     assert n / (2 * aim["one_way_noise_std"] ** 2) + rounds_rho <= mech["rho"] * (1 + 1e-12)
     assert mech["rho"] == pytest.approx(sum(mech["rho_split"].values()), rel=1e-9)
-    assert "marginals_one_way" in man["noise"]["grids"]
+    grids = privacy["noise"]["grids"]
+    assert "marginals_one_way" in grids and "marginals_aim_std_0" in grids
 
 
 def test_an_aim_release_keeps_the_label_base_rate(aim_release):
@@ -241,7 +242,9 @@ def test_an_aim_release_keeps_the_label_base_rate(aim_release):
     from dpcda.schemas.table import parse_table_schema
 
     m = table_metrics(make_table(2000, seed=1), aim_release.table, parse_table_schema(SCHEMA))
-    assert m["base_rate"]["max_gap"] < 0.05 and max(m["one_way_tvd"].values()) < 0.1, m
+    # numeric columns are on 4 bins here (table_metrics reads 20), so only the coded columns' TVDs are compared
+    assert m["base_rate"]["max_gap"] < 0.05, m["base_rate"]
+    assert max(m["one_way_tvd"][c] for c in ("contract", "senior", "paperless")) < 0.05, m["one_way_tvd"]
 
 
 # ---------------------------------------------------------------- refusals
