@@ -260,7 +260,6 @@ def _cfg(**kw):
         ({"table": SCHEMA, "marginals_iters": 0}, "marginals_iters"),
         ({"table": SCHEMA, "marginals_iters": False}, "marginals_iters: expected an integer, got a boolean"),
         ({"table": SCHEMA, "marginals_selection": "greedy"}, "marginals_selection"),
-        ({"table": SCHEMA, "marginals_selection": "aim"}, "marginals_selection"),
     ],
 )
 def test_bad_marginals_configs_are_one_line_errors(fields, needle):

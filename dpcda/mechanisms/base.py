@@ -184,3 +184,4 @@ class InProcess:
     device: Any
     progress: Optional[Callable] = None
     on_model: Optional[Callable] = None
+    stated_plan: Any = None  # set by a synthesis that completes the plan with its DP choices (marginals' picks)

@@ -89,6 +89,6 @@ def release_in_process(
     return (
         np.concatenate(feats),
         np.concatenate(labels).astype(np.int64),
-        plan,
+        ctx.stated_plan if ctx.stated_plan is not None else plan,  # with the synthesis's DP choices, as Beam states
         np.concatenate(scores) if scores else None,
     )

@@ -1,5 +1,6 @@
-"""Marginals (MST, McKenna, Miklau and Sheldon 2021): noisy one- and two-way counts, a graphical model fitted to them
-with ``mbi`` (private-pgm), and rows sampled from the model. Tables only.
+"""Marginals (MST, McKenna, Miklau and Sheldon 2021; or AIM, McKenna, Mullins, Sheldon and Miklau 2022): noisy one- and
+two-way counts, a graphical model fitted to them with ``mbi`` (private-pgm), and rows sampled from the model. Tables
+only. AIM's adaptive rounds (``measure_aim``) spend a zCDP filter's budget (``privacy.aim``).
 
 Neighbouring relation: add or remove one record (all its columns, the label included); the row count is private.
 
@@ -38,14 +39,18 @@ from typing import Iterator, Optional
 import numpy as np
 
 from dpcda.mechanisms.base import Calibrated, InProcess, Mechanism, PlanError
-from dpcda.privacy.events import MarginalsEvent
+from dpcda.privacy.aim import gaussian_rho, selection_rho
+from dpcda.privacy.events import AimEvent, MarginalsEvent
 from dpcda.privacy.noise import NoiseStream
 
 log = logging.getLogger(__name__)
 
 SCORE_BITS = 10  # the one-way model's predicted counts are rounded to multiples of 2^-10 (post-processing)
 MAX_CELLS = 1 << 26  # cells of every one-way and two-way count array a release holds (int64: 512 MiB)
-SELECTIONS = ("mst", "mst-label")  # mst-label: MST's tree, and the label's pair with every column (a public choice)
+SELECTIONS = ("mst", "mst-label", "aim")  # mst-label: MST's tree, and the label's pair with every column (public)
+AIM = "aim"  # AIM's adaptive rounds (McKenna, Mullins, Sheldon, Miklau 2022), budget in privacy.aim
+AIM_MAX_MODEL_SIZE = 80 * (1 << 20) // 8  # cells: AIM's default max_model_size, 80 MB of float64
+AIM_ROUND_ITERS = 50  # mirror-descent steps of the warm-started refit between AIM rounds (last fit: marginals_iters)
 
 
 # ---------------------------------------------------------------- codes
@@ -207,10 +212,22 @@ class MarginalsPlan:
     domain: Domain
     iterations: int
     rho: float
-    event: MarginalsEvent
-    selected: tuple[tuple[str, str], ...] = ()
+    event: MarginalsEvent | AimEvent
+    selected: tuple[tuple[str, ...], ...] = ()
     estimated_total: Optional[float] = None
     fit_seconds: Optional[float] = None
+    max_model_size: Optional[int] = None  # aim: the model's size cap in cells
+    aim: Optional[dict] = None  # aim: the rounds as run (DP: chosen from public inputs and DP outputs)
+
+    def noise_stds(self) -> dict:
+        """Name -> Gaussian noise std of the counts (the manifest states each one's grid); aim: each distinct std its
+        rounds used, once they have run."""
+        if self.selection != AIM:
+            return {"marginals_one_way": self.event.one_way_std, "marginals_two_way": self.event.two_way_std}
+        rec = self.aim or {}
+        stds = sorted({r["noise_std"] for r in rec.get("rounds", [])}, reverse=True)
+        one = {"marginals_one_way": rec["one_way_noise_std"]} if "one_way_noise_std" in rec else {}
+        return {**one, **{f"marginals_aim_std_{k}": s for k, s in enumerate(stds)}}
 
 
 @dataclasses.dataclass
@@ -218,8 +235,12 @@ class Measurements:
     """The noisy counts (DP) and the picked pairs: everything the fit may see."""
 
     one_way: list  # noisy count vectors, one per column
-    pairs: list  # (i, j) measured: the picked ones in order, then the label's (mst-label)
+    pairs: list  # (i, j) measured: the picked ones in order, then the label's (mst-label); aim: its cliques in order
     two_way: list  # noisy count arrays of those pairs, (size_i, size_j)
+    one_way_std: float = 0.0
+    stds: list = dataclasses.field(default_factory=list)  # per entry of two_way
+    model: object = None  # aim: the model fitted between rounds (the last fit starts from it)
+    record: Optional[dict] = None  # aim: the rounds as run
 
 
 class _DisjointSet:
@@ -277,6 +298,8 @@ def measure(counter: MarginalCounter, acc: np.ndarray, plan: MarginalsPlan, key:
     """The noisy one-way counts, the picked pairs, their noisy two-way counts (the only outputs that see the data)."""
     from dpcda.privacy.exponential import Bits
 
+    if plan.selection == AIM:
+        return measure_aim(counter, acc, plan, key)
     ev = plan.event
     n = len(counter.domain.sizes)
     one_way = [NoiseStream(key, "marginals", "one-way", i).gaussian(counter.marginal(acc, (i,)), ev.one_way_std)
@@ -292,7 +315,189 @@ def measure(counter: MarginalCounter, acc: np.ndarray, plan: MarginalsPlan, key:
             pairs.append((a, n - 1))
             stream = NoiseStream(key, "marginals", "label-pair", a)
             two_way.append(stream.gaussian(counter.marginal(acc, (a, n - 1)), ev.two_way_std))
-    return Measurements(one_way, pairs, two_way)
+    return Measurements(one_way, pairs, two_way, ev.one_way_std, [ev.two_way_std] * len(pairs))
+
+
+# ---------------------------------------------------------------- AIM selection
+
+
+def aim_candidates(columns: int) -> dict:
+    """AIM's candidates and weights for the workload of every pair of columns (the label's pairs among them): the
+    workload's downward closure (every pair, every column), a clique weighted by how many columns it shares with the
+    workload's cliques (AIM's ``compile_workload``: a pair 2 (d - 1), a column d - 1). Cliques larger than pairs are
+    not candidates (the combiner counts one- and two-way marginals; the workload is two-way)."""
+    workload = list(itertools.combinations(range(columns), 2))
+    closure = [(i,) for i in range(columns)] + workload
+    return {cl: sum(len(set(cl) & set(w)) for w in workload) for cl in closure}
+
+
+def _model_cells(mbi, domain, cliques) -> int:
+    """Cells of the junction tree's maximal cliques of a model on ``cliques`` (mbi's hypothetical_model_size, in
+    cells rather than megabytes: it counts cells * 8 / 2^20)."""
+    return int(round(mbi.junction_tree.hypothetical_model_size(domain, list(cliques)) * (1 << 17)))
+
+
+def _model_marginals(mbi, model, cliques: list) -> dict:
+    """The fitted model's counts on ``cliques`` (names): from its marginals where it holds them, else summed out of
+    its potentials (the normalised product exp(sum of the clique potentials)) by numpy's einsum, one query at a time
+    (mbi's own variable elimination compiles a program per query: minutes a round)."""
+    out, rest = {}, []
+    for cl in cliques:
+        if model.marginals.supports(cl) or len(model.domain.attributes) > len(_LETTERS):  # einsum names 52 axes
+            out[cl] = np.asarray(model.project(cl).datavector(flatten=False), np.float64)
+        else:
+            rest.append(cl)
+    if rest:
+        letters = dict(zip(model.domain.attributes, _LETTERS))
+        ops = []
+        for cl in model.potentials.cliques:
+            f = model.potentials[cl]
+            v = np.asarray(f.datavector(flatten=False), np.float64)
+            ops += [np.exp(v - v.max()), [letters[a] for a in f.domain.attributes]]
+        total = float(model.total)
+        for cl in rest:
+            m = _einsum(ops, cl, letters)
+            if not (np.isfinite(m).all() and m.sum() > 0):  # underflow: mbi's exact (slow) elimination
+                m = np.asarray(model.project(cl).datavector(flatten=False), np.float64)
+            out[cl] = m * (total / m.sum())
+    return out
+
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def _einsum(ops: list, clique: tuple, letters: dict) -> np.ndarray:
+    arrays, subs = ops[::2], ["".join(s) for s in ops[1::2]]
+    expr = ",".join(subs) + "->" + "".join(letters[a] for a in clique)
+    return np.einsum(expr, *arrays, optimize="greedy")
+
+
+def merged(mbi, ms: list) -> list:
+    """Measurements of one clique merged into one by inverse-variance weighting (their L2 loss is the same up to a
+    constant, so is the fit; so is mbi's minimum-variance total): the fit's program is the same while no new clique
+    is measured, and mbi compiles it once."""
+    groups: dict = {}
+    for m in ms:
+        groups.setdefault(m.clique, []).append(m)
+    out = []
+    for clique, group in groups.items():
+        if len(group) == 1:
+            out.append(group[0])
+            continue
+        w = [1.0 / float(m.stddev) ** 2 for m in group]
+        y = sum(wi * np.asarray(m.noisy_measurement, np.float64) for wi, m in zip(w, group)) / sum(w)
+        out.append(mbi.LinearMeasurement(y, clique, stddev=1.0 / math.sqrt(sum(w))))
+    return out
+
+
+def aim_scores(exact: dict, estimated: dict, weights: dict, std: float) -> dict:
+    """Clique -> integer score in units of 2^-SCORE_BITS: AIM's w_r (||M_r(D) - M_r(p_hat)||_1 - sqrt(2/pi) sigma n_r),
+    the model's counts and the bias rounded to the unit first (post-processing of DP outputs and public numbers), so a
+    record moves a score by at most w_r units of 2^SCORE_BITS: the sensitivity is max w_r * 2^SCORE_BITS."""
+    unit = float(1 << SCORE_BITS)
+    scores = {}
+    for cl, w in weights.items():
+        x = np.asarray(exact[cl], np.int64) << SCORE_BITS
+        xhat = np.rint(np.asarray(estimated[cl], np.float64) * unit).astype(np.int64)
+        bias = int(round(math.sqrt(2.0 / math.pi) * std * x.size * unit))
+        scores[cl] = int(w) * (int(np.abs(x - xhat).sum()) - bias)
+    return scores
+
+
+def measure_aim(counter: MarginalCounter, acc: np.ndarray, plan: MarginalsPlan, key: bytes) -> Measurements:
+    """AIM (McKenna, Mullins, Sheldon, Miklau 2022, private-pgm's examples/aim.py): the noisy one-way counts, then
+    rounds until the budget is spent (``privacy.aim.AimSchedule``, a zCDP filter): each picks a clique among the
+    candidates whose model fits ``size_limit`` (the cap scaled by the share of rho spent so far; a clique the model
+    already covers always fits) with the exact exponential mechanism on ``aim_scores``, measures its counts with
+    Gaussian noise, refits the model (mbi mirror descent, warm-started, ``AIM_ROUND_ITERS`` steps) and anneals (halves
+    sigma, doubles epsilon) when the refit moved that marginal by at most sqrt(2/pi) sigma n_r in L1. Only noisy counts
+    and the picks leave; the exact counts feed the scores only."""
+    from dpcda.privacy.aim import AimSchedule
+    from dpcda.privacy.exponential import Bits, exponential_mechanism
+
+    mbi = _mbi()
+    dom = plan.domain
+    n = len(dom.sizes)
+    names = dom.names
+    sched = AimSchedule(plan.rho, n)
+    one_way = [
+        NoiseStream(key, "marginals", "aim-one-way", i).gaussian(counter.marginal(acc, (i,)), sched.one_way_std)
+        for i in range(n)
+    ]
+    domain = mbi.Domain(list(names), list(dom.sizes))
+    ms = [
+        mbi.LinearMeasurement(np.asarray(y, np.float64).ravel(), (names[i],), stddev=sched.one_way_std)
+        for i, y in enumerate(one_way)
+    ]
+    estimator = mbi.estimation.MirrorDescent()
+    model = estimator.estimate(domain, ms, iters=AIM_ROUND_ITERS)
+    weights = aim_candidates(n)
+    max_weight = max(weights.values())
+    cap = plan.max_model_size or AIM_MAX_MODEL_SIZE
+    bits = Bits(NoiseStream(key, "marginals", "aim-select"))
+    picked, two_way, stds, rounds = [], [], [], []
+    while not sched.done:
+        rnd = sched.next_round()
+        size_limit = cap * float(sched.filter.spent / sched.filter.cap)
+        covered = {sub for cl in model.cliques for r in (1, 2) for sub in itertools.combinations(cl, r)}
+        small = [
+            cl
+            for cl in weights
+            if tuple(names[i] for i in cl) in covered
+            or _model_cells(mbi, domain, [*model.cliques, tuple(names[i] for i in cl)]) <= size_limit
+        ]
+        est = _model_marginals(mbi, model, [tuple(names[i] for i in cl) for cl in small])
+        scores = aim_scores(
+            {cl: counter.marginal(acc, cl) for cl in small},
+            {cl: est[tuple(names[i] for i in cl)] for cl in small},
+            {cl: weights[cl] for cl in small},
+            rnd.std,
+        )
+        i = exponential_mechanism(
+            [scores[cl] for cl in small],
+            epsilon=rnd.epsilon,
+            sensitivity=Fraction(max_weight << SCORE_BITS),
+            bits=bits,
+        )
+        cl = small[i]
+        cl_names = tuple(names[j] for j in cl)
+        y = NoiseStream(key, "marginals", "aim-round", len(rounds)).gaussian(counter.marginal(acc, cl), rnd.std)
+        picked.append(cl)
+        two_way.append(y)
+        stds.append(rnd.std)
+        ms.append(mbi.LinearMeasurement(np.asarray(y, np.float64).ravel(), cl_names, stddev=rnd.std))
+        before = est[cl_names]
+        model = estimator.estimate(domain, merged(mbi, ms), iters=AIM_ROUND_ITERS, warm_start=model)
+        after = _model_marginals(mbi, model, [cl_names])[cl_names]
+        anneal = bool(np.abs(after - before).sum() <= math.sqrt(2.0 / math.pi) * rnd.std * before.size)
+        if anneal and not rnd.last:
+            sched.anneal()
+        rounds.append(
+            {
+                "clique": list(cl_names),
+                "epsilon": float(rnd.epsilon),
+                "noise_std": rnd.std,
+                "rho": float(rnd.rho),
+                "candidates": len(small),
+                "annealed": anneal and not rnd.last,
+            }
+        )
+        log.info("stage=marginals aim round=%d clique=%s std=%.3g anneal=%s", len(rounds), cl_names, rnd.std, anneal)
+    record = {
+        "planned_rounds": sched.planned_rounds,
+        "rounds_run": len(rounds),
+        "annealing_steps": sched.annealed,
+        "one_way_noise_std": sched.one_way_std,
+        "rho_cap": plan.rho,
+        "rho_spent": float(sched.filter.spent),
+        "rho_one_way": float(n * gaussian_rho(sched.one_way_std)),
+        "rho_selection": float(sum(selection_rho(r.epsilon) for r in sched.rounds)),
+        "rho_measurement": float(sum(gaussian_rho(r.std) for r in sched.rounds)),
+        "max_model_size_cells": cap,
+        "round_iterations": AIM_ROUND_ITERS,
+        "rounds": rounds,
+    }
+    return Measurements(one_way, picked, two_way, sched.one_way_std, stds, model, record)
 
 
 # ---------------------------------------------------------------- fitting and sampling (post-processing)
@@ -314,16 +519,16 @@ def fit(measured: Measurements, plan: MarginalsPlan):
     dom = plan.domain
     domain = mbi.Domain(list(dom.names), list(dom.sizes))
     ms = [
-        mbi.LinearMeasurement(np.asarray(y, np.float64).ravel(), (dom.names[i],), stddev=plan.event.one_way_std)
+        mbi.LinearMeasurement(np.asarray(y, np.float64).ravel(), (dom.names[i],), stddev=measured.one_way_std)
         for i, y in enumerate(measured.one_way)
     ]
     ms += [
-        mbi.LinearMeasurement(
-            np.asarray(y, np.float64).ravel(), (dom.names[a], dom.names[b]), stddev=plan.event.two_way_std
-        )
-        for (a, b), y in zip(measured.pairs, measured.two_way)
+        mbi.LinearMeasurement(np.asarray(y, np.float64).ravel(), tuple(dom.names[i] for i in cl), stddev=std)
+        for cl, y, std in zip(measured.pairs, measured.two_way, measured.stds)
     ]
-    return mbi.estimation.MirrorDescent().estimate(domain, ms, iters=plan.iterations)
+    return mbi.estimation.MirrorDescent().estimate(
+        domain, merged(mbi, ms), iters=plan.iterations, warm_start=measured.model
+    )
 
 
 _GLOBAL_RNG = threading.Lock()
@@ -360,7 +565,8 @@ def fit_and_sample(
     names = mp.domain.names
     stated = dataclasses.replace(
         mp,
-        selected=tuple((names[a], names[b]) for a, b in measured.pairs),
+        selected=tuple(tuple(names[i] for i in cl) for cl in measured.pairs),
+        aim=measured.record,
         estimated_total=float(model.total),
         fit_seconds=round(time.time() - start, 2),
     )
@@ -403,10 +609,11 @@ class Marginals(Mechanism):
 
     name = "marginals"
     composition = (
-        "sequential: the one-way counts, the selection rounds and the selected pairs' counts (one zCDP budget), after "
-        "the class histogram (adaptive)"
+        "sequential: the one-way counts, the selection rounds and the selected pairs' counts (one zCDP budget; "
+        "selection aim: adaptive rounds under a zCDP filter capped at that budget), after the class histogram "
+        "(adaptive)"
     )
-    summary = "marginals (MST): noisy one- and two-way counts on public bins, a graphical model (mbi) sampled"
+    summary = "marginals (MST or AIM): noisy one- and two-way counts on public bins, a graphical model (mbi) sampled"
     modes = ("poisson",)
     groups = "dataset"
     graph = "dpcda.transforms.marginals:FitAndSampleMarginals"
@@ -422,6 +629,25 @@ class Marginals(Mechanism):
 
         dom = domain_of(cfg.table, cfg.marginals_bins)
         n = len(dom.sizes)
+        if cfg.marginals_selection == AIM:
+            from dpcda.privacy.aim import calibrate as calibrate_aim
+
+            aim_event = calibrate_aim(
+                target_epsilon=budget.synthesis_epsilon,
+                delta=budget.accountant_delta,
+                one_way=n,
+                shared=budget.shared,
+                stated_delta=budget.delta,
+            )
+            plan = MarginalsPlan(
+                selection=AIM,
+                domain=dom,
+                iterations=cfg.marginals_iters,
+                rho=aim_event.rho,
+                event=aim_event,
+                max_model_size=cfg.marginals_max_model_size or AIM_MAX_MODEL_SIZE,
+            )
+            return Calibrated(sigma_x=0.0, per_group=(aim_event,), marginals=plan)
         event = calibrate(
             target_epsilon=budget.synthesis_epsilon,
             delta=budget.accountant_delta,
@@ -444,6 +670,11 @@ class Marginals(Mechanism):
         """Gaussian draws: every one-way cell, and at most the largest two-way arrays the picks can reach."""
         dom = calibrated.marginals.domain
         n = len(dom.sizes)
+        if calibrated.marginals.selection == AIM:  # at most planned_rounds rounds (privacy.aim.AimSchedule)
+            from dpcda.privacy.aim import ROUNDS_PER_COLUMN
+
+            largest = max(dom.sizes[a] * dom.sizes[b] for a, b in dom.pairs) if n > 1 else max(dom.sizes)
+            return sum(dom.sizes) + ROUNDS_PER_COLUMN * n * largest
         pair_cells = sorted((dom.sizes[a] * dom.sizes[b] for a, b in dom.pairs), reverse=True)
         label = sum(dom.sizes[a] * dom.sizes[-1] for a in range(n - 1))
         return sum(dom.sizes) + sum(pair_cells[: n - 1]) + label * (label_pairs(calibrated.marginals.selection, n) > 0)
@@ -467,7 +698,8 @@ class Marginals(Mechanism):
         mp = plan.marginals
         counter = MarginalCounter(mp.domain)
         acc = counter.add(counter.create(), codes_of(ctx.x, ctx.y, schema, mp.domain.bins))
-        _, chunks = fit_and_sample(acc, plan, schema, ctx.key, ctx.cfg.chunk_rows, integer_columns(ctx.cfg))
+        stated, chunks = fit_and_sample(acc, plan, schema, ctx.key, ctx.cfg.chunk_rows, integer_columns(ctx.cfg))
+        ctx.stated_plan = dataclasses.replace(plan, marginals=stated)  # the picks, as the Beam path states them
         for x, y in chunks:
             yield x, y, None
 
@@ -476,6 +708,8 @@ class Marginals(Mechanism):
 
         mp: MarginalsPlan = plan.marginals
         ev = mp.event
+        if mp.selection == AIM:
+            return self._aim_section(plan, mp)
         return MarginalsMechanism(
             name="marginals",
             mode=plan.mode,
@@ -499,4 +733,49 @@ class Marginals(Mechanism):
             fit={"estimator": "mbi MirrorDescent", "iterations": mp.iterations, "total": mp.estimated_total},
             sampling="mbi's synthetic_data (randomized rounding of the model's marginals); a numeric code becomes a "
             "value uniform inside its bin",
+        )
+
+    @staticmethod
+    def _aim_section(plan, mp: MarginalsPlan):
+        from dpcda.schemas.manifest import MarginalsMechanism
+
+        rec = mp.aim or {}
+        rounds = rec.get("rounds", [])
+        first = rounds[0] if rounds else {}
+        return MarginalsMechanism(
+            name="marginals",
+            mode=plan.mode,
+            selection=mp.selection,
+            num_classes=plan.num_classes,
+            samples_total=plan.samples_total,
+            dataset_size_dp=int(sum(plan.dp_class_sizes)) if plan.dp_class_sizes else None,
+            bins=mp.domain.bins,
+            columns={n: s for n, s in zip(mp.domain.names, mp.domain.sizes)},
+            rho=mp.rho,
+            rho_split={
+                "one_way": rec.get("rho_one_way", 0.0),
+                "selection": rec.get("rho_selection", 0.0),
+                "two_way": rec.get("rho_measurement", 0.0),
+                "unspent": mp.rho - rec.get("rho_spent", 0.0),
+            },
+            one_way_noise_std=rec.get("one_way_noise_std", 0.0),
+            two_way_noise_std=first.get("noise_std", 0.0),
+            selection_rounds=len(rounds),
+            round_epsilon=first.get("epsilon", 0.0),
+            cliques=[list(c) for c in mp.selected],
+            fit={
+                "estimator": "mbi MirrorDescent",
+                "iterations": mp.iterations,
+                "round_iterations": rec.get("round_iterations"),
+                "total": mp.estimated_total,
+            },
+            sampling="mbi's synthetic_data (randomized rounding of the model's marginals); a numeric code becomes a "
+            "value uniform inside its bin",
+            aim={
+                "workload": "every pair of columns (the label's pair with every column among them), weighted as AIM's "
+                "compile_workload; candidates: those pairs and every column (the workload's downward closure; no "
+                "clique larger than a pair)",
+                "max_model_size_cells": mp.max_model_size,
+                **{k: v for k, v in rec.items() if k != "max_model_size_cells"},
+            },
         )

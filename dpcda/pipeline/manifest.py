@@ -197,14 +197,7 @@ def noise_section(plan) -> Noise:
             if plan.p3gm
             else {}
         ),
-        **(
-            {
-                "marginals_one_way": plan.marginals.event.one_way_std,
-                "marginals_two_way": plan.marginals.event.two_way_std,
-            }
-            if plan.marginals
-            else {}
-        ),
+        **(plan.marginals.noise_stds() if plan.marginals else {}),
     }
     return Noise(
         generator=noise.GENERATOR,

@@ -49,6 +49,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from dpcda.privacy.accounting import RDP_ORDERS, RELATION_WORDS, SAMPLER_DELTA_SHARE, ReleaseEvents
 from dpcda.privacy.errors import DpcdaError
 from dpcda.privacy.events import (
+    AimEvent,
     DpmixEvent,
     DpSgdEvent,
     GaussianStatsEvent,
@@ -71,6 +72,7 @@ EVENT_TYPES = {
         IteratedGaussianEvent,
         DpSgdEvent,
         MarginalsEvent,
+        AimEvent,
     )
 }
 FAMILY = {"fixed": "replace-one", "poisson": "add/remove"}

@@ -305,6 +305,28 @@ class MarginalsEvent:
         return dp_accounting.ComposedDpEvent(parts) if parts else dp_accounting.NoOpDpEvent()
 
 
+@dataclasses.dataclass(frozen=True)
+class AimEvent:
+    """AIM under add/remove: a zCDP filter of cap ``rho`` over its one-way measurement and adaptive rounds
+    (``privacy.aim``'s module doc): accounted as ``ZCDpEvent(rho)``, the RDP curve of any sequence of rounds the
+    filter lets through."""
+
+    name: str
+    rho: float
+    one_way: int
+    component = "marginals"
+
+    @property
+    def noise_multiplier(self) -> float:
+        """Of the one Gaussian with the same zCDP (1 / sqrt(2 rho)); informational."""
+        return 1.0 / math.sqrt(2.0 * self.rho) if self.rho > 0 else 0.0
+
+    def to_dp_event(self) -> dp_accounting.DpEvent:
+        if not (self.rho > 0 and math.isfinite(self.rho)):
+            return dp_accounting.NonPrivateDpEvent()
+        return dp_accounting.ZCDpEvent(self.rho)
+
+
 Event = (
     MixingEvent
     | DpmixEvent
@@ -314,4 +336,5 @@ Event = (
     | IteratedGaussianEvent
     | DpSgdEvent
     | MarginalsEvent
+    | AimEvent
 )

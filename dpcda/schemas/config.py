@@ -47,6 +47,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "projection_dim", "projection_seed", "p3gm_latent_dim", "p3gm_components", "p3gm_em_iterations",
         "p3gm_em_budget_share", "p3gm_epochs", "p3gm_batch", "p3gm_lr", "p3gm_grad_clip", "p3gm_hidden",
         "p3gm_encoder_hidden", "p3gm_label_weight", "marginals_selection", "marginals_bins", "marginals_iters",
+        "marginals_max_model_size",
     ),
     "postprocess": ("soft_labels", "lowpass", "image_shape", "denoise"),
     "scale": ("chunk_rows", "max_class_bytes", "mixing_path", "join_block_rows", "device", "noise_threads"),
@@ -189,11 +190,19 @@ class ReleaseConfig(BaseModel):
         le=1e6,
         description="p3gm: weight of the label cross-entropy in the VAE loss (default: sqrt(d), mechanisms.p3gm)",
     )
-    marginals_selection: Literal["mst", "mst-label"] = Field(
+    marginals_selection: Literal["mst", "mst-label", "aim"] = Field(
         "mst-label",
         description="marginals: which pairs of columns are measured (mst: a spanning tree picked by the exponential "
         "mechanism, MST; mst-label, the default: that tree and the label's pair with every column, measured from the "
-        "same share; benchmarks/results/tabular_wa_churn.md)",
+        "same share; benchmarks/results/tabular_wa_churn.md; aim: AIM's adaptive rounds over the workload of all "
+        "pairs, benchmarks/results/marginals_wa_churn.md)",
+    )
+    marginals_max_model_size: Optional[int] = Field(
+        None,
+        ge=1,
+        le=1 << 34,
+        description="marginals, selection aim only: the fitted model's size cap in cells (AIM's max_model_size; "
+        "default 10485760 cells, the paper's 80 MB of float64)",
     )
     marginals_bins: int = Field(
         20, ge=2, le=1024, description="marginals: equal bins of each numeric column's declared bounds"
@@ -350,6 +359,7 @@ class ReleaseConfig(BaseModel):
         "projection_seed",
         "marginals_bins",
         "marginals_iters",
+        "marginals_max_model_size",
         mode="before",
     )
     @classmethod

@@ -188,7 +188,10 @@ class MarginalsMechanism(_Frozen):
 
     name: Literal["marginals"]
     mode: Literal["poisson"]
-    selection: str = Field(description="how the pairs were picked (mst: exponential-mechanism rounds, a spanning tree)")
+    selection: str = Field(
+        description="how the pairs were picked (mst: exponential-mechanism rounds, a spanning tree; aim: AIM's "
+        "adaptive rounds, a zCDP filter)"
+    )
     num_classes: int
     samples_total: int
     dataset_size_dp: Optional[int] = Field(None, description="DP estimate of N (the class histogram's sum)")
@@ -197,15 +200,27 @@ class MarginalsMechanism(_Frozen):
     rho: float = Field(description="zCDP of the measurements and the selection together")
     rho_split: dict[str, float] = Field(description="zCDP of the one-way counts, the selection, the two-way counts")
     one_way_noise_std: float = Field(description="Gaussian noise std on every one-way count (sensitivity 1 each)")
-    two_way_noise_std: float = Field(description="Gaussian noise std on every two-way count of a picked pair")
+    two_way_noise_std: float = Field(
+        description="Gaussian noise std on every two-way count of a picked pair (aim: the first round's; each round's "
+        "in aim.rounds)"
+    )
     selection_rounds: int
-    round_epsilon: float = Field(description="epsilon of each exponential-mechanism round (epsilon^2/8 zCDP)")
+    round_epsilon: float = Field(
+        description="epsilon of each exponential-mechanism round (epsilon^2/8 zCDP; aim: the first round's, each "
+        "round's in aim.rounds)"
+    )
     cliques: list[list[str]] = Field(
         description="the pairs of columns measured: the picked ones in order (DP: the selection's output), then with "
         "selection mst-label the label's pair with every column (chosen in advance)"
     )
     fit: dict = Field(description="the graphical model's estimator, iterations and total (DP)")
     sampling: str = Field(description="how the released rows are drawn from the fitted model (post-processing)")
+    aim: Optional[dict] = Field(
+        None,
+        description="selection aim: the workload, the model size cap (cells), the rounds as run (each one's clique, "
+        "selection epsilon, noise std, zCDP and whether it annealed), the annealing steps and the zCDP spent against "
+        "the cap rho (privacy.aim: a zCDP filter; the release is accounted at the cap)",
+    )
 
 
 def _mechanism_name(value) -> str:

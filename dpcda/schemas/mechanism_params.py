@@ -178,7 +178,7 @@ class P3gmParams(MechanismParams):
 
 class MarginalsParams(MechanismParams):
     name = "marginals"
-    own = ("marginals_selection", "marginals_bins", "marginals_iters")
+    own = ("marginals_selection", "marginals_bins", "marginals_iters", "marginals_max_model_size")
     prefix = "marginals_"
     modes = ("poisson",)
     default_mode = "poisson"  # counts under add/remove only: the row count stays private
@@ -205,6 +205,8 @@ class MarginalsParams(MechanismParams):
             raise ValueError("sigma_y: dpcda only")
         if cfg.projection is not None:
             raise ValueError("projection: not available with marginals")
+        if cfg.marginals_max_model_size is not None and cfg.marginals_selection != "aim":
+            raise ValueError("marginals_max_model_size: selection aim only (MST's tree has no size cap)")
         if cfg.audit or cfg.membership_audit:
             raise ValueError(
                 f"{'audit' if cfg.audit else 'membership_audit'}: no audit game is offered for marginals yet"
