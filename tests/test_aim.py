@@ -129,6 +129,64 @@ def test_aim_scores_subtract_the_noise_bias_and_move_by_the_weight_per_record():
     assert abs(moved[(0, 1)] - biased[(0, 1)]) <= max(weights.values()) * unit  # the stated sensitivity
 
 
+def test_aim_scores_refuse_a_model_that_is_not_finite_and_stay_exact_for_huge_estimates():
+    """A NaN in the model's counts would wrap the int64 score past any sensitivity: refused (the model is DP). A huge
+    finite estimate is clipped (post-processing), and one record still moves the score by at most w units."""
+    exact = {(0,): np.array([1, 0])}
+    with pytest.raises(mg.PlanError, match="not finite"):
+        mg.aim_scores(exact, {(0,): np.array([np.nan, 0.0])}, {(0,): 3}, std=1.0)
+    unit = 1 << mg.SCORE_BITS
+    est = {(0,): np.full(2, 1e300)}
+    s0 = mg.aim_scores({(0,): np.array([0, 0])}, est, {(0,): 3}, std=1.0)
+    s1 = mg.aim_scores(exact, est, {(0,): 3}, std=1.0)
+    assert s0[(0,)] > 0 and abs(s1[(0,)] - s0[(0,)]) <= 3 * unit
+    assert mg._exact_sum(np.full(1000, (1 << 62) - 1, np.int64)) == 1000 * ((1 << 62) - 1)
+
+
+def test_an_aim_run_spends_what_its_record_says_with_the_parameters_it_states(monkeypatch):
+    """Every Gaussian and exponential-mechanism call of a small AIM run is captured: the noise paths are distinct, the
+    stds and epsilons passed are the recorded ones, the EM's sensitivity is max w_r units, and the exact rho of the
+    parameters actually used fits the cap."""
+    from dpcda.privacy import exponential as ex
+    from dpcda.privacy import noise as nz
+    from dpcda.privacy.noise import key_from_test_seed
+
+    monkeypatch.setattr(mg, "AIM_ROUND_ITERS", 5)
+    rho = 0.5
+    dom = mg.Domain(("a", "b", "y"), (4, 3, 2), 4)
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 400)
+    a = np.where(y == 1, rng.integers(0, 2, 400), rng.integers(1, 4, 400))
+    codes = np.stack([a, rng.integers(0, 3, 400), y], 1).astype(np.int64)
+    counter = mg.MarginalCounter(dom)
+    acc = counter.add(counter.create(), codes)
+    plan = mg.MarginalsPlan(
+        selection="aim", domain=dom, iterations=5, rho=rho, event=AimEvent("marginals", rho, 3), max_model_size=None
+    )
+    gaussians, ems = [], []
+    gaussian, em = nz.NoiseStream.gaussian, ex.exponential_mechanism
+
+    def spy_gaussian(self, center, sigma):
+        gaussians.append((self.path, sigma))
+        return gaussian(self, center, sigma)
+
+    def spy_em(scores, *, epsilon, sensitivity, bits):
+        ems.append((Fraction(epsilon), Fraction(sensitivity)))
+        return em(scores, epsilon=epsilon, sensitivity=sensitivity, bits=bits)
+
+    monkeypatch.setattr(nz.NoiseStream, "gaussian", spy_gaussian)
+    monkeypatch.setattr(ex, "exponential_mechanism", spy_em)
+    rec = mg.measure_aim(counter, acc, plan, key_from_test_seed(1)).record
+    paths = [p for p, _ in gaussians]
+    assert len(paths) == len(set(paths)) and rec["rounds_run"] == len(rec["rounds"]) == len(ems) > 0
+    assert [s for p, s in gaussians if "aim-round" in p] == [r["noise_std"] for r in rec["rounds"]]
+    assert {s for p, s in gaussians if "aim-one-way" in p} == {rec["one_way_noise_std"]}
+    assert [float(e) for e, _ in ems] == [r["epsilon"] for r in rec["rounds"]]
+    assert {s for _, s in ems} == {max(mg.aim_candidates(3).values()) << mg.SCORE_BITS}
+    spent = sum(gaussian_rho(s) for _, s in gaussians) + sum(selection_rho(e) for e, _ in ems)
+    assert spent <= Fraction(rho)
+
+
 def test_merged_measurements_are_inverse_variance_weighted():
     mbi = mg._mbi()
     a = mbi.LinearMeasurement(np.array([1.0, 3.0]), ("x",), stddev=1.0)

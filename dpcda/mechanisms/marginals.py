@@ -398,10 +398,21 @@ def aim_scores(exact: dict, estimated: dict, weights: dict, std: float) -> dict:
     scores = {}
     for cl, w in weights.items():
         x = np.asarray(exact[cl], np.int64) << SCORE_BITS
-        xhat = np.rint(np.asarray(estimated[cl], np.float64) * unit).astype(np.int64)
+        est = np.asarray(estimated[cl], np.float64)
+        if not np.isfinite(est).all():  # the model is DP: refusing on it says nothing about the records
+            raise PlanError(f"marginals: the fitted model's counts on {cl} are not finite; nothing was published")
+        # clipped to [0, 2^52] units (post-processing), so every cell's |x - xhat| is exact in int64 whatever the model
+        xhat = np.rint(np.clip(est * unit, 0.0, float(1 << 52))).astype(np.int64)
         bias = int(round(math.sqrt(2.0 / math.pi) * std * x.size * unit))
-        scores[cl] = int(w) * (int(np.abs(x - xhat).sum()) - bias)
+        scores[cl] = int(w) * (_exact_sum(np.abs(x - xhat)) - bias)
     return scores
+
+
+def _exact_sum(v: np.ndarray) -> int:
+    """The sum of non-negative int64 values below 2^63, exactly: their high and low 32 bits summed apart (each sum
+    stays below 2^63 for fewer than 2^31 values), then joined in Python's integers."""
+    v = v.ravel()
+    return (int((v >> 32).sum()) << 32) + int((v & 0xFFFFFFFF).sum())
 
 
 def measure_aim(counter: MarginalCounter, acc: np.ndarray, plan: MarginalsPlan, key: bytes) -> Measurements:

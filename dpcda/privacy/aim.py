@@ -19,7 +19,7 @@ Feldman and Zrnic 2021 for the Renyi filter): the whole sequence is rho-zCDP. It
 every order, which is exactly dp_accounting's ``ZCDpEvent(rho)`` and exactly the composition of the realized events
 (``GaussianDpEvent(sigma)``: alpha / (2 sigma^2), ``ZCDpEvent(eps^2/8)``: alpha eps^2 / 8), so the release is
 accounted as the planned ``AimEvent`` (``ZCDpEvent(rho)``) and ``realized_dp_event`` recomputes it from the manifest's
-rounds (tests/test_marginals.py). The selection epsilons are exact rationals (``exponential.exact_epsilon``, rounded
+rounds (tests/test_aim.py). The selection epsilons are exact rationals (``exponential.exact_epsilon``, rounded
 down); every sigma is rounded up until its exact rho fits; the ledger sums exact rationals, so rounding never spends
 more than the cap.
 """
