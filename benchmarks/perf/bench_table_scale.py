@@ -337,8 +337,7 @@ def smartnoise_release(inp: str, work: str, epsilon: float, timeout: float) -> d
     with pq.ParquetWriter(train, pq.ParquetFile(files[0]).schema_arrow) as w:
         for f in files:
             w.write_table(pq.read_table(f))
-    with open(os.path.join(work, "schema.json"), "w") as fh:
-        json.dump(schema.model_dump(mode="json"), fh)
+    write_text(os.path.join(work, "schema.json"), json.dumps(schema.model_dump(mode="json")))
     out = os.path.join(work, "out.parquet")
     r = measured_run(
         [SMARTNOISE_PYTHON, os.path.join(ROOT, "benchmarks", "reproduce", "smartnoise_runner.py"), "--train", train,
