@@ -170,6 +170,36 @@ def test_an_empty_integer_bin_gets_its_nearest_integer():
     assert {round(float(v) * 3) for t in table for v in t} == {0, 1, 2, 3}
 
 
+def test_rows_are_sampled_in_blocks_from_a_carried_seed_and_the_callers_generator_is_left_alone():
+    """A release of N rows never asks mbi for more than ``block_rows`` at once (memory flat in N); the blocks are a
+    function of the key (the generator carried from block to block), and numpy's global state is the caller's."""
+
+    class Model:  # stands in for mbi's fitted model: synthetic_data draws from numpy's global generator, as mbi's does
+        asked = []
+
+        def synthetic_data(self, rows):
+            self.asked.append(rows)
+            cols = {"a": np.random.randint(0, 5, rows), "y": np.random.randint(0, 2, rows)}
+
+            class Data:
+                def to_dict(_):
+                    return cols
+
+            return Data()
+
+    plan = mg.MarginalsPlan("mst", mg.Domain(("a", "y"), (5, 2), 20), 1, 0.1, None)
+    np.random.seed(7)
+    before = np.random.get_state()[1].copy()
+    blocks = list(mg.sample_codes(Model(), 120, plan, KEY, block_rows=50))
+    assert Model.asked == [50, 50, 20] and [b.shape for b in blocks] == [(50, 2), (50, 2), (20, 2)]
+    assert np.array_equal(np.random.get_state()[1], before)
+    again = np.concatenate(list(mg.sample_codes(Model(), 120, plan, KEY, block_rows=50)))
+    assert np.array_equal(np.concatenate(blocks), again)
+    assert not np.array_equal(blocks[0], blocks[1])  # carried on, not reseeded per block
+    other = np.concatenate(list(mg.sample_codes(Model(), 120, plan, key_from_test_seed(1), block_rows=50)))
+    assert not np.array_equal(again, other)
+
+
 # ---------------------------------------------------------------- selection
 
 

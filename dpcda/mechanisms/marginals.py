@@ -20,9 +20,10 @@ the exact two-way counts feed the scores only. Noise comes from ``privacy.noise`
 rounded Gaussian whose privacy is the Gaussian mechanism's).
 
 Fitting and sampling are post-processing of the noisy counts: ``mbi``'s mirror descent fits a graphical model on the
-measured cliques (its total is the noisy counts' minimum-variance estimate), ``synthetic_data`` draws rows (mbi draws
-from numpy's global generator: it is seeded from the noise stream for the call and restored after), and a numeric code
-becomes a value drawn uniformly inside its bin (uniforms of the noise stream).
+measured cliques (its total is the noisy counts' minimum-variance estimate), ``synthetic_data`` draws rows in blocks of
+``SAMPLE_ROWS`` as the writer takes them, so no step holds the release's N rows (mbi draws from numpy's global
+generator: it is seeded from the noise stream and restored around each call), and a numeric code becomes a value
+drawn uniformly inside its bin (uniforms of the noise stream).
 """
 
 from __future__ import annotations
@@ -545,19 +546,30 @@ def fit(measured: Measurements, plan: MarginalsPlan):
 _GLOBAL_RNG = threading.Lock()
 
 
-def sample_codes(model, rows: int, plan: MarginalsPlan, key: bytes) -> np.ndarray:
-    """(rows, columns) codes drawn from the fitted model by mbi (numpy's global generator, seeded from the noise
-    stream for this call and restored after: post-processing)."""
+SAMPLE_ROWS = 1 << 18  # rows mbi draws in one call: the sampling holds this many rows, not the release's
+
+
+def sample_codes(model, rows: int, plan: MarginalsPlan, key: bytes, block_rows: int = SAMPLE_ROWS):
+    """(<= block_rows, columns) blocks of codes, ``rows`` in all, drawn from the fitted model by mbi, one call per
+    block (each block its own randomized rounding of the model's marginals), so memory does not grow with ``rows``.
+    mbi draws from numpy's global generator: it is seeded from the noise stream for the first block, carried from
+    block to block, and the caller's state is restored around each call (post-processing)."""
     seed = NoiseStream(key, "marginals", "sample").words(8).view(np.uint32)
-    with _GLOBAL_RNG:  # two samplings in one process (Beam worker threads) never interleave their draws
-        state = np.random.get_state()
-        try:
-            np.random.seed(seed)
-            data = model.synthetic_data(rows=rows)
-        finally:
-            np.random.set_state(state)
-    cols = data.to_dict()
-    return np.stack([np.asarray(cols[name], np.int64) for name in plan.domain.names], axis=1)
+    ours = None
+    for lo in range(0, rows, block_rows):
+        with _GLOBAL_RNG:  # two samplings in one process (Beam worker threads) never interleave their draws
+            state = np.random.get_state()
+            try:
+                if ours is None:
+                    np.random.seed(seed)
+                else:
+                    np.random.set_state(ours)
+                data = model.synthetic_data(rows=min(block_rows, rows - lo))
+                ours = np.random.get_state()
+            finally:
+                np.random.set_state(state)
+        cols = data.to_dict()
+        yield np.stack([np.asarray(cols[name], np.int64) for name in plan.domain.names], axis=1)
 
 
 def fit_and_sample(
@@ -572,7 +584,6 @@ def fit_and_sample(
     measured = measure(counter, acc, mp, key)
     del acc  # from here on only noisy counts
     model = fit(measured, mp)
-    codes = sample_codes(model, plan.samples_total, mp, key)
     names = mp.domain.names
     stated = dataclasses.replace(
         mp,
@@ -583,10 +594,12 @@ def fit_and_sample(
     )
     log.info("stage=marginals fitted cliques=%d seconds=%.1f", len(measured.pairs), time.time() - start)
     values = NoiseStream(key, "marginals", "values")
+    block_rows = max(1, SAMPLE_ROWS // chunk_rows) * chunk_rows  # blocks cut where the chunks are cut
 
-    def chunks():
-        for lo in range(0, len(codes), chunk_rows):
-            yield rows_of(codes[lo : lo + chunk_rows], schema, mp.domain.bins, values, integers)
+    def chunks():  # lazy: the rows are drawn block by block as the writer takes them
+        for codes in sample_codes(model, plan.samples_total, mp, key, block_rows):
+            for lo in range(0, len(codes), chunk_rows):
+                yield rows_of(codes[lo : lo + chunk_rows], schema, mp.domain.bins, values, integers)
 
     return stated, chunks()
 
