@@ -471,7 +471,7 @@ def main(argv=None) -> int:
                 r = beam_release(inp, os.path.join(work, f"out-{n}-{method}"), method, mode, args.epsilon)
                 s = score(r["files"], schema, model)
                 label = f"{'marginals mst-label' if method == 'marginals' else 'dpcda poisson'}, Beam {mode}"
-                lines.append(_line(n, label, r, s) + f" ({len(r['files'])} parts)")
+                lines.append(_line(n, f"{label}, {len(r['files'])} part file(s)", r, s))
                 print(lines[-1], file=sys.stderr, flush=True)
                 shutil.rmtree(os.path.join(work, f"out-{n}-{method}"), ignore_errors=True)
                 write(lines, notes, command, args.out, args.keep)
