@@ -532,11 +532,14 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.merge:
         for name in args.tables:
-            path = stem_of(args.out, name) + ".csv"
-            # the reference rows as --out has them (the same models on the same real rows), made again if missing or
-            # written before today's columns
-            ref = [r for r in read_rows(path) if r["epsilon"] == "inf"] if os.path.exists(path) else []
-            if len(ref) < 2 or any(r["balanced_accuracy"] == "" for r in ref):
+            # the reference rows as the first of the folders has them with today's columns (the same models on the
+            # same real rows), made again if none has
+            for folder in [args.out, *args.merge]:
+                path = stem_of(folder, name) + ".csv"
+                ref = [r for r in read_rows(path) if r["epsilon"] == "inf"] if os.path.exists(path) else []
+                if len(ref) >= 2 and all(r["balanced_accuracy"] != "" for r in ref):
+                    break
+            else:
                 ref = reference_rows(name, *load(name))
             write(name, merge(name, args.out, args.merge, ref), args.out)
         return
