@@ -580,12 +580,18 @@ def test_tabular_against_the_targets_states_met_and_not_met_with_the_ratios():
         row("smartnoise aim", "10", 0, "", "", ""),  # did not finish: MST's
     ]
     eps1, eps10 = tabular_table.against_targets(rows, {})[3:]
-    assert "= 1.050 (<= 1.1: met)" in eps1 and "= 1.250 (AIM, 1 release(s); <= 1: NOT met)" in eps1
+    assert eps1.startswith("- eps 1 (releases: ours 3, MST 3, AIM 1): ")
+    assert "= 1.050 (<= 1.1: met)" in eps1 and "= 1.250 (AIM; <= 1: NOT met)" in eps1
     assert "(<= 0.02: met)" in eps1 and "ratio to the best 1.067 (>= 1: met)" in eps1
     assert "= 1.500 (<= 1.1: NOT met)" in eps10 and "= 0.500 (MST: no AIM release with this figure; <= 1: met)" in eps10
     assert "(<= 0.02: NOT met)" in eps10 and "AIM" not in eps10.split("ROC AUC")[1]
     assert "ratio to the best 0.972 (>= 1: NOT met)" in eps10
     assert tabular_table.against_targets([row("smartnoise mst", "1", 3, 0.7, 0.02, 0.1)], {}) == []
+    # an MST cell measured before the TVD columns: only what it has is compared
+    (older,) = tabular_table.against_targets([row(ours, "1", 2, 0.8, 0.02, 0.05), row("smartnoise mst", "1", 3, 0.7,
+                                                                                        "", "")], {})[3:]  # fmt: skip
+    assert "one-way TVD not compared" in older and "all-pair TVD not compared" in older
+    assert "(<= 0.02: met)" in older and "ratio to the best 1.143 (>= 1: met)" in older
 
 
 def test_tabular_merge_gathers_releases_and_cells_measured_under_other_folders(tmp_path):

@@ -400,9 +400,11 @@ def against_targets(rows: list[dict], releases: dict) -> list[str]:
     out = ["", f"## Against the targets ({DEFAULT_MARGINALS}, the default selection)", ""]
     for eps in epsilons:
         ours, mst, aim = (by.get((m, eps)) for m in (DEFAULT_MARGINALS, "smartnoise mst", "smartnoise aim"))
-        if ours is None or mst is None or "" in (ours["one_way_tvd"], mst["one_way_tvd"]):
-            out.append(f"- eps {eps}: not compared (smartnoise mst or {DEFAULT_MARGINALS} not measured with the TVDs)")
+        if ours is None:
             continue
+
+        def has(row, key):
+            return row is not None and row.get(key, "") != ""
 
         def fig(method, row, key):
             return f"{method.split()[-1].upper() if method.startswith('smartnoise') else 'ours'} " + spread(
@@ -412,34 +414,46 @@ def against_targets(rows: list[dict], releases: dict) -> list[str]:
         def verdict(ok):
             return "met" if ok else "NOT met"
 
-        one = ours["one_way_tvd"] / mst["one_way_tvd"]
-        parts = [
-            f"one-way TVD {fig(DEFAULT_MARGINALS, ours, 'one_way_tvd')} / {fig('smartnoise mst', mst, 'one_way_tvd')}"
-            f" = {one:.3f} (<= {ONE_WAY_SLACK}: {verdict(one <= ONE_WAY_SLACK)})"
-        ]
-        aim_two = aim is not None and aim["all_pair_tvd"] != ""
-        ref, ref_name = (aim, "smartnoise aim") if aim_two else (mst, "smartnoise mst")
-        two = ours["all_pair_tvd"] / ref["all_pair_tvd"]
-        why = f"AIM, {aim['runs']} release(s)" if aim_two else "MST: no AIM release with this figure"
-        parts.append(
-            f"all-pair TVD {fig(DEFAULT_MARGINALS, ours, 'all_pair_tvd')} / {fig(ref_name, ref, 'all_pair_tvd')} = "
-            f"{two:.3f} ({why}; <= 1: {verdict(two <= 1)})"
+        counts = ", ".join(
+            f"{label} {row['runs']}" for label, row in (("ours", ours), ("MST", mst), ("AIM", aim)) if row is not None
         )
-        gap = ours["base_rate_gap"]
-        parts.append(
-            f"base-rate gap {spread(releases, DEFAULT_MARGINALS, eps, 'base_rate_gap', gap)} "
-            f"(<= {BASE_RATE_GAP}: {verdict(gap <= BASE_RATE_GAP)})"
-        )
-        rivals = [(n, r) for n, r in (("smartnoise mst", mst), ("smartnoise aim", aim)) if r and r["roc_auc"] != ""]
-        best = max(r["roc_auc"] for _, r in rivals)
-        parts.append(
-            f"ROC AUC {fig(DEFAULT_MARGINALS, ours, 'roc_auc')} against "
-            + ", ".join(
-                fig(n, r, "roc_auc") + (f" ({r['runs']} release(s))" if n.endswith("aim") else "") for n, r in rivals
+        parts = []
+        if has(ours, "one_way_tvd") and has(mst, "one_way_tvd"):
+            one = ours["one_way_tvd"] / mst["one_way_tvd"]
+            parts.append(
+                f"one-way TVD {fig(DEFAULT_MARGINALS, ours, 'one_way_tvd')} / "
+                f"{fig('smartnoise mst', mst, 'one_way_tvd')} = {one:.3f} (<= {ONE_WAY_SLACK}: "
+                f"{verdict(one <= ONE_WAY_SLACK)})"
             )
-            + f", ratio to the best {ours['roc_auc'] / best:.3f} (>= 1: {verdict(ours['roc_auc'] >= best)})"
-        )
-        out.append(f"- eps {eps}: " + "; ".join(parts) + ".")
+        else:
+            parts.append("one-way TVD not compared (no MST release with this figure)")
+        ref, ref_name = (aim, "smartnoise aim") if has(aim, "all_pair_tvd") else (mst, "smartnoise mst")
+        if has(ours, "all_pair_tvd") and has(ref, "all_pair_tvd"):
+            two = ours["all_pair_tvd"] / ref["all_pair_tvd"]
+            why = "AIM" if ref is aim else "MST: no AIM release with this figure"
+            parts.append(
+                f"all-pair TVD {fig(DEFAULT_MARGINALS, ours, 'all_pair_tvd')} / {fig(ref_name, ref, 'all_pair_tvd')}"
+                f" = {two:.3f} ({why}; <= 1: {verdict(two <= 1)})"
+            )
+        else:
+            parts.append("all-pair TVD not compared (no AIM or MST release with this figure)")
+        if has(ours, "base_rate_gap"):
+            gap = ours["base_rate_gap"]
+            parts.append(
+                f"base-rate gap {spread(releases, DEFAULT_MARGINALS, eps, 'base_rate_gap', gap)} "
+                f"(<= {BASE_RATE_GAP}: {verdict(gap <= BASE_RATE_GAP)})"
+            )
+        rivals = [(n, r) for n, r in (("smartnoise mst", mst), ("smartnoise aim", aim)) if has(r, "roc_auc")]
+        if has(ours, "roc_auc") and rivals:
+            best = max(r["roc_auc"] for _, r in rivals)
+            parts.append(
+                f"ROC AUC {fig(DEFAULT_MARGINALS, ours, 'roc_auc')} against "
+                + ", ".join(fig(n, r, "roc_auc") for n, r in rivals)
+                + f", ratio to the best {ours['roc_auc'] / best:.3f} (>= 1: {verdict(ours['roc_auc'] >= best)})"
+            )
+        else:
+            parts.append("ROC AUC not compared (no MST or AIM release)")
+        out.append(f"- eps {eps} (releases: {counts}): " + "; ".join(parts) + ".")
     return out
 
 
