@@ -516,3 +516,109 @@ def test_tabular_release_log_of_fewer_columns_is_rewritten_with_the_new_header(t
     assert (new["balanced_accuracy"], new["one_way_tvd"], new["label_pair_tvd"]) == (0.6, 0.01, 0.02)
     row = tabular_table.cell_row("wa_churn", [got[("dpmix", "1", 0)]])  # an old cell: its new columns blank
     assert row["roc_auc"] == 0.5 and row["all_pair_tvd"] == ""
+
+
+def test_tabular_smartnoise_python_runs_the_given_interpreter_and_installs_nothing(tmp_path, monkeypatch):
+    from benchmarks.reproduce import tabular_table
+
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nsleep 30\n")
+    fake.chmod(0o755)
+    seen = []
+
+    def no_venv(path):
+        raise AssertionError("--smartnoise-python must not make or install a venv")
+
+    real = tabular_table.smartnoise_release
+
+    def spy(python, *a, **k):
+        seen.append(python)
+        return real(python, *a, **k)
+
+    monkeypatch.setattr(tabular_table, "smartnoise_venv", no_venv)
+    monkeypatch.setattr(tabular_table, "smartnoise_release", spy)
+    monkeypatch.setattr(tabular_table, "reference_rows", lambda *a: [])
+    out = tmp_path / "results"
+    out.mkdir()
+    argv = ["--tables", "credit_data", "--eps", "1", "--methods", "--smartnoise-python", str(fake), "--smartnoise",
+            "aim", "--smartnoise-timeout", "0.5", "--out", str(out)]  # fmt: skip
+    tabular_table.main(argv)
+    assert seen == [str(fake)]
+    assert "| smartnoise aim | 1 |  | 0 | did not finish in 0 s |" in (out / "tabular_credit_data.md").read_text()
+    with pytest.raises(SystemExit):  # one way to name smartnoise's interpreter, not two
+        tabular_table.main([*argv, "--smartnoise-venv", str(tmp_path)])
+
+
+def test_tabular_offers_one_marginals_method_per_selection_the_config_accepts():
+    import typing
+
+    from benchmarks.reproduce import tabular_table
+    from dpcda.schemas.config import ReleaseConfig
+
+    selections = typing.get_args(ReleaseConfig.model_fields["marginals_selection"].annotation)
+    assert "mst-label" in selections
+    for s in selections:
+        assert tabular_table.METHODS[f"marginals {s}"]["marginals_selection"] == s
+    assert tabular_table.DEFAULT_MARGINALS in tabular_table.METHODS
+
+
+def test_tabular_against_the_targets_states_met_and_not_met_with_the_ratios():
+    from benchmarks.reproduce import tabular_table
+
+    ours = tabular_table.DEFAULT_MARGINALS
+
+    def row(method, eps, runs, auc, one, two, gap=0.001):
+        return {"method": method, "epsilon": eps, "runs": runs, "roc_auc": auc, "one_way_tvd": one,
+                "all_pair_tvd": two, "base_rate_gap": gap}  # fmt: skip
+
+    rows = [
+        row(ours, "1", 3, 0.80, 0.021, 0.05),
+        row("smartnoise mst", "1", 3, 0.70, 0.020, 0.10),
+        row("smartnoise aim", "1", 1, 0.75, 0.019, 0.04),  # AIM finished: the two-way target is AIM's
+        row(ours, "10", 3, 0.70, 0.030, 0.05, gap=0.03),
+        row("smartnoise mst", "10", 3, 0.72, 0.020, 0.10),
+        row("smartnoise aim", "10", 0, "", "", ""),  # did not finish: MST's
+    ]
+    eps1, eps10 = tabular_table.against_targets(rows, {})[3:]
+    assert eps1.startswith("- eps 1 (releases: ours 3, MST 3, AIM 1): ")
+    assert "= 1.050 (<= 1.1: met)" in eps1 and "= 1.250 (AIM; <= 1: NOT met)" in eps1
+    assert "(<= 0.02: met)" in eps1 and "ratio to the best 1.067 (>= 1: met)" in eps1
+    assert "= 1.500 (<= 1.1: NOT met)" in eps10 and "= 0.500 (MST: no AIM release with this figure; <= 1: met)" in eps10
+    assert "(<= 0.02: NOT met)" in eps10 and "AIM" not in eps10.split("ROC AUC")[1]
+    assert "ratio to the best 0.972 (>= 1: NOT met)" in eps10
+    assert tabular_table.against_targets([row("smartnoise mst", "1", 3, 0.7, 0.02, 0.1)], {}) == []
+    # an MST cell measured before the TVD columns: only what it has is compared
+    (older,) = tabular_table.against_targets([row(ours, "1", 2, 0.8, 0.02, 0.05), row("smartnoise mst", "1", 3, 0.7,
+                                                                                        "", "")], {})[3:]  # fmt: skip
+    assert "one-way TVD not compared" in older and "all-pair TVD not compared" in older
+    assert "(<= 0.02: met)" in older and "ratio to the best 1.143 (>= 1: met)" in older
+
+
+def test_tabular_merge_gathers_releases_and_cells_measured_under_other_folders(tmp_path):
+    from benchmarks.reproduce import tabular_table
+
+    main, side = tmp_path / "main", tmp_path / "side"
+    main.mkdir()
+    side.mkdir()
+    figs = {"roc_auc": 0.8, "balanced_accuracy": 0.6, "models": {"logistic_regression": {"accuracy": 0.7}},
+            "column_distance_mean": 0.2, "correlation_gap": 0.1,
+            "marginals": {"one_way_tvd_mean": 0.01, "two_way_tvd_label_mean": 0.02, "two_way_tvd_mean": 0.03,
+                          "base_rate": {"max_gap": 0.004}}}  # fmt: skip
+
+    def rec(method, r, acc):
+        return tabular_table.release_record(method, "1", r, {**figs, "accuracy": acc}, "", 2.0)
+
+    for r, acc in ((0, 0.6), (1, 0.7)):
+        tabular_table.append_release(tabular_table.releases_path(str(main), "t"), rec("marginals mst", r, acc))
+    tabular_table.append_release(tabular_table.releases_path(str(main), "t"), rec("smartnoise mst", 0, 0.1))
+    side_log = tabular_table.releases_path(str(side), "t")
+    tabular_table.append_release(side_log, rec("marginals mst", 2, 0.8))
+    tabular_table.append_release(side_log, rec("smartnoise mst", 0, 0.9))  # already in main's log: main's stays
+    stopped = {**dict.fromkeys(tabular_table.FIELDS, ""), "table": "t", "method": "smartnoise aim", "epsilon": "1",
+               "runs": 0, "seconds": 900.0}  # fmt: skip
+    tabular_table.write_csv(tabular_table.stem_of(str(side), "t") + ".csv", tabular_table.FIELDS, [stopped])
+    rows = {r["method"]: r for r in tabular_table.merge("t", str(main), [str(side)], [])}
+    assert rows["marginals mst"]["runs"] == 3 and rows["marginals mst"]["accuracy"] == pytest.approx(0.7)
+    assert rows["smartnoise mst"]["runs"] == 1 and rows["smartnoise mst"]["accuracy"] == pytest.approx(0.1)
+    assert rows["smartnoise aim"]["runs"] == 0 and rows["smartnoise aim"]["seconds"] == 900.0
+    assert len(tabular_table.read_releases(tabular_table.releases_path(str(main), "t"))) == 4

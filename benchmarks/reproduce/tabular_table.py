@@ -13,20 +13,25 @@ test label, the floor). Headline figures: ROC AUC and balanced accuracy (accurac
 rewards the majority) and ``evaluation.table_metrics``'s analyst figures against the real test table (mean one-way
 TVD, mean two-way TVD over the label's pairs and over all pairs, the label's base-rate gap). Methods: DP-CDA and DPMix
 as recorded (equal rows per class, argmax decoding), ``dpcda poisson (table defaults)`` (proportional rows, sampled
-decoding) and the marginals mechanism (``marginals mst``, ``marginals mst-label``: MST on public bins, its rows exact
-codes, decoded without normalisation). Writes benchmarks/results/tabular_<table>.{md,csv} and tabular.png (ROC AUC).
+decoding), ``dpmix (table defaults)`` (poisson mode, sampled decoding) and the marginals mechanism, one method per
+selection the config accepts (``marginals mst``, ``marginals mst-label``, ...: on public bins, its rows exact codes,
+decoded without normalisation). Writes benchmarks/results/tabular_<table>.{md,csv} and tabular.png (ROC AUC).
 
 ``--smartnoise-venv DIR`` adds smartnoise-synth's MST and AIM on the same rows, split, schema (numeric columns clamped
 and binned in their declared bounds, 20 bins) and metrics. smartnoise-synth pins its own numpy and torch, so it runs
 from a venv of its own, created in DIR if missing (pip install smartnoise-synth==1.0.8 torch==2.13.0 pyarrow), through
 benchmarks/reproduce/smartnoise_runner.py; its output is cast to the input's Arrow schema and scored like ours.
+``--smartnoise-python PATH`` runs them with an interpreter whose environment already has those packages (nothing is
+installed). ``--smartnoise-timeout S`` caps each of their releases; one cut off is stated as "did not finish in S s".
 ``--resume`` keeps the cells already in the CSV files that have at least ``--runs`` releases (e.g. ``--methods
 --smartnoise-venv DIR --resume`` adds only MST and AIM).
 
 Every finished release is appended to tabular_<table>_releases.csv as it lands, and the cell's row (its ``runs``
 the releases so far) is rewritten at once. ``--resume`` reuses those releases, so a run stopped mid-cell (or a
 release past ``--smartnoise-timeout``) loses only the release in progress: a slow cell (AIM's take hours here) fills
-over several runs. Without ``--resume`` the cells this run measures start afresh.
+over several runs. Without ``--resume`` the cells this run measures start afresh. Runs that measure different cells
+of one table side by side write under their own ``--out`` folders; ``--merge DIR ...`` then gathers them (measuring
+nothing).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import typing
 import zlib
 
 import numpy as np
@@ -74,10 +80,15 @@ METHODS = {
     "dpcda poisson (table defaults)": dict(
         mechanism="dpcda", mode="poisson", decoding="sample", class_rows="proportional"
     ),
-    # the marginals mechanism (MST on public bins): rows are codes, decoded as they are (no normalisation)
-    "marginals mst": dict(mechanism="marginals", mode="poisson", marginals_selection="mst"),
-    "marginals mst-label": dict(mechanism="marginals", mode="poisson", marginals_selection="mst-label"),
+    # DPMix at a table's defaults (the example configs' poisson mode, sampled decoding: its label drawn from its scores)
+    "dpmix (table defaults)": dict(mechanism="dpmix", mode="poisson", decoding="sample"),
 }
+# the marginals mechanism on public bins, one method per selection the config accepts (``marginals mst``, ``marginals
+# mst-label``, ...): rows are codes, decoded as they are (no normalisation)
+MARGINALS_SELECTIONS = typing.get_args(ReleaseConfig.model_fields["marginals_selection"].annotation)
+METHODS.update(
+    {f"marginals {s}": dict(mechanism="marginals", mode="poisson", marginals_selection=s) for s in MARGINALS_SELECTIONS}
+)
 # the analyst's figures (evaluation.table_metrics against the real test table) and balanced accuracy, beside the older
 # columns; files written before these columns existed read as blank there
 ANALYST = ("balanced_accuracy", "one_way_tvd", "label_pair_tvd", "all_pair_tvd", "base_rate_gap")
@@ -357,9 +368,93 @@ def write(name: str, rows: list[dict], out: str, quiet: bool = False) -> None:
             + f" | {acc} | {fmt(r['lr_accuracy'])} | {fmt(r['column_distance'])} | {fmt(r['correlation_gap'])} | "
             f"{fmt(r['seconds'], 1)} |"
         )
+    lines += against_targets(rows, read_releases(releases_path(out, name)))
     write_text(stem + ".md", "\n".join(lines) + "\n")
     if not quiet:
         print("\n".join(lines), flush=True)
+
+
+# the marginals mechanism's default selection, the method the targets below are about
+DEFAULT_MARGINALS = f"marginals {ReleaseConfig.model_fields['marginals_selection'].default}"
+ONE_WAY_SLACK = 1.1  # its mean one-way TVD at most 1.1 x smartnoise-synth MST's
+BASE_RATE_GAP = 0.02  # its label's base rate within 0.02 of the real test table's (every class)
+
+
+def spread(releases: dict, method: str, eps: str, key: str, mean) -> str:
+    """``mean +- std`` over a cell's releases in the log (std where at least two have the figure)."""
+    got = [r[key] for (m, e, _), r in releases.items() if (m, e) == (method, eps) and r.get(key, "") != ""]
+    return f"{mean:.4f} +- {np.std(got):.4f}" if len(got) > 1 else f"{mean:.4f}"
+
+
+def against_targets(rows: list[dict], releases: dict) -> list[str]:
+    """The default marginals selection against smartnoise-synth's MST and AIM, at each epsilon measured.
+
+    Targets: mean one-way TVD <= 1.1 x MST's; mean two-way TVD over all pairs (the label's included) <= AIM's where
+    an AIM release finished with that figure, else <= MST's; base-rate gap <= 0.02; ROC AUC >= the best of MST's and
+    AIM's (AIM's over the releases that finished). Every mechanism here is accounted under add/remove.
+    """
+    by = {(r["method"], r["epsilon"]): r for r in rows if r["runs"]}
+    epsilons = sorted({r["epsilon"] for r in rows if r["method"] == DEFAULT_MARGINALS}, key=float)
+    if not epsilons:
+        return []
+    out = ["", f"## Against the targets ({DEFAULT_MARGINALS}, the default selection)", ""]
+    for eps in epsilons:
+        ours, mst, aim = (by.get((m, eps)) for m in (DEFAULT_MARGINALS, "smartnoise mst", "smartnoise aim"))
+        if ours is None:
+            continue
+
+        def has(row, key):
+            return row is not None and row.get(key, "") != ""
+
+        def fig(method, row, key):
+            return f"{method.split()[-1].upper() if method.startswith('smartnoise') else 'ours'} " + spread(
+                releases, method, eps, key, row[key]
+            )
+
+        def verdict(ok):
+            return "met" if ok else "NOT met"
+
+        counts = ", ".join(
+            f"{label} {row['runs']}" for label, row in (("ours", ours), ("MST", mst), ("AIM", aim)) if row is not None
+        )
+        parts = []
+        if has(ours, "one_way_tvd") and has(mst, "one_way_tvd"):
+            one = ours["one_way_tvd"] / mst["one_way_tvd"]
+            parts.append(
+                f"one-way TVD {fig(DEFAULT_MARGINALS, ours, 'one_way_tvd')} / "
+                f"{fig('smartnoise mst', mst, 'one_way_tvd')} = {one:.3f} (<= {ONE_WAY_SLACK}: "
+                f"{verdict(one <= ONE_WAY_SLACK)})"
+            )
+        else:
+            parts.append("one-way TVD not compared (no MST release with this figure)")
+        ref, ref_name = (aim, "smartnoise aim") if has(aim, "all_pair_tvd") else (mst, "smartnoise mst")
+        if has(ours, "all_pair_tvd") and has(ref, "all_pair_tvd"):
+            two = ours["all_pair_tvd"] / ref["all_pair_tvd"]
+            why = "AIM" if ref is aim else "MST: no AIM release with this figure"
+            parts.append(
+                f"all-pair TVD {fig(DEFAULT_MARGINALS, ours, 'all_pair_tvd')} / {fig(ref_name, ref, 'all_pair_tvd')}"
+                f" = {two:.3f} ({why}; <= 1: {verdict(two <= 1)})"
+            )
+        else:
+            parts.append("all-pair TVD not compared (no AIM or MST release with this figure)")
+        if has(ours, "base_rate_gap"):
+            gap = ours["base_rate_gap"]
+            parts.append(
+                f"base-rate gap {spread(releases, DEFAULT_MARGINALS, eps, 'base_rate_gap', gap)} "
+                f"(<= {BASE_RATE_GAP}: {verdict(gap <= BASE_RATE_GAP)})"
+            )
+        rivals = [(n, r) for n, r in (("smartnoise mst", mst), ("smartnoise aim", aim)) if has(r, "roc_auc")]
+        if has(ours, "roc_auc") and rivals:
+            best = max(r["roc_auc"] for _, r in rivals)
+            parts.append(
+                f"ROC AUC {fig(DEFAULT_MARGINALS, ours, 'roc_auc')} against "
+                + ", ".join(fig(n, r, "roc_auc") for n, r in rivals)
+                + f", ratio to the best {ours['roc_auc'] / best:.3f} (>= 1: {verdict(ours['roc_auc'] >= best)})"
+            )
+        else:
+            parts.append("ROC AUC not compared (no MST or AIM release)")
+        out.append(f"- eps {eps} (releases: {counts}): " + "; ".join(parts) + ".")
+    return out
 
 
 def plot(all_rows: dict, out: str) -> None:
@@ -382,6 +477,42 @@ def plot(all_rows: dict, out: str) -> None:
     fig.savefig(os.path.join(out, "tabular.png"), dpi=90)
 
 
+def merge(name: str, out: str, others: list[str], reference: list[dict]) -> list[dict]:
+    """The table of ``out`` with the releases and cells measured side by side under other ``--out`` folders.
+
+    Releases: the union of the logs (a release already in ``out``'s log stays as it is). Each cell with logged
+    releases is their mean again (its note kept where its row has as many releases); a cell without any (one stated
+    as not finished, or one measured before the log existed) is the other folder's row where it has one, else
+    ``out``'s. Nothing is measured.
+    """
+    log = releases_path(out, name)
+    releases = read_releases(log)
+    cells: dict = {}
+    for folder in [out, *others]:
+        path = stem_of(folder, name) + ".csv"
+        for r in read_rows(path) if os.path.exists(path) else []:
+            if r["epsilon"] != "inf":
+                cells[(r["method"], r["epsilon"])] = r  # later folders win
+        if folder != out:
+            for k, v in read_releases(releases_path(folder, name)).items():
+                releases.setdefault(k, v)
+    write_releases(log, [releases[k] for k in sorted(releases, key=lambda k: (k[0], float(k[1]), k[2]))])
+    logged: dict = {}
+    for (method, eps, _), rec in sorted(releases.items(), key=lambda kv: kv[0][2]):
+        logged.setdefault((method, eps), []).append(rec)
+    rows = list(reference)
+    for cell in [*cells, *(c for c in logged if c not in cells)]:
+        if cell in logged:
+            row = cell_row(name, logged[cell])
+            old = cells.get(cell)
+            if old is not None and old["runs"] == row["runs"]:
+                row["note"] = old["note"]
+            put_row(rows, row)
+        else:
+            put_row(rows, cells[cell])
+    return rows
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tables", nargs="+", default=list(TABLES), choices=list(TABLES))
@@ -391,6 +522,12 @@ def main(argv=None) -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", default=OUT)
     ap.add_argument("--smartnoise-venv", default=None, help="also run smartnoise-synth MST and AIM from this venv")
+    ap.add_argument(
+        "--smartnoise-python",
+        default=None,
+        help="also run smartnoise-synth MST and AIM with this interpreter (an environment with smartnoise-synth, "
+        "torch and pyarrow already installed; nothing is installed)",
+    )
     ap.add_argument("--smartnoise", nargs="+", default=list(SMARTNOISE), choices=SMARTNOISE, help="which of them")
     ap.add_argument(
         "--smartnoise-timeout",
@@ -398,8 +535,31 @@ def main(argv=None) -> None:
         default=1800.0,
         help="seconds one smartnoise-synth release may take; past it the cell is stated as not finished (default 1800)",
     )
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        metavar="DIR",
+        help="measure nothing: add the releases and cells that runs side by side wrote under these --out folders to "
+        "--out's files (each cell the mean of its logged releases), and write the tables again",
+    )
     args = ap.parse_args(argv)
-    python = smartnoise_venv(args.smartnoise_venv) if args.smartnoise_venv else None
+    if args.merge:
+        for name in args.tables:
+            # the reference rows as the first of the folders has them with today's columns (the same models on the
+            # same real rows), made again if none has
+            for folder in [args.out, *args.merge]:
+                path = stem_of(folder, name) + ".csv"
+                ref = [r for r in read_rows(path) if r["epsilon"] == "inf"] if os.path.exists(path) else []
+                if len(ref) >= 2 and all(r["balanced_accuracy"] != "" for r in ref):
+                    break
+            else:
+                ref = reference_rows(name, *load(name))
+            write(name, merge(name, args.out, args.merge, ref), args.out)
+        return
+    if args.smartnoise_venv and args.smartnoise_python:
+        ap.error("--smartnoise-venv or --smartnoise-python, not both")
+    python = smartnoise_venv(args.smartnoise_venv) if args.smartnoise_venv else args.smartnoise_python
     methods = list(args.methods) + ([f"smartnoise {s}" for s in args.smartnoise] if python else [])
     all_rows = {}
     for name in args.tables:
