@@ -188,6 +188,8 @@ def account(
     (dpcda), the dataset size (dpmix, p3gm) or any size (local, randproj); ``samples_per_class`` is T_k (dpcda) or T
     (dpmix). ``feature_dim`` d gives the statistics' noise stds (their sensitivities depend on it) and is needed with
     a projection."""
+    import pydantic
+
     from dpcda.mechanisms import registry
     from dpcda.mechanisms.plan import group_events, release_budget
     from dpcda.privacy.accounting import RELATION_WORDS, ReleaseEvents
@@ -248,9 +250,12 @@ def account(
             if name in PARAMS[entry.name].own_flat()  # another mechanism's knob is not read (as before)
         },
     )
-    if settings.pca_components is not None and feature_dim is None:
+    try:
+        knobs = settings.mechanism_params  # the mechanism's model checks its knobs (e.g. label_noise_ratio > 0)
+    except pydantic.ValidationError as err:
+        raise CalibrationError("; ".join(f"{e['loc'][-1]}: {e['msg']}" for e in err.errors())) from None
+    if knobs.pca_components is not None and feature_dim is None:
         raise CalibrationError("projection: give --feature-dim d (the DP-PCA covariance's sensitivity depends on it)")
-    knobs = settings.mechanism_params
     gain = 1.0
     if entry.projects:
         if feature_dim is None:

@@ -238,3 +238,13 @@ def test_the_plan_and_the_in_process_release_take_core_settings_not_the_config()
 
 def test_every_model_is_a_mechanism_params():
     assert all(issubclass(cls, MechanismParams) for cls in PARAMS.values())
+
+
+def test_account_checks_the_mechanisms_knobs_in_one_line():
+    """``dpcda account`` builds the mechanism's model too: a bad knob is one line, not a wall of pydantic text."""
+    from dpcda.api import account
+    from dpcda.privacy.calibration import CalibrationError
+
+    with pytest.raises(CalibrationError, match=r"^label_noise_ratio: Input should be greater than 0$"):
+        account("dpmix", class_size=100, samples_per_class=100, epsilon=1.0, label_noise_ratio=0.0)
+    assert account("dpmix", class_size=100, samples_per_class=100, epsilon=1.0, label_noise_ratio=0.5)["sigma_y"] > 0
