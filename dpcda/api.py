@@ -188,15 +188,15 @@ def account(
     (dpcda), the dataset size (dpmix, p3gm) or any size (local, randproj); ``samples_per_class`` is T_k (dpcda) or T
     (dpmix). ``feature_dim`` d gives the statistics' noise stds (their sensitivities depend on it) and is needed with
     a projection."""
-    import types
+    import pydantic
 
     from dpcda.mechanisms import registry
-    from dpcda.mechanisms.plan import group_events, release_budget, release_settings
+    from dpcda.mechanisms.plan import group_events, release_budget
     from dpcda.privacy.accounting import RELATION_WORDS, ReleaseEvents
     from dpcda.privacy.accounting import account as account_events
     from dpcda.privacy.budget import calibrate_synthesis
     from dpcda.privacy.calibration import CalibrationError
-    from dpcda.schemas.config import ReleaseConfig
+    from dpcda.schemas.config import ReleaseConfig, release_settings
 
     fields = ReleaseConfig.model_fields
     entry = registry.get(mechanism)
@@ -235,20 +235,34 @@ def account(
         )
     _check_like_a_release(mechanism, mode, epsilon, sigma_x, delta, clip, num_classes, shares)
     settings = release_settings(
-        mechanism=mechanism, mode=mode, epsilon=epsilon, sigma_x=sigma_x, delta=delta, clip=clip, **shares
+        mechanism=mechanism,
+        mode=mode,
+        epsilon=epsilon,
+        sigma_x=sigma_x,
+        delta=delta,
+        clip=clip,
+        **shares,
+        **{
+            name: value
+            for name, value in dict(
+                projection_dim=projection_dim, projection_seed=projection_seed, label_noise_ratio=label_noise_ratio
+            ).items()
+            if name in PARAMS[entry.name].own_flat()  # another mechanism's knob is not read (as before)
+        },
     )
-    if settings.pca_components is not None and feature_dim is None:
+    try:
+        knobs = settings.mechanism_params  # the mechanism's model checks its knobs (e.g. label_noise_ratio > 0)
+    except pydantic.ValidationError as err:
+        raise CalibrationError("; ".join(f"{e['loc'][-1]}: {e['msg']}" for e in err.errors())) from None
+    if knobs.pca_components is not None and feature_dim is None:
         raise CalibrationError("projection: give --feature-dim d (the DP-PCA covariance's sensitivity depends on it)")
-    knobs = types.SimpleNamespace(
-        projection_dim=projection_dim, projection_seed=projection_seed, label_noise_ratio=label_noise_ratio
-    )
     gain = 1.0
     if entry.projects:
         if feature_dim is None:
             raise CalibrationError(f"{mechanism}: give --feature-dim d (the projection's norm depends on it)")
         _, gain = entry.projection(knobs, feature_dim)
     # without d the statistics' noise multipliers are planned at sensitivity sqrt(2) (d = 1): the same multipliers
-    planned = release_budget(settings, feature_dim or 1)
+    planned = release_budget(settings.privacy, knobs, feature_dim or 1)
     events = group_events(
         mechanism,
         mode,
@@ -380,7 +394,7 @@ def _account_model(entry, n, epsilon, sigma_x, delta, clip, d, K, knobs) -> dict
         sum_qv=np.zeros(d, np.int64),
         class_counts=np.array([n // K + (k < n % K) for k in range(K)], np.int64),
     )
-    plan = build_plan(first, cfg, fresh_key(), public_stats)
+    plan = build_plan(first, cfg.core, fresh_key(), public_stats)
     acc, p = plan.accounting, plan.p3gm
     return {
         "mechanism": entry.name,

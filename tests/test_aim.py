@@ -224,7 +224,7 @@ def _in_process(selection, **kw):
     )
     block = encode_batch(make_table(2000, seed=2), schema, "train", 0)
     return release_in_process(
-        block.features, block.labels, cfg, key_from_test_seed(3), first=first_pass(block.features, block.labels)
+        block.features, block.labels, cfg.core, key_from_test_seed(3), first=first_pass(block.features, block.labels)
     )
 
 

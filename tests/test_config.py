@@ -128,7 +128,7 @@ def test_a_config_file_grouped_by_section_is_the_flat_one(tmp_path):
     (tmp_path / "f.yaml").write_text(FLAT)
     sectioned, flat = load_config(str(tmp_path / "s.yaml"), {}), load_config(str(tmp_path / "f.yaml"), {})
     assert sectioned == flat
-    assert sectioned.p3gm_epochs == 3.0 and sectioned.mechanism_params()["latent_dim"] == 8
+    assert sectioned.p3gm_epochs == 3.0 and sectioned.mechanism_params.latent_dim == 8
     assert sectioned.model_fields_set == flat.model_fields_set
 
 

@@ -290,6 +290,8 @@ def _cfg(**kw):
         ({"table": SCHEMA, "marginals_iters": 0}, "marginals_iters"),
         ({"table": SCHEMA, "marginals_iters": False}, "marginals_iters: expected an integer, got a boolean"),
         ({"table": SCHEMA, "marginals_selection": "greedy"}, "marginals_selection"),
+        ({"table": SCHEMA, "mixing_order": 4}, "mixing_order: marginals does not mix records"),
+        ({"table": SCHEMA, "marginals_selection": "aim", "marginals_max_model_size": 0}, "marginals_max_model_size"),
     ],
 )
 def test_bad_marginals_configs_are_one_line_errors(fields, needle):
@@ -306,7 +308,7 @@ def test_a_good_marginals_config_defaults_to_add_remove():
 def test_too_many_cells_are_refused_before_work(monkeypatch):
     monkeypatch.setattr(mg, "MAX_CELLS", 100)
     with pytest.raises(PlanError, match="^marginals: the one- and two-way counts of this table take"):
-        mg.Marginals().check_before_work(_cfg(table=SCHEMA), 0)
+        mg.Marginals().check_before_work(_cfg(table=SCHEMA).core, 0)
 
 
 # ---------------------------------------------------------------- a release, end to end

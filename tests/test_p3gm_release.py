@@ -72,7 +72,7 @@ def test_the_label_weight_reaches_the_fit(weight, expected):
     x, y = make_dataset(n_per_class=30, num_classes=3, dim=12)
     fields = {"input": "i", "output": "o", "epsilon": 2.0, "mechanism": "p3gm", "num_classes": 3, **SMALL}
     cfg = load_config(None, {**fields, **({} if weight is None else {"p3gm_label_weight": weight})})
-    plan = build_plan(first_pass(x, y), cfg, key_from_test_seed(0))
+    plan = build_plan(first_pass(x, y), cfg.core, key_from_test_seed(0))
     assert plan.p3gm.label_weight == pytest.approx(expected)
     assert spec_from_plan(plan).label_weight == pytest.approx(expected)
 
@@ -92,8 +92,8 @@ def test_replan_runs_the_changed_plan():
     def quiet(plan):
         return dataclasses.replace(plan, p3gm=dataclasses.replace(plan.p3gm, noise_multiplier=0.0))
 
-    f0, _, p0, _ = release_in_process(x, y, cfg, key)
-    f1, _, p1, _ = release_in_process(x, y, cfg, key, replan=quiet)
+    f0, _, p0, _ = release_in_process(x, y, cfg.core, key)
+    f1, _, p1, _ = release_in_process(x, y, cfg.core, key, replan=quiet)
     assert p0.p3gm.noise_multiplier > 0 and p1.p3gm.noise_multiplier == 0.0
     assert p1.p3gm.grad_clip == p0.p3gm.grad_clip  # clipping kept
     assert p0.accounting.epsilon <= 2.0 and p1.accounting.epsilon == math.inf and not p1.end_to_end_dp
@@ -101,13 +101,13 @@ def test_replan_runs_the_changed_plan():
     # public statistics, as the launcher reads them from normalization_file
     public = load_config(None, {**fields, "normalization": "public", "normalization_file": "stats.json"})
     mean, std = np.full(12, 0.5), np.full(12, 2.0)
-    _, _, p2, _ = release_in_process(x, y, public, key, public_stats=(mean, std))
+    _, _, p2, _ = release_in_process(x, y, public.core, key, public_stats=(mean, std))
     assert np.array_equal(p2.mean, mean) and np.array_equal(p2.std, std)
     from dpcda.mechanisms.plan import PlanError
 
     for bad in [(mean[:5], std), (mean, np.zeros(12)), (0.5, std)]:
         with pytest.raises(PlanError, match="normalization public"):
-            release_in_process(x, y, public, key, public_stats=bad)
+            release_in_process(x, y, public.core, key, public_stats=bad)
 
 
 def test_events_round_trip_through_json_exactly():

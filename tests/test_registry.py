@@ -51,11 +51,15 @@ def test_every_entry_supplies_what_the_release_asks(name):
     assert synthesis_transform(m).__name__ == m.graph.split(":")[1]
     assert m.audit_game and m.label_caveat() and m.relation(m.modes[0])
     if not m.fits_model:
-        cfg = ReleaseConfig(input="x", output="y", mechanism=name, epsilon=1.0, num_classes=2, mode=m.modes[0])
-        _, gain = m.projection(cfg.model_copy(update={"projection_dim": 3}), 5)
+        narrow = {"projection_dim": 3} if "projection_dim" in PARAMS[name].own() else {}
+        cfg = ReleaseConfig(
+            input="x", output="y", mechanism=name, epsilon=1.0, num_classes=2, mode=m.modes[0], **narrow
+        )
+        params = cfg.mechanism_params
+        _, gain = m.projection(params, 5)
         events = m.synthesis_events(
-            m.modes[0], group_sizes=[50], samples=10, mixing_order=cfg.mixing_order, clip=1.0, sigma_x=2.0,
-            label_noise_ratio=m.label_noise_ratio(cfg), gain=gain,
+            m.modes[0], group_sizes=[50], samples=10, mixing_order=params.mixing_order, clip=1.0, sigma_x=2.0,
+            label_noise_ratio=m.label_noise_ratio(params), gain=gain,
         )  # fmt: skip
         assert len(events) == 1 and events[0].noise_multiplier > 0
 

@@ -53,7 +53,7 @@ def test_the_caveats_of_each_mechanism_say_what_it_releases(mechanism, extra, sa
 
     x, y = make_dataset(n_per_class=30, num_classes=3, dim=12)
     fields = {"input": "i", "output": "o", "epsilon": 2.0, "mechanism": mechanism, "num_classes": 3, **extra}
-    plan = build_plan(first_pass(x, y), load_config(None, fields), key_from_test_seed(0))
+    plan = build_plan(first_pass(x, y), load_config(None, fields).core, key_from_test_seed(0))
     from dpcda.pipeline.manifest import caveat_words
 
     text = " ".join(caveat_words(c) for c in plan.caveats)
@@ -825,7 +825,7 @@ def test_one_row_per_class_too_few_names_the_default_it_comes_from():
     fields = {"input": "in/*.parquet", "output": "o", "epsilon": 10.0, "mode": "poisson", "mixing_order": 1}
     cfg = load_config(None, {**fields, "num_classes": 2})  # tbl_onerow: one row, poisson
     with pytest.raises(PlanError) as err:  # test key 9: the DP row count comes out at 1
-        build_plan(first_pass(x[:1], y[:1]), cfg, key_from_test_seed(9))
+        build_plan(first_pass(x[:1], y[:1]), cfg.core, key_from_test_seed(9))
     line = str(err.value)
     assert "samples: T=" not in line and "T defaults to the DP estimate" in line and "--samples >= 2" in line
     assert not re.search(

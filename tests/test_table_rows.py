@@ -145,7 +145,7 @@ def _release(cfg_fields: dict, table: pa.Table, seed: int = 3):
     block = encode_batch(table, schema, "train", 0)
     key = key_from_test_seed(seed)
     feats, labels, plan, scores = release_in_process(
-        block.features, block.labels, cfg, key, first=first_pass(block.features, block.labels)
+        block.features, block.labels, cfg.core, key, first=first_pass(block.features, block.labels)
     )
     x01 = feats.astype(np.float64) * plan.std + plan.mean
     labels = scores if scores is not None else labels

@@ -36,7 +36,7 @@ from dpcda.mechanisms.inprocess import release_in_process
 cfg = load_config(None, json.loads(sys.argv[1]))
 blocks = [b for p in sorted(glob.glob(cfg.input)) for b in read_parquet(p, "features", "label", 16384)]
 x, y = np.concatenate([b.features for b in blocks]), np.concatenate([b.labels for b in blocks])
-feats, labels, plan, _ = release_in_process(x, y, cfg, key_from_test_seed(cfg.seed))
+feats, labels, plan, _ = release_in_process(x, y, cfg.core, key_from_test_seed(cfg.seed))
 os.makedirs(os.path.join(cfg.output, "synthetic"), exist_ok=True)
 pq.write_table(block_table(feats, labels), os.path.join(cfg.output, "synthetic", "part-00000.parquet"))
 """

@@ -155,7 +155,7 @@ def release_cell(name, release, x, y, first, on_model=None):
             print(f"  {name} release {release}: step {step}/{steps} loss {loss:.3f} ({time.time() - t0:.0f} s)")
 
     feats, labels, plan, _ = release_in_process(
-        x, y, cfg, key_from_test_seed(release), first=first, progress=progress, on_model=on_model,
+        x, y, cfg.core, key_from_test_seed(release), first=first, progress=progress, on_model=on_model,
         replan=REPLAN.get(name), public_stats=PUBLIC_STATS[name](x.shape[1]) if name in PUBLIC_STATS else None,
     )  # fmt: skip
     return feats, labels, plan

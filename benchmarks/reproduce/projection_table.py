@@ -50,7 +50,7 @@ def run_cell(name, release, x, y, first, tx, ty, epochs, eps):
     spec = CELLS[name]
     cfg = ReleaseConfig(input="in-process", output="in-process", epsilon=eps, num_classes=10, seed=release, **spec)
     t0 = time.time()
-    feats, labels, plan, _ = release_in_process(x, y, cfg, key_from_test_seed(release), first=first)
+    feats, labels, plan, _ = release_in_process(x, y, cfg.core, key_from_test_seed(release), first=first)
     test = normalize(tx, plan.mean, plan.std, plan.clip, plan.bounds)
     res = train_and_score(
         feats,

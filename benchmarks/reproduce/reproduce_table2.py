@@ -132,7 +132,7 @@ def synthesize(x, y, first, *, calibration, eps, l, seed, device, samples=None):
         )
     else:
         cfg = ReleaseConfig(**base, epsilon=float(eps), mode=calibration)
-    feats, labels, plan, _ = release_in_process(x, y, cfg, key_from_test_seed(seed), first=first, device=device)
+    feats, labels, plan, _ = release_in_process(x, y, cfg.core, key_from_test_seed(seed), first=first, device=device)
     return feats, labels, plan
 
 

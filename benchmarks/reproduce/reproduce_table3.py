@@ -111,7 +111,7 @@ def run_release(
         num_classes=num_classes,
         **{k: v for k, v in fields.items() if k != "num_classes"},
     )
-    feats, labels, plan, scores = release_in_process(x, y, cfg, key_from_test_seed(seed), first=first)
+    feats, labels, plan, scores = release_in_process(x, y, cfg.core, key_from_test_seed(seed), first=first)
     test = normalize(tx, plan.mean, plan.std, plan.clip, plan.bounds)
     model = None
     if plan.projection is not None:

@@ -53,6 +53,7 @@ import yaml
 from benchmarks.files import RESULTS, ROOT, write_csv, write_text
 from dpcda.evaluation.table_metrics import table_metrics
 from dpcda.evaluation.tabular import evaluate_tables, train_on_synthetic
+from dpcda.mechanisms import registry
 from dpcda.mechanisms.inprocess import first_pass, release_in_process
 from dpcda.pipeline.prepare import load_rdataset, split_table
 from dpcda.privacy.noise import key_from_test_seed
@@ -119,13 +120,13 @@ def one_release(train, test, conf: dict, method: dict, eps: float, seed: int, re
         table=schema,
         mechanism=method["mechanism"],
         mode=method["mode"],
-        mixing_order=l,
+        **({"mixing_order": l} if registry.get(method["mechanism"]).mixes else {}),  # marginals mixes none
         **{k: method[k] for k in ("class_rows", "marginals_selection") if k in method},
     )
     block = encode_batch(train, schema, "train", 0)
     key = key_from_test_seed(seed)
     feats, labels, plan, scores = release_in_process(
-        block.features, block.labels, cfg, key, first=first_pass(block.features, block.labels)
+        block.features, block.labels, cfg.core, key, first=first_pass(block.features, block.labels)
     )
     # rows in [0, 1] again; a mechanism that does not normalise (marginals: exact codes) has mean 0 and std 1, so
     # its rows pass unchanged

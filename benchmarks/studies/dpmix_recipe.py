@@ -71,7 +71,7 @@ def main(argv=None) -> None:
         mode="fixed",
         mixing_order=args.l,
     )
-    feats, labels, plan, scores = release_in_process(x, y, cfg, key_from_test_seed(seed), first=first_pass(x, y))
+    feats, labels, plan, scores = release_in_process(x, y, cfg.core, key_from_test_seed(seed), first=first_pass(x, y))
     test = normalize(tx, plan.mean, plan.std, plan.clip, plan.bounds)
     # mixtures of l real test rows, the release's feature noise, exact label means (label noise 0): diagnosis only
     mix_x, mix_t = [], []

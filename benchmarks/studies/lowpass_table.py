@@ -44,7 +44,7 @@ def main(argv=None) -> None:
         input="in-process", output="in-process", mixing_order=args.l, epsilon=args.eps, seed=0, num_classes=10
     )
     key = key_from_test_seed(0)
-    plan = build_plan(first, cfg, key)
+    plan = build_plan(first, cfg.core, key)
     z = normalize(x, plan.mean, plan.std, plan.clip, plan.bounds)
     means = np.stack([z[y == k].mean(0) for k in range(10)])
     d = z.shape[1]

@@ -42,13 +42,14 @@ from scipy import stats
 from dpcda.mechanisms import registry
 from dpcda.mechanisms.device import pick_device
 from dpcda.mechanisms.dpcda import mix_chunk  # Beam-free core of the mixing stage
-from dpcda.mechanisms.plan import group_events, release_budget, release_settings
+from dpcda.mechanisms.plan import group_events, release_budget
 from dpcda.privacy.accounting import RELATION_WORDS, ReleaseEvents, account
 from dpcda.privacy.budget import BudgetPlan, calibrate_synthesis
 from dpcda.privacy.calibration import calibrate_sigma_x
 from dpcda.privacy.errors import DpcdaError
 from dpcda.privacy.events import CLIP_MARGIN, MODES
 from dpcda.privacy.noise import NoiseStream, key_from_test_seed
+from dpcda.schemas.config import release_settings
 
 CONFIDENCE = 0.95
 
@@ -421,7 +422,7 @@ def run_audit(
         settings = release_settings(
             mechanism=mechanism, mode=mode, epsilon=epsilon, delta=delta, clip=clip, normalization=normalization
         )
-        planned = release_budget(settings, dim)
+        planned = release_budget(settings.privacy, settings.mechanism_params, dim)
     if entry.audit_game == "dp-sgd-step":
         return _run_dpsgd_audit(
             planned=planned,

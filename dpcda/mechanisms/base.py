@@ -25,6 +25,8 @@ import numpy as np
 from dpcda.privacy.accounting import relation_key
 from dpcda.privacy.budget import BudgetPlan, Share, calibrate_synthesis
 from dpcda.privacy.errors import DpcdaError
+from dpcda.schemas.mechanism_params import MechanismParams
+from dpcda.schemas.settings import CoreSettings, PrivacyParams
 
 FIXED_CLASS_SIZES_CAVEAT = (
     "fixed mode: class sizes N_k are public and stated here; the guarantee covers replacing one record's features "
@@ -90,28 +92,31 @@ class Mechanism(abc.ABC):
     ) -> list:
         """The events the synthesis spends at feature noise ``sigma_x``, one per group (parallel composition)."""
 
-    def budget_shares(self, cfg) -> list[Share]:
+    def budget_shares(self, privacy: PrivacyParams, params: MechanismParams) -> list[Share]:
         """Shares of the budget this mechanism spends beyond the release's statistics (``mechanisms.plan``), each
         calibrated alone by the planner and composed with the synthesis (p3gm: DP-EM)."""
         return []
 
-    def calibrate(self, events: Callable[[float], list], budget: BudgetPlan, *, cfg, clip: float, **_) -> Calibrated:
+    def calibrate(
+        self, events: Callable[[float], list], budget: BudgetPlan, *, privacy: PrivacyParams, clip: float, **_
+    ) -> Calibrated:
         """sigma_x (the config's, or calibrated so that the synthesis composes to what the planner left) and its
         events."""
-        if cfg.sigma_x is not None:
-            sigma_x = float(cfg.sigma_x)
+        if privacy.sigma_x is not None:
+            sigma_x = float(privacy.sigma_x)
         else:
             # the events compose in sequence (a mechanism whose groups compose in parallel overrides calibrate: DP-CDA)
             sigma_x = calibrate_synthesis(budget, events, scale=clip)
         return Calibrated(sigma_x=sigma_x, per_group=tuple(events(sigma_x)))
 
-    def label_noise_ratio(self, cfg) -> Optional[float]:
+    def label_noise_ratio(self, params: MechanismParams) -> Optional[float]:
         return None
 
-    def sigma_y(self, cfg, sigma_x: float) -> float:
-        return float(cfg.sigma_y)
+    def sigma_y(self, params: MechanismParams, sigma_x: float) -> float:
+        """The label noise std (0: the config refuses sigma_y for every mechanism but DP-CDA)."""
+        return 0.0
 
-    def projection(self, cfg, dim: int) -> tuple[Optional[tuple[int, int, float]], float]:
+    def projection(self, params: MechanismParams, dim: int) -> tuple[Optional[tuple[int, int, float]], float]:
         """((p, public seed, ||R||_2), gain) of a public projection of every record, or (None, 1.0)."""
         return None, 1.0
 
@@ -119,7 +124,7 @@ class Mechanism(abc.ABC):
         """Gaussian draws carrying privacy noise beyond the rows' (p3gm's DP-SGD and DP-EM)."""
         return 0
 
-    def check_before_work(self, cfg, dim: int) -> None:
+    def check_before_work(self, core: CoreSettings, dim: int) -> None:
         """Checks that need the input's width, run by the launcher before any row is read (PlanError and kin)."""
 
     # ---------------------------------------------------------------- rows
@@ -148,7 +153,7 @@ class Mechanism(abc.ABC):
     def group_samples(self, plan, g: int) -> int:
         return plan.samples_total if self.groups == "dataset" else plan.samples_per_class[g]
 
-    def output_dim(self, cfg, dim: int) -> int:
+    def output_dim(self, params: MechanismParams, dim: int) -> int:
         return dim
 
     @abc.abstractmethod
@@ -172,12 +177,13 @@ class Mechanism(abc.ABC):
 
 @dataclasses.dataclass
 class InProcess:
-    """What an in-process synthesis gets: the data, the plan, and the shared pieces (``mechanisms.inprocess``)."""
+    """What an in-process synthesis gets: the data, the plan, and the shared pieces (``mechanisms.inprocess``);
+    ``core``: the release's privacy and mechanism parameters and execution settings, never the whole config."""
 
     x: np.ndarray
     y: np.ndarray
     plan: Any
-    cfg: Any
+    core: CoreSettings
     key: bytes
     normalized: Callable[[np.ndarray], np.ndarray]
     basis: Optional[np.ndarray]

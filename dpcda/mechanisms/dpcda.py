@@ -242,15 +242,18 @@ class Dpcda(Mechanism):
             for s, t in zip(group_sizes, per_class, strict=True)
         ]
 
-    def calibrate(self, events, budget: BudgetPlan, *, cfg, clip: float, **_) -> Calibrated:
+    def calibrate(self, events, budget: BudgetPlan, *, privacy, clip: float, **_) -> Calibrated:
         """sigma_x over EVERY class's event (parallel composition: the worst class sets it). With T_k equal across
         classes the smallest class is the worst (epsilon falls as N_k rises, a tested property), so its search alone
         sets sigma_x and the other classes pass the check; with T_k in proportion to N_k a larger class has more rows
         at a lower rate and no class is assumed worst (``privacy.calibration.calibrate_parallel``)."""
-        if cfg.sigma_x is not None:
-            return super().calibrate(events, budget, cfg=cfg, clip=clip)
+        if privacy.sigma_x is not None:
+            return super().calibrate(events, budget, privacy=privacy, clip=clip)
         sigma_x = calibrate_synthesis(budget, events, scale=clip, parallel_first=lambda e: e.class_size)
         return Calibrated(sigma_x=sigma_x, per_group=tuple(events(sigma_x)))
+
+    def sigma_y(self, params, sigma_x: float) -> float:
+        return float(params.sigma_y)  # seed 000's label noise, given by the user (free within a class)
 
     def rows(
         self,
@@ -290,7 +293,7 @@ class Dpcda(Mechanism):
         return "Label noise (sigma_y) costs no privacy here: within a class the one-hot mean is always e_k."
 
     def synthesize(self, ctx: InProcess):
-        plan, cfg = ctx.plan, ctx.cfg
+        plan, chunk_rows, soft_labels = ctx.plan, ctx.core.execution.chunk_rows, ctx.core.postprocess.soft_labels
         for k in range(plan.num_classes):
             for _, f, lab in mix_class(
                 ctx.normalized(ctx.x[ctx.y == k]),
@@ -301,17 +304,17 @@ class Dpcda(Mechanism):
                 mixing_order=plan.mixing_order,
                 sigma_x=plan.sigma_x,
                 samples=plan.samples_per_class[k],
-                chunk_rows=cfg.chunk_rows,
+                chunk_rows=chunk_rows,
                 sampling_rate=plan.sampling_rates[k],
                 device=ctx.device,
                 sigma_y=plan.sigma_y,
                 lowpass=plan.lowpass,
                 denoise=plan.denoise_spec,
-                soft_labels=cfg.soft_labels,
+                soft_labels=soft_labels,
                 basis=ctx.basis,
                 clip=plan.clip,
             ):
-                yield (f, lab.argmax(axis=1), lab) if cfg.soft_labels else (f, lab, None)
+                yield (f, lab.argmax(axis=1), lab) if soft_labels else (f, lab, None)
 
     def manifest_section(self, plan, *, chunk_rows, common, postprocessing, projection):
         from dpcda.schemas.manifest import DpcdaMechanism

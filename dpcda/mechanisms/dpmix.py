@@ -117,11 +117,11 @@ class Dpmix(Mechanism):
         n, l = int(group_sizes[0]), mixing_order
         return [DpmixEvent(mode, max(n, l), samples, l, clip, sigma_x, label_noise_ratio * sigma_x)]
 
-    def label_noise_ratio(self, cfg):
-        return cfg.label_noise_ratio
+    def label_noise_ratio(self, params):
+        return params.label_noise_ratio
 
-    def sigma_y(self, cfg, sigma_x: float) -> float:
-        return cfg.label_noise_ratio * sigma_x
+    def sigma_y(self, params, sigma_x: float) -> float:
+        return params.label_noise_ratio * sigma_x
 
     def label_caveat(self) -> str:
         return (
@@ -141,7 +141,7 @@ class Dpmix(Mechanism):
             sigma_x=plan.sigma_x,
             sigma_y=plan.sigma_y,
             samples=plan.samples_total,
-            chunk_rows=ctx.cfg.chunk_rows,
+            chunk_rows=ctx.core.execution.chunk_rows,
             sampling_rate=plan.sampling_rates[0],
             device=ctx.device,
             lowpass=plan.lowpass,

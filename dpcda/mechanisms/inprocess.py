@@ -3,7 +3,9 @@
 The same functions the Beam stages call (``FirstPassCombiner``, ``build_plan``, ``normalize_into``, and each
 mechanism's synthesis through its registry entry, ``Mechanism.synthesize``: ``mix_class``, ``mix_dataset``,
 ``perturb_block``, p3gm's ``fit`` and ``sample_rows``), so a number measured here is a number of the product.
-Holds the whole dataset in memory; the pipeline is what scales.
+Holds the whole dataset in memory; the pipeline is what scales. Like the Beam stages it receives the release's core
+settings (``ReleaseConfig.core``: privacy and mechanism parameters, public input facts, post-processing, execution),
+not the config.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dpcda.mechanisms.base import InProcess
 from dpcda.mechanisms.combiners import FirstPass, FirstPassCombiner
 from dpcda.mechanisms.local import BLOCK_ROWS
 from dpcda.mechanisms.plan import Caveat, CaveatCode, ReleasePlan, build_plan, normalize_into
-from dpcda.schemas.config import ReleaseConfig
+from dpcda.schemas.settings import CoreSettings
 
 
 def first_pass(x: np.ndarray, y: np.ndarray, bounds=(0.0, 1.0)) -> FirstPass:
@@ -29,7 +31,7 @@ def first_pass(x: np.ndarray, y: np.ndarray, bounds=(0.0, 1.0)) -> FirstPass:
 def release_in_process(
     x: np.ndarray,
     y: np.ndarray,
-    cfg: ReleaseConfig,
+    core: CoreSettings,
     key: bytes,
     *,
     first: Optional[FirstPass] = None,
@@ -39,13 +41,14 @@ def release_in_process(
     replan=None,
     public_stats=None,
 ) -> tuple[np.ndarray, np.ndarray, ReleasePlan, Optional[np.ndarray]]:
-    """(features float32, hard labels, plan, label scores or None) of one release of (x, y) under ``cfg``.
+    """(features float32, hard labels, plan, label scores or None) of one release of (x, y) with ``core`` (a config's
+    ``ReleaseConfig.core``).
     ``progress(step, steps, loss)``: p3gm's training progress; ``on_model(model, spec)``: p3gm's fitted model, before
     sampling (benchmarks that sample one fit several ways); ``replan(plan) -> plan``: a changed plan to run instead,
     for benchmarks' diagnostics only (the plan returned then states epsilon infinite: not a release); ``public_stats``:
     (mean, std) for ``normalization`` public, as the launcher reads them from ``normalization_file``."""
-    first = first if first is not None else first_pass(x, y, cfg.feature_bounds)
-    plan = build_plan(first, cfg, key, public_stats)
+    first = first if first is not None else first_pass(x, y, core.data.feature_bounds)
+    plan = build_plan(first, core, key, public_stats)
     if replan is not None:  # whatever the change, its plan claims nothing: epsilon infinite, not end-to-end DP
         plan = replan(plan)
         plan = dataclasses.replace(
@@ -80,7 +83,7 @@ def release_in_process(
         )
 
     feats, labels, scores = [], [], []
-    ctx = InProcess(x, y, plan, cfg, key, normalized, basis, device, progress=progress, on_model=on_model)
+    ctx = InProcess(x, y, plan, core, key, normalized, basis, device, progress=progress, on_model=on_model)
     for f, lab, sc in plan.mechanism_entry.synthesize(ctx):
         feats.append(f)
         labels.append(lab)

@@ -609,7 +609,7 @@ def label_pairs(selection: str, columns: int) -> int:
     return columns - 1 if selection == "mst-label" else 0
 
 
-def integer_columns(cfg) -> frozenset:
+def integer_columns(source: str, table) -> frozenset:
     """Numeric columns of the table whose type in the input's Parquet footer (public, read without a row) is an
     integer."""
     import pyarrow as pa
@@ -617,11 +617,11 @@ def integer_columns(cfg) -> frozenset:
     from dpcda.storage.paths import expand_glob
     from dpcda.storage.tables import arrow_schema_of
 
-    files = expand_glob(cfg.input)
+    files = expand_glob(source)
     if not files:
         return frozenset()
     arrow = arrow_schema_of(files[0])
-    names = {c.name for c in cfg.table.columns if c.kind == "numeric"}
+    names = {c.name for c in table.columns if c.kind == "numeric"}
     return frozenset(f.name for f in arrow if f.name in names and pa.types.is_integer(f.type))
 
 
@@ -646,14 +646,14 @@ class Marginals(Mechanism):
     normalizes = False
     accountant = "rdp"
 
-    def calibrate(self, events, budget, *, cfg, **_) -> Calibrated:
+    def calibrate(self, events, budget, *, params, data, **_) -> Calibrated:
         """rho calibrated so that the whole release (its events, RDP) spends what the budget planner
         (``privacy.budget.BudgetPlan``) left after the histogram."""
         from dpcda.privacy.marginals import calibrate
 
-        dom = domain_of(cfg.table, cfg.marginals_bins)
+        dom = domain_of(data.table, params.bins)
         n = len(dom.sizes)
-        if cfg.marginals_selection == AIM:
+        if params.selection == AIM:
             from dpcda.privacy.aim import calibrate as calibrate_aim
 
             aim_event = calibrate_aim(
@@ -666,10 +666,10 @@ class Marginals(Mechanism):
             plan = MarginalsPlan(
                 selection=AIM,
                 domain=dom,
-                iterations=cfg.marginals_iters,
+                iterations=params.iters,
                 rho=aim_event.rho,
                 event=aim_event,
-                max_model_size=cfg.marginals_max_model_size or AIM_MAX_MODEL_SIZE,
+                max_model_size=params.max_model_size or AIM_MAX_MODEL_SIZE,
             )
             return Calibrated(sigma_x=0.0, per_group=(aim_event,), marginals=plan)
         event = calibrate(
@@ -677,12 +677,12 @@ class Marginals(Mechanism):
             delta=budget.accountant_delta,
             one_way=n,
             rounds=n - 1,
-            two_way=label_pairs(cfg.marginals_selection, n) + n - 1,
+            two_way=label_pairs(params.selection, n) + n - 1,
             shared=budget.shared,
             stated_delta=budget.delta,
         )
         plan = MarginalsPlan(
-            selection=cfg.marginals_selection, domain=dom, iterations=cfg.marginals_iters, rho=event.rho, event=event
+            selection=params.selection, domain=dom, iterations=params.iters, rho=event.rho, event=event
         )
         return Calibrated(sigma_x=0.0, per_group=(event,), marginals=plan)
 
@@ -703,12 +703,12 @@ class Marginals(Mechanism):
         label = sum(dom.sizes[a] * dom.sizes[-1] for a in range(n - 1))
         return sum(dom.sizes) + sum(pair_cells[: n - 1]) + label * (label_pairs(calibrated.marginals.selection, n) > 0)
 
-    def check_before_work(self, cfg, dim: int) -> None:
-        dom = domain_of(cfg.table, cfg.marginals_bins)
+    def check_before_work(self, core, dim: int) -> None:
+        dom = domain_of(core.data.table, core.params.bins)
         if dom.cells > MAX_CELLS:
             raise PlanError(
                 f"marginals: the one- and two-way counts of this table take {dom.cells} cells at "
-                f"marginals_bins={cfg.marginals_bins}, more than {MAX_CELLS}; lower --marginals-bins or drop columns"
+                f"marginals_bins={core.params.bins}, more than {MAX_CELLS}; lower --marginals-bins or drop columns"
             )
 
     def label_caveat(self) -> str:
@@ -718,11 +718,12 @@ class Marginals(Mechanism):
         )
 
     def synthesize(self, ctx: InProcess):
-        plan, schema = ctx.plan, ctx.cfg.table
+        plan, schema = ctx.plan, ctx.core.data.table
         mp = plan.marginals
         counter = MarginalCounter(mp.domain)
         acc = counter.add(counter.create(), codes_of(ctx.x, ctx.y, schema, mp.domain.bins))
-        stated, chunks = fit_and_sample(acc, plan, schema, ctx.key, ctx.cfg.chunk_rows, integer_columns(ctx.cfg))
+        chunk_rows, integers = ctx.core.execution.chunk_rows, integer_columns(ctx.core.data.source, schema)
+        stated, chunks = fit_and_sample(acc, plan, schema, ctx.key, chunk_rows, integers)
         ctx.stated_plan = dataclasses.replace(plan, marginals=stated)  # the picks, as the Beam path states them
         for x, y in chunks:
             yield x, y, None

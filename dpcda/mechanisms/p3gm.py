@@ -774,48 +774,50 @@ class P3gm(Mechanism):
     one_worker = "p3gm fits its model on one worker; raise --max-class-bytes on bigger workers"
     fits_model = True
 
-    def budget_shares(self, cfg) -> list:
+    def budget_shares(self, privacy, params) -> list:
         """DP-EM: its iterations spend their own share alone (sigma_x 0: no noise, the non-private reference)."""
         return [
             Share(
                 "dp_em",
-                cfg.p3gm_em_budget_share,
+                params.em_budget_share,
                 em_sensitivity(),
-                iterations=cfg.p3gm_em_iterations,
-                noise=cfg.sigma_x != 0,
+                iterations=params.em_iterations,
+                noise=privacy.sigma_x != 0,
             )
         ]
 
-    def calibrate(self, events, budget, *, cfg, dim: int, num_classes: int, records: int, **_) -> Calibrated:
+    def calibrate(
+        self, events, budget, *, privacy, params, dim: int, num_classes: int, records: int, **_
+    ) -> Calibrated:
         """DP-EM's noise comes from the budget planner (``budget_shares``); the DP-SGD noise multiplier is then
         calibrated so that everything (statistics, DP-PCA, DP-EM, DP-SGD) composes to the rest of the target."""
         from dpcda.privacy.events import DpSgdEvent
 
         n = max(int(records), 1)
-        rate = Fraction(min(cfg.p3gm_batch, n), n)
-        steps = max(1, math.ceil(cfg.p3gm_epochs / rate))
+        rate = Fraction(min(params.batch, n), n)
+        steps = max(1, math.ceil(params.epochs / rate))
         em = budget.get("dp_em")
         em_std, sens = em.noise_std, em.event.sensitivity
         z = 0.0  # sigma_x 0: no noise, the non-private reference (epsilon infinite)
-        if cfg.sigma_x != 0:
+        if privacy.sigma_x != 0:
             z = calibrate_synthesis(budget, lambda s: [DpSgdEvent("dp_sgd", rate, steps, s)])
         plan = P3gmPlan(
-            latent_dim=cfg.p3gm_latent_dim,
-            components=cfg.p3gm_components,
-            em_iterations=cfg.p3gm_em_iterations,
+            latent_dim=params.latent_dim,
+            components=params.components,
+            em_iterations=params.em_iterations,
             em_noise_std=em_std,
             em_sensitivity=sens,
-            em_share=cfg.p3gm_em_budget_share,
+            em_share=params.em_budget_share,
             sampling_rate=rate,
             steps=steps,
             noise_multiplier=z,
-            grad_clip=cfg.p3gm_grad_clip if z > 0 else math.inf,
-            lr=cfg.p3gm_lr,
-            hidden=cfg.p3gm_hidden,
-            encoder_hidden=cfg.p3gm_hidden if cfg.p3gm_encoder_hidden is None else cfg.p3gm_encoder_hidden,
-            epochs=cfg.p3gm_epochs,
-            batch=cfg.p3gm_batch,
-            label_weight=math.sqrt(dim) if cfg.p3gm_label_weight is None else float(cfg.p3gm_label_weight),
+            grad_clip=params.grad_clip if z > 0 else math.inf,
+            lr=params.lr,
+            hidden=params.hidden,
+            encoder_hidden=params.hidden if params.encoder_hidden is None else params.encoder_hidden,
+            epochs=params.epochs,
+            batch=params.batch,
+            label_weight=math.sqrt(dim) if params.label_weight is None else float(params.label_weight),
         )
         return Calibrated(sigma_x=0.0, per_group=(DpSgdEvent("dp_sgd", rate, steps, z),), p3gm=plan)
 
@@ -823,17 +825,18 @@ class P3gm(Mechanism):
         """P3GM's events (DP-EM, DP-SGD) depend on the config's schedule: ``calibrate`` makes them, not a sigma."""
         raise TypeError("p3gm: its events come from calibrate() (the DP-EM and DP-SGD schedule), not from a sigma_x")
 
-    def check_before_work(self, cfg, dim: int) -> None:
+    def check_before_work(self, core, dim: int) -> None:
         from dpcda.mechanisms.device import pick_device
 
+        params = core.params
         check_shapes(
             dim=dim,
-            num_classes=cfg.num_classes,
-            latent_dim=cfg.p3gm_latent_dim,
-            components=cfg.p3gm_components,
-            hidden=cfg.p3gm_hidden,
-            encoder_hidden=cfg.p3gm_encoder_hidden,
-            device=pick_device(cfg.device),
+            num_classes=core.data.num_classes,
+            latent_dim=params.latent_dim,
+            components=params.components,
+            hidden=params.hidden,
+            encoder_hidden=params.encoder_hidden,
+            device=pick_device(core.execution.device),
         )
 
     def extra_draws(self, calibrated: Calibrated, *, dim: int, num_classes: int) -> int:
@@ -858,7 +861,7 @@ class P3gm(Mechanism):
         model = fit(x, ctx.y, ctx.basis, plan.clip, spec, ctx.key, ctx.device, progress=ctx.progress)
         if ctx.on_model is not None:
             ctx.on_model(model, spec)
-        for chunk, rows in sample_chunks(plan, ctx.cfg.chunk_rows):
+        for chunk, rows in sample_chunks(plan, ctx.core.execution.chunk_rows):
             f, lab = sample_rows(model, spec, rows=rows, chunk=chunk, key=ctx.key, clip=plan.clip, device=ctx.device)
             yield f, lab, None
 

@@ -1,10 +1,14 @@
-"""Beam-free core of the Calibrate stage: first-pass statistics + config + key -> ReleasePlan, for every mechanism.
+"""Beam-free core of the Calibrate stage: first-pass statistics + core settings + key -> ReleasePlan, for every
+mechanism.
 
 Everything the later stages need, decided before any row is synthesised: the (DP, public or exact) normalisation
 statistics, the group sizes the mode may use, the rows per group, the noise, and the accounting. The mechanism says
 which events its synthesis spends (``privacy.events``: MixingEvent for DP-CDA, DpmixEvent, PerturbEvent for local
 perturbation and random projection); relations are in ``privacy.accounting``. The plan holds exact private counts
 for the synthesis only; only ``public_*`` fields and the accounting reach the manifest.
+
+The plan reads the privacy and mechanism parameters and the few public facts it needs (``schemas.settings``:
+``ReleaseConfig.core``), never the whole config.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from dpcda.privacy.accounting import Accounting, ReleaseEvents, account
 from dpcda.privacy.budget import REFERENCE_EPSILON, BudgetPlan, Share, plan_budget
 from dpcda.privacy.events import CLIP_MARGIN
 from dpcda.privacy.noise import NoiseStream
-from dpcda.schemas.config import MAX_SAMPLES_PER_INPUT_ROW, ReleaseConfig
+from dpcda.schemas.mechanism_params import MAX_SAMPLES_PER_INPUT_ROW, MechanismParams
+from dpcda.schemas.settings import CoreSettings, PostprocessParams, PrivacyParams
 from dpcda.storage.paths import open_file
 from dpcda.storage.shards import InputError
 
@@ -248,10 +253,10 @@ def check_statistics(mean: np.ndarray, std: np.ndarray, bounds: tuple[float, flo
         )
 
 
-def resolve_image_shape(cfg: ReleaseConfig, dim: int) -> tuple[int, ...]:
+def resolve_image_shape(post: PostprocessParams, dim: int) -> tuple[int, ...]:
     """The rows' image grid for post-processing: --image-shape (checked against d), else a square."""
-    if cfg.image_shape is not None:
-        shape = tuple(cfg.image_shape)
+    if post.image_shape is not None:
+        shape = tuple(post.image_shape)
         if math.prod(shape) != dim:
             raise PlanError(
                 f"image_shape: {','.join(map(str, shape))} has {math.prod(shape)} features, the input has d={dim}"
@@ -263,18 +268,18 @@ def resolve_image_shape(cfg: ReleaseConfig, dim: int) -> tuple[int, ...]:
     return (side, side)
 
 
-def resolve_lowpass(cfg: ReleaseConfig, dim: int) -> Optional[tuple[tuple[int, ...], int]]:
+def resolve_lowpass(post: PostprocessParams, dim: int) -> Optional[tuple[tuple[int, ...], int]]:
     """(image_shape, K) for the low-pass post-processing, checked against the feature dimension d."""
-    if cfg.lowpass is None:
+    if post.lowpass is None:
         return None
-    shape = resolve_image_shape(cfg, dim)
+    shape = resolve_image_shape(post, dim)
     h, w = shape[-2:]
-    if cfg.lowpass >= h + w - 1:
+    if post.lowpass >= h + w - 1:
         raise PlanError(
-            f"lowpass: K={cfg.lowpass} keeps every DCT coefficient of a {h}x{w} image (u + v <= "
+            f"lowpass: K={post.lowpass} keeps every DCT coefficient of a {h}x{w} image (u + v <= "
             f"{h + w - 2}); use K < {h + w - 1} or leave --lowpass out"
         )
-    return shape, int(cfg.lowpass)
+    return shape, int(post.lowpass)
 
 
 def synthesis_events(mechanism: str, mode: str, **kw) -> list:
@@ -314,81 +319,80 @@ def group_events(
     return events
 
 
-def release_settings(**given) -> ReleaseConfig:
-    """A ``ReleaseConfig`` of the ``given`` fields (None: the field's default) and the defaults for the rest, built
-    without a release's checks (it names no input or output): the settings ``dpcda account`` and ``dpcda audit`` plan
-    a budget with (``release_budget``), so that they split it as a release with the same settings does."""
-    return ReleaseConfig.model_construct(**{k: v for k, v in given.items() if v is not None})
-
-
-def budget_shares(cfg, dim: int) -> list[Share]:
-    """The shares of the budget a release of ``cfg`` (a ``ReleaseConfig``, or anything with its fields) spends before
-    its synthesis, for rows of width ``dim``: the class histogram in poisson mode (adaptive), the normalisation moments
-    with ``normalization: dp``, the DP-PCA covariance when a projection or the mechanism uses it, and the mechanism's
-    own (``Mechanism.budget_shares``: p3gm's DP-EM)."""
-    mode = cfg.mode
+def budget_shares(privacy: PrivacyParams, params: MechanismParams, dim: int) -> list[Share]:
+    """The shares of the budget a release spends before its synthesis, for rows of width ``dim``: the class histogram
+    in poisson mode (adaptive), the normalisation moments with ``normalization: dp``, the DP-PCA covariance when a
+    projection or the mechanism uses it, and the mechanism's own (``Mechanism.budget_shares``: p3gm's DP-EM)."""
+    mode = privacy.mode
+    mech = registry.get(params.name)
     shares = []
     if mode == "poisson":
         shares.append(
-            Share("class_histogram", cfg.histogram_budget_share, dp_stats.HISTOGRAM_SENSITIVITY, adaptive=True)
+            Share("class_histogram", privacy.histogram_budget_share, dp_stats.HISTOGRAM_SENSITIVITY, adaptive=True)
         )
-    if cfg.normalization == "dp" and registry.get(cfg.mechanism).normalizes:
-        shares.append(Share("normalization", cfg.normalization_budget_share, dp_stats.moments_sensitivity(dim, mode)))
-    if cfg.pca_components is not None:
-        shares.append(Share("pca_covariance", cfg.pca_budget_share, dp_stats.covariance_sensitivity(dim, mode)))
-    shares.extend(registry.get(cfg.mechanism).budget_shares(cfg))
+    if privacy.normalization == "dp" and mech.normalizes:
+        shares.append(
+            Share("normalization", privacy.normalization_budget_share, dp_stats.moments_sensitivity(dim, mode))
+        )
+    if params.pca_components is not None:
+        shares.append(Share("pca_covariance", privacy.pca_budget_share, dp_stats.covariance_sensitivity(dim, mode)))
+    shares.extend(mech.budget_shares(privacy, params))
     return shares
 
 
-def release_budget(cfg, dim: int) -> BudgetPlan:
-    """The budget planner (``privacy.budget.plan_budget``) run on what a release of ``cfg`` spends: what the release,
-    ``dpcda account`` and ``dpcda audit`` calibrate with."""
-    return plan_budget(cfg.mode, epsilon=cfg.epsilon, delta=cfg.delta, shares=budget_shares(cfg, dim))
+def release_budget(privacy: PrivacyParams, params: MechanismParams, dim: int) -> BudgetPlan:
+    """The budget planner (``privacy.budget.plan_budget``) run on what a release with these parameters spends: what
+    the release, ``dpcda account`` and ``dpcda audit`` calibrate with."""
+    return plan_budget(
+        privacy.mode, epsilon=privacy.epsilon, delta=privacy.delta, shares=budget_shares(privacy, params, dim)
+    )
 
 
 def build_plan(
-    first: FirstPass, cfg: ReleaseConfig, key: bytes, public_stats: Optional[tuple[np.ndarray, np.ndarray]] = None
+    first: FirstPass, core: CoreSettings, key: bytes, public_stats: Optional[tuple[np.ndarray, np.ndarray]] = None
 ) -> ReleasePlan:
-    """The plan of one release. ``public_stats``: (mean, std) read by the launcher from --normalization-file (public
-    by the user's declaration); the plan itself reads no file."""
+    """The plan of one release. ``core``: the release's privacy and mechanism parameters and the public facts the plan
+    needs (``ReleaseConfig.core``). ``public_stats``: (mean, std) read by the launcher from --normalization-file
+    (public by the user's declaration); the plan itself reads no file."""
+    privacy, params, data, post, run = core.privacy, core.params, core.data, core.postprocess, core.execution
     rows = first.rows
     if rows == 0 or first.dim is None:
-        raise InputError(f"{cfg.input}: zero rows")
+        raise InputError(f"{data.source}: zero rows")
     dim = first.dim
     counts = np.asarray(first.class_counts, np.int64)
-    K = cfg.num_classes or len(counts)
+    K = data.num_classes or len(counts)
     if len(counts) > K:
-        raise InputError(f"{cfg.input}: column '{cfg.label_column}': label {len(counts) - 1} >= num_classes {K}")
+        raise InputError(f"{data.source}: column '{data.label_column}': label {len(counts) - 1} >= num_classes {K}")
     counts = np.pad(counts, (0, K - len(counts)))
-    lowpass = resolve_lowpass(cfg, dim)
-    mode, l, c, delta = cfg.mode, cfg.mixing_order, cfg.clip, cfg.delta
-    mech = registry.get(cfg.mechanism)
+    lowpass = resolve_lowpass(post, dim)
+    mode, l, c, delta = privacy.mode, params.mixing_order, privacy.clip, privacy.delta
+    mech = registry.get(params.name)
     caveats = [
-        Caveat(CaveatCode.SEED_KEY if cfg.reproducible else CaveatCode.SECRET_KEY),
+        Caveat(CaveatCode.SEED_KEY if privacy.reproducible else CaveatCode.SECRET_KEY),
         Caveat(CaveatCode.LABELS, mechanism=mech.name),
     ]
-    if cfg.epsilon is None:
+    if privacy.epsilon is None:
         caveats.append(Caveat(CaveatCode.REFERENCE_BUDGET, epsilon=REFERENCE_EPSILON))
 
     # the join path has no DP-PCA projection yet; some mechanisms fit on one worker
-    mixing_path = "memory" if cfg.projection or mech.one_worker else cfg.mixing_path
+    mixing_path = "memory" if params.projection or mech.one_worker else run.mixing_path
     why = (
         "the DP-PCA projection mixes in memory only; raise --max-class-bytes on bigger workers"
-        if cfg.projection
+        if params.projection
         else mech.one_worker
     )
     # Class sizes: public in fixed mode, a DP histogram in poisson mode.
-    where = f"{cfg.input}: column '{cfg.label_column}'"
-    budget_bytes = cfg.max_class_bytes or default_class_budget()
+    where = f"{data.source}: column '{data.label_column}'"
+    budget_bytes = run.max_class_bytes or default_class_budget()
     if mode == "fixed":
         small = [k for k in range(K) if counts[k] < l] if mech.mixes and mech.groups == "class" else []
         if mech.mixes and mech.groups == "dataset" and rows < l:
-            raise PlanError(f"{cfg.input}: {rows} records, fewer than mixing_order l={l}")
+            raise PlanError(f"{data.source}: {rows} records, fewer than mixing_order l={l}")
         if small:
             k = small[0]
             hint = (
                 ""
-                if cfg.num_classes
+                if data.num_classes
                 else f"; without --num-classes, K = largest label + 1 = {K}, so a stray label can create empty classes"
             )
             raise PlanError(
@@ -397,7 +401,7 @@ def build_plan(
             )
     # Every share of the budget (histogram, statistics, DP-PCA, the mechanism's own) and what is left for the
     # synthesis, calibrated before anything is drawn (privacy.budget).
-    planned = release_budget(cfg, dim)
+    planned = release_budget(privacy, params, dim)
     hist = planned.get("class_histogram")
     if mode == "fixed":
         groups = [rows] if mech.groups == "dataset" else counts
@@ -424,55 +428,58 @@ def build_plan(
         caveats.append(Caveat(CaveatCode.POISSON_ADAPTIVE))
 
     # Normalisation statistics.
-    min_std = cfg.min_std * (cfg.feature_bounds[1] - cfg.feature_bounds[0])
+    bounds = tuple(data.feature_bounds)
+    min_std = privacy.min_std * (bounds[1] - bounds[0])
     norm_std = None
-    normalization = cfg.normalization if mech.normalizes else "none"
+    normalization = privacy.normalization if mech.normalizes else "none"
     if normalization == "none":  # rows that are not z-scored (counts on public bins): nothing computed or spent
         mean, std = np.zeros(dim), np.ones(dim)
-    elif cfg.normalization == "dp":
+    elif privacy.normalization == "dp":
         norm_std = planned.get("normalization").noise_std
         mean, std = dp_stats.feature_stats(
             n=n_public,
             sum_qu=first.sum_qu,
             sum_qv=first.sum_qv,
-            bounds=cfg.feature_bounds,
+            bounds=bounds,
             min_std=min_std,
             noise_std=norm_std,
             stream=NoiseStream(key, "stats"),
         )
-    elif cfg.normalization == "public":
+    elif privacy.normalization == "public":
         if public_stats is None:
             raise PlanError("normalization public: the statistics file was not loaded")  # the launcher loads it
         mean, std = checked_public_stats(*public_stats, dim, "normalization public")
         caveats.append(Caveat(CaveatCode.PUBLIC_NORMALIZATION))
     else:
         mean, std = dp_stats.feature_stats(
-            n=rows, sum_qu=first.sum_qu, sum_qv=first.sum_qv, bounds=cfg.feature_bounds, min_std=min_std
+            n=rows, sum_qu=first.sum_qu, sum_qv=first.sum_qv, bounds=bounds, min_std=min_std
         )
         caveats.append(Caveat(CaveatCode.EXACT_NORMALIZATION))
 
-    check_statistics(mean, std, cfg.feature_bounds, c)
+    check_statistics(mean, std, bounds, c)
     pca_std = None
-    if cfg.pca_components is not None:  # the DP-PCA covariance: a Gaussian release of its own share (mechanisms.dppca)
-        if cfg.pca_components >= dim:
-            what = "projection" if cfg.projection else f"{cfg.mechanism}_latent_dim"
-            raise PlanError(f"{what}: K={cfg.pca_components} must be below the feature dimension d={dim}")
+    components = params.pca_components
+    if components is not None:  # the DP-PCA covariance: a Gaussian release of its own share (mechanisms.dppca)
+        if components >= dim:
+            what = "projection" if params.projection else f"{params.name}_latent_dim"
+            raise PlanError(f"{what}: K={components} must be below the feature dimension d={dim}")
         bound = rows if mode == "fixed" else n_public + 6 * (hist.noise_std * math.sqrt(K) if hist else 0)
         if bound * 2.0 ** (2 * dp_stats.COV_QUANTUM_BITS) >= dp_stats.COV_MAX_SUM:  # decided on public counts
             raise PlanError("projection: the DP-PCA covariance takes at most 2^30 rows (exact int64 sums)")
         pca_std = planned.get("pca_covariance").noise_std
     N = rows if mode == "fixed" else int(n_public)
-    T = cfg.samples or N
+    T = params.samples or N
     cap = MAX_SAMPLES_PER_INPUT_ROW * max(int(n_public), 1)
     if T > cap:  # fixed: n_public is the exact row count (public there); poisson: the DP total
         raise PlanError(
             f"samples: T={T} is more than {MAX_SAMPLES_PER_INPUT_ROW} times the input's rows; lower --samples"
         )
     sizes_list = [int(s) for s in sizes]
-    projection, gain = mech.projection(cfg, dim)
-    ratio = mech.label_noise_ratio(cfg)
+    projection, gain = mech.projection(params, dim)
+    ratio = mech.label_noise_ratio(params)
+    class_rows = getattr(params, "class_rows", "equal")  # dpcda's rule; the other mechanisms make no rows per class
     T_k, T_total = mech.rows(
-        T, K, given=cfg.samples is not None, where=cfg.input, mode=mode, sizes=sizes_list, class_rows=cfg.class_rows
+        T, K, given=params.samples is not None, where=data.source, mode=mode, sizes=sizes_list, class_rows=class_rows
     )
 
     def events(sigma: float) -> list:
@@ -490,16 +497,18 @@ def build_plan(
     calibrated = mech.calibrate(
         events,
         planned,
-        cfg=cfg,
+        privacy=privacy,
+        params=params,
+        data=data,
         clip=c,
         dim=dim,
         num_classes=K,
         records=N,
     )
     sigma_x, per_group, p3gm = calibrated.sigma_x, calibrated.per_group, calibrated.p3gm
-    sigma_y = mech.sigma_y(cfg, sigma_x)
+    sigma_y = mech.sigma_y(params, sigma_x)
     out_dim = projection[0] if projection else dim
-    mixed_dim = cfg.pca_components or out_dim  # with a DP-PCA projection the noise is drawn in K dimensions
+    mixed_dim = components or out_dim  # with a DP-PCA projection the noise is drawn in K dimensions
     gaussian_draws = (
         T_total * mixed_dim * (sigma_x > 0)
         + dim * (dim + 1) // 2 * (pca_std is not None)
@@ -522,9 +531,9 @@ def build_plan(
         relation=mech.relation(mode),
         accountant=mech.accountant or None,
     )
-    if cfg.epsilon is not None and acc.epsilon > cfg.epsilon:
-        raise AssertionError(f"calibration overshot: {acc.epsilon} > {cfg.epsilon}")  # never expected
-    end_to_end = cfg.normalization != "exact" and math.isfinite(acc.epsilon)
+    if privacy.epsilon is not None and acc.epsilon > privacy.epsilon:
+        raise AssertionError(f"calibration overshot: {acc.epsilon} > {privacy.epsilon}")  # never expected
+    end_to_end = privacy.normalization != "exact" and math.isfinite(acc.epsilon)
     if sigma_x == 0 and not mech.fits_model:
         caveats.append(Caveat(CaveatCode.NO_FEATURE_NOISE))
     if mech.fits_model and not math.isfinite(acc.epsilon):
@@ -537,7 +546,7 @@ def build_plan(
         mean=mean,
         std=std,
         clip=c,
-        bounds=cfg.feature_bounds,
+        bounds=bounds,
         mixing_order=l,
         sigma_x=sigma_x,
         sigma_y=sigma_y,
@@ -550,25 +559,25 @@ def build_plan(
         normalization_method=normalization,
         normalization_noise_std=norm_std,
         histogram_noise_std=hist.noise_std if hist else None,
-        normalization_share=cfg.normalization_budget_share if normalization == "dp" else None,
+        normalization_share=privacy.normalization_budget_share if normalization == "dp" else None,
         accounting=acc,
         records_public=max(int(n_public), l),
         end_to_end_dp=end_to_end,
-        target_epsilon=cfg.epsilon,
+        target_epsilon=privacy.epsilon,
         caveats=tuple(caveats),
         lowpass=lowpass,
         label_noise_ratio=ratio,
         projection=projection,
-        denoise=cfg.denoise,
-        image_shape=resolve_image_shape(cfg, dim) if cfg.denoise else None,
+        denoise=post.denoise,
+        image_shape=resolve_image_shape(post, dim) if post.denoise else None,
         mixing_paths=paths,
-        pca_components=cfg.pca_components,
+        pca_components=components,
         pca_noise_std=pca_std,
-        pca_share=cfg.pca_budget_share if pca_std is not None else None,
-        join_block_rows=join_block_rows(dim, cfg.join_block_rows) if "join" in paths else 0,
+        pca_share=privacy.pca_budget_share if pca_std is not None else None,
+        join_block_rows=join_block_rows(dim, run.join_block_rows) if "join" in paths else 0,
         p3gm=p3gm,
         budget=planned,
-        class_rows_rule=cfg.class_rows,
+        class_rows_rule=class_rows,
         marginals=calibrated.marginals,
     )
 

@@ -41,16 +41,16 @@ class Randproj(Local):
     summary = "random projection: every record times a public random R, plus Gaussian noise"
     projects = True
 
-    def projection(self, cfg, dim: int):
-        R = projection_matrix(dim, cfg.projection_dim, cfg.projection_seed)
+    def projection(self, params, dim: int):
+        R = projection_matrix(dim, params.projection_dim, params.projection_seed)
         gain = float(np.linalg.norm(R, 2))
-        return (cfg.projection_dim, cfg.projection_seed, gain), gain
+        return (params.projection_dim, params.projection_seed, gain), gain
 
     def projection_matrix(self, plan) -> np.ndarray:
         return projection_matrix(plan.feature_dim, plan.projection[0], plan.projection[1])
 
-    def output_dim(self, cfg, dim: int) -> int:
-        return cfg.projection_dim
+    def output_dim(self, params, dim: int) -> int:
+        return params.projection_dim
 
     def manifest_section(self, plan, *, chunk_rows, common, postprocessing, projection):
         from dpcda.schemas.manifest import RandprojMechanism

@@ -107,7 +107,7 @@ def build_pipeline(
         table=cfg.table,
     )
     stats = blocks | "ComputeGlobalStats" >> ComputeGlobalStats(cfg.feature_bounds)
-    plan = stats | "Calibrate" >> Calibrate(cfg, key, public_stats)
+    plan = stats | "Calibrate" >> Calibrate(cfg.core, key, public_stats)
     build = WorkerBuild(__version__, build_commit(), cfg.noise_threads)  # checked by every worker's DoFns
     common = dict(features_column=cfg.features_column, label_column=cfg.label_column, expected_build=build)
     # The join path's groups (mechanisms.joinmix) are decided by the plan; both branches run, each on its own groups.
@@ -121,7 +121,7 @@ def build_pipeline(
     synthetic = blocks | "Synthesize" >> synthesis
     if joined is not None:
         synthetic = (synthetic, joined) | "BothPaths" >> beam.Flatten()
-    out_dim = mech.output_dim(cfg, dim)
+    out_dim = mech.output_dim(cfg.mechanism_params, dim)
     if cfg.table is not None:  # post-processing: back to the input's columns and types
         synthetic = synthetic | "DecodeTable" >> DecodeTable(
             plan, key, cfg.table, arrow_schema, cfg.features_column, cfg.label_column
@@ -439,7 +439,7 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
         from dpcda.mechanisms.dppca import check_projection
 
         check_projection(dim, cfg.pca_components)
-    registry.get(cfg.mechanism).check_before_work(cfg, dim)
+    registry.get(cfg.mechanism).check_before_work(cfg.core, dim)
     if _is_dataflow(options):
         local = [p for p in (cfg.input, cfg.output, eval_input, cfg.normalization_file) if p and not is_remote(p)]
         if local:

@@ -1,7 +1,10 @@
 """Release job configuration: one frozen pydantic model, validated before anything runs.
 
 Loaded from a YAML/JSON ``--config`` file and overridden by command-line flags. Runner flags stay in
-Beam's ``PipelineOptions`` and never appear here.
+Beam's ``PipelineOptions`` and never appear here. The config is in sections (``SECTIONS``); the mechanism's is one
+model per mechanism (``schemas.mechanism_params``, a discriminated union on the mechanism's name), whose fields the
+config also takes flat (``p3gm_epochs``). The Beam-free cores receive ``ReleaseConfig.core`` (``schemas.settings``:
+the privacy and mechanism parameters and the few public facts they need), never the config itself.
 """
 
 from __future__ import annotations
@@ -11,17 +14,15 @@ from pathlib import Path
 from typing import Literal, Optional, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from dpcda.privacy.errors import DpcdaError
 from dpcda.schemas import strict_yaml
-from dpcda.schemas.mechanism_params import OWNER, PARAMS, MechanismParams
+from dpcda.schemas.mechanism_params import OWNER, PARAMS, MechanismParams, flat_fields
+from dpcda.schemas.settings import CoreSettings, DataParams, ExecutionParams, PostprocessParams, PrivacyParams
 from dpcda.schemas.table import TableSchema
 
 MAX_CLASSES = 1 << 16
-MAX_MIXING_ORDER = 1 << 14  # keeps a row's summed records below privacy.events.MAX_ROW_RECORDS
-MAX_SAMPLES_PER_INPUT_ROW = 100  # T may be at most this many times the input rows (checked once they are counted)
-DEFAULT_LABEL_NOISE_RATIO = 1.0  # dpmix sigma_y / sigma_x; benchmarks/studies/dpmix_ratio.py measures the choice
 
 
 class ConfigError(DpcdaError, ValueError):
@@ -30,8 +31,8 @@ class ConfigError(DpcdaError, ValueError):
 
 # The config's sections, in the order ``dpcda release --help`` shows them: every field is in exactly one
 # (tests/test_config.py checks). A config file may name the fields at its top level or group them by section
-# (``flatten_sections``); in memory the model is flat, and each mechanism's own parameters are described by its class
-# in ``schemas.mechanism_params``.
+# (``flatten_sections``). The mechanism section's fields are the mechanisms' models' (``schemas.mechanism_params``);
+# in memory the config takes them flat, and ``ReleaseConfig.mechanism_params`` is the release's mechanism's model.
 SECTIONS: dict[str, tuple[str, ...]] = {
     "input": (
         "input", "input_format", "features_column", "label_column", "num_classes", "feature_bounds", "out_of_bounds",
@@ -42,13 +43,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "allow_exact_normalization", "normalization_budget_share", "histogram_budget_share", "pca_budget_share",
         "min_std", "seed",
     ),
-    "mechanism": (
-        "mechanism", "mixing_order", "samples", "class_rows", "sigma_y", "label_noise_ratio", "projection",
-        "projection_dim", "projection_seed", "p3gm_latent_dim", "p3gm_components", "p3gm_em_iterations",
-        "p3gm_em_budget_share", "p3gm_epochs", "p3gm_batch", "p3gm_lr", "p3gm_grad_clip", "p3gm_hidden",
-        "p3gm_encoder_hidden", "p3gm_label_weight", "marginals_selection", "marginals_bins", "marginals_iters",
-        "marginals_max_model_size",
-    ),
+    "mechanism": ("mechanism", *flat_fields()),
     "postprocess": ("soft_labels", "lowpass", "image_shape", "denoise"),
     "scale": ("chunk_rows", "max_class_bytes", "mixing_path", "join_block_rows", "device", "noise_threads"),
     "evaluation": ("eval_input", "eval_input_public", "eval_runs", "eval_epochs", "audit", "membership_audit"),
@@ -62,7 +57,9 @@ MechanismName = Literal["dpcda", "dpmix", "local", "randproj", "p3gm", "marginal
 MECHANISM_NAMES: tuple[str, ...] = get_args(MechanismName)
 
 
-class ReleaseConfig(BaseModel):
+class _ReleaseConfig(BaseModel):
+    """The release config without the mechanisms' parameters (``ReleaseConfig`` adds them, flat)."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     input: str = Field(description="glob of input shards, local or gs://")
@@ -87,7 +84,6 @@ class ReleaseConfig(BaseModel):
             "add/remove relation (docs/privacy.md)"
         ),
     )
-    mixing_order: int = Field(4, ge=1, le=MAX_MIXING_ORDER, description="l: records mixed into each synthetic row")
     clip: float = Field(
         1.0,
         ge=1e-6,
@@ -98,30 +94,7 @@ class ReleaseConfig(BaseModel):
     sigma_x: Optional[float] = Field(
         None, ge=0, le=1e12, description=("explicit feature noise std (instead of epsilon; 0: no noise, not private)")
     )
-    sigma_y: float = Field(0.0, ge=0, le=1e12, description="label noise std (dpcda, paper-faithful)")
-    label_noise_ratio: float = Field(
-        DEFAULT_LABEL_NOISE_RATIO,
-        gt=0,
-        description=("dpmix: sigma_y / sigma_x (the label noise is calibrated with the features')"),
-    )
-    projection_dim: int = Field(100, ge=1, description="randproj: p, the projected dimension")
-    projection_seed: int = Field(0, ge=0, lt=1 << 63, description="randproj: public seed of the projection matrix")
     delta: float = Field(1e-5, gt=0, lt=1, description="delta of the (epsilon, delta) guarantee")
-    samples: Optional[int] = Field(
-        None,
-        ge=1,
-        description=(
-            f"T: synthetic rows in total (default: input rows; at most {MAX_SAMPLES_PER_INPUT_ROW} x input rows)"
-        ),
-    )
-    class_rows: Literal["equal", "proportional"] = Field(
-        "equal",
-        description=(
-            "dpcda: rows per class. equal: T_k = floor(T/K) (seed 000); proportional: T_k in proportion to the class "
-            "sizes (public N_k in fixed mode, the DP histogram's in poisson mode), largest-remainder rounding, at "
-            "least one row per non-empty class. Default: proportional with a table schema, else equal"
-        ),
-    )
     num_classes: Optional[int] = Field(
         None,
         ge=1,
@@ -147,69 +120,7 @@ class ReleaseConfig(BaseModel):
     histogram_budget_share: float = Field(
         0.01, gt=0, lt=1, description=("share of epsilon (and of delta) for the class counts in poisson mode")
     )
-    projection: Optional[str] = Field(
-        None,
-        pattern=r"^dp-pca:[1-9][0-9]*$",
-        description=(
-            "dp-pca:K (dpcda, dpmix): mix in the K-dimensional basis of a DP-PCA of the clipped rows (its own share "
-            "of the budget, pca_budget_share); noise only in K dimensions, rows mapped back (docs/privacy.md)"
-        ),
-    )
     pca_budget_share: float = Field(0.1, gt=0, lt=0.5, description="share of epsilon for the DP-PCA covariance")
-    p3gm_latent_dim: int = Field(10, ge=1, le=1000, description="p3gm: d', the DP-PCA dimension of the latent space")
-    p3gm_components: int = Field(3, ge=1, le=100, description="p3gm: Gaussians in the DP-EM mixture prior")
-    p3gm_em_iterations: int = Field(20, ge=1, le=1000, description="p3gm: DP-EM iterations (each one accounted)")
-    p3gm_em_budget_share: float = Field(0.1, gt=0, lt=0.5, description="p3gm: share of epsilon for DP-EM alone")
-    # The batch and epochs default to 1500 and 20, not seed 004's Table IV (300 and 4): the same ~800 steps with a
-    # third less noise on the mean gradient scored higher at eps 1 (benchmarks/results/p3gm_fashion_mnist.md)
-    p3gm_epochs: float = Field(20.0, gt=0, le=1000, description="p3gm: DP-SGD epochs (steps = epochs / q)")
-    p3gm_batch: int = Field(
-        1500,
-        ge=1,
-        le=1 << 14,
-        description="p3gm: expected DP-SGD batch, q N_hat (Poisson; at most 2^14, so the float64 batch sum keeps "
-        "inside the clip margin)",
-    )
-    p3gm_lr: float = Field(1e-3, gt=0, le=10, description="p3gm: Adam learning rate of the VAE")
-    p3gm_grad_clip: float = Field(1.0, gt=0, le=1e6, description="p3gm: C, the per-example gradient clip norm")
-    p3gm_hidden: int = Field(
-        1000,
-        ge=1,
-        le=100000,
-        description="p3gm: hidden width of the decoder (and of the encoder unless p3gm_encoder_hidden)",
-    )
-    p3gm_encoder_hidden: Optional[int] = Field(
-        None,
-        ge=1,
-        le=100000,
-        description="p3gm: hidden width of the encoder, which outputs only the latent variance (default: p3gm_hidden)",
-    )
-    p3gm_label_weight: Optional[float] = Field(
-        None,
-        gt=0,
-        le=1e6,
-        description="p3gm: weight of the label cross-entropy in the VAE loss (default: sqrt(d), mechanisms.p3gm)",
-    )
-    marginals_selection: Literal["mst", "mst-label", "aim"] = Field(
-        "mst-label",
-        description="marginals: which pairs of columns are measured (mst: a spanning tree picked by the exponential "
-        "mechanism, MST; mst-label, the default: that tree and the label's pair with every column, measured from the "
-        "same share; benchmarks/results/tabular_wa_churn.md; aim: AIM's adaptive rounds over the workload of all "
-        "pairs, benchmarks/results/marginals_wa_churn.md)",
-    )
-    marginals_max_model_size: Optional[int] = Field(
-        None,
-        ge=1,
-        le=1 << 34,
-        description="marginals, selection aim only: the fitted model's size cap in cells (AIM's max_model_size; "
-        "default 10485760 cells, the paper's 80 MB of float64)",
-    )
-    marginals_bins: int = Field(
-        20, ge=2, le=1024, description="marginals: equal bins of each numeric column's declared bounds"
-    )
-    marginals_iters: int = Field(
-        1000, ge=1, le=100_000, description="marginals: mirror-descent iterations of the graphical model's fit (mbi)"
-    )
     min_std: float = Field(0.01, gt=0, description="std floor, as a fraction of the feature range")
 
     soft_labels: bool = Field(
@@ -262,7 +173,7 @@ class ReleaseConfig(BaseModel):
     output_shards: int = Field(0, ge=0, le=100_000, description="Parquet part files (0: the runner decides)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where the mixing runs (auto: CUDA if present)")
     noise_threads: Optional[int] = Field(
-        None, ge=1, le=4096, description="noise threads in each worker (default: the cores the worker may use)"
+        None, ge=1, le=4096, description="host threads drawing noise (default: the cores the process may use)"
     )
     seed: Optional[int] = Field(None, ge=0, lt=1 << 63, description="TEST ONLY: fixed noise key; marks the manifest")
     overwrite: bool = Field(False, description="replace an existing release of ours at the output")
@@ -345,8 +256,6 @@ class ReleaseConfig(BaseModel):
         return data
 
     @field_validator(
-        "mixing_order",
-        "samples",
         "num_classes",
         "chunk_rows",
         "max_class_bytes",
@@ -355,11 +264,6 @@ class ReleaseConfig(BaseModel):
         "eval_epochs",
         "seed",
         "lowpass",
-        "projection_dim",
-        "projection_seed",
-        "marginals_bins",
-        "marginals_iters",
-        "marginals_max_model_size",
         mode="before",
     )
     @classmethod
@@ -368,7 +272,7 @@ class ReleaseConfig(BaseModel):
             raise ValueError("expected an integer, got a boolean")
         return v
 
-    @field_validator("epsilon", "sigma_x", "sigma_y", "delta", "clip", mode="after")
+    @field_validator("epsilon", "sigma_x", "delta", "clip", mode="after")
     @classmethod
     def _finite(cls, v):
         if v is not None and not math.isfinite(v):
@@ -421,8 +325,9 @@ class ReleaseConfig(BaseModel):
                 f"feature_bounds: {lo:g},{hi:g} is too wide (|bounds| and hi - lo must be at most 1e30; "
                 f"the z-score would overflow)"
             )
-        if self.params.needs_table and self.table is None:
-            raise ValueError(f"table: {self.params.needs_table}")
+        params = self.mechanism_params
+        if params.needs_table and self.table is None:
+            raise ValueError(f"table: {params.needs_table}")
         if self.epsilon is None and self.sigma_x is None:
             raise ValueError("epsilon: give a target epsilon (or an explicit sigma_x)")
         if self.epsilon is not None and self.sigma_x is not None:
@@ -437,7 +342,7 @@ class ReleaseConfig(BaseModel):
                     f"delta: {self.delta:g} is below {least:.3g}, the least a poisson release can state (its PLD "
                     f"accountant composes in float64 and does not resolve less than {PLD_MIN_DELTA:g} after the "
                     f"class counts' share); raise delta"
-                    + (", or use --mode fixed (RDP)" if "fixed" in self.params.modes else "")
+                    + (", or use --mode fixed (RDP)" if "fixed" in params.modes else "")
                 )
         if self.mode == "fixed" and self.epsilon is not None and (self.normalization == "dp" or self.projection):
             from dpcda.privacy.accounting import SAMPLER_DELTA_SHARE, accountant_delta, round_up
@@ -468,8 +373,8 @@ class ReleaseConfig(BaseModel):
             raise ValueError("num_classes: required with soft_labels (the width of the soft-label column)")
         if self.image_shape is not None and self.lowpass is None and self.denoise is None:
             raise ValueError("image_shape: only used with --lowpass or --denoise; give it with one of them")
-        self._check_own_fields()
-        self.params.check(self)
+        self._check_own_fields(params)
+        params.check(self)
         if self.table is not None:
             self._check_table()
         if self.ledger is not None and self.dataset_id is None:
@@ -494,10 +399,11 @@ class ReleaseConfig(BaseModel):
             )
         if self.membership_audit and not self.eval_input:
             raise ValueError("membership_audit: needs --eval-input (the held-out real rows)")
-        if self.normalization_budget_share + self.histogram_budget_share + self.params.statistics_shares(self) >= 0.5:
+        statistics = params.statistics_shares(self.pca_budget_share)
+        if self.normalization_budget_share + self.histogram_budget_share + statistics >= 0.5:
             raise ValueError(
                 "normalization_budget_share: the statistics (with pca_budget_share"
-                + (" and p3gm_em_budget_share" if "p3gm_em_budget_share" in self.params.own else "")
+                + (" and p3gm_em_budget_share" if "p3gm_em_budget_share" in params.own_flat() else "")
                 + ") may take under half the budget"
             )
         if self.projection is not None:
@@ -507,13 +413,13 @@ class ReleaseConfig(BaseModel):
                 raise ValueError("projection: for image and vector rows; a table's encoded columns are not projected")
         return self
 
-    def _check_own_fields(self) -> None:
+    def _check_own_fields(self, params: MechanismParams) -> None:
         """A parameter of another mechanism, given a value, is refused (it would be ignored)."""
         for name in sorted(self.model_fields_set):
             owner = OWNER.get(name)
             if (
                 owner is not None
-                and name not in self.params.own
+                and name not in params.own_flat()
                 and getattr(self, name) != self.model_fields[name].default
             ):
                 raise ValueError(f"{name}: a {owner} parameter; this release's mechanism is {self.mechanism}")
@@ -540,23 +446,79 @@ class ReleaseConfig(BaseModel):
         return self.seed is not None
 
     @property
-    def params(self) -> type[MechanismParams]:
-        """The mechanism's section: its own parameters and rules (``schemas.mechanism_params``)."""
-        return PARAMS[self.mechanism]
+    def mechanism_params(self) -> MechanismParams:
+        """The release's mechanism's parameters and rules: its model in ``schemas.mechanism_params`` (the union's
+        member named by ``mechanism``), built from the flat fields."""
+        return PARAMS[self.mechanism].from_flat(self)
 
-    def mechanism_params(self) -> dict:
-        """The mechanism's own parameters, as its section of a config file names them."""
-        return {name.removeprefix(self.params.prefix): getattr(self, name) for name in self.params.own}
+    @property
+    def privacy(self) -> PrivacyParams:
+        return PrivacyParams(
+            mode=self.mode,
+            epsilon=self.epsilon,
+            delta=self.delta,
+            sigma_x=self.sigma_x,
+            clip=self.clip,
+            normalization=self.normalization,
+            normalization_budget_share=self.normalization_budget_share,
+            histogram_budget_share=self.histogram_budget_share,
+            pca_budget_share=self.pca_budget_share,
+            min_std=self.min_std,
+            reproducible=self.reproducible,
+        )
+
+    @property
+    def core(self) -> CoreSettings:
+        """What the Beam-free cores receive (``schemas.settings``): never the input's shards, the output, the ledger
+        or the evaluation."""
+        return CoreSettings(
+            privacy=self.privacy,
+            params=self.mechanism_params,
+            data=DataParams(
+                source=self.input,
+                label_column=self.label_column,
+                feature_bounds=tuple(self.feature_bounds),
+                num_classes=self.num_classes,
+                table=self.table,
+            ),
+            postprocess=PostprocessParams(
+                soft_labels=self.soft_labels, lowpass=self.lowpass, image_shape=self.image_shape, denoise=self.denoise
+            ),
+            execution=ExecutionParams(
+                chunk_rows=self.chunk_rows,
+                device=self.device,
+                max_class_bytes=self.max_class_bytes,
+                mixing_path=self.mixing_path,
+                join_block_rows=self.join_block_rows,
+            ),
+        )
 
     @property
     def pca_components(self) -> Optional[int]:
         """K of ``projection: dp-pca:K``, or p3gm's latent dimension (None otherwise)."""
-        return self.params.pca_components(self)
+        return self.mechanism_params.pca_components
 
     @property
     def writes_soft_labels(self) -> bool:
         """DPMix always releases its label scores; DP-CDA when asked."""
-        return self.soft_labels or self.params.soft_labels_always
+        return self.soft_labels or self.mechanism_params.soft_labels_always
+
+
+ReleaseConfig = create_model(
+    "ReleaseConfig",
+    __base__=_ReleaseConfig,
+    __module__=__name__,
+    __doc__="The release config: ``_ReleaseConfig``'s fields and the mechanisms' parameters, flat (``flat_fields``).",
+    **flat_fields(),
+)
+
+
+def release_settings(**given) -> ReleaseConfig:
+    """A ``ReleaseConfig`` of the ``given`` fields (None: the field's default) and the defaults for the rest, built
+    without a release's checks (it names no input or output): the settings ``dpcda account`` and ``dpcda audit`` plan
+    a budget with (``mechanisms.plan.release_budget`` on its ``privacy`` and ``mechanism_params``), so that they split
+    it as a release with the same settings does."""
+    return ReleaseConfig.model_construct(**{k: v for k, v in given.items() if v is not None})
 
 
 def _flatten_error(err: ValidationError) -> str:

@@ -1,29 +1,57 @@
-"""Each mechanism's section of the release config: its own parameters and the rules the rest must follow.
+"""Each mechanism's parameters: one frozen pydantic model per mechanism, the config's discriminated union on ``name``.
 
-``schemas.config.ReleaseConfig`` stays one flat model in memory (its readers ask ``cfg.p3gm_epochs``), but a
-mechanism's parameters are a section of their own. ``PARAMS`` maps each mechanism to its class here (the config's
-discriminated union on ``mechanism``); the class says
+A model holds the mechanism's own parameters under their own names (``P3gmParams.epochs``) with their defaults, bounds
+and help text, and says, in class attributes and ``check``, what the mechanism offers (modes, mixing, DP-PCA, tables)
+and the rules the rest of the release config must follow with it, in the config's one-line error words. It is the one
+place a mechanism's parameters are declared:
 
-- which fields are the mechanism's own (``own``): written in the ``mechanism:`` section of a config file, where
-  ``p3gm_epochs`` may be written ``epochs``; a field of another mechanism given a value is refused;
-- the defaults it sets (``defaults``: mode, mixing order) and what it offers (modes, mixing, DP-PCA, tables);
-- the rules the rest of the config must follow with it (``check``), in the config's one-line error words.
+- ``schemas.config.ReleaseConfig`` takes each of them as a flat field (``flat_fields``: the name with the mechanism's
+  prefix, ``p3gm_epochs``), so flags, flat config files and ``mechanism:`` sections (``epochs``) all keep working;
+  a field of another mechanism given a value is refused;
+- ``ReleaseConfig.mechanism_params`` is the release's model, validated through ``MECHANISM_PARAMS`` (the union,
+  ``Field(discriminator="name")``): what the mechanisms' Beam-free cores receive, beside ``schemas.settings``'
+  privacy parameters, instead of the whole config.
 
-Nothing here compares a mechanism's name: the config looks its class up. ``mechanisms.registry`` has the same names
-(tests/test_registry.py).
+Every model has the mixing parameters (``mixing_order``, ``samples``, ``projection``); a mechanism that does not mix
+has mixing order 1 and refuses another (``check``). Nothing here compares a mechanism's name: the config looks its
+model up in ``PARAMS``. ``mechanisms.registry`` has the same names (tests/test_registry.py).
 """
 
 from __future__ import annotations
 
-from typing import ClassVar, Optional
+import math
+from typing import Annotated, ClassVar, Literal, Optional
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter
+from pydantic.fields import FieldInfo
+
+MAX_MIXING_ORDER = 1 << 14  # keeps a row's summed records below privacy.events.MAX_ROW_RECORDS
+MAX_SAMPLES_PER_INPUT_ROW = 100  # T may be at most this many times the input rows (checked once they are counted)
+DEFAULT_LABEL_NOISE_RATIO = 1.0  # dpmix sigma_y / sigma_x; benchmarks/studies/dpmix_ratio.py measures the choice
 
 
-class MechanismParams:
-    """A mechanism's config rules. Subclasses set the class attributes and extend ``check``."""
+def _no_bool(v):
+    if isinstance(v, bool):
+        raise ValueError("expected an integer, got a boolean")
+    return v
 
-    name: ClassVar[str] = ""
-    own: ClassVar[tuple[str, ...]] = ()  # ReleaseConfig fields that are this mechanism's parameters
-    prefix: ClassVar[str] = ""  # an own field's prefix, left out in the mechanism section of a config file
+
+def _finite(v):
+    if v is not None and not math.isfinite(v):
+        raise ValueError("must be a finite number")
+    return v
+
+
+Int = Annotated[int, BeforeValidator(_no_bool)]  # an integer, not a boolean (YAML's yes/no are not counts)
+Finite = Annotated[float, AfterValidator(_finite)]
+
+
+class MechanismParams(BaseModel):
+    """A mechanism's parameters and config rules. Subclasses narrow ``name``, add their fields and extend ``check``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    prefix: ClassVar[str] = ""  # an own field's prefix in a flat config (p3gm_), left out in the mechanism section
     modes: ClassVar[tuple[str, ...]] = ("fixed", "poisson")
     default_mode: ClassVar[Optional[str]] = None  # None: the config's default
     mixes: ClassVar[bool] = True  # mixes l records per row (mixing_order, samples, the join path)
@@ -34,6 +62,60 @@ class MechanismParams:
     needs_table: ClassVar[str] = ""  # why only a table input is taken ('' when any input is)
     no_image_postprocessing: ClassVar[str] = ""  # why lowpass/denoise are refused ('' when allowed)
 
+    name: str
+    mixing_order: Int = Field(
+        4,
+        ge=1,
+        le=MAX_MIXING_ORDER,
+        description="l: records mixed into each synthetic row (local, randproj, p3gm, marginals: 1, and no other)",
+    )
+    samples: Optional[Int] = Field(
+        None,
+        ge=1,
+        description=(
+            f"T: synthetic rows in total (default: input rows; at most {MAX_SAMPLES_PER_INPUT_ROW} x input rows)"
+        ),
+    )
+    projection: Optional[str] = Field(
+        None,
+        pattern=r"^dp-pca:[1-9][0-9]*$",
+        description=(
+            "dp-pca:K (dpcda, dpmix): mix in the K-dimensional basis of a DP-PCA of the clipped rows (its own share "
+            "of the budget, pca_budget_share); noise only in K dimensions, rows mapped back (docs/privacy.md)"
+        ),
+    )
+
+    # ---------------------------------------------------------------- the fields
+
+    @classmethod
+    def own(cls) -> tuple[str, ...]:
+        """This mechanism's own parameters (beyond every mechanism's name and mixing parameters), unprefixed."""
+        return tuple(n for n in cls.model_fields if n not in MechanismParams.model_fields)
+
+    @classmethod
+    def flat_name(cls, field: str) -> str:
+        """The flat config field of an own parameter (``epochs`` -> ``p3gm_epochs``)."""
+        return cls.prefix + field
+
+    @classmethod
+    def own_flat(cls) -> tuple[str, ...]:
+        return tuple(cls.flat_name(n) for n in cls.own())
+
+    @classmethod
+    def section_field(cls, key: str) -> str:
+        """The config field a key of the ``mechanism:`` section names (``epochs`` -> ``p3gm_epochs``)."""
+        return cls.flat_name(key) if key in cls.own() else key
+
+    @classmethod
+    def from_flat(cls, values) -> "MechanismParams":
+        """The model of a release config (anything with the flat fields), validated."""
+        data = {"name": values.mechanism}
+        data.update({n: getattr(values, n) for n in MechanismParams.model_fields if n != "name"})
+        data.update({n: getattr(values, cls.flat_name(n)) for n in cls.own()})
+        return MECHANISM_PARAMS.validate_python(data)
+
+    # ---------------------------------------------------------------- the rules
+
     @classmethod
     def defaults(cls, data: dict) -> dict:
         """The raw config with this mechanism's defaults filled in where the user gave none."""
@@ -43,52 +125,56 @@ class MechanismParams:
             data = {**data, "mixing_order": 1}
         return data
 
-    @classmethod
-    def section_field(cls, key: str) -> str:
-        """The config field a key of the ``mechanism:`` section names (``epochs`` -> ``p3gm_epochs``)."""
-        return cls.prefix + key if cls.prefix and cls.prefix + key in cls.own else key
-
-    @classmethod
-    def check(cls, cfg) -> None:
-        """ValueError (the config's one-line message) where ``cfg`` breaks this mechanism's rules."""
-        if cfg.mode not in cls.modes:
+    def check(self, cfg) -> None:
+        """ValueError (the config's one-line message) where ``cfg``, the whole release config, breaks this
+        mechanism's rules."""
+        name = self.name
+        if cfg.mode not in self.modes:
             raise ValueError(
-                f"mode: {cls.name} releases one row per record, which publishes the count; only mode fixed "
+                f"mode: {name} releases one row per record, which publishes the count; only mode fixed "
                 f"(replace one record within its class) is offered"
             )
-        if not cls.mixes:
-            if cfg.samples is not None:
-                raise ValueError(f"samples: {cls.name} releases exactly one row per record")
-            if cfg.mixing_order != 1:
-                raise ValueError(f"mixing_order: {cls.name} does not mix records (leave it out)")
+        if not self.mixes:
+            if self.samples is not None:
+                raise ValueError(f"samples: {name} releases exactly one row per record")
+            if self.mixing_order != 1:
+                raise ValueError(f"mixing_order: {name} does not mix records (leave it out)")
             if cfg.mixing_path == "join":
-                raise ValueError(f"mixing_path: {cls.name} does not mix (each record is its own row)")
-        if cls.no_image_postprocessing and (cfg.lowpass or cfg.denoise):
-            raise ValueError(f"lowpass/denoise: {cls.no_image_postprocessing}")
-        if cls.needs_num_classes and cfg.num_classes is None:
-            raise ValueError(f"num_classes: required with {cls.name} ({cls.needs_num_classes})")
-        if "sigma_y" not in cls.own and cfg.sigma_y:
+                raise ValueError(f"mixing_path: {name} does not mix (each record is its own row)")
+        if self.no_image_postprocessing and (cfg.lowpass or cfg.denoise):
+            raise ValueError(f"lowpass/denoise: {self.no_image_postprocessing}")
+        if self.needs_num_classes and cfg.num_classes is None:
+            raise ValueError(f"num_classes: required with {name} ({self.needs_num_classes})")
+        if "sigma_y" not in self.own() and cfg.sigma_y:
             raise ValueError("sigma_y: dpcda only (dpmix sets it from --label-noise-ratio)")
-        if cfg.projection is not None and not cls.dp_pca:
-            raise ValueError(f"projection: a DP-PCA basis is for the mixing mechanisms, not {cls.name}")
-        if cfg.table is not None and cls.no_table:
-            raise ValueError(f"table: {cls.no_table}")
+        if self.projection is not None and not self.dp_pca:
+            raise ValueError(f"projection: a DP-PCA basis is for the mixing mechanisms, not {name}")
+        if cfg.table is not None and self.no_table:
+            raise ValueError(f"table: {self.no_table}")
 
-    @classmethod
-    def pca_components(cls, cfg) -> Optional[int]:
-        """K of ``projection: dp-pca:K`` (None without one)."""
-        return int(cfg.projection.split(":", 1)[1]) if cfg.projection else None
+    @property
+    def pca_components(self) -> Optional[int]:
+        """K of a DP-PCA basis: ``projection: dp-pca:K`` (None without one)."""
+        return int(self.projection.split(":", 1)[1]) if self.projection else None
 
-    @classmethod
-    def statistics_shares(cls, cfg) -> float:
+    def statistics_shares(self, pca_budget_share: float) -> float:
         """The shares of epsilon this mechanism takes beside the normalisation and the histogram (DP-PCA, DP-EM)."""
-        return cfg.pca_budget_share if cfg.projection else 0.0
+        return pca_budget_share if self.projection else 0.0
 
 
 class DpcdaParams(MechanismParams):
-    name = "dpcda"
-    own = ("sigma_y", "class_rows")
-    dp_pca = True
+    name: Literal["dpcda"] = "dpcda"
+    dp_pca: ClassVar[bool] = True
+
+    sigma_y: Finite = Field(0.0, ge=0, le=1e12, description="label noise std (dpcda, paper-faithful)")
+    class_rows: Literal["equal", "proportional"] = Field(
+        "equal",
+        description=(
+            "dpcda: rows per class. equal: T_k = floor(T/K) (seed 000); proportional: T_k in proportion to the class "
+            "sizes (public N_k in fixed mode, the DP histogram's in poisson mode), largest-remainder rounding, at "
+            "least one row per non-empty class. Default: proportional with a table schema, else equal"
+        ),
+    )
 
     @classmethod
     def defaults(cls, data: dict) -> dict:
@@ -99,50 +185,79 @@ class DpcdaParams(MechanismParams):
 
 
 class DpmixParams(MechanismParams):
-    name = "dpmix"
-    own = ("label_noise_ratio",)
-    dp_pca = True
-    soft_labels_always = True
-    needs_num_classes = "the width of the released label scores"
+    name: Literal["dpmix"] = "dpmix"
+    dp_pca: ClassVar[bool] = True
+    soft_labels_always: ClassVar[bool] = True
+    needs_num_classes: ClassVar[str] = "the width of the released label scores"
+
+    label_noise_ratio: float = Field(
+        DEFAULT_LABEL_NOISE_RATIO,
+        gt=0,
+        description=("dpmix: sigma_y / sigma_x (the label noise is calibrated with the features')"),
+    )
 
 
 class LocalParams(MechanismParams):
-    name = "local"
-    modes = ("fixed",)
-    mixes = False
+    name: Literal["local"] = "local"
+    modes: ClassVar[tuple[str, ...]] = ("fixed",)
+    mixes: ClassVar[bool] = False
 
 
 class RandprojParams(MechanismParams):
-    name = "randproj"
-    own = ("projection_dim", "projection_seed")
-    modes = ("fixed",)
-    mixes = False
-    no_image_postprocessing = "randproj rows are projections, not images"
-    no_table = "randproj releases projections, which cannot be read back as the table's columns"
+    name: Literal["randproj"] = "randproj"
+    modes: ClassVar[tuple[str, ...]] = ("fixed",)
+    mixes: ClassVar[bool] = False
+    no_image_postprocessing: ClassVar[str] = "randproj rows are projections, not images"
+    no_table: ClassVar[str] = "randproj releases projections, which cannot be read back as the table's columns"
+
+    projection_dim: Int = Field(100, ge=1, description="randproj: p, the projected dimension")
+    projection_seed: Int = Field(0, ge=0, lt=1 << 63, description="randproj: public seed of the projection matrix")
 
 
 class P3gmParams(MechanismParams):
-    name = "p3gm"
-    own = (
-        "p3gm_latent_dim",
-        "p3gm_components",
-        "p3gm_em_iterations",
-        "p3gm_em_budget_share",
-        "p3gm_epochs",
-        "p3gm_batch",
-        "p3gm_lr",
-        "p3gm_grad_clip",
-        "p3gm_hidden",
-        "p3gm_encoder_hidden",
-        "p3gm_label_weight",
-    )
-    prefix = "p3gm_"
-    modes = ("poisson",)
-    default_mode = "poisson"  # the generative model is accounted under add/remove only
-    mixes = False
+    name: Literal["p3gm"] = "p3gm"
+    prefix: ClassVar[str] = "p3gm_"
+    modes: ClassVar[tuple[str, ...]] = ("poisson",)
+    default_mode: ClassVar[Optional[str]] = "poisson"  # the generative model is accounted under add/remove only
+    mixes: ClassVar[bool] = False
 
-    @classmethod
-    def check(cls, cfg) -> None:
+    latent_dim: int = Field(10, ge=1, le=1000, description="p3gm: d', the DP-PCA dimension of the latent space")
+    components: int = Field(3, ge=1, le=100, description="p3gm: Gaussians in the DP-EM mixture prior")
+    em_iterations: int = Field(20, ge=1, le=1000, description="p3gm: DP-EM iterations (each one accounted)")
+    em_budget_share: float = Field(0.1, gt=0, lt=0.5, description="p3gm: share of epsilon for DP-EM alone")
+    # The batch and epochs default to 1500 and 20, not seed 004's Table IV (300 and 4): the same ~800 steps with a
+    # third less noise on the mean gradient scored higher at eps 1 (benchmarks/results/p3gm_fashion_mnist.md)
+    epochs: float = Field(20.0, gt=0, le=1000, description="p3gm: DP-SGD epochs (steps = epochs / q)")
+    batch: int = Field(
+        1500,
+        ge=1,
+        le=1 << 14,
+        description="p3gm: expected DP-SGD batch, q N_hat (Poisson; at most 2^14, so the float64 batch sum keeps "
+        "inside the clip margin)",
+    )
+    lr: float = Field(1e-3, gt=0, le=10, description="p3gm: Adam learning rate of the VAE")
+    grad_clip: float = Field(1.0, gt=0, le=1e6, description="p3gm: C, the per-example gradient clip norm")
+    hidden: int = Field(
+        1000,
+        ge=1,
+        le=100000,
+        description="p3gm: hidden width of the decoder (and of the encoder unless p3gm_encoder_hidden)",
+    )
+    encoder_hidden: Optional[int] = Field(
+        None,
+        ge=1,
+        le=100000,
+        description="p3gm: hidden width of the encoder, which outputs only the latent variance (default: p3gm_hidden)",
+    )
+    label_weight: Optional[float] = Field(
+        None,
+        gt=0,
+        le=1e6,
+        description="p3gm: weight of the label cross-entropy in the VAE loss (default: sqrt(d), mechanisms.p3gm)",
+    )
+
+    def check(self, cfg) -> None:
+        """(samples is offered: the rows are sampled from the fitted model.)"""
         if cfg.mode != "poisson":
             raise ValueError(
                 "mode: p3gm trains with Poisson-sampled DP-SGD, accounted under add/remove only (mode poisson, the "
@@ -150,7 +265,7 @@ class P3gmParams(MechanismParams):
             )
         if cfg.epsilon is None and cfg.sigma_x != 0:
             raise ValueError("epsilon: p3gm calibrates its noise to a target epsilon (sigma_x 0: no noise, no privacy)")
-        if cfg.mixing_order != 1:
+        if self.mixing_order != 1:
             raise ValueError("mixing_order: p3gm does not mix records (leave it out)")
         for name in ("projection", "lowpass", "denoise", "image_shape", "table"):
             if getattr(cfg, name) is not None:
@@ -161,40 +276,58 @@ class P3gmParams(MechanismParams):
             raise ValueError("mixing_path: p3gm fits its model on one worker (the in-memory path)")
         if cfg.sigma_y:
             raise ValueError("sigma_y: dpcda only")
-        if cfg.p3gm_hidden < 2 * cfg.p3gm_latent_dim:
+        if self.hidden < 2 * self.latent_dim:
             raise ValueError(
-                f"p3gm_hidden: at least 2 x p3gm_latent_dim = {2 * cfg.p3gm_latent_dim} (the decoder starts as the "
+                f"p3gm_hidden: at least 2 x p3gm_latent_dim = {2 * self.latent_dim} (the decoder starts as the "
                 "DP-PCA reconstruction through its hidden layer)"
             )
 
-    @classmethod
-    def pca_components(cls, cfg) -> Optional[int]:
-        return cfg.p3gm_latent_dim  # the DP-PCA of the latent space
+    @property
+    def pca_components(self) -> Optional[int]:
+        return self.latent_dim  # the DP-PCA of the latent space
 
-    @classmethod
-    def statistics_shares(cls, cfg) -> float:
-        return cfg.pca_budget_share + cfg.p3gm_em_budget_share
+    def statistics_shares(self, pca_budget_share: float) -> float:
+        return pca_budget_share + self.em_budget_share
 
 
 class MarginalsParams(MechanismParams):
-    name = "marginals"
-    own = ("marginals_selection", "marginals_bins", "marginals_iters", "marginals_max_model_size")
-    prefix = "marginals_"
-    modes = ("poisson",)
-    default_mode = "poisson"  # counts under add/remove only: the row count stays private
-    mixes = False
-    needs_table = (
+    name: Literal["marginals"] = "marginals"
+    prefix: ClassVar[str] = "marginals_"
+    modes: ClassVar[tuple[str, ...]] = ("poisson",)
+    default_mode: ClassVar[Optional[str]] = "poisson"  # counts under add/remove only: the row count stays private
+    mixes: ClassVar[bool] = False
+    needs_table: ClassVar[str] = (
         "marginals counts a table's columns on its public schema; give a table: section (docs/tables.md); image and "
         "vector inputs are not offered"
     )
 
-    @classmethod
-    def check(cls, cfg) -> None:
-        """(mixing_order is not read: a table config written for a mixing mechanism runs with --mechanism marginals.)"""
+    selection: Literal["mst", "mst-label", "aim"] = Field(
+        "mst-label",
+        description="marginals: which pairs of columns are measured (mst: a spanning tree picked by the exponential "
+        "mechanism, MST; mst-label, the default: that tree and the label's pair with every column, measured from the "
+        "same share; benchmarks/results/tabular_wa_churn.md; aim: AIM's adaptive rounds over the workload of all "
+        "pairs, benchmarks/results/marginals_wa_churn.md)",
+    )
+    max_model_size: Optional[Int] = Field(
+        None,
+        ge=1,
+        le=1 << 34,
+        description="marginals, selection aim only: the fitted model's size cap in cells (AIM's max_model_size; "
+        "default 10485760 cells, the paper's 80 MB of float64)",
+    )
+    bins: Int = Field(20, ge=2, le=1024, description="marginals: equal bins of each numeric column's declared bounds")
+    iters: Int = Field(
+        1000, ge=1, le=100_000, description="marginals: mirror-descent iterations of the graphical model's fit (mbi)"
+    )
+
+    def check(self, cfg) -> None:
+        """(samples is offered: the rows are sampled from the fitted model.)"""
         if cfg.mode != "poisson":
             raise ValueError("mode: marginals is accounted under add/remove only (mode poisson, its default)")
         if cfg.epsilon is None:
             raise ValueError("epsilon: marginals calibrates its counts' noise to a target epsilon (no --sigma-x)")
+        if self.mixing_order != 1:
+            raise ValueError("mixing_order: marginals does not mix records (leave it out)")
         if cfg.normalization != "dp" or cfg.normalization_file is not None:
             raise ValueError("normalization: marginals counts codes on public bins and z-scores nothing (leave it out)")
         if cfg.mixing_path != "auto":
@@ -203,21 +336,42 @@ class MarginalsParams(MechanismParams):
             )
         if cfg.sigma_y:
             raise ValueError("sigma_y: dpcda only")
-        if cfg.projection is not None:
+        if self.projection is not None:
             raise ValueError("projection: not available with marginals")
-        if cfg.marginals_max_model_size is not None and cfg.marginals_selection != "aim":
+        if self.max_model_size is not None and self.selection != "aim":
             raise ValueError("marginals_max_model_size: selection aim only (MST's tree has no size cap)")
         if cfg.audit or cfg.membership_audit:
             raise ValueError(
                 f"{'audit' if cfg.audit else 'membership_audit'}: no audit game is offered for marginals yet"
             )
 
-    @classmethod
-    def statistics_shares(cls, cfg) -> float:
+    def statistics_shares(self, pca_budget_share: float) -> float:
         return 0.0  # no z-score statistics: the normalisation's share is not spent
 
 
+AnyMechanismParams = Annotated[
+    DpcdaParams | DpmixParams | LocalParams | RandprojParams | P3gmParams | MarginalsParams,
+    Field(discriminator="name"),
+]
+MECHANISM_PARAMS: TypeAdapter = TypeAdapter(AnyMechanismParams)  # a mapping with ``name`` -> that mechanism's model
+
 PARAMS: dict[str, type[MechanismParams]] = {
-    cls.name: cls for cls in (DpcdaParams, DpmixParams, LocalParams, RandprojParams, P3gmParams, MarginalsParams)
+    cls.model_fields["name"].default: cls
+    for cls in (DpcdaParams, DpmixParams, LocalParams, RandprojParams, P3gmParams, MarginalsParams)
 }
-OWNER: dict[str, str] = {field: cls.name for cls in PARAMS.values() for field in cls.own}  # field -> its mechanism
+OWNER: dict[str, str] = {f: name for name, cls in PARAMS.items() for f in cls.own_flat()}  # flat field -> mechanism
+
+
+def flat_fields() -> dict[str, tuple[object, FieldInfo]]:
+    """The release config's flat fields of the mechanisms' parameters, ``(annotation, FieldInfo)`` by flat name, in
+    the order of the mechanism section: the mixing parameters, then each mechanism's own. Each keeps the model's
+    bounds, validators, default and help text (``schemas.config`` builds ``ReleaseConfig`` with them)."""
+    out: dict[str, tuple[object, FieldInfo]] = {}
+    for cls in (MechanismParams, *PARAMS.values()):
+        names = [n for n in MechanismParams.model_fields if n != "name"] if cls is MechanismParams else cls.own()
+        for name in names:
+            flat, info = cls.flat_name(name), cls.model_fields[name]
+            if flat in out:
+                raise TypeError(f"{cls.__name__}.{name}: {flat} is declared by two mechanisms")
+            out[flat] = (info.annotation, FieldInfo.merge_field_infos(info))
+    return out

@@ -12,9 +12,9 @@ from dpcda.mechanisms.plan import build_plan
 log = logging.getLogger(__name__)
 
 
-def _plan(first, cfg, key, public_stats=None):
+def _plan(first, core, key, public_stats=None):
     start = time.time()
-    plan = build_plan(first, cfg, key, public_stats)
+    plan = build_plan(first, core, key, public_stats)
     log.info(
         "stage=calibrate sigma_x=%.6g epsilon=%.4g delta=%g T_k=%s seconds=%.2f",
         plan.sigma_x,
@@ -27,11 +27,12 @@ def _plan(first, cfg, key, public_stats=None):
 
 
 class Calibrate(beam.PTransform):
-    """FirstPass -> ReleasePlan (normalisation statistics, sigma_x, accounting)."""
+    """FirstPass -> ReleasePlan (normalisation statistics, sigma_x, accounting). ``core``: the config's core settings
+    (``ReleaseConfig.core``), all the plan reads."""
 
-    def __init__(self, cfg, key_pcoll, public_stats=None):
+    def __init__(self, core, key_pcoll, public_stats=None):
         super().__init__()
-        self.cfg, self.key, self.public_stats = cfg, key_pcoll, public_stats
+        self.core, self.key, self.public_stats = core, key_pcoll, public_stats
 
     def expand(self, first):
-        return first | "BuildPlan" >> beam.Map(_plan, self.cfg, beam.pvalue.AsSingleton(self.key), self.public_stats)
+        return first | "BuildPlan" >> beam.Map(_plan, self.core, beam.pvalue.AsSingleton(self.key), self.public_stats)

@@ -67,7 +67,7 @@ class FitAndSampleMarginals(_Synthesis):
         out = counts | "FitMarginals" >> beam.ParDo(
             _FitFn(
                 cfg.table,
-                integer_columns(cfg),  # the input's footer, read here in the launcher
+                integer_columns(cfg.input, cfg.table),  # the input's footer, read here in the launcher
                 cfg.chunk_rows,
                 common["features_column"],
                 common["label_column"],
