@@ -781,7 +781,7 @@ def test_dataflow_with_local_paths_is_refused_before_work(tmp_path):
 
 def test_worker_refuses_code_of_another_build():
     from dpcda.pipeline import __version__, build_commit
-    from dpcda.transforms.mix import check_build
+    from dpcda.transforms.worker import check_build
 
     check_build((__version__, build_commit()))
     with pytest.raises(RuntimeError, match="does not match the launcher"):
@@ -793,7 +793,8 @@ def test_noise_threads_reach_the_workers(monkeypatch):
     which the launcher's own set_threads never reaches); without it a worker uses its own cores."""
     from dpcda.pipeline import __version__, build_commit
     from dpcda.privacy import noise
-    from dpcda.transforms.mix import WorkerBuild, _MixFn
+    from dpcda.transforms.mix import _MixFn
+    from dpcda.transforms.worker import WorkerBuild
 
     monkeypatch.setattr(noise, "_THREADS", None)
     fn = _MixFn("cpu", 64, "features", "label", expected_build=WorkerBuild(__version__, build_commit(), 3))
@@ -802,6 +803,17 @@ def test_noise_threads_reach_the_workers(monkeypatch):
     noise.set_threads(None)
     _MixFn("cpu", 64, "features", "label", expected_build=WorkerBuild(__version__, build_commit())).setup()
     assert noise.threads() == noise.available_cores()
+    # the join path's index requests, and the stages written as beam.Map (the plan, DP-PCA, table decoding)
+    from dpcda.transforms.join import _RequestsFn
+    from dpcda.transforms.worker import checked
+
+    _RequestsFn(64, WorkerBuild(__version__, build_commit(), 2)).setup()
+    assert noise.threads() == 2
+    step = checked(lambda x: x + 1, WorkerBuild(__version__, build_commit(), 5))
+    assert step(1) == 2 and noise.threads() == 5
+    with pytest.raises(RuntimeError, match="does not match the launcher"):
+        checked(lambda x: x, WorkerBuild(__version__, "0000000"))(1)
+    noise.set_threads(None)
 
 
 def test_cli_turns_off_exception_sampling_unless_allowed(tmp_path, monkeypatch):

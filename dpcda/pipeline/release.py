@@ -38,10 +38,10 @@ from dpcda.storage.shards import InputError, check_finite_files, detect_format, 
 from dpcda.storage.tables import arrow_schema_of, label_decoding
 from dpcda.transforms.calibrate import Calibrate
 from dpcda.transforms.join import MixByJoin
-from dpcda.transforms.mix import WorkerBuild
 from dpcda.transforms.read import ReadShards
 from dpcda.transforms.stats import ComputeDpBasis, ComputeGlobalStats
 from dpcda.transforms.table import DecodeTable
+from dpcda.transforms.worker import WorkerBuild
 from dpcda.transforms.write import WriteDraftManifest, WriteSynthetic
 
 log = logging.getLogger("dpcda.release")
@@ -107,8 +107,8 @@ def build_pipeline(
         table=cfg.table,
     )
     stats = blocks | "ComputeGlobalStats" >> ComputeGlobalStats(cfg.feature_bounds)
-    plan = stats | "Calibrate" >> Calibrate(cfg.core, key, public_stats)
-    build = WorkerBuild(__version__, build_commit(), cfg.noise_threads)  # checked by every worker's DoFns
+    build = WorkerBuild(__version__, build_commit(), cfg.noise_threads)  # checked by every stage that draws noise
+    plan = stats | "Calibrate" >> Calibrate(cfg.core, key, public_stats, expected_build=build)
     common = dict(features_column=cfg.features_column, label_column=cfg.label_column, expected_build=build)
     # The join path's groups (mechanisms.joinmix) are decided by the plan; both branches run, each on its own groups.
     joined = (
@@ -116,7 +116,7 @@ def build_pipeline(
         if mech.mixes and cfg.mixing_path != "memory"
         else None
     )
-    basis = blocks | "ComputeDpBasis" >> ComputeDpBasis(plan, key) if cfg.pca_components else None
+    basis = blocks | "ComputeDpBasis" >> ComputeDpBasis(plan, key, expected_build=build) if cfg.pca_components else None
     synthesis = synthesis_transform(mech)(plan, key, cfg, basis, common)
     synthetic = blocks | "Synthesize" >> synthesis
     if joined is not None:
@@ -124,7 +124,7 @@ def build_pipeline(
     out_dim = mech.output_dim(cfg.mechanism_params, dim)
     if cfg.table is not None:  # post-processing: back to the input's columns and types
         synthetic = synthetic | "DecodeTable" >> DecodeTable(
-            plan, key, cfg.table, arrow_schema, cfg.features_column, cfg.label_column
+            plan, key, cfg.table, arrow_schema, cfg.features_column, cfg.label_column, expected_build=build
         )
     files_written = synthetic | "WriteSynthetic" >> WriteSynthetic(
         target.workdir,

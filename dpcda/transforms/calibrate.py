@@ -8,6 +8,7 @@ import time
 import apache_beam as beam
 
 from dpcda.mechanisms.plan import build_plan
+from dpcda.transforms.worker import checked
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +31,10 @@ class Calibrate(beam.PTransform):
     """FirstPass -> ReleasePlan (normalisation statistics, sigma_x, accounting). ``core``: the config's core settings
     (``ReleaseConfig.core``), all the plan reads."""
 
-    def __init__(self, core, key_pcoll, public_stats=None):
+    def __init__(self, core, key_pcoll, public_stats=None, *, expected_build=None):
         super().__init__()
-        self.core, self.key, self.public_stats = core, key_pcoll, public_stats
+        self.core, self.key, self.public_stats, self.expected_build = core, key_pcoll, public_stats, expected_build
 
     def expand(self, first):
-        return first | "BuildPlan" >> beam.Map(_plan, self.core, beam.pvalue.AsSingleton(self.key), self.public_stats)
+        plan = checked(_plan, self.expected_build)  # its noise (the histogram, the statistics) on the release's threads
+        return first | "BuildPlan" >> beam.Map(plan, self.core, beam.pvalue.AsSingleton(self.key), self.public_stats)

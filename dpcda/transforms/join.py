@@ -24,7 +24,8 @@ from dpcda.mechanisms.joinmix import (
     record_offsets,
     record_pieces,
 )
-from dpcda.transforms.mix import check_build, finite_table
+from dpcda.transforms.mix import finite_table
+from dpcda.transforms.worker import check_build
 
 
 def _chunks(plan, chunk_rows):
@@ -65,9 +66,12 @@ class _PiecesFn(beam.DoFn):
 
 
 class _RequestsFn(beam.DoFn):
-    def __init__(self, chunk_rows):
-        self.chunk_rows = chunk_rows
+    def __init__(self, chunk_rows, expected_build=None):
+        self.chunk_rows, self.expected_build = chunk_rows, expected_build
         self.pairs = Metrics.counter("dpcda", "join_index_pairs")
+
+    def setup(self):
+        check_build(self.expected_build)  # its index draws on the release's noise threads
 
     def process(self, gc, plan, key):
         g, c = gc
@@ -161,7 +165,7 @@ class MixByJoin(beam.PTransform):
         expected_build=None,
     ):
         super().__init__()
-        self.plan, self.key, self.chunk_rows = plan_pcoll, key_pcoll, chunk_rows
+        self.plan, self.key, self.chunk_rows, self.expected_build = plan_pcoll, key_pcoll, chunk_rows, expected_build
         self.finish = _FinishFn(chunk_rows, soft_labels, features_column, label_column, expected_build)
 
     def expand(self, blocks):
@@ -175,7 +179,7 @@ class MixByJoin(beam.PTransform):
         )
         records = blocks | "RecordPieces" >> beam.ParDo(_PiecesFn(), plan, beam.pvalue.AsSingleton(offsets))
         chunks = self.plan | "Chunks" >> beam.FlatMap(_chunks, self.chunk_rows) | "SpreadChunks" >> beam.Reshuffle()
-        requests = chunks | "Requests" >> beam.ParDo(_RequestsFn(self.chunk_rows), plan, key)
+        requests = chunks | "Requests" >> beam.ParDo(_RequestsFn(self.chunk_rows, self.expected_build), plan, key)
         partials = (
             (records, requests)
             | "RecordsAndRequests" >> beam.Flatten()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import NamedTuple, Optional
 
 import apache_beam as beam
 import numpy as np
@@ -22,36 +21,10 @@ from dpcda.mechanisms.dpmix import mix_dataset
 from dpcda.mechanisms.local import perturb_block
 from dpcda.mechanisms.plan import PlanError, normalize_into
 from dpcda.mechanisms.postprocess import make_postprocess
-from dpcda.privacy.noise import set_threads
 from dpcda.storage.shards import block_table
+from dpcda.transforms.worker import check_build
 
 log = logging.getLogger(__name__)
-
-
-class WorkerBuild(NamedTuple):
-    """What every worker checks in its DoFns' ``setup``: the launcher's code (version, commit), and the noise threads
-    the release asked for (``--noise-threads``; None: the worker's own cores). No output depends on the count."""
-
-    version: str
-    commit: str
-    noise_threads: Optional[int] = None
-
-
-def check_build(expected: tuple | None) -> None:
-    """A worker runs the code the launcher was built from (version, commit), or refuses to mix; it then draws its
-    noise on the threads the release asked for (a ``WorkerBuild``'s ``noise_threads``)."""
-    if expected is None:
-        return
-    from dpcda.storage.build import VERSION, build_commit
-
-    expected = WorkerBuild(*expected)
-    here = (VERSION, build_commit())
-    if expected[:2] != here:
-        raise RuntimeError(
-            f"worker code dpcda {here[0]}-{here[1]} does not match the launcher's "
-            f"{expected[0]}-{expected[1]}; use the worker image of the launcher's version"
-        )
-    set_threads(expected.noise_threads)  # None: this worker's cores (a reused worker forgets an earlier release's)
 
 
 class _MixFn(beam.DoFn):

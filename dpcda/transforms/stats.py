@@ -9,6 +9,7 @@ import numpy as np
 from dpcda.mechanisms.combiners import FirstPassCombiner
 from dpcda.mechanisms.dppca import CovarianceCombiner, CovarianceSum, dp_basis
 from dpcda.mechanisms.plan import normalize_into
+from dpcda.transforms.worker import checked
 
 
 class FirstPassCombineFn(beam.CombineFn):
@@ -82,9 +83,9 @@ def _basis(acc, plan, key):
 class ComputeDpBasis(beam.PTransform):
     """Block -> one DP-PCA basis (d x K) from the plan's statistics and noise, or None (no projection)."""
 
-    def __init__(self, plan_pcoll, key_pcoll):
+    def __init__(self, plan_pcoll, key_pcoll, *, expected_build=None):
         super().__init__()
-        self.plan, self.key = plan_pcoll, key_pcoll
+        self.plan, self.key, self.expected_build = plan_pcoll, key_pcoll, expected_build
 
     def expand(self, blocks):
         plan = beam.pvalue.AsSingleton(self.plan)
@@ -92,5 +93,5 @@ class ComputeDpBasis(beam.PTransform):
             blocks
             | "NormalizeForPca" >> beam.FlatMap(_normalized_rows, plan)
             | "Covariance" >> beam.CombineGlobally(CovarianceCombineFn())
-            | "DpBasis" >> beam.Map(_basis, plan, beam.pvalue.AsSingleton(self.key))
+            | "DpBasis" >> beam.Map(checked(_basis, self.expected_build), plan, beam.pvalue.AsSingleton(self.key))
         )

@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from dpcda.storage.tables import decode_rows, decode_uniforms, label_uniforms
+from dpcda.transforms.worker import checked
 
 
 def _decode(table: pa.Table, plan, key, schema, arrow_schema, fc: str, lc: str) -> pa.Table:
@@ -31,14 +32,16 @@ def _decode(table: pa.Table, plan, key, schema, arrow_schema, fc: str, lc: str) 
 class DecodeTable(beam.PTransform):
     """pyarrow.Table (features, label) -> pyarrow.Table with ``arrow_schema``; post-processing only."""
 
-    def __init__(self, plan, key, schema, arrow_schema, features_column: str, label_column: str):
+    def __init__(
+        self, plan, key, schema, arrow_schema, features_column: str, label_column: str, *, expected_build=None
+    ):
         super().__init__()
         self.plan, self.key, self.schema, self.arrow_schema = plan, key, schema, arrow_schema
-        self.fc, self.lc = features_column, label_column
+        self.fc, self.lc, self.expected_build = features_column, label_column, expected_build
 
     def expand(self, tables):
         return tables | "Decode" >> beam.Map(
-            _decode,
+            checked(_decode, self.expected_build),
             beam.pvalue.AsSingleton(self.plan),
             beam.pvalue.AsSingleton(self.key),
             self.schema,
