@@ -26,8 +26,10 @@ between 0.10 and 0.75 accuracy across seeds. What makes it stable, using no real
   at l = 64 the scores differ from 0.1 by about 0.04, and the squared error between the SOFTMAX and the raw scores
   (``soft_loss="brier"``, the recipe ``new``) asks the network for logits within a few tenths of each other, which
   Adam's fixed step size reaches slowly and unstably: on the same release and the same training seed that recipe
-  scored 0.5818 with one thread and 0.7198 with two (the sums' order alone), and on a 6,000-row DPMix slice 0.688
-  against 0.718 standardised (``benchmarks/studies/table3_release``, experiment log). Hard labels are untouched.
+  scored 0.5818 (Table 3's run, one thread) and 0.7198 (re-run with two threads: the sums' order alone;
+  ``benchmarks/studies/table3_release``). On a 6,000-row DPMix slice (probe 0.695) the standardised fit reached
+  0.614 and 0.633 after one epoch where the softmax fit reached 0.513 and 0.581 (seeds 0 and 1), and 0.718 and
+  0.681 after five against 0.688 and 0.687 (experiment log). Hard labels are untouched.
 * No dropout (the Table 1 network's 0.5 is switched off, ``dropout=0.0``). A mixing release's label scores differ
   from uniform by a few hundredths; dropout 0.5 in the head shrinks a prediction that small to almost nothing. On
   DPMix, Fashion-MNIST, eps 20, l = 64 (``benchmarks/studies/dpmix_recipe``) the CNN with dropout explained 12 % of the
