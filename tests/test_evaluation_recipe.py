@@ -111,6 +111,24 @@ def test_report_holds_the_probe_and_names_the_recipe():
         train_and_score(syn, y, test, yt, num_classes=3, epochs=1, progress=False, soft_labels=np.zeros((len(y), 2)))
 
 
+def test_hard_labels_train_alike_under_new_and_scaled_and_scores_do_not():
+    """What ``same_training`` claims, checked: on hard labels the two recipes give the same model, step for step; on
+    label scores they fit different targets."""
+    x, y = make_dataset(n_per_class=60, num_classes=3, dim=16, seed=1)
+    xt, yt = make_dataset(n_per_class=20, num_classes=3, dim=16, seed=2)
+    mean, std = x.mean(0), x.std(0)
+    syn, test = normalize(x, mean, std, 1.0, (0, 1)), normalize(xt, mean, std, 1.0, (0, 1))
+    kw = dict(num_classes=3, epochs=2, device="cpu", progress=False, probe=False, model="mlp")
+    a, b = (train_and_score(syn, y, test, yt, recipe=RECIPES[n], **kw)["curves"][0] for n in ("new", "scaled"))
+    assert a["train_loss"] == b["train_loss"] and a["val_score"] == b["val_score"]
+    scores = np.eye(3)[y] * 0.2 + 0.8 / 3
+    a, b = (
+        train_and_score(syn, y, test, yt, recipe=RECIPES[n], soft_labels=scores, **kw)["curves"][0]
+        for n in ("new", "scaled")
+    )
+    assert a["train_loss"] != b["train_loss"]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists(FASHION), reason="Debian's dataset-fashion-mnist is not installed")
 def test_small_dpmix_release_probe_beats_old_recipe_and_default_reaches_it_whatever_the_seed():
