@@ -370,6 +370,15 @@ def test_table3_split_runs_merge_into_one_table_in_the_variants_order(tmp_path):
     assert low[0]["mean"] == "0.12" and len(low) == 1 + (float(rows[1]["mean"]) < 0.2)
 
 
+def test_table3_resume_keeps_a_cell_only_where_its_recipe_trains_as_the_wanted_one():
+    from benchmarks.reproduce.reproduce_table3 import current
+
+    assert current("new", "scaled", "dpcda") and current("new", "scaled", "local")  # hard labels: one training
+    assert not current("new", "scaled", "dpmix")  # label scores: the loss differs
+    assert not current("old", "scaled", "dpcda") and current("scaled", "scaled", "dpmix")
+    assert not current("unknown", "scaled", "dpcda")
+
+
 def _seed004_loop(accuracies):
     """Seed 004's ``classify`` loop (ml_task/mnist_classification.py), fed a fixed sequence of test accuracies."""
     temp_results, max_value = [], 0

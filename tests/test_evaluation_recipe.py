@@ -14,7 +14,9 @@ from dpcda.evaluation.train import (
     PROBE_MARGIN,
     RECIPES,
     Recipe,
+    same_training,
     soft_targets,
+    standardize_scores,
     summary,
     target_loss,
     train_and_score,
@@ -34,11 +36,13 @@ def test_recipe_rejects_unknown_choices():
 
 def test_default_recipe_chooses_nothing_on_labels_and_keeps_scores_as_released():
     r = Recipe()
-    assert r.selection == "last" and r.soft_loss == "brier" and r.dropout == 0.0
-    assert RECIPES["new"] == r and RECIPES["old"].selection == "val_accuracy"
+    assert r.selection == "last" and r.soft_loss == "standardized" and r.dropout == 0.0
+    assert RECIPES["scaled"] == r and RECIPES["new"].soft_loss == "brier" and RECIPES["old"].selection == "val_accuracy"
+    assert same_training(RECIPES["new"], r, soft_labels=False) and not same_training(RECIPES["new"], r, True)
+    assert not same_training(RECIPES["old"], r, soft_labels=False)
 
 
-@pytest.mark.parametrize("kind", ["brier", "cross_entropy"])
+@pytest.mark.parametrize("kind", ["brier", "standardized", "cross_entropy"])
 def test_soft_losses_are_unbiased_under_zero_mean_label_noise(kind):
     """Gradients at noisy targets t + n and t - n average to the gradient at t: the noise does not move the fit."""
     gen = torch.Generator().manual_seed(0)
@@ -51,6 +55,18 @@ def test_soft_losses_are_unbiased_under_zero_mean_label_noise(kind):
         return g
 
     torch.testing.assert_close((grad(t + n) + grad(t - n)) / 2, grad(t), rtol=1e-5, atol=1e-6)
+
+
+def test_standardized_scores_keep_every_argmax_and_the_mean_over_rows():
+    """One increasing affine map of all the scores: unit scale, argmax unchanged row by row, and the map of a mean of
+    rows is the mean of the mapped rows (label noise of mean zero stays of mean zero)."""
+    rng = np.random.default_rng(0)
+    scores = np.eye(10)[rng.integers(0, 10, (500, 64))].mean(1) + rng.normal(0, 0.02, (500, 10))
+    z = standardize_scores(scores)
+    assert abs(float(z.mean())) < 1e-5 and abs(float(z.std()) - 1) < 1e-4 and scores.std() < 0.06
+    np.testing.assert_array_equal(z.argmax(1), scores.argmax(1))
+    a, b = np.polyfit(scores.ravel(), z.ravel(), 1)
+    assert a > 0 and np.allclose(z, a * scores + b, atol=1e-5)
 
 
 def test_clipping_scores_biases_the_targets():
@@ -95,11 +111,32 @@ def test_report_holds_the_probe_and_names_the_recipe():
         train_and_score(syn, y, test, yt, num_classes=3, epochs=1, progress=False, soft_labels=np.zeros((len(y), 2)))
 
 
+def test_hard_labels_train_alike_under_new_and_scaled_and_scores_do_not():
+    """What ``same_training`` claims, checked: on hard labels the two recipes give the same model, step for step; on
+    label scores they fit different targets."""
+    x, y = make_dataset(n_per_class=60, num_classes=3, dim=16, seed=1)
+    xt, yt = make_dataset(n_per_class=20, num_classes=3, dim=16, seed=2)
+    mean, std = x.mean(0), x.std(0)
+    syn, test = normalize(x, mean, std, 1.0, (0, 1)), normalize(xt, mean, std, 1.0, (0, 1))
+    kw = dict(num_classes=3, epochs=2, device="cpu", progress=False, probe=False, model="mlp")
+    a, b = (train_and_score(syn, y, test, yt, recipe=RECIPES[n], **kw)["curves"][0] for n in ("new", "scaled"))
+    assert a["train_loss"] == b["train_loss"] and a["val_score"] == b["val_score"]
+    scores = np.eye(3)[y] * 0.2 + 0.8 / 3
+    a, b = (
+        train_and_score(syn, y, test, yt, recipe=RECIPES[n], soft_labels=scores, **kw)["curves"][0]
+        for n in ("new", "scaled")
+    )
+    assert a["train_loss"] != b["train_loss"]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists(FASHION), reason="Debian's dataset-fashion-mnist is not installed")
-def test_small_dpmix_release_probe_beats_old_recipe_and_new_recipe_reaches_it():
+def test_small_dpmix_release_probe_beats_old_recipe_and_default_reaches_it_whatever_the_seed():
     """A DPMix release (the product's ``mix_dataset``: l = 64, sigma 0.02 on features and labels) of 10,000
-    Fashion-MNIST rows, 6,000 synthetic rows: the old recipe scored near chance, the probe about 0.7."""
+    Fashion-MNIST rows, 6,000 synthetic rows: the old recipe scored near chance, the probe about 0.7. The default must
+    come within 0.02 of the probe on EVERY training seed: the recipe before it (softmax squared error to the raw
+    scores) swung with the run's rounding (one Table 3 release: 0.58 with one thread, 0.72 with two; here 0.666 and
+    0.688 at seed 0 on two runs of this test, against the standardised fit's 0.718)."""
     from dpcda.mechanisms.dpmix import mix_dataset
     from dpcda.pipeline.prepare import load_fashion_mnist
     from dpcda.privacy.noise import key_from_test_seed
@@ -125,8 +162,8 @@ def test_small_dpmix_release_probe_beats_old_recipe_and_new_recipe_reaches_it():
     )
     feats = np.concatenate([p[1] for p in parts])
     scores = np.concatenate([p[2] for p in parts])
-    acc = {}
-    for name in ("old", "new"):
+
+    def run(name, seed):
         res = train_and_score(
             feats,
             scores.argmax(1),
@@ -134,12 +171,16 @@ def test_small_dpmix_release_probe_beats_old_recipe_and_new_recipe_reaches_it():
             ty,
             num_classes=10,
             epochs=5,
-            seed=0,
+            seed=seed,
             device="cpu",
             progress=False,
             soft_labels=scores,
             recipe=RECIPES[name],
         )
-        acc[name], probe = res["accuracy_mean"], res["probe"]["accuracy"]
-    assert probe > 0.6 and probe - acc["old"] > 0.3  # the old recipe hides the release's signal
-    assert acc["new"] >= probe - 0.05  # this test measured 0.666 against the probe's 0.695 (not yet within 0.02)
+        return res["accuracy_mean"], res["probe"]["accuracy"]
+
+    old, probe = run("old", 0)
+    assert probe > 0.6 and probe - old > 0.3  # the old recipe hides the release's signal
+    for seed in (0, 1, 2):
+        acc, _ = run("scaled", seed)
+        assert acc >= probe - PROBE_MARGIN, (seed, acc, probe)

@@ -29,7 +29,7 @@ import zlib
 import numpy as np
 
 from benchmarks.files import RESULTS, ROOT, write_csv, write_text
-from dpcda.evaluation.train import PROBE_MARGIN, RECIPES, train_and_score
+from dpcda.evaluation.train import PROBE_MARGIN, RECIPES, same_training, train_and_score
 from dpcda.mechanisms.inprocess import first_pass, release_in_process
 from dpcda.mechanisms.plan import normalize
 from dpcda.pipeline.prepare import FASHION_MNIST_DIR, load_digits_split, load_fashion_mnist
@@ -92,7 +92,7 @@ def paper_reference(path=REFERENCE) -> dict:
 
 
 def run_release(
-    x, y, tx, ty, first, fields: dict, *, eps, l, seed, epochs, num_classes, lowpass, sigma_x=None, recipe="new"
+    x, y, tx, ty, first, fields: dict, *, eps, l, seed, epochs, num_classes, lowpass, sigma_x=None, recipe="scaled"
 ):
     """(real-test accuracy, sigma_x, linear probe's accuracy) of one release; ``sigma_x`` given: that noise instead of
     ``eps``'s calibration."""
@@ -152,10 +152,11 @@ def main(argv=None) -> None:
     ap.add_argument("--resume", action="store_true", help="keep the cells already in the output CSV")
     ap.add_argument(
         "--recipe",
-        default="new",
-        choices=["new", "old"],
+        default="scaled",
+        choices=["scaled", "new", "old"],
         help="the evaluation's training recipe (evaluation.train.RECIPES); --resume re-measures a cell whose CSV row "
-        "names another recipe, and keeps that row, labelled, until then",
+        "names a recipe that trains otherwise on its release (evaluation.train.same_training: for hard labels "
+        "scaled and new are one), and keeps that row, labelled, until then",
     )
     ap.add_argument(
         "--merge",
@@ -177,7 +178,7 @@ def main(argv=None) -> None:
         first = first_pass(x, y)
         stem = os.path.join(args.out, f"table3_{dataset.replace('-', '_')}")
         kept = load_done([stem + ".csv", *args.merge], dataset) if args.resume else {}
-        done = {k: r for k, r in kept.items() if (r.get("recipe") or "old") == args.recipe}
+        done = {k: r for k, r in kept.items() if current(r.get("recipe") or "old", args.recipe, k[0])}
         rows = list(kept.values())
         if rows:  # the merged table (and the md in today's layout) before any new cell
             write(rows, stem, dataset)
@@ -274,6 +275,12 @@ def main(argv=None) -> None:
                 write(rows, stem, dataset)
 
 
+def current(recorded: str, wanted: str, mechanism: str) -> bool:
+    """Whether a cell measured with recipe ``recorded`` stands for ``wanted``: the two train alike on its releases
+    (label scores only for DPMix)."""
+    return recorded in RECIPES and same_training(RECIPES[recorded], RECIPES[wanted], mechanism == "dpmix")
+
+
 def load_done(paths, dataset: str) -> dict:
     """The cells already measured in these CSVs (those that exist), keyed by (mechanism, variant, eps); a cell in
     several files is taken from the one with the most releases."""
@@ -321,11 +328,13 @@ def write(rows, stem: str, dataset: str) -> None:
         "dataset it was measured on (MNIST where they report no Fashion-MNIST figure: not comparable with our rows). "
         "A mean near 0.10 is chance.",
         "",
-        "Recipe `new` (`evaluation.train.RECIPES`): the last iterate of a fixed schedule, no dropout, label scores "
-        "fitted as released (squared error); `old` (rows not yet re-measured): the epoch with the best synthetic "
-        "hold-out accuracy on the argmax of the labels, dropout 0.5, scores clipped at 0 and renormalised. `probe`: "
-        "the linear probe (`evaluation.probe`, ridge to the released labels or scores) on the same releases, mean "
-        f"over them; `!` marks a CNN more than {PROBE_MARGIN} below it.",
+        "Recipe `scaled` (`evaluation.train.RECIPES`, the default): the last iterate of a fixed schedule, no dropout, "
+        "label scores standardised by one affine map (all scores' mean and standard deviation) and fitted by squared "
+        "error of the outputs; `new`: the same but squared error between the softmax and the raw scores (for hard "
+        "labels `new` and `scaled` are the same training); `old` (rows not yet re-measured): the epoch with the best "
+        "synthetic hold-out accuracy on the argmax of the labels, dropout 0.5, scores clipped at 0 and renormalised. "
+        "`probe`: the linear probe (`evaluation.probe`, ridge to the released labels or scores) on the same releases, "
+        f"mean over them; `!` marks a CNN more than {PROBE_MARGIN} below it.",
         "",
         "| mechanism | variant | eps | l | recipe | ours mean +- std (releases) | probe | searched l: accuracy "
         "| paper |",

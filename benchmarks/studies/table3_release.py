@@ -1,0 +1,97 @@
+"""One release of a Table 3 cell, re-created and trained with one or more recipes: the CNN's curves beside its probe.
+
+    python -m benchmarks.studies.table3_release --variant dpmix/plain --eps 20 --l 64 --release 1 --recipes new scaled
+
+The release is the one ``benchmarks.reproduce.reproduce_table3`` draws for that cell (release 0 is the l-search
+release, seed ``crc32(dataset/mechanism/variant/eps) % 10^6 + l + 1000 r``), built by the same code
+(``reproduce_table3.VARIANTS``, ``release_in_process``) and trained with the same training seed unless
+``--training-seed`` is given. Prints one line per recipe: real-test accuracy, the linear probe's, and per epoch the
+training loss, the synthetic hold-out's score and the real-test accuracy (informational: it picks nothing). The
+thread count (``OMP_NUM_THREADS``) is printed, because the training's floating-point sums depend on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import zlib
+
+import torch
+
+from benchmarks.reproduce.reproduce_table3 import VARIANTS, load
+from dpcda.evaluation.train import RECIPES, train_and_score
+from dpcda.mechanisms.inprocess import first_pass, release_in_process
+from dpcda.mechanisms.plan import normalize
+from dpcda.pipeline.prepare import FASHION_MNIST_DIR
+from dpcda.privacy.noise import key_from_test_seed
+from dpcda.schemas.config import ReleaseConfig
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    names = [f"{m}/{v}" for m, v, _ in VARIANTS if m in ("dpcda", "dpmix")]
+    ap.add_argument("--variant", default="dpmix/plain", choices=names)
+    ap.add_argument("--eps", default="20")
+    ap.add_argument("--l", type=int, default=64)
+    ap.add_argument("--release", type=int, default=1, help="release index r of the cell (0: the l-search release)")
+    ap.add_argument("--recipes", nargs="+", default=["scaled"], choices=list(RECIPES))
+    ap.add_argument("--training-seed", type=int, default=None, help="default: the release's seed, as Table 3")
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--source", default=FASHION_MNIST_DIR)
+    args = ap.parse_args(argv)
+    x, y, tx, ty, lowpass = load("fashion-mnist", args.source)
+    mech, variant = args.variant.split("/")
+    fields = dict(next(f for m, v, f in VARIANTS if (m, v) == (mech, variant)))
+    if fields.get("lowpass") == "LP":
+        fields["lowpass"] = lowpass
+    fields["mixing_order"] = args.l
+    fields.pop("num_classes", None)
+    seed = zlib.crc32(f"fashion-mnist/{mech}/{variant}/{args.eps}".encode()) % 1_000_000 + args.l + 1000 * args.release
+    cfg = ReleaseConfig(
+        input="in-process", output="in-process", epsilon=float(args.eps), seed=seed, num_classes=10, **fields
+    )
+    feats, labels, plan, scores = release_in_process(x, y, cfg, key_from_test_seed(seed), first=first_pass(x, y))
+    test = normalize(tx, plan.mean, plan.std, plan.clip, plan.bounds)
+    for name in args.recipes:
+        t0 = time.time()
+        res = train_and_score(
+            feats,
+            labels,
+            test,
+            ty,
+            num_classes=10,
+            epochs=args.epochs,
+            seed=seed if args.training_seed is None else args.training_seed,
+            progress=False,
+            device="cpu",
+            soft_labels=scores if plan.mechanism == "dpmix" else None,
+            recipe=RECIPES[name],
+            track_test=True,
+        )
+        c = res["curves"][0]
+        print(
+            json.dumps(
+                {
+                    "cell": f"{args.variant} eps {args.eps} l {args.l}",
+                    "release": args.release,
+                    "release_seed": seed,
+                    "training_seed": res["seeds"][0],
+                    "recipe": name,
+                    "accuracy": round(res["accuracy_mean"], 4),
+                    "probe": round(res["probe"]["accuracy"], 4),
+                    "train_loss": [round(v, 5) for v in c["train_loss"]],
+                    "val_score": [round(v, 5) for v in c["val_score"]],
+                    "test_accuracy": [round(v, 4) for v in c["test_accuracy"]],
+                    "per_class_accuracy": [round(v, 3) for v in res["per_class_accuracy"]],
+                    "threads": torch.get_num_threads(),
+                    "precision": (res["kernel_path"] or {}).get("precision"),
+                    "seconds": round(time.time() - t0),
+                }
+            ),
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
