@@ -781,7 +781,7 @@ def test_dataflow_with_local_paths_is_refused_before_work(tmp_path):
 
 def test_worker_refuses_code_of_another_build():
     from dpcda.pipeline import __version__, build_commit
-    from dpcda.transforms.worker import check_build
+    from dpcda.storage.build import check_build
 
     check_build((__version__, build_commit()))
     with pytest.raises(RuntimeError, match="does not match the launcher"):
@@ -793,8 +793,8 @@ def test_noise_threads_reach_the_workers(monkeypatch):
     which the launcher's own set_threads never reaches); without it a worker uses its own cores."""
     from dpcda.pipeline import __version__, build_commit
     from dpcda.privacy import noise
+    from dpcda.storage.build import WorkerBuild
     from dpcda.transforms.mix import _MixFn
-    from dpcda.transforms.worker import WorkerBuild
 
     monkeypatch.setattr(noise, "_THREADS", None)
     fn = _MixFn("cpu", 64, "features", "label", expected_build=WorkerBuild(__version__, build_commit(), 3))
@@ -804,8 +804,8 @@ def test_noise_threads_reach_the_workers(monkeypatch):
     _MixFn("cpu", 64, "features", "label", expected_build=WorkerBuild(__version__, build_commit())).setup()
     assert noise.threads() == noise.available_cores()
     # the join path's index requests, and the stages written as beam.Map (the plan, DP-PCA, table decoding)
+    from dpcda.storage.build import checked
     from dpcda.transforms.join import _RequestsFn
-    from dpcda.transforms.worker import checked
 
     _RequestsFn(64, WorkerBuild(__version__, build_commit(), 2)).setup()
     assert noise.threads() == 2

@@ -33,6 +33,7 @@ from dpcda.privacy.noise import fresh_key, key_from_test_seed, set_threads
 from dpcda.schemas.config import ReleaseConfig
 from dpcda.schemas.manifest import InputInfo, Manifest, RunInfo
 from dpcda.storage import publish
+from dpcda.storage.build import WorkerBuild
 from dpcda.storage.paths import expand_glob, is_remote, join, not_regular_files, open_file
 from dpcda.storage.shards import InputError, check_finite_files, detect_format, read_shard
 from dpcda.storage.tables import arrow_schema_of, label_decoding
@@ -41,7 +42,6 @@ from dpcda.transforms.join import MixByJoin
 from dpcda.transforms.read import ReadShards
 from dpcda.transforms.stats import ComputeDpBasis, ComputeGlobalStats
 from dpcda.transforms.table import DecodeTable
-from dpcda.transforms.worker import WorkerBuild
 from dpcda.transforms.write import WriteDraftManifest, WriteSynthetic
 
 log = logging.getLogger("dpcda.release")

@@ -32,6 +32,7 @@ from fractions import Fraction
 
 import dp_accounting
 
+from dpcda.privacy.errors import DpcdaError
 from dpcda.privacy.events import AimEvent
 from dpcda.privacy.exponential import exact_epsilon
 
@@ -39,7 +40,7 @@ MEASURE_SHARE = Fraction(9, 10)  # AIM's alpha: of each round's rho, 0.9 on the 
 ROUNDS_PER_COLUMN = 16  # AIM's default T = 16 d
 
 
-class FilterError(ValueError):
+class FilterError(DpcdaError, ValueError):
     """A charge over what is left of the budget (a bug: the schedule never asks for one)."""
 
 

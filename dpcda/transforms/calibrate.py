@@ -8,7 +8,7 @@ import time
 import apache_beam as beam
 
 from dpcda.mechanisms.plan import build_plan
-from dpcda.transforms.worker import checked
+from dpcda.storage.build import checked
 
 log = logging.getLogger(__name__)
 

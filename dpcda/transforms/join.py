@@ -24,8 +24,8 @@ from dpcda.mechanisms.joinmix import (
     record_offsets,
     record_pieces,
 )
+from dpcda.storage.build import check_build
 from dpcda.transforms.mix import finite_table
-from dpcda.transforms.worker import check_build
 
 
 def _chunks(plan, chunk_rows):

@@ -14,9 +14,9 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from dpcda.mechanisms.marginals import MarginalCounter, codes_of, domain_of, fit_and_sample, integer_columns
+from dpcda.storage.build import check_build
 from dpcda.transforms.mix import finite_table
 from dpcda.transforms.synthesize import _Synthesis
-from dpcda.transforms.worker import check_build
 
 
 class _CountFn(beam.CombineFn):

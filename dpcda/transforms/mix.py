@@ -21,8 +21,8 @@ from dpcda.mechanisms.dpmix import mix_dataset
 from dpcda.mechanisms.local import perturb_block
 from dpcda.mechanisms.plan import PlanError, normalize_into
 from dpcda.mechanisms.postprocess import make_postprocess
+from dpcda.storage.build import check_build
 from dpcda.storage.shards import block_table
-from dpcda.transforms.worker import check_build
 
 log = logging.getLogger(__name__)
 

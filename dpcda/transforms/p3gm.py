@@ -17,8 +17,8 @@ from apache_beam.metrics import Metrics
 
 from dpcda.mechanisms.device import pick_device
 from dpcda.mechanisms.p3gm import sample_chunks, spec_from_plan
+from dpcda.storage.build import check_build
 from dpcda.transforms.mix import finite_table
-from dpcda.transforms.worker import check_build
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import numpy as np
 from dpcda.mechanisms.combiners import FirstPassCombiner
 from dpcda.mechanisms.dppca import CovarianceCombiner, CovarianceSum, dp_basis
 from dpcda.mechanisms.plan import normalize_into
-from dpcda.transforms.worker import checked
+from dpcda.storage.build import checked
 
 
 class FirstPassCombineFn(beam.CombineFn):

@@ -8,8 +8,8 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
+from dpcda.storage.build import checked
 from dpcda.storage.tables import decode_rows, decode_uniforms, label_uniforms
-from dpcda.transforms.worker import checked
 
 
 def _decode(table: pa.Table, plan, key, schema, arrow_schema, fc: str, lc: str) -> pa.Table:
