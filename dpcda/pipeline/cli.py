@@ -38,6 +38,7 @@ _KNOWN = (
     "UnknownMechanism",
     "DuplicateKey",
     "ClaimError",
+    "FilterError",
 )  # every DpcdaError subclass, by name (a worker's error reaches the launcher as text; tests/test_errors.py checks)
 _PATTERN = re.compile(r"(?:^|\W)(%s): (.+)" % "|".join(_KNOWN))
 
