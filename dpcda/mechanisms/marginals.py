@@ -448,16 +448,17 @@ def measure_aim(counter: MarginalCounter, acc: np.ndarray, plan: MarginalsPlan, 
     cap = plan.max_model_size or AIM_MAX_MODEL_SIZE
     bits = Bits(NoiseStream(key, "marginals", "aim-select"))
     picked, two_way, stds, rounds = [], [], [], []
+    cells_of, cells = None, {}  # the model's cliques -> candidate -> cells of the model with it (public: the picks)
     while not sched.done:
         rnd = sched.next_round()
         size_limit = cap * float(sched.filter.spent / sched.filter.cap)
         covered = {sub for cl in model.cliques for r in (1, 2) for sub in itertools.combinations(cl, r)}
-        small = [
-            cl
-            for cl in weights
-            if tuple(names[i] for i in cl) in covered
-            or _model_cells(mbi, domain, [*model.cliques, tuple(names[i] for i in cl)]) <= size_limit
-        ]
+        if tuple(model.cliques) != cells_of:  # the sizes change only when a new clique enters the model
+            cells_of, cells = tuple(model.cliques), {}
+        for cl in weights:
+            if cl not in cells and tuple(names[i] for i in cl) not in covered:
+                cells[cl] = _model_cells(mbi, domain, [*model.cliques, tuple(names[i] for i in cl)])
+        small = [cl for cl in weights if tuple(names[i] for i in cl) in covered or cells[cl] <= size_limit]
         est = _model_marginals(mbi, model, [tuple(names[i] for i in cl) for cl in small])
         scores = aim_scores(
             {cl: counter.marginal(acc, cl) for cl in small},
