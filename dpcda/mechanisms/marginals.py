@@ -737,15 +737,7 @@ class Marginals(Mechanism):
         if mp.selection == AIM:
             return self._aim_section(plan, mp)
         return MarginalsMechanism(
-            name="marginals",
-            mode=plan.mode,
-            selection=mp.selection,
-            num_classes=plan.num_classes,
-            samples_total=plan.samples_total,
-            dataset_size_dp=int(sum(plan.dp_class_sizes)) if plan.dp_class_sizes else None,
-            bins=mp.domain.bins,
-            columns={n: s for n, s in zip(mp.domain.names, mp.domain.sizes)},
-            rho=mp.rho,
+            **self._shared_fields(plan, mp),
             rho_split={
                 "one_way": ev.one_way / (2 * ev.one_way_std**2),
                 "selection": ev.rounds * ev.round_rho,
@@ -762,13 +754,9 @@ class Marginals(Mechanism):
         )
 
     @staticmethod
-    def _aim_section(plan, mp: MarginalsPlan):
-        from dpcda.schemas.manifest import MarginalsMechanism
-
-        rec = mp.aim or {}
-        rounds = rec.get("rounds", [])
-        first = rounds[0] if rounds else {}
-        return MarginalsMechanism(
+    def _shared_fields(plan, mp: MarginalsPlan) -> dict:
+        """The manifest fields every selection states alike."""
+        return dict(
             name="marginals",
             mode=plan.mode,
             selection=mp.selection,
@@ -778,6 +766,17 @@ class Marginals(Mechanism):
             bins=mp.domain.bins,
             columns={n: s for n, s in zip(mp.domain.names, mp.domain.sizes)},
             rho=mp.rho,
+        )
+
+    @staticmethod
+    def _aim_section(plan, mp: MarginalsPlan):
+        from dpcda.schemas.manifest import MarginalsMechanism
+
+        rec = mp.aim or {}
+        rounds = rec.get("rounds", [])
+        first = rounds[0] if rounds else {}
+        return MarginalsMechanism(
+            **Marginals._shared_fields(plan, mp),
             rho_split={
                 "one_way": rec.get("rho_one_way", 0.0),
                 "selection": rec.get("rho_selection", 0.0),

@@ -162,19 +162,13 @@ def realized_dp_event(*, one_way: int, one_way_std: float, rounds) -> dp_account
 
 def calibrate(*, target_epsilon: float, delta: float, one_way: int, shared=(), stated_delta: float | None = None):
     """The largest cap rho whose ``AimEvent`` (composed with ``shared``) spends at most ``target_epsilon`` at ``delta``
-    (the accountant's), by the RDP accountant (dp_accounting's search, ``privacy.calibration.calibrate_noise``)."""
-    from dpcda.privacy.calibration import calibrate_noise
+    (the accountant's), by the RDP accountant (``privacy.marginals.largest_rho``, MST's search)."""
+    from dpcda.privacy.marginals import largest_rho
 
-    def events(z: float) -> list:
-        return [AimEvent(name="marginals", rho=1.0 / (2.0 * z * z), one_way=one_way)]
-
-    z = calibrate_noise(
-        "poisson",
-        events,
+    return largest_rho(
+        lambda rho: AimEvent(name="marginals", rho=rho, one_way=one_way),
         target_epsilon=target_epsilon,
         delta=delta,
-        shared=list(shared),
+        shared=shared,
         stated_delta=stated_delta,
-        accountant="rdp",
     )
-    return events(z)[0]

@@ -54,9 +54,22 @@ def calibrate(
 ) -> MarginalsEvent:
     """The split of the largest rho whose events (composed with ``shared``) spend at most ``target_epsilon`` at
     ``delta`` (the accountant's delta), by the RDP accountant. Searched over z = 1 / sqrt(2 rho)."""
+    return largest_rho(
+        lambda rho: split(rho, one_way=one_way, rounds=rounds, two_way=two_way),
+        target_epsilon=target_epsilon,
+        delta=delta,
+        shared=shared,
+        stated_delta=stated_delta,
+    )
+
+
+def largest_rho(event_of, *, target_epsilon: float, delta: float, shared=(), stated_delta: float | None = None):
+    """``event_of(rho)`` at the largest rho whose event (composed with ``shared``) spends at most ``target_epsilon`` at
+    ``delta`` (the accountant's), by the RDP accountant (dp_accounting's search, ``privacy.calibration
+    .calibrate_noise``, over z = 1 / sqrt(2 rho)): MST's split and AIM's cap."""
 
     def events(z: float) -> list:
-        return [split(1.0 / (2.0 * z * z), one_way=one_way, rounds=rounds, two_way=two_way)]
+        return [event_of(1.0 / (2.0 * z * z))]
 
     z = calibrate_noise(
         "poisson",
