@@ -32,7 +32,6 @@ import dataclasses
 import itertools
 import logging
 import math
-import threading
 import time
 from fractions import Fraction
 from typing import Iterator, Optional
@@ -544,31 +543,20 @@ def fit(measured: Measurements, plan: MarginalsPlan):
     )
 
 
-_GLOBAL_RNG = threading.Lock()
-
-
 SAMPLE_ROWS = 1 << 18  # rows mbi draws in one call: the sampling holds this many rows, not the release's
 
 
 def sample_codes(model, rows: int, plan: MarginalsPlan, key: bytes, block_rows: int = SAMPLE_ROWS):
     """(<= block_rows, columns) blocks of codes, ``rows`` in all, drawn from the fitted model by mbi, one call per
     block (each block its own randomized rounding of the model's marginals), so memory does not grow with ``rows``.
-    mbi draws from numpy's global generator: it is seeded from the noise stream for the first block, carried from
-    block to block, and the caller's state is restored around each call (post-processing)."""
-    seed = NoiseStream(key, "marginals", "sample").words(8).view(np.uint32)
-    ours = None
+    mbi draws from numpy's global generator: ``privacy.noise.NumpyGlobalState`` seeds it from the noise stream for the
+    first block, carries it from block to block and restores the caller's state around each call (post-processing)."""
+    from dpcda.privacy.noise import NumpyGlobalState
+
+    generator = NumpyGlobalState(NoiseStream(key, "marginals", "sample"))
     for lo in range(0, rows, block_rows):
-        with _GLOBAL_RNG:  # two samplings in one process (Beam worker threads) never interleave their draws
-            state = np.random.get_state()
-            try:
-                if ours is None:
-                    np.random.seed(seed)
-                else:
-                    np.random.set_state(ours)
-                data = model.synthetic_data(rows=min(block_rows, rows - lo))
-                ours = np.random.get_state()
-            finally:
-                np.random.set_state(state)
+        with generator:
+            data = model.synthetic_data(rows=min(block_rows, rows - lo))
         cols = data.to_dict()
         yield np.stack([np.asarray(cols[name], np.int64) for name in plan.domain.names], axis=1)
 
