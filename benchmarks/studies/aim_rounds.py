@@ -1,12 +1,12 @@
 """Where an AIM release's time goes on wa_churn: the wall and CPU time of each selection round (the round's log line),
-printed as the rounds run, for the first ``--rounds`` rounds (a whole release takes hours on a loaded 2-core machine).
+printed as the rounds run, for the first ``--rounds`` rounds (a large ``--rounds`` times the whole release).
 
     python -m benchmarks.studies.aim_rounds --data /tmp/aim-data/wa_churn --eps 1 --rounds 12
     python -m benchmarks.studies.aim_rounds --data DIR --rounds 12 --xla-o0   # XLA's cheapest compile (see below)
 
-Each round refits mbi's model; a round whose pick is a clique new to the model compiles new XLA programs (about ten per
-refit), which is most of the round. ``--xla-o0`` sets ``XLA_FLAGS=--xla_backend_optimization_level=0
---xla_llvm_disable_expensive_passes=true`` before JAX starts, trading execution speed for compile time. TEST seed
+Each round refits the model between rounds with ``mechanisms.pgm`` (numpy: nothing is compiled); the release's last
+fit is mbi's, which compiles its XLA programs once. ``--xla-o0`` sets ``XLA_FLAGS=--xla_backend_optimization_level=0
+--xla_llvm_disable_expensive_passes=true`` before JAX starts, trading that last fit's speed for compile time. TEST seed
 (reproducible, not private). Prints one line per round: round, wall s, CPU s (process, all threads), the pick.
 """
 

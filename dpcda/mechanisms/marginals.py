@@ -38,6 +38,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
+from dpcda.mechanisms import pgm
 from dpcda.mechanisms.base import Calibrated, InProcess, Mechanism, PlanError
 from dpcda.privacy.aim import gaussian_rho, selection_rho
 from dpcda.privacy.events import AimEvent, MarginalsEvent
@@ -331,47 +332,6 @@ def aim_candidates(columns: int) -> dict:
     return {cl: sum(len(set(cl) & set(w)) for w in workload) for cl in closure}
 
 
-def _model_cells(mbi, domain, cliques) -> int:
-    """Cells of the junction tree's maximal cliques of a model on ``cliques`` (mbi's hypothetical_model_size, in
-    cells rather than megabytes: it counts cells * 8 / 2^20)."""
-    return int(round(mbi.junction_tree.hypothetical_model_size(domain, list(cliques)) * (1 << 17)))
-
-
-def _model_marginals(mbi, model, cliques: list) -> dict:
-    """The fitted model's counts on ``cliques`` (names): from its marginals where it holds them, else summed out of
-    its potentials (the normalised product exp(sum of the clique potentials)) by numpy's einsum, one query at a time
-    (mbi's own variable elimination compiles a program per query: minutes a round)."""
-    out, rest = {}, []
-    for cl in cliques:
-        if model.marginals.supports(cl) or len(model.domain.attributes) > len(_LETTERS):  # einsum names 52 axes
-            out[cl] = np.asarray(model.project(cl).datavector(flatten=False), np.float64)
-        else:
-            rest.append(cl)
-    if rest:
-        letters = dict(zip(model.domain.attributes, _LETTERS))
-        ops = []
-        for cl in model.potentials.cliques:
-            f = model.potentials[cl]
-            v = np.asarray(f.datavector(flatten=False), np.float64)
-            ops += [np.exp(v - v.max()), [letters[a] for a in f.domain.attributes]]
-        total = float(model.total)
-        for cl in rest:
-            m = _einsum(ops, cl, letters)
-            if not (np.isfinite(m).all() and m.sum() > 0):  # underflow: mbi's exact (slow) elimination
-                m = np.asarray(model.project(cl).datavector(flatten=False), np.float64)
-            out[cl] = m * (total / m.sum())
-    return out
-
-
-_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-
-
-def _einsum(ops: list, clique: tuple, letters: dict) -> np.ndarray:
-    arrays, subs = ops[::2], ["".join(s) for s in ops[1::2]]
-    expr = ",".join(subs) + "->" + "".join(letters[a] for a in clique)
-    return np.einsum(expr, *arrays, optimize="greedy")
-
-
 def merged(mbi, ms: list) -> list:
     """Measurements of one clique merged into one by inverse-variance weighting (their L2 loss is the same up to a
     constant, so is the fit; so is mbi's minimum-variance total): the fit's program is the same while no new clique
@@ -420,13 +380,12 @@ def measure_aim(counter: MarginalCounter, acc: np.ndarray, plan: MarginalsPlan, 
     rounds until the budget is spent (``privacy.aim.AimSchedule``, a zCDP filter): each picks a clique among the
     candidates whose model fits ``size_limit`` (the cap scaled by the share of rho spent so far; a clique the model
     already covers always fits) with the exact exponential mechanism on ``aim_scores``, measures its counts with
-    Gaussian noise, refits the model (mbi mirror descent, warm-started, ``AIM_ROUND_ITERS`` steps) and anneals (halves
-    sigma, doubles epsilon) when the refit moved that marginal by at most sqrt(2/pi) sigma n_r in L1. Only noisy counts
-    and the picks leave; the exact counts feed the scores only."""
+    Gaussian noise, refits the model (``pgm.Model``: mbi's mirror descent in numpy, warm-started, ``AIM_ROUND_ITERS``
+    steps) and anneals (halves sigma, doubles epsilon) when the refit moved that marginal by at most sqrt(2/pi) sigma
+    n_r in L1. Only noisy counts and the picks leave; the exact counts feed the scores only."""
     from dpcda.privacy.aim import AimSchedule
     from dpcda.privacy.exponential import Bits, exponential_mechanism
 
-    mbi = _mbi()
     dom = plan.domain
     n = len(dom.sizes)
     names = dom.names
@@ -435,13 +394,8 @@ def measure_aim(counter: MarginalCounter, acc: np.ndarray, plan: MarginalsPlan, 
         NoiseStream(key, "marginals", "aim-one-way", i).gaussian(counter.marginal(acc, (i,)), sched.one_way_std)
         for i in range(n)
     ]
-    domain = mbi.Domain(list(names), list(dom.sizes))
-    ms = [
-        mbi.LinearMeasurement(np.asarray(y, np.float64).ravel(), (names[i],), stddev=sched.one_way_std)
-        for i, y in enumerate(one_way)
-    ]
-    estimator = mbi.estimation.MirrorDescent()
-    model = estimator.estimate(domain, ms, iters=AIM_ROUND_ITERS)
+    ms = [((i,), np.asarray(y, np.float64), sched.one_way_std) for i, y in enumerate(one_way)]
+    model = pgm.Model(dom.sizes, [(i,) for i in range(n)], pgm.min_variance_total(ms)).fit(ms, AIM_ROUND_ITERS)
     weights = aim_candidates(n)
     max_weight = max(weights.values())
     cap = plan.max_model_size or AIM_MAX_MODEL_SIZE
@@ -455,13 +409,13 @@ def measure_aim(counter: MarginalCounter, acc: np.ndarray, plan: MarginalsPlan, 
         if tuple(model.cliques) != cells_of:  # the sizes change only when a new clique enters the model
             cells_of, cells = tuple(model.cliques), {}
         for cl in weights:
-            if cl not in cells and tuple(names[i] for i in cl) not in covered:
-                cells[cl] = _model_cells(mbi, domain, [*model.cliques, tuple(names[i] for i in cl)])
-        small = [cl for cl in weights if tuple(names[i] for i in cl) in covered or cells[cl] <= size_limit]
-        est = _model_marginals(mbi, model, [tuple(names[i] for i in cl) for cl in small])
+            if cl not in cells and cl not in covered:
+                cells[cl] = pgm.model_cells(dom.sizes, [*model.cliques, cl])
+        small = [cl for cl in weights if cl in covered or cells[cl] <= size_limit]
+        est = {cl: model.marginal(cl) for cl in small}
         scores = aim_scores(
             {cl: counter.marginal(acc, cl) for cl in small},
-            {cl: est[tuple(names[i] for i in cl)] for cl in small},
+            est,
             {cl: weights[cl] for cl in small},
             rnd.std,
         )
@@ -477,10 +431,11 @@ def measure_aim(counter: MarginalCounter, acc: np.ndarray, plan: MarginalsPlan, 
         picked.append(cl)
         two_way.append(y)
         stds.append(rnd.std)
-        ms.append(mbi.LinearMeasurement(np.asarray(y, np.float64).ravel(), cl_names, stddev=rnd.std))
-        before = est[cl_names]
-        model = estimator.estimate(domain, merged(mbi, ms), iters=AIM_ROUND_ITERS, warm_start=model)
-        after = _model_marginals(mbi, model, [cl_names])[cl_names]
+        ms.append((cl, np.asarray(y, np.float64), rnd.std))
+        before = est[cl]
+        model = pgm.Model(dom.sizes, [*model.cliques, cl], pgm.min_variance_total(ms), model.theta)
+        model.fit(ms, AIM_ROUND_ITERS)
+        after = model.marginal(cl)
         anneal = bool(np.abs(after - before).sum() <= math.sqrt(2.0 / math.pi) * rnd.std * before.size)
         if anneal and not rnd.last:
             sched.anneal()
@@ -509,7 +464,17 @@ def measure_aim(counter: MarginalCounter, acc: np.ndarray, plan: MarginalsPlan, 
         "round_iterations": AIM_ROUND_ITERS,
         "rounds": rounds,
     }
-    return Measurements(one_way, picked, two_way, sched.one_way_std, stds, model, record)
+    return Measurements(one_way, picked, two_way, sched.one_way_std, stds, warm_start(model, dom), record)
+
+
+def warm_start(model, dom: Domain):
+    """The rounds' last model (``pgm.Model``) as mbi's potentials, the last fit's starting point."""
+    mbi = _mbi()
+    import jax.numpy as jnp
+
+    domain = mbi.Domain(list(dom.names), list(dom.sizes))
+    tables = {cl: mbi.Factor(domain.project(cl), jnp.asarray(v)) for cl, v in model.potentials_for(dom.names).items()}
+    return mbi.CliqueVector(domain, list(tables), tables)
 
 
 # ---------------------------------------------------------------- fitting and sampling (post-processing)
@@ -779,6 +744,7 @@ class Marginals(Mechanism):
             fit={
                 "estimator": "mbi MirrorDescent",
                 "iterations": mp.iterations,
+                "round_estimator": "dpcda.mechanisms.pgm (mbi's mirror descent, junction tree and model size in numpy)",
                 "round_iterations": rec.get("round_iterations"),
                 "total": mp.estimated_total,
             },

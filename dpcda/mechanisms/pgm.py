@@ -1,0 +1,288 @@
+"""A graphical model in numpy for AIM's rounds: mbi's mirror descent, junction tree and model size, without a compiled
+program per model.
+
+AIM refits its model after every round, and every round may add a clique. mbi compiles XLA programs for each new set
+of cliques (about ten per refit, 0.4 s each on a 2-core CPU): that compilation was most of an AIM release. The
+models AIM builds between rounds are small (a few thousand to a few hundred thousand cells), so numpy runs the same
+algorithm without compiling anything:
+
+- the junction tree is mbi's (``mbi.junction_tree.make_junction_tree``, its greedy elimination order, its maximal
+  cliques and message order), so a model here has the cliques and the size mbi's would;
+- ``Model.fit`` is mbi's ``MirrorDescent`` step (the L2 loss 0.5 sum ||(mu_c - y_c) / sigma_c||^2, the initial step
+  2 / (L total) with mbi's Lipschitz constant, Armijo's test halving or growing the step by 1.01), with HUGIN message
+  passing in log space as mbi's ``message_passing_hugin``; the total is mbi's minimum-variance estimate;
+- ``model_cells`` is mbi's ``hypothetical_model_size`` in cells, computed on bit masks (mbi's is pure Python over
+  sets: 4 ms a call, and AIM asks it for every candidate in every round);
+- ``Model.marginal`` answers a pair that no clique of the tree holds by chaining conditionals along the tree's path
+  between two cliques that hold its columns (the separators make the rest independent).
+
+Everything here is post-processing of the noisy counts; the last fit of a release and its sampling stay with mbi,
+warm-started from this model's potentials (``Model.potentials_for``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Optional, Sequence
+
+import numpy as np
+
+Clique = tuple[int, ...]  # column indices, ascending
+
+
+def model_cells(sizes: Sequence[int], cliques: Sequence[Clique]) -> int:
+    """Cells of the maximal cliques of mbi's junction tree on ``cliques`` (``mbi.junction_tree.hypothetical_model_size``
+    times 2^20 / 8), every column of ``sizes`` a node: a tree graph eliminated leaves first (its edges are the
+    cliques), any other graph by mbi's greedy order (the column whose closed neighbourhood has the fewest cells, the
+    first in column order on a tie); the triangulated graph's maximal cliques are the maximal elimination cliques."""
+    d = len(sizes)
+    adj = [0] * d
+    edges = set()
+    for cl in cliques:
+        for a, b in itertools.combinations(cl, 2):
+            if a != b:
+                adj[a] |= 1 << b
+                adj[b] |= 1 << a
+                edges.add((min(a, b), max(a, b)))
+    if d == 1:
+        return int(sizes[0])
+    if edges and len(edges) == d - 1 and _connected(adj):  # a tree: no fill, its edges are the maximal cliques
+        return sum(int(sizes[a]) * int(sizes[b]) for a, b in edges)
+
+    def cells(mask: int) -> int:
+        out = 1
+        while mask:
+            low = mask & -mask
+            out *= int(sizes[low.bit_length() - 1])
+            mask ^= low
+        return out
+
+    left = list(range(d))
+    adj = list(adj)
+    elim = []
+    while left:
+        best, best_cost = None, None
+        for a in left:
+            c = cells(adj[a] | (1 << a))
+            if best_cost is None or c < best_cost:
+                best, best_cost = a, c
+        nbrs = adj[best]
+        elim.append(nbrs | (1 << best))
+        m = nbrs
+        while m:
+            low = m & -m
+            v = low.bit_length() - 1
+            adj[v] = (adj[v] | nbrs) & ~low & ~(1 << best)
+            m ^= low
+        left.remove(best)
+    distinct = set(elim)
+    maximal = [c for c in distinct if not any(c != o and c & o == c for o in distinct)]
+    return sum(cells(c) for c in maximal)
+
+
+def _connected(adj: list) -> bool:
+    seen, todo = 1, 1
+    while todo:
+        low = todo & -todo
+        todo ^= low
+        new = adj[low.bit_length() - 1] & ~seen
+        seen |= new
+        todo |= new
+    return seen == (1 << len(adj)) - 1
+
+
+def maximal_subset(cliques: Sequence[Clique]) -> list[Clique]:
+    """The cliques not contained in another (duplicates once), in their first order of appearance."""
+    sets = [frozenset(c) for c in cliques]
+    out, seen = [], set()
+    for cl, s in zip(cliques, sets):
+        if s in seen or any(s < o for o in sets):
+            continue
+        seen.add(s)
+        out.append(tuple(sorted(cl)))
+    return out
+
+
+class Model:
+    """A graphical model on ``cliques`` (the maximal measured cliques) over columns of ``sizes``: log potentials per
+    clique, ``total`` rows. ``fit`` runs mirror descent on measurements; ``marginal`` answers one- and two-way
+    counts. ``potentials``: an earlier model's, carried into this one (mbi's ``CliqueVector.expand``)."""
+
+    def __init__(
+        self, sizes: Sequence[int], cliques: Sequence[Clique], total: float, potentials: Optional[dict] = None
+    ):
+        import networkx as nx
+        from mbi import Domain
+        from mbi.junction_tree import make_junction_tree, maximal_cliques, message_passing_order
+
+        self.sizes = tuple(int(s) for s in sizes)
+        self.cliques = maximal_subset(cliques)
+        self.total = float(total)
+        names = [str(i) for i in range(len(self.sizes))]
+        domain = Domain(names, list(self.sizes))
+        tree, _ = make_junction_tree(domain, [tuple(names[i] for i in c) for c in self.cliques])
+        relabel = {node: tuple(sorted(int(a) for a in node)) for node in tree.nodes}
+        self._tree = nx.relabel_nodes(tree, relabel)
+        self.maximal = [relabel[c] for c in maximal_cliques(tree)]
+        self._order = [(relabel[i], relabel[j]) for i, j in message_passing_order(tree)]
+        self._home = {c: min((k for k in self.maximal if set(c) <= set(k)), key=self._cells) for c in self.cliques}
+        self.theta = {c: np.zeros(self._shape(c)) for c in self.cliques}
+        for c, v in (potentials or {}).items():  # earlier potentials, each added to a clique that holds it
+            home = next(k for k in self.cliques if set(c) <= set(k))
+            self.theta[home] = self.theta[home] + np.asarray(v, np.float64).reshape(self._within(c, home))
+        self._beliefs = None
+
+    # shapes
+    def _shape(self, c: Clique) -> tuple:
+        return tuple(self.sizes[a] for a in c)
+
+    def _cells(self, c: Clique) -> int:
+        return math.prod(self._shape(c))
+
+    def _within(self, c: Clique, k: Clique) -> tuple:
+        """The shape that broadcasts an array on ``c`` (a subset of ``k``, both ascending) into ``k``'s axes."""
+        return tuple(self.sizes[a] if a in c else 1 for a in k)
+
+    @staticmethod
+    def _axes_out(c: Clique, k: Clique) -> tuple:
+        return tuple(i for i, a in enumerate(k) if a not in c)
+
+    # inference
+    def _calibrate(self, theta: dict) -> dict:
+        """Log beliefs of the maximal cliques after HUGIN message passing (mbi's ``message_passing_hugin``)."""
+        beliefs = {k: np.zeros(self._shape(k)) for k in self.maximal}
+        for c, v in theta.items():
+            k = self._home[c]
+            beliefs[k] = beliefs[k] + v.reshape(self._within(c, k))
+        messages = {}
+        for i, j in self._order:
+            sep = tuple(a for a in i if a in j)
+            tau = beliefs[i]
+            if (j, i) in messages:
+                tau = tau - messages[(j, i)].reshape(self._within(sep, i))
+            axes = self._axes_out(sep, i)
+            top = tau.max(axis=axes, keepdims=True)
+            msg = (np.log(np.exp(tau - top).sum(axis=axes, keepdims=True)) + top).reshape(self._shape(sep))
+            messages[(i, j)] = msg
+            beliefs[j] = beliefs[j] + msg.reshape(self._within(sep, j))
+        return beliefs
+
+    def _marginals(self, beliefs: dict, cliques) -> dict:
+        """Counts (scaled to ``total``) on each of ``cliques``, each from the maximal clique it is assigned to."""
+        probs = {}
+        out = {}
+        for c in cliques:
+            k = self._home[c]
+            if k not in probs:
+                b = beliefs[k]
+                top = b.max()
+                p = np.exp(b - top)
+                probs[k] = p * (self.total / p.sum())
+            out[c] = probs[k].sum(axis=self._axes_out(c, k)) if c != k else probs[k]
+        return out
+
+    # fitting
+    def fit(self, measurements: Sequence[tuple[Clique, np.ndarray, float]], iters: int) -> "Model":
+        """``iters`` steps of mbi's mirror descent (Armijo line search) from the current potentials, on
+        ``measurements``: (clique, noisy counts, noise std) with every clique held by one of the model's cliques."""
+        route = []
+        for c, y, std in measurements:
+            y = np.asarray(y, np.float64).reshape(self._shape(tuple(c))).transpose(np.argsort(c))  # columns ascending
+            c = tuple(sorted(c))
+            home = next(k for k in self.cliques if set(c) <= set(k))
+            route.append((c, home, y, max(float(std), 1e-12)))
+        blocks: dict = {}
+        for c, home, _, std in route:  # mbi's calculate_l2_lipschitz_from_metadata (exact for identity queries)
+            blocks[home] = blocks.get(home, 0.0) + self._cells(home) / self._cells(c) / std**2
+        lipschitz = max(blocks.values()) if blocks else 1.0
+        alpha = 2.0 / (lipschitz * self.total)
+
+        def loss_grad(mu):
+            loss, grad = 0.0, {k: np.zeros(self._shape(k)) for k in self.cliques}
+            for c, home, y, std in route:
+                m = mu[home] if c == home else mu[home].sum(axis=self._axes_out(c, home))
+                diff = (m - y) / std
+                loss += 0.5 * float(np.vdot(diff, diff))
+                grad[home] = grad[home] + (diff / std).reshape(self._within(c, home))
+            return loss, grad
+
+        theta = self.theta
+        beliefs = self._calibrate(theta)
+        mu = self._marginals(beliefs, self.cliques)
+        loss, grad = loss_grad(mu)
+        for _ in range(iters):
+            theta2 = {k: theta[k] - alpha * grad[k] for k in self.cliques}
+            beliefs2 = self._calibrate(theta2)
+            mu2 = self._marginals(beliefs2, self.cliques)
+            loss2, grad2 = loss_grad(mu2)
+            decrease = sum(float(np.vdot(grad[k], mu[k] - mu2[k])) for k in self.cliques)
+            if loss - loss2 >= 0.5 * alpha * decrease:
+                theta, beliefs, mu, loss, grad, alpha = theta2, beliefs2, mu2, loss2, grad2, 1.01 * alpha
+            else:
+                alpha *= 0.5
+        self.theta, self._beliefs = theta, beliefs
+        return self
+
+    # queries
+    def beliefs(self) -> dict:
+        if self._beliefs is None:
+            self._beliefs = self._calibrate(self.theta)
+        return self._beliefs
+
+    def marginal(self, clique: Clique) -> np.ndarray:
+        """The model's counts on ``clique`` (ascending columns, any size a maximal clique holds, or a pair)."""
+        clique = tuple(clique)
+        beliefs = self.beliefs()
+        holder = [k for k in self.maximal if set(clique) <= set(k)]
+        if holder:
+            k = min(holder, key=self._cells)
+            return self._probabilities(beliefs, k).sum(axis=self._axes_out(clique, k)) * self.total
+        if len(clique) != 2:
+            raise ValueError(f"no clique of the model holds {clique} and it is not a pair")
+        import networkx as nx
+
+        a, b = clique
+        starts = [k for k in self.maximal if a in k]
+        ends = [k for k in self.maximal if b in k]
+        paths = [nx.shortest_path(self._tree, s, e) for s in starts for e in ends if nx.has_path(self._tree, s, e)]
+        if not paths:  # the tree is a forest and the columns sit in different trees: independent
+            return np.multiply.outer(self.marginal((a,)), self.marginal((b,))) / self.total
+        path = min(paths, key=len)
+        # p(a, S_1) from the first clique, then p(a, S_next) = sum over S p(a, S) p(S_next | S) along the path (the
+        # separator S makes a independent of the far side), the last step's S_next being (b,)
+        first = path[0]
+        sep = tuple(x for x in first if x in path[1])
+        held = tuple(sorted({a, *sep}))
+        m = self._probabilities(beliefs, first).sum(axis=self._axes_out(held, first))
+        for step, k in enumerate(path[1:], start=1):
+            s_in = tuple(x for x in path[step - 1] if x in k)
+            s_out = tuple(x for x in k if x in path[step + 1]) if step + 1 < len(path) else (b,)
+            both = tuple(sorted({*s_in, *s_out}))
+            p = self._probabilities(beliefs, k)
+            joint = p.sum(axis=self._axes_out(both, k))
+            given = joint.sum(axis=self._axes_out(s_in, both), keepdims=True)
+            cond = np.divide(joint, given, out=np.zeros_like(joint), where=given > 0)
+            out = tuple(sorted({a, *s_out}))
+            m = np.einsum(m, list(held), cond, list(both), list(out))
+            held = out
+        return m * self.total
+
+    def _probabilities(self, beliefs: dict, k: Clique) -> np.ndarray:
+        b = beliefs[k]
+        p = np.exp(b - b.max())
+        return p / p.sum()
+
+    def potentials_for(self, names: Sequence[str]) -> dict:
+        """The potentials keyed by column names (mbi's warm start: ``mbi.CliqueVector`` of ``mbi.Factor``)."""
+        return {tuple(names[i] for i in c): v for c, v in self.theta.items()}
+
+
+def min_variance_total(measurements: Sequence[tuple[Clique, np.ndarray, float]]) -> float:
+    """mbi's ``minimum_variance_unbiased_total``: the noisy counts' sums averaged with weights 1 / (sigma^2 cells),
+    at least 1."""
+    sums = np.array([float(np.sum(y)) for _, y, _ in measurements])
+    var = np.array([float(s) ** 2 * np.size(y) for _, y, s in measurements])
+    if not len(sums):
+        return 1.0
+    return max(1.0, float(np.average(sums, weights=1.0 / var)))

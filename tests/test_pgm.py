@@ -1,0 +1,131 @@
+"""The numpy graphical model of AIM's rounds (``mechanisms.pgm``) against mbi and against brute force."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from dpcda.mechanisms import marginals as mg
+from dpcda.mechanisms import pgm
+
+
+@pytest.fixture(scope="module")
+def mbi():
+    return mg._mbi()
+
+
+def _random_cliques(rng, d):
+    k = int(rng.integers(0, 2 * d))
+    pairs = [tuple(sorted(rng.choice(d, size=2, replace=False).tolist())) for _ in range(k)]
+    triples = [tuple(sorted(rng.choice(d, size=3, replace=False).tolist())) for _ in range(int(rng.integers(0, 2)))]
+    return pairs + triples + [(i,) for i in range(d)]
+
+
+def test_model_cells_is_mbis_hypothetical_model_size(mbi):
+    rng = np.random.default_rng(1)
+    trees = 0
+    for _ in range(400):
+        d = int(rng.integers(3, 10))
+        sizes = [int(s) for s in rng.integers(2, 7, size=d)]
+        cliques = _random_cliques(rng, d)
+        if rng.random() < 0.2:  # a spanning tree: mbi eliminates it leaves first, not greedily
+            cliques = [(min(i, int(p)), max(i, int(p))) for i in range(1, d) for p in [rng.integers(0, i)]]
+            trees += 1
+        names = [str(i) for i in range(d)]
+        named = [tuple(names[i] for i in c) for c in cliques]
+        mb = mbi.junction_tree.hypothetical_model_size(mbi.Domain(names, sizes), named)
+        assert pgm.model_cells(sizes, cliques) == round(mb * (1 << 17)), (sizes, cliques)
+    assert trees > 40
+
+
+def _measurements(rng, sizes, cliques, std=3.0):
+    truth = rng.dirichlet(np.full(int(np.prod(sizes)), 0.3)).reshape(sizes) * 2000
+    out = []
+    for c in [(i,) for i in range(len(sizes))] + cliques:
+        m = truth.sum(axis=tuple(a for a in range(len(sizes)) if a not in c))
+        out.append((c, m + rng.normal(0, std, m.shape), std))
+    return out
+
+
+@pytest.mark.parametrize(
+    "sizes, cliques",
+    [
+        ((3, 4, 2, 5, 3, 2), [(0, 1), (1, 2), (0, 2), (2, 3), (3, 4), (4, 5), (1, 4)]),  # loops: cliques of three
+        ((4, 3, 5, 2, 2), [(0, 1), (3, 4)]),  # a forest
+        ((2, 3, 4), [(0, 1, 2), (1, 2)]),  # one clique holds all
+    ],
+)
+def test_fit_matches_mbis_mirror_descent(mbi, sizes, cliques):
+    rng = np.random.default_rng(7)
+    meas = _measurements(rng, sizes, cliques)
+    names = [str(i) for i in range(len(sizes))]
+    ms = [mbi.LinearMeasurement(np.ravel(y), tuple(names[i] for i in c), stddev=s) for c, y, s in meas]
+    ref = mbi.estimation.MirrorDescent().estimate(mbi.Domain(names, list(sizes)), ms, iters=200)
+    total = pgm.min_variance_total(meas)
+    assert total == pytest.approx(float(ref.total), rel=1e-12)
+    model = pgm.Model(sizes, [c for c, _, _ in meas], total).fit(meas, 200)
+    for a, b in itertools.combinations(range(len(sizes)), 2):
+        want = np.asarray(ref.project((names[a], names[b])).datavector(flatten=False))
+        np.testing.assert_allclose(model.marginal((a, b)), want, atol=1e-4 * total)
+    # the fit lowers mbi's loss from the start (zero potentials: the uniform table)
+    start = pgm.Model(sizes, [c for c, _, _ in meas], total)
+    assert _loss(model, meas) < 0.5 * _loss(start, meas)
+
+
+def _loss(model, meas):
+    return sum(0.5 * float(np.sum(((model.marginal(c) - y) / s) ** 2)) for c, y, s in meas if len(c) <= 2)
+
+
+def _brute(model):
+    """The model's full table: exp(sum of potentials) over every cell, scaled to the total."""
+    d = len(model.sizes)
+    logp = np.zeros(model.sizes)
+    for c, v in model.theta.items():
+        logp = logp + v.reshape(tuple(model.sizes[a] if a in c else 1 for a in range(d)))
+    p = np.exp(logp - logp.max())
+    return p / p.sum() * model.total
+
+
+@pytest.mark.parametrize(
+    "sizes, cliques",
+    [
+        ((3, 2, 4, 2, 3, 2, 2), [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 6), (0, 2), (2, 4)]),
+        ((3, 2, 4, 2, 3), [(0, 1), (3, 4)]),
+        ((2, 2, 3, 2, 3, 2), [(0, 1, 2), (2, 3), (3, 4), (4, 5), (1, 5)]),
+    ],
+)
+def test_pair_marginals_no_clique_holds_equal_brute_force(sizes, cliques):
+    rng = np.random.default_rng(3)
+    model = pgm.Model(sizes, cliques + [(i,) for i in range(len(sizes))], 500.0)
+    model.theta = {c: rng.normal(0, 1.5, v.shape) for c, v in model.theta.items()}
+    model._beliefs = None
+    full = _brute(model)
+    held = 0
+    for a, b in itertools.combinations(range(len(sizes)), 2):
+        want = full.sum(axis=tuple(x for x in range(len(sizes)) if x not in (a, b)))
+        np.testing.assert_allclose(model.marginal((a, b)), want, rtol=1e-9, atol=1e-9)
+        held += any({a, b} <= set(k) for k in model.maximal)
+    assert held < len(list(itertools.combinations(range(len(sizes)), 2)))  # some pairs went along the tree
+    for i in range(len(sizes)):
+        np.testing.assert_allclose(model.marginal((i,)), full.sum(axis=tuple(x for x in range(len(sizes)) if x != i)))
+
+
+def test_warm_start_carries_the_distribution_to_a_larger_model():
+    rng = np.random.default_rng(5)
+    sizes = (3, 4, 2, 3)
+    small = pgm.Model(sizes, [(0, 1), (2,), (3,)], 100.0)
+    small.theta = {c: rng.normal(0, 1, v.shape) for c, v in small.theta.items()}
+    small._beliefs = None
+    big = pgm.Model(sizes, [*small.cliques, (1, 2), (2, 3)], 100.0, small.theta)
+    assert set(big.cliques) == {(0, 1), (1, 2), (2, 3)}
+    np.testing.assert_allclose(_brute(big), _brute(small), rtol=1e-12)
+
+
+def test_warm_start_is_mbis_potentials(mbi):
+    rng = np.random.default_rng(2)
+    dom = mg.Domain(("a", "b", "c"), (2, 3, 4), 4)
+    model = pgm.Model(dom.sizes, [(0, 1), (1, 2)], 50.0)
+    model.theta = {c: rng.normal(0, 1, v.shape) for c, v in model.theta.items()}
+    warm = mg.warm_start(model, dom)
+    assert set(warm.cliques) == {("a", "b"), ("b", "c")}
+    np.testing.assert_array_equal(np.asarray(warm[("b", "c")].datavector(flatten=False)), model.theta[(1, 2)])
