@@ -129,3 +129,37 @@ def test_warm_start_is_mbis_potentials(mbi):
     warm = mg.warm_start(model, dom)
     assert set(warm.cliques) == {("a", "b"), ("b", "c")}
     np.testing.assert_array_equal(np.asarray(warm[("b", "c")].datavector(flatten=False)), model.theta[(1, 2)])
+
+
+def test_short_fits_take_mbis_step_size(mbi):
+    """A measurement is routed to the smallest clique holding it, as mbi routes it, so the step 2 / (L total) and a
+    short (50-step) fit are mbi's, not only the fixed point a long fit converges to."""
+    rng = np.random.default_rng(11)
+    sizes = (3, 200, 2, 5)
+    cliques = [(0, 1), (0, 2), (2, 3), (1, 3)]
+    meas = _measurements(rng, sizes, cliques)
+    names = [str(i) for i in range(len(sizes))]
+    ms = [mbi.LinearMeasurement(np.ravel(y), tuple(names[i] for i in c), stddev=s) for c, y, s in meas]
+    dom = mbi.Domain(names, list(sizes))
+    model = pgm.Model(sizes, [c for c, _, _ in meas], pgm.min_variance_total(meas))
+    assert model.lipschitz(meas) == pytest.approx(mbi.marginal_loss.from_linear_measurements(ms, dom).lipschitz)
+    ref = mbi.estimation.MirrorDescent().estimate(dom, ms, iters=50)
+    model.fit(meas, 50)
+    for c in cliques:
+        want = np.asarray(ref.project(tuple(names[i] for i in c)).datavector(flatten=False))
+        np.testing.assert_allclose(model.marginal(c), want, rtol=1e-6, atol=1e-6)
+
+
+def test_message_order_is_fixed_by_the_cliques():
+    """HUGIN's order (collect to each tree's smallest clique, then distribute) covers every edge both ways, a
+    clique sends up only after hearing from its children, and does not depend on set or hash order."""
+    sizes = (2,) * 9
+    cliques = [(0, 1), (1, 2), (2, 3), (1, 4), (4, 5), (6, 7), (7, 8), (0, 2)]
+    a = pgm.Model(sizes, cliques, 10.0)
+    b = pgm.Model(sizes, list(reversed(cliques)), 10.0)
+    assert a._order == b._order
+    edges = {frozenset(e) for e in a._tree.edges}
+    assert {frozenset(m) for m in a._order} == edges and len(a._order) == 2 * len(edges)
+    for n, (i, j) in enumerate(a._order):  # every message into i but j's was sent before i sends to j
+        before = set(a._order[:n])
+        assert all((k, i) in before for k in a._tree.neighbors(i) if k != j)

@@ -51,7 +51,7 @@ def main(argv=None) -> None:
     cfg = ReleaseConfig(
         input="in-process", output="in-process", epsilon=float(args.eps), seed=seed, num_classes=10, **fields
     )
-    feats, labels, plan, scores = release_in_process(x, y, cfg, key_from_test_seed(seed), first=first_pass(x, y))
+    feats, labels, plan, scores = release_in_process(x, y, cfg.core, key_from_test_seed(seed), first=first_pass(x, y))
     test = normalize(tx, plan.mean, plan.std, plan.clip, plan.bounds)
     for name in args.recipes:
         t0 = time.time()

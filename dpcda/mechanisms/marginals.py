@@ -481,13 +481,7 @@ def warm_start(model, dom: Domain):
 
 
 def _mbi():
-    import jax
-
-    jax.config.update("jax_enable_x64", True)  # counts of large tables need float64 (mbi warns otherwise)
-    jax.config.update("jax_enable_compilation_cache", False)  # many small programs: the cache only costs
-    import mbi
-
-    return mbi
+    return pgm.load_mbi()
 
 
 def fit(measured: Measurements, plan: MarginalsPlan):

@@ -31,6 +31,18 @@ import numpy as np
 Clique = tuple[int, ...]  # column indices, ascending
 
 
+def load_mbi():
+    """mbi, with JAX in float64 (counts of large tables need it) and without the persistent compilation cache (many
+    small programs: the cache only costs), set before mbi is first imported."""
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    jax.config.update("jax_enable_compilation_cache", False)
+    import mbi
+
+    return mbi
+
+
 def model_cells(sizes: Sequence[int], cliques: Sequence[Clique]) -> int:
     """Cells of the maximal cliques of mbi's junction tree on ``cliques`` (``mbi.junction_tree.hypothetical_model_size``
     times 2^20 / 8), every column of ``sizes`` a node: a tree graph eliminated leaves first (its edges are the
@@ -113,25 +125,29 @@ class Model:
         self, sizes: Sequence[int], cliques: Sequence[Clique], total: float, potentials: Optional[dict] = None
     ):
         import networkx as nx
-        from mbi import Domain
-        from mbi.junction_tree import make_junction_tree, maximal_cliques, message_passing_order
 
+        mbi = load_mbi()
         self.sizes = tuple(int(s) for s in sizes)
         self.cliques = maximal_subset(cliques)
         self.total = float(total)
         names = [str(i) for i in range(len(self.sizes))]
-        domain = Domain(names, list(self.sizes))
-        tree, _ = make_junction_tree(domain, [tuple(names[i] for i in c) for c in self.cliques])
+        domain = mbi.Domain(names, list(self.sizes))
+        tree, _ = mbi.junction_tree.make_junction_tree(domain, [tuple(names[i] for i in c) for c in self.cliques])
         relabel = {node: tuple(sorted(int(a) for a in node)) for node in tree.nodes}
         self._tree = nx.relabel_nodes(tree, relabel)
-        self.maximal = [relabel[c] for c in maximal_cliques(tree)]
-        self._order = [(relabel[i], relabel[j]) for i, j in message_passing_order(tree)]
-        self._home = {c: min((k for k in self.maximal if set(c) <= set(k)), key=self._cells) for c in self.cliques}
+        self.maximal = sorted(self._tree.nodes)
+        self._order = _collect_distribute(self._tree)
+        self._home = {c: self._smallest_holder(c, self.maximal) for c in self.cliques}
         self.theta = {c: np.zeros(self._shape(c)) for c in self.cliques}
         for c, v in (potentials or {}).items():  # earlier potentials, each added to a clique that holds it
-            home = next(k for k in self.cliques if set(c) <= set(k))
+            home = self._smallest_holder(c, self.cliques)
             self.theta[home] = self.theta[home] + np.asarray(v, np.float64).reshape(self._within(c, home))
-        self._beliefs = None
+        self._beliefs, self._probs = None, {}
+
+    def _smallest_holder(self, c, among) -> Clique:
+        """The clique of ``among`` with the fewest cells that holds ``c`` (the first such on a tie), as mbi's
+        ``clique_mapping`` with a domain routes a measurement."""
+        return min((k for k in among if set(c) <= set(k)), key=self._cells)
 
     # shapes
     def _shape(self, c: Clique) -> tuple:
@@ -183,20 +199,28 @@ class Model:
         return out
 
     # fitting
-    def fit(self, measurements: Sequence[tuple[Clique, np.ndarray, float]], iters: int) -> "Model":
-        """``iters`` steps of mbi's mirror descent (Armijo line search) from the current potentials, on
-        ``measurements``: (clique, noisy counts, noise std) with every clique held by one of the model's cliques."""
+    def _route(self, measurements) -> list:
+        """(clique ascending, the model's smallest clique holding it, counts on the ascending clique, std)."""
         route = []
         for c, y, std in measurements:
             y = np.asarray(y, np.float64).reshape(self._shape(tuple(c))).transpose(np.argsort(c))  # columns ascending
             c = tuple(sorted(c))
-            home = next(k for k in self.cliques if set(c) <= set(k))
-            route.append((c, home, y, max(float(std), 1e-12)))
+            route.append((c, self._smallest_holder(c, self.cliques), y, max(float(std), 1e-12)))
+        return route
+
+    def lipschitz(self, measurements) -> float:
+        """mbi's ``calculate_l2_lipschitz_from_metadata`` (exact for identity queries): the largest over the model's
+        cliques of sum 1/sigma^2 * cells(clique) / cells(measured clique) over the measurements routed to it."""
         blocks: dict = {}
-        for c, home, _, std in route:  # mbi's calculate_l2_lipschitz_from_metadata (exact for identity queries)
+        for c, home, _, std in self._route(measurements):
             blocks[home] = blocks.get(home, 0.0) + self._cells(home) / self._cells(c) / std**2
-        lipschitz = max(blocks.values()) if blocks else 1.0
-        alpha = 2.0 / (lipschitz * self.total)
+        return max(blocks.values()) if blocks else 1.0
+
+    def fit(self, measurements: Sequence[tuple[Clique, np.ndarray, float]], iters: int) -> "Model":
+        """``iters`` steps of mbi's mirror descent (Armijo line search) from the current potentials, on
+        ``measurements``: (clique, noisy counts, noise std) with every clique held by one of the model's cliques."""
+        route = self._route(measurements)
+        alpha = 2.0 / (self.lipschitz(measurements) * self.total)
 
         def loss_grad(mu):
             loss, grad = 0.0, {k: np.zeros(self._shape(k)) for k in self.cliques}
@@ -221,13 +245,13 @@ class Model:
                 theta, beliefs, mu, loss, grad, alpha = theta2, beliefs2, mu2, loss2, grad2, 1.01 * alpha
             else:
                 alpha *= 0.5
-        self.theta, self._beliefs = theta, beliefs
+        self.theta, self._beliefs, self._probs = theta, beliefs, {}
         return self
 
     # queries
     def beliefs(self) -> dict:
         if self._beliefs is None:
-            self._beliefs = self._calibrate(self.theta)
+            self._beliefs, self._probs = self._calibrate(self.theta), {}
         return self._beliefs
 
     def marginal(self, clique: Clique) -> np.ndarray:
@@ -269,13 +293,37 @@ class Model:
         return m * self.total
 
     def _probabilities(self, beliefs: dict, k: Clique) -> np.ndarray:
-        b = beliefs[k]
-        p = np.exp(b - b.max())
-        return p / p.sum()
+        """Clique ``k``'s calibrated probabilities, computed once per calibration."""
+        if k not in self._probs:
+            b = beliefs[k]
+            p = np.exp(b - b.max())
+            self._probs[k] = p / p.sum()
+        return self._probs[k]
 
     def potentials_for(self, names: Sequence[str]) -> dict:
         """The potentials keyed by column names (mbi's warm start: ``mbi.CliqueVector`` of ``mbi.Factor``)."""
         return {tuple(names[i] for i in c): v for c, v in self.theta.items()}
+
+
+def _collect_distribute(tree) -> list:
+    """HUGIN's message order on a junction forest, fixed by the cliques alone: in each tree, rooted at its smallest
+    clique, every clique's message to its parent after its children's (collect), then the parents' messages back down
+    (distribute); neighbours in ascending order."""
+    order, seen = [], set()
+    for root in sorted(tree.nodes):
+        if root in seen:
+            continue
+        seen.add(root)
+        down, stack = [], [root]
+        while stack:  # pre-order: parents before children
+            node = stack.pop()
+            for nb in sorted(tree.neighbors(node), reverse=True):
+                if nb not in seen:
+                    seen.add(nb)
+                    down.append((node, nb))
+                    stack.append(nb)
+        order += [(child, parent) for parent, child in reversed(down)] + down
+    return order
 
 
 def min_variance_total(measurements: Sequence[tuple[Clique, np.ndarray, float]]) -> float:
