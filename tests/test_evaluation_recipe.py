@@ -3,6 +3,7 @@ argmax, a probe beside the CNN in every report."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -37,7 +38,10 @@ def test_recipe_rejects_unknown_choices():
 def test_default_recipe_chooses_nothing_on_labels_and_keeps_scores_as_released():
     r = Recipe()
     assert r.selection == "last" and r.soft_loss == "standardized" and r.dropout == 0.0
-    assert RECIPES["scaled"] == r and RECIPES["new"].soft_loss == "brier" and RECIPES["old"].selection == "val_accuracy"
+    assert RECIPES["grouped"] == r and RECIPES["new"].soft_loss == "brier"
+    assert RECIPES["old"].selection == "val_accuracy"
+    assert r.soft_norm == "group" and RECIPES["scaled"] == dataclasses.replace(r, soft_norm="batch")
+    assert same_training(RECIPES["scaled"], r, soft_labels=False) and not same_training(RECIPES["scaled"], r, True)
     assert same_training(RECIPES["new"], r, soft_labels=False) and not same_training(RECIPES["new"], r, True)
     assert not same_training(RECIPES["old"], r, soft_labels=False)
 
@@ -182,5 +186,5 @@ def test_small_dpmix_release_probe_beats_old_recipe_and_default_reaches_it_whate
     old, probe = run("old", 0)
     assert probe > 0.6 and probe - old > 0.3  # the old recipe hides the release's signal
     for seed in (0, 1, 2):
-        acc, _ = run("scaled", seed)
+        acc, _ = run("grouped", seed)
         assert acc >= probe - PROBE_MARGIN, (seed, acc, probe)

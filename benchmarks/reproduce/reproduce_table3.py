@@ -92,7 +92,7 @@ def paper_reference(path=REFERENCE) -> dict:
 
 
 def run_release(
-    x, y, tx, ty, first, fields: dict, *, eps, l, seed, epochs, num_classes, lowpass, sigma_x=None, recipe="scaled"
+    x, y, tx, ty, first, fields: dict, *, eps, l, seed, epochs, num_classes, lowpass, sigma_x=None, recipe="grouped"
 ):
     """(real-test accuracy, sigma_x, linear probe's accuracy) of one release; ``sigma_x`` given: that noise instead of
     ``eps``'s calibration."""
@@ -152,8 +152,8 @@ def main(argv=None) -> None:
     ap.add_argument("--resume", action="store_true", help="keep the cells already in the output CSV")
     ap.add_argument(
         "--recipe",
-        default="scaled",
-        choices=["scaled", "new", "old"],
+        default="grouped",
+        choices=["grouped", "scaled", "new", "old"],
         help="the evaluation's training recipe (evaluation.train.RECIPES); --resume re-measures a cell whose CSV row "
         "names a recipe that trains otherwise on its release (evaluation.train.same_training: for hard labels "
         "scaled and new are one), and keeps that row, labelled, until then",

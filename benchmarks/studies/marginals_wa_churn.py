@@ -85,11 +85,11 @@ def main(argv=None) -> None:
             "not private). TVDs are `evaluation.table_metrics`'s (20 bins per numeric column, nulls a value of their "
             "own): `one-way` the mean over the 20 columns, `label pairs` the mean over the label's 19 pairs, `all "
             "pairs` over the 190 pairs, `gap` the largest difference of the label's class frequencies. Real share of "
-            f"Month-to-month contracts: {real_m2m:.3f}. Wall time includes the JIT compilation of mbi's fit (most of "
-            "it) on the machine that ran it; `cpu s` the process's CPU time (all its threads), which a loaded machine "
-            "does not inflate. `rounds`: selection rounds (aim: rounds run, of which annealed). "
-            "Reference: smartnoise-synth's AIM took about 44 min per release of this table at the same epsilon (not "
-            "rerun here); the target is at most 0.1x that.",
+            f"Month-to-month contracts: {real_m2m:.3f}. Wall time includes the JIT compilation of mbi's last fit on "
+            "the machine that ran it (AIM's rounds refit `mechanisms.pgm`'s numpy model: nothing compiles per round); "
+            "`cpu s` the process's CPU time (all its threads), which a loaded machine does not inflate. `rounds`: "
+            "selection rounds (aim: rounds run, of which annealed). AIM against smartnoise-synth's AIM on the same "
+            "machine in the same run: `benchmarks.reproduce.tabular_table` (tabular_wa_churn.md, its `s` column).",
             "",
             "| selection | epsilon | rows | one-way TVD (train) | label-pair TVD (train) | all-pair TVD (train) | "
             "base-rate gap (train) | one-way TVD (test) | label-pair TVD (test) | Month-to-month | stated epsilon | "

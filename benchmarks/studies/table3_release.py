@@ -35,7 +35,7 @@ def main(argv=None) -> None:
     ap.add_argument("--eps", default="20")
     ap.add_argument("--l", type=int, default=64)
     ap.add_argument("--release", type=int, default=1, help="release index r of the cell (0: the l-search release)")
-    ap.add_argument("--recipes", nargs="+", default=["scaled"], choices=list(RECIPES))
+    ap.add_argument("--recipes", nargs="+", default=["grouped"], choices=list(RECIPES))
     ap.add_argument("--training-seed", type=int, default=None, help="default: the release's seed, as Table 3")
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--source", default=FASHION_MNIST_DIR)

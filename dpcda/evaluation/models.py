@@ -14,6 +14,11 @@ from torch import nn
 MIN_IMAGE_SIDE = 8  # a square width d = s*s is read as an s x s image from s = 8 (d = 64) up
 
 
+# The CNN's normalisation layers: "batch" is the Table 1 network's BatchNorm (running statistics of the training
+# rows); "group" is GroupNorm over 8 groups of channels, statistics of each row alone (evaluation.train's soft_norm).
+NORMS = {"batch": nn.BatchNorm2d, "group": lambda channels: nn.GroupNorm(8, channels)}
+
+
 class TableOneCNN(nn.Module):
     """Seed 000 Table 1: two conv blocks (conv, ReLU, BN, max-pool) then FC 100, FC 100, FC K.
 
@@ -21,8 +26,10 @@ class TableOneCNN(nn.Module):
     same layers; the flatten size follows from the two 2x2 pools (floor division, as PyTorch pools).
     """
 
-    def __init__(self, input_shape: Sequence[int], num_classes: int, dropout: float = 0.5):
+    def __init__(self, input_shape: Sequence[int], num_classes: int, dropout: float = 0.5, norm: str = "batch"):
         super().__init__()
+        if norm not in NORMS:
+            raise ValueError(f"norm must be one of {sorted(NORMS)}, got {norm!r}")
         c, h, w = (int(v) for v in input_shape)
         if h < 4 or w < 4:
             raise ValueError(f"input_shape {tuple(input_shape)}: images need H, W >= 4 for two 2x2 pools")
@@ -30,11 +37,11 @@ class TableOneCNN(nn.Module):
         self.features = nn.Sequential(
             nn.Conv2d(c, 32, kernel_size=5, stride=1, padding=2),
             nn.ReLU(),
-            nn.BatchNorm2d(32),
+            NORMS[norm](32),
             nn.MaxPool2d(2, 2),
             nn.Conv2d(32, 64, kernel_size=3, stride=1, padding=1),
             nn.ReLU(),
-            nn.BatchNorm2d(64),
+            NORMS[norm](64),
             nn.MaxPool2d(2, 2),
         )
         self.flat_dim = 64 * (h // 2 // 2) * (w // 2 // 2)
@@ -90,11 +97,14 @@ def image_shape(dim: int, input_shape: Optional[Sequence[int]] = None) -> Option
     return None
 
 
-def make_model(input_shape, num_classes: int, kind: Optional[str] = None, dropout: Optional[float] = None) -> nn.Module:
+def make_model(
+    input_shape, num_classes: int, kind: Optional[str] = None, dropout: Optional[float] = None, norm: str = "batch"
+) -> nn.Module:
     """Table 1 CNN when ``input_shape`` is an image (C, H, W) / (H, W), or a square width d >= 64; else the MLP.
 
     ``input_shape`` may be an int (the row width d) or a shape tuple. ``kind`` "mlp" or "cnn" overrides the guess
     (random projections have square widths but are not images). ``dropout``: None keeps each model's default (0.5).
+    ``norm``: the CNN's normalisation layers (``NORMS``); the MLP keeps its own.
     """
     if num_classes < 2:
         raise ValueError(f"num_classes must be >= 2, got {num_classes}")
@@ -113,4 +123,4 @@ def make_model(input_shape, num_classes: int, kind: Optional[str] = None, dropou
         return TabularMLP(dim, num_classes, **extra)
     if shape is None:
         raise ValueError(f"rows of width {dim} are not an image; the CNN cannot take them")
-    return TableOneCNN(shape, num_classes, **extra)
+    return TableOneCNN(shape, num_classes, norm=norm, **extra)
