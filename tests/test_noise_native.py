@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import math
 import os
 import shutil
 import signal
@@ -405,28 +404,3 @@ def test_a_fork_while_the_build_holds_the_lock_does_not_hang_the_child(monkeypat
         time.sleep(0.05)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
     monkeypatch.setattr(noise_native, "_LIB", None)
-
-
-def test_a_group_skips_the_per_block_path_only_where_no_block_needs_it():
-    """``_group_done`` is True exactly when, for every block, ``_finish_block`` would neither refuse, nor hand the
-    block to numpy, nor make an exact decision (its comparisons, block by block, with ``_error_bound``)."""
-    rng = np.random.default_rng(0)
-    sigma, g = 3.0, noise.grid_for(3.0)
-    seen = set()
-    for _ in range(2000):
-        st = np.column_stack(
-            [
-                rng.uniform(0, 12, 4),  # max t
-                rng.choice([1.0, 1e3, 1e15, np.inf], 4, p=[0.7, 0.2, 0.05, 0.05]),  # max |c|
-                rng.choice([1.0, 0.0], 4, p=[0.97, 0.03]),  # all finite
-                rng.choice([0.2, 0.49, 0.4999999999999], 4, p=[0.9, 0.05, 0.05]),  # max distance to a boundary
-                rng.choice([0.0, 1.0], 4, p=[0.97, 0.03]),  # count of small w0
-            ]
-        )
-        quiet = []
-        for tmax, cmax, finite, dmax, small in st:
-            err = noise._error_bound(sigma, g, tmax, cmax)
-            quiet.append(not small and finite and math.isfinite(err) and err <= 0.125 and dmax < 0.5 - 2.0 * err)
-        assert noise._group_done(st, sigma, g) == all(quiet)
-        seen.add(all(quiet))
-    assert seen == {True, False}

@@ -566,8 +566,6 @@ def _native_span(fn, subkey, first, enc, flat, out, start, stop, sigma: float, g
                 sigma,
                 g,
             )
-        if _group_done(stats[: full + (1 if rest else 0)], sigma, g):
-            continue  # the usual case: nothing for _finish_block to do on any block (no Python loop under the GIL)
         for j in range(full + (1 if rest else 0)):
             b0 = s + j * _BLOCK
             n = min(_BLOCK, e - b0)
@@ -607,22 +605,6 @@ def _call_kernel(fn, nblocks, n, words, offset, stride, center, out, dist, stats
         sigma / g,
         g,
         stats.ctypes.data,
-    )
-
-
-def _group_done(st: np.ndarray, sigma: float, g: float) -> bool:
-    """True when ``_finish_block`` would do nothing on any of these blocks (rows of kernel stats): no element with
-    w0 < 2^11, finite values, every error bound finite and at most 0.125, and no element within twice its block's
-    bound of a cell boundary. The bound is ``_error_bound``'s float64 operations in the same order, elementwise, so
-    each comparison is the one ``_finish_block`` makes; any other group takes the per-block path."""
-    tmax, cmax, finite, dmax, small = st.T
-    err = (sigma * Z_ERROR * (1.0 + tmax) + 2.0**-50 * (cmax + sigma * tmax)) / g
-    return bool(
-        not small.any()
-        and finite.all()
-        and np.isfinite(err).all()
-        and (err <= 0.125).all()
-        and (dmax < 0.5 - 2.0 * err).all()
     )
 
 
