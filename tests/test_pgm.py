@@ -163,3 +163,26 @@ def test_message_order_is_fixed_by_the_cliques():
     for n, (i, j) in enumerate(a._order):  # every message into i but j's was sent before i sends to j
         before = set(a._order[:n])
         assert all((k, i) in before for k in a._tree.neighbors(i) if k != j)
+
+
+def test_a_refit_to_tolerance_reaches_a_precise_measurement_that_fifty_steps_do_not():
+    """AIM anneals when a refit moved the picked marginal by at most sqrt(2/pi) sigma n_r in L1. With a small sigma
+    the safe step 2 / (L total) is small, and 50 steps barely move the model: the test would anneal on an
+    unconverged fit. Fitted to tolerance, the model comes within that bound of the new measurement."""
+    rng = np.random.default_rng(4)
+    sizes = (2, 30, 4)
+    truth = np.zeros(sizes)
+    truth[0, :15, :], truth[1, 15:, :] = 1.0, 1.0  # column 0 decides which half of column 1
+    truth = truth * rng.uniform(0.5, 1.5, sizes) * 20
+    one_way = [((i,), truth.sum(axis=tuple(a for a in range(3) if a != i)) + rng.normal(0, 30, sizes[i]), 30.0)
+               for i in range(3)]  # fmt: skip
+    pair = truth.sum(axis=2)
+    meas = one_way + [((0, 1), pair + rng.normal(0, 0.5, pair.shape), 0.5)]
+    bound = np.sqrt(2 / np.pi) * 0.5 * pair.size
+    base = pgm.Model(sizes, [c for c, _, _ in one_way], pgm.min_variance_total(one_way)).fit(one_way, 1000, 1e-4)
+    errors = {}
+    for name, iters, tol in (("short", 50, None), ("converged", 1000, 1e-4)):
+        m = pgm.Model(sizes, [c for c, _, _ in meas], pgm.min_variance_total(meas), base.theta).fit(meas, iters, tol)
+        errors[name] = np.abs(m.marginal((0, 1)) - meas[-1][1]).sum()
+    assert errors["converged"] <= bound < errors["short"], (errors, bound)
+    assert base.steps < 1000  # the one-way fit stopped on the tolerance

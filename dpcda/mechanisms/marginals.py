@@ -51,7 +51,8 @@ MAX_CELLS = 1 << 26  # cells of every one-way and two-way count array a release 
 SELECTIONS = ("mst", "mst-label", "aim")  # mst-label: MST's tree, and the label's pair with every column (public)
 AIM = "aim"  # AIM's adaptive rounds (McKenna, Mullins, Sheldon, Miklau 2022), budget in privacy.aim
 AIM_MAX_MODEL_SIZE = 80 * (1 << 20) // 8  # cells: AIM's default max_model_size, 80 MB of float64
-AIM_ROUND_ITERS = 50  # mirror-descent steps of the warm-started refit between AIM rounds (last fit: marginals_iters)
+AIM_ROUND_ITERS = 1000  # at most this many mirror-descent steps in a refit between AIM rounds (as AIM's)
+AIM_ROUND_TOL = 1e-4  # ... stopping once the loss falls by at most this share per 50 steps, twice in a row
 
 
 # ---------------------------------------------------------------- codes
@@ -380,9 +381,11 @@ def measure_aim(counter: MarginalCounter, acc: np.ndarray, plan: MarginalsPlan, 
     rounds until the budget is spent (``privacy.aim.AimSchedule``, a zCDP filter): each picks a clique among the
     candidates whose model fits ``size_limit`` (the cap scaled by the share of rho spent so far; a clique the model
     already covers always fits) with the exact exponential mechanism on ``aim_scores``, measures its counts with
-    Gaussian noise, refits the model (``pgm.Model``: mbi's mirror descent in numpy, warm-started, ``AIM_ROUND_ITERS``
-    steps) and anneals (halves sigma, doubles epsilon) when the refit moved that marginal by at most sqrt(2/pi) sigma
-    n_r in L1. Only noisy counts and the picks leave; the exact counts feed the scores only."""
+    Gaussian noise, refits the model (``pgm.Model``: mbi's mirror descent in numpy, warm-started, up to
+    ``AIM_ROUND_ITERS`` steps, to ``AIM_ROUND_TOL``: the anneal test below needs a converged refit; a short one barely
+    moves when sigma is small, and anneals on that) and anneals (halves sigma, doubles epsilon) when the refit moved
+    that marginal by at most sqrt(2/pi) sigma n_r in L1. Only noisy counts and the picks leave; the exact counts feed
+    the scores only."""
     from dpcda.privacy.aim import AimSchedule
     from dpcda.privacy.exponential import Bits, exponential_mechanism
 
@@ -395,7 +398,8 @@ def measure_aim(counter: MarginalCounter, acc: np.ndarray, plan: MarginalsPlan, 
         for i in range(n)
     ]
     ms = [((i,), np.asarray(y, np.float64), sched.one_way_std) for i, y in enumerate(one_way)]
-    model = pgm.Model(dom.sizes, [(i,) for i in range(n)], pgm.min_variance_total(ms)).fit(ms, AIM_ROUND_ITERS)
+    model = pgm.Model(dom.sizes, [(i,) for i in range(n)], pgm.min_variance_total(ms))
+    model.fit(ms, AIM_ROUND_ITERS, AIM_ROUND_TOL)
     weights = aim_candidates(n)
     max_weight = max(weights.values())
     cap = plan.max_model_size or AIM_MAX_MODEL_SIZE
@@ -434,7 +438,7 @@ def measure_aim(counter: MarginalCounter, acc: np.ndarray, plan: MarginalsPlan, 
         ms.append((cl, np.asarray(y, np.float64), rnd.std))
         before = est[cl]
         model = pgm.Model(dom.sizes, [*model.cliques, cl], pgm.min_variance_total(ms), model.theta)
-        model.fit(ms, AIM_ROUND_ITERS)
+        model.fit(ms, AIM_ROUND_ITERS, AIM_ROUND_TOL)
         after = model.marginal(cl)
         anneal = bool(np.abs(after - before).sum() <= math.sqrt(2.0 / math.pi) * rnd.std * before.size)
         if anneal and not rnd.last:
@@ -446,6 +450,7 @@ def measure_aim(counter: MarginalCounter, acc: np.ndarray, plan: MarginalsPlan, 
                 "noise_std": rnd.std,
                 "rho": float(rnd.rho),
                 "candidates": len(small),
+                "fit_steps": model.steps,
                 "annealed": anneal and not rnd.last,
             }
         )
@@ -462,6 +467,7 @@ def measure_aim(counter: MarginalCounter, acc: np.ndarray, plan: MarginalsPlan, 
         "rho_measurement": float(sum(gaussian_rho(r.std) for r in sched.rounds)),
         "max_model_size_cells": cap,
         "round_iterations": AIM_ROUND_ITERS,
+        "round_tolerance": AIM_ROUND_TOL,
         "rounds": rounds,
     }
     return Measurements(one_way, picked, two_way, sched.one_way_std, stds, warm_start(model, dom), record)
@@ -740,6 +746,7 @@ class Marginals(Mechanism):
                 "iterations": mp.iterations,
                 "round_estimator": "dpcda.mechanisms.pgm (mbi's mirror descent, junction tree and model size in numpy)",
                 "round_iterations": rec.get("round_iterations"),
+                "round_tolerance": rec.get("round_tolerance"),
                 "total": mp.estimated_total,
             },
             sampling="mbi's synthetic_data (randomized rounding of the model's marginals); a numeric code becomes a "

@@ -29,6 +29,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 Clique = tuple[int, ...]  # column indices, ascending
+BLOCK = 50  # mirror-descent steps between two convergence checks (mbi's CALLBACK_EVERY)
 
 
 def load_mbi():
@@ -216,9 +217,13 @@ class Model:
             blocks[home] = blocks.get(home, 0.0) + self._cells(home) / self._cells(c) / std**2
         return max(blocks.values()) if blocks else 1.0
 
-    def fit(self, measurements: Sequence[tuple[Clique, np.ndarray, float]], iters: int) -> "Model":
-        """``iters`` steps of mbi's mirror descent (Armijo line search) from the current potentials, on
-        ``measurements``: (clique, noisy counts, noise std) with every clique held by one of the model's cliques."""
+    def fit(
+        self, measurements: Sequence[tuple[Clique, np.ndarray, float]], iters: int, tol: Optional[float] = None
+    ) -> "Model":
+        """Up to ``iters`` steps of mbi's mirror descent (Armijo line search) from the current potentials, on
+        ``measurements``: (clique, noisy counts, noise std) with every clique held by one of the model's cliques.
+        ``tol``: stop early, as mbi's ``estimate(tol=...)`` does, once the loss fell by at most ``tol`` times itself
+        over each of two blocks of ``BLOCK`` steps in a row."""
         route = self._route(measurements)
         alpha = 2.0 / (self.lipschitz(measurements) * self.total)
 
@@ -235,7 +240,8 @@ class Model:
         beliefs = self._calibrate(theta)
         mu = self._marginals(beliefs, self.cliques)
         loss, grad = loss_grad(mu)
-        for _ in range(iters):
+        block_start, stalls = loss, 0
+        for step in range(1, iters + 1):
             theta2 = {k: theta[k] - alpha * grad[k] for k in self.cliques}
             beliefs2 = self._calibrate(theta2)
             mu2 = self._marginals(beliefs2, self.cliques)
@@ -245,6 +251,12 @@ class Model:
                 theta, beliefs, mu, loss, grad, alpha = theta2, beliefs2, mu2, loss2, grad2, 1.01 * alpha
             else:
                 alpha *= 0.5
+            if tol is not None and step % BLOCK == 0:
+                stalls = stalls + 1 if block_start - loss <= tol * max(abs(loss), 1.0) else 0
+                block_start = loss
+                if stalls >= 2:
+                    break
+        self.steps = step if iters else 0
         self.theta, self._beliefs, self._probs = theta, beliefs, {}
         return self
 
