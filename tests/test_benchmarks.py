@@ -377,7 +377,7 @@ def test_table3_resume_keeps_a_cell_only_where_its_recipe_trains_as_the_wanted_o
     assert not current("new", "scaled", "dpmix")  # label scores: the loss differs
     assert not current("old", "scaled", "dpcda") and current("scaled", "scaled", "dpmix")
     assert not current("unknown", "scaled", "dpcda")
-    assert current("scaled", "grouped", "dpcda") and not current("scaled", "grouped", "dpmix")  # the norm on scores
+    assert not current("scaled", "grouped", "dpcda") and not current("scaled", "grouped", "dpmix")  # the norm
 
 
 def _seed004_loop(accuracies):

@@ -40,8 +40,8 @@ def test_default_recipe_chooses_nothing_on_labels_and_keeps_scores_as_released()
     assert r.selection == "last" and r.soft_loss == "standardized" and r.dropout == 0.0
     assert RECIPES["grouped"] == r and RECIPES["new"].soft_loss == "brier"
     assert RECIPES["old"].selection == "val_accuracy"
-    assert r.soft_norm == "group" and RECIPES["scaled"] == dataclasses.replace(r, soft_norm="batch")
-    assert same_training(RECIPES["scaled"], r, soft_labels=False) and not same_training(RECIPES["scaled"], r, True)
+    assert r.norm == "group" and RECIPES["scaled"] == dataclasses.replace(r, norm="batch")
+    assert not same_training(RECIPES["scaled"], r, soft_labels=False) and not same_training(RECIPES["scaled"], r, True)
     assert same_training(RECIPES["new"], r, soft_labels=False) and not same_training(RECIPES["new"], r, True)
     assert not same_training(RECIPES["old"], r, soft_labels=False)
 

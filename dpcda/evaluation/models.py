@@ -15,7 +15,7 @@ MIN_IMAGE_SIDE = 8  # a square width d = s*s is read as an s x s image from s = 
 
 
 # The CNN's normalisation layers: "batch" is the Table 1 network's BatchNorm (running statistics of the training
-# rows); "group" is GroupNorm over 8 groups of channels, statistics of each row alone (evaluation.train's soft_norm).
+# rows); "group" is GroupNorm over 8 groups of channels, statistics of each row alone (evaluation.train's Recipe.norm).
 NORMS = {"batch": nn.BatchNorm2d, "group": lambda channels: nn.GroupNorm(8, channels)}
 
 
