@@ -328,10 +328,11 @@ def write(rows, stem: str, dataset: str) -> None:
         "dataset it was measured on (MNIST where they report no Fashion-MNIST figure: not comparable with our rows). "
         "A mean near 0.10 is chance.",
         "",
-        "Recipe `scaled` (`evaluation.train.RECIPES`, the default): the last iterate of a fixed schedule, no dropout, "
-        "label scores standardised by one affine map (all scores' mean and standard deviation) and fitted by squared "
-        "error of the outputs; `new`: the same but squared error between the softmax and the raw scores (for hard "
-        "labels `new` and `scaled` are the same training); `old` (rows not yet re-measured): the epoch with the best "
+        "Recipe `grouped` (`evaluation.train.RECIPES`, the default): the last iterate of a fixed schedule, no "
+        "dropout, GroupNorm in place of the CNN's BatchNorm, label scores standardised by one affine map (all scores' "
+        "mean and standard deviation) and fitted by squared error of the outputs; `scaled`: the same with the CNN's "
+        "BatchNorm; `new`: `scaled` but squared error between the softmax and the raw scores (for hard labels `new` "
+        "and `scaled` are the same training); `old` (rows not yet re-measured): the epoch with the best "
         "synthetic hold-out accuracy on the argmax of the labels, dropout 0.5, scores clipped at 0 and renormalised. "
         "`probe`: the linear probe (`evaluation.probe`, ridge to the released labels or scores) on the same releases, "
         f"mean over them; `!` marks a CNN more than {PROBE_MARGIN} below it.",
