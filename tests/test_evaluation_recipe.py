@@ -42,7 +42,8 @@ def test_default_recipe_chooses_nothing_on_labels_and_keeps_scores_as_released()
     assert RECIPES["old"].selection == "val_accuracy"
     assert r.norm == "group" and RECIPES["scaled"] == dataclasses.replace(r, norm="batch")
     assert not same_training(RECIPES["scaled"], r, soft_labels=False) and not same_training(RECIPES["scaled"], r, True)
-    assert same_training(RECIPES["new"], r, soft_labels=False) and not same_training(RECIPES["new"], r, True)
+    assert same_training(RECIPES["new"], RECIPES["scaled"], soft_labels=False)  # hard labels: one training
+    assert not same_training(RECIPES["new"], RECIPES["scaled"], True) and not same_training(RECIPES["new"], r, False)
     assert not same_training(RECIPES["old"], r, soft_labels=False)
 
 
