@@ -73,7 +73,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpcda.evaluation.models import TableOneCNN, image_shape, make_model
+from dpcda.evaluation.models import NORMS, TableOneCNN, image_shape, make_model
 from dpcda.mechanisms.device import pick_device  # one device policy for mixing and training
 
 
@@ -112,8 +112,8 @@ class Recipe:
             raise ValueError(f"selection must be last, val_accuracy or val_score, got {self.selection!r}")
         if self.soft_loss not in ("brier", "standardized", "cross_entropy", "clipped"):
             raise ValueError(f"soft_loss must be brier, standardized, cross_entropy or clipped, got {self.soft_loss!r}")
-        if self.norm not in ("group", "batch"):
-            raise ValueError(f"norm must be group or batch, got {self.norm!r}")
+        if self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {sorted(NORMS)}, got {self.norm!r}")
         if self.precision not in ("auto", "float32", "bf16"):
             raise ValueError(f"precision must be auto, float32 or bf16, got {self.precision!r}")
 
