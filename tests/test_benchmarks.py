@@ -632,3 +632,14 @@ def test_tabular_merge_gathers_releases_and_cells_measured_under_other_folders(t
     assert rows["smartnoise mst"]["runs"] == 1 and rows["smartnoise mst"]["accuracy"] == pytest.approx(0.1)
     assert rows["smartnoise aim"]["runs"] == 0 and rows["smartnoise aim"]["seconds"] == 900.0
     assert len(tabular_table.read_releases(tabular_table.releases_path(str(main), "t"))) == 4
+
+
+def test_bench_mix_gpu_times_the_release_path_with_index_and_noise_shares(capsys):
+    """A small CPU run prints one row per chunk size, with the index draws' and the noise's seconds and shares."""
+    from benchmarks.perf import bench_mix_gpu
+
+    bench_mix_gpu.main(["--n", "3000", "--t", "700", "--l", "4", "--d", "16", "--device", "cpu", "--chunk-rows", "256"])
+    lines = capsys.readouterr().out.splitlines()
+    assert "index share" in lines[1] and "noise share" in lines[1]
+    row = [c.strip() for c in lines[3].strip("|").split("|")]
+    assert row[0] == "256" and len(row) == 9 and row[6].endswith("%") and row[8].endswith("%")

@@ -338,6 +338,33 @@ def test_uniform_int_rejects_the_biased_top_range():
     assert set(NoiseStream(KEY, "u2").uniform_int(2, 64).tolist()) == {0, 1}  # a power of two: nothing rejected
 
 
+def _uniform_int_by_the_definition(stream, bound: int, total: int) -> np.ndarray:
+    """The rejection sampler as first written: draw a word for every open position, keep w < 2^64 - (2^64 mod
+    bound) as w mod bound, redraw the others in position order until none is left."""
+    excess = (1 << 64) % bound
+    out, todo = np.empty(total, np.int64), np.arange(total)
+    while todo.size:
+        w = stream.words(todo.size)
+        ok = np.array([int(v) < (1 << 64) - excess for v in w], bool)
+        out[todo[ok]] = [int(v) % bound for v in w[ok]]
+        todo = todo[~ok]
+    return out
+
+
+@pytest.mark.parametrize("bound", [1, 2, 3, 6, 200_000, 1 << 53, 1 << 62, (1 << 64) // 5 + 1, 3 << 60])
+def test_uniform_int_is_the_definition_word_for_word(bound):
+    """The same values and the same stream position as the definition (Python integers, no numpy arithmetic),
+    with bounds that reject a fifth of the words ((1 << 64) // 5 + 1) or a sixteenth (3 << 60) and bounds that reject
+    none."""
+    ours, ref = NoiseStream(KEY, "def", bound), NoiseStream(KEY, "def", bound)
+    for total in (1, 1000, 20_000):
+        assert np.array_equal(ours.uniform_int(bound, total), _uniform_int_by_the_definition(ref, bound, total))
+    assert np.array_equal(ours.words(3), ref.words(3))
+    for size in (-1, (-1, 3), (2, -1), np.int64(-2)):
+        with pytest.raises(ValueError, match="negative size"):
+            ours.uniform_int(bound, size)
+
+
 @pytest.mark.parametrize("n,l", [(50, 3), (10, 9), (6, 6), (1000, 1), (40, 30)])
 def test_distinct_rows_are_uniform_subsets_in_uniform_order(n, l):
     idx = NoiseStream(KEY, "d", n, l).distinct(n, l, 20000)

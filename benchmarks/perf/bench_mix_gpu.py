@@ -4,9 +4,10 @@
     python -m benchmarks.perf.bench_mix_gpu --n 20000 --t 20000 --l 16   # a small CPU run
 
 Gathered bytes = T_k * l * d * 8 (each selected record read once per synthetic row, float64). The ceiling is a
-device-to-device copy measured on the same card (bytes read + written). Indices come from the CPU, the noise from
-where the rows are (``privacy.noise``; on CUDA ``privacy.noise_device``), as in a release. The noise columns time
-the same chunks' noise alone (same streams, same shapes) and give its share of the mixing time. Beam-free.
+device-to-device copy measured on the same card (bytes read + written). The indices and the noise are drawn where a
+release draws them (``mechanisms.device.stream_device``: on a CUDA worker both on the card, ``privacy.noise_device``;
+on a CPU worker on the host's cores). The index and noise columns time the same chunks' draws alone (same streams,
+same shapes) and give their shares of the mixing time. Beam-free.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import time
 
 import torch
 
-from dpcda.mechanisms.device import pick_device
-from dpcda.mechanisms.dpcda import mix_chunk
+from dpcda.mechanisms.device import pick_device, stream_device
+from dpcda.mechanisms.dpcda import mix_chunk, sample_rows
 from dpcda.privacy.noise import NoiseStream, key_from_test_seed
 
 
@@ -57,6 +58,20 @@ def noise_time(key, args, chunk: int, device) -> float:
     return time.perf_counter() - t
 
 
+def index_time(key, args, chunk: int, device) -> float:
+    """Seconds the index draws alone take for T_k rows in chunks of ``chunk`` (the streams ``mix_chunk`` gets)."""
+    sync(device)
+    t = time.perf_counter()
+    done, c = 0, 0
+    while done < args.t:
+        rows = min(chunk, args.t - done)
+        stream = NoiseStream(key, "mix-index", 0, c, device=stream_device(device))
+        sample_rows(args.n, mode="fixed", mixing_order=args.l, rows=rows, stream=stream)
+        done, c = done + rows, c + 1
+    sync(device)
+    return time.perf_counter() - t
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=10**6)
@@ -77,9 +92,10 @@ def main(argv=None) -> None:
         f"copy bandwidth {bw:.0f} GB/s"
     )
     print(
-        "| chunk_rows | seconds | gathered GB/s | fraction of copy bandwidth | rows/s | noise seconds | noise share |"
+        "| chunk_rows | seconds | gathered GB/s | fraction of copy bandwidth | rows/s | index seconds | index share "
+        "| noise seconds | noise share |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for chunk in args.chunk_rows:
         mix_chunk(
             x,
@@ -87,7 +103,7 @@ def main(argv=None) -> None:
             mixing_order=args.l,
             sigma_x=0.1,
             rows=min(chunk, 1024),  # warm-up
-            index_stream=NoiseStream(key, "warmup-index"),
+            index_stream=NoiseStream(key, "warmup-index", device=stream_device(device)),
             noise_stream=NoiseStream(key, "warmup-noise"),
         )
         sync(device)
@@ -101,16 +117,18 @@ def main(argv=None) -> None:
                 mixing_order=args.l,
                 sigma_x=0.1,
                 rows=rows,
-                index_stream=NoiseStream(key, "mix-index", 0, c),
+                index_stream=NoiseStream(key, "mix-index", 0, c, device=stream_device(device)),
                 noise_stream=NoiseStream(key, "mix-noise", 0, c),
             )
             done, c = done + rows, c + 1
         sync(device)
         secs = time.perf_counter() - t
+        index_secs = index_time(key, args, chunk, device)
         noise_secs = noise_time(key, args, chunk, device)
         print(
             f"| {chunk} | {secs:.3f} | {gathered / secs / 1e9:.1f} | {gathered / secs / 1e9 / bw:.2f} | "
-            f"{args.t / secs:,.0f} | {noise_secs:.3f} | {noise_secs / secs:.0%} |"
+            f"{args.t / secs:,.0f} | {index_secs:.3f} | {index_secs / secs:.0%} | {noise_secs:.3f} | "
+            f"{noise_secs / secs:.0%} |"
         )
 
 

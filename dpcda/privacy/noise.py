@@ -336,16 +336,20 @@ class NoiseStream:
         if not 1 <= bound <= 1 << 62:
             raise ValueError(f"bound must be in [1, 2^62], got {bound}")
         shape = (size,) if isinstance(size, (int, np.integer)) else tuple(size)
+        if any(int(d) < 0 for d in shape):
+            raise ValueError(f"uniform_int: negative size {size}")
         total = int(np.prod(shape))
         excess = (1 << 64) % bound  # accept w < 2^64 - excess: each residue then occurs equally often
-        limit = np.uint64((1 << 64) - excess) if excess else None
-        out = np.empty(total, np.int64)
-        todo = np.arange(total)
-        while todo.size:
-            w = self.words(todo.size)
-            ok = w < limit if limit is not None else np.ones(todo.size, bool)
-            out[todo[ok]] = (w[ok] % np.uint64(bound)).astype(np.int64)
-            todo = todo[~ok]
+        w = self.words(total)
+        out = _residues(w, bound)  # every position; a rejected word's residue is overwritten below
+        if excess:
+            limit = np.uint64((1 << 64) - excess)
+            todo = np.flatnonzero(w >= limit)  # redrawn in position order, one word each, until accepted
+            while todo.size:
+                w = self.words(todo.size)
+                ok = w < limit
+                out[todo[ok]] = _residues(w[ok], bound)
+                todo = todo[~ok]
         return out.reshape(shape)
 
     def uniform(self, size) -> np.ndarray:
@@ -735,6 +739,13 @@ def sparse_distinct(n: int, l: int) -> bool:
     """``distinct``'s choice of sampler (the host's and the device's): rows of independent uniform indices, rejected
     on a repeat, where a repeat has probability below 0.4; else the l smallest of n random keys."""
     return l * (l - 1) / (2.0 * n) <= 0.5
+
+
+def _residues(w: np.ndarray, bound: int) -> np.ndarray:
+    """int64 ``w mod bound`` of uint64 words (``bound`` <= 2^62, so every residue fits): a mask for a power of two."""
+    if bound & (bound - 1) == 0:
+        return (w & np.uint64(bound - 1)).view(np.int64)
+    return (w % np.uint64(bound)).view(np.int64)
 
 
 def _has_repeat(idx: np.ndarray) -> np.ndarray:
