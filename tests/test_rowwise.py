@@ -275,3 +275,106 @@ def test_a_release_refuses_shapes_that_fail_the_check_before_reading_rows(tmp_pa
     with pytest.raises(rowwise.RowDependenceError, match="refused for the test"):
         release.run_release(cfg, ["--runner=DirectRunner", "--direct_running_mode=in_memory"])
     assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------- the fixed-order product (GPU workers)
+
+
+def test_fixed_order_matmul_is_the_product_within_the_pairwise_bound():
+    rng = np.random.default_rng(11)
+    for m, k, n in ((64, 784, 32), (64, 1000, 10), (5, 3, 7), (64, 1, 4), (3, 16, 0)):
+        a = torch.tensor(rng.normal(size=(m, k)), dtype=torch.float32)
+        b = torch.tensor(rng.normal(size=(k, n)), dtype=torch.float32)
+        got = rowwise.fixed_order_matmul(a, b).double()
+        exact = a.double() @ b.double()  # float32 products are exact in float64; the float64 sum is far closer
+        scale = a.double().abs() @ b.double().abs()
+        bound = (max(1, (k - 1).bit_length()) + 1) * 2.0**-24 * scale
+        assert got.shape == (m, n) and bool(((got - exact).abs() <= bound).all())
+    small = torch.tensor(rng.integers(-8, 9, size=(64, 37)), dtype=torch.float32)  # exact sums: the same numbers
+    other = torch.tensor(rng.integers(-8, 9, size=(37, 9)), dtype=torch.float32)
+    assert torch.equal(rowwise.fixed_order_matmul(small, other), small @ other)
+
+
+def test_fixed_order_matmul_gives_a_row_the_same_bits_alone_in_any_block_and_in_pieces(monkeypatch):
+    """The point of the path: a row's outputs do not depend on which rows share its block, nor where it lies."""
+    rng = np.random.default_rng(12)
+    a = torch.tensor(rng.normal(size=(64, 784)), dtype=torch.float32)
+    b = torch.tensor(rng.normal(size=(784, 40)), dtype=torch.float32)
+    whole = rowwise.fixed_order_matmul(a, b)
+    for i in (0, 3, 37, 63):
+        assert torch.equal(rowwise.fixed_order_matmul(a[i : i + 1], b)[0], whole[i])
+    assert torch.equal(rowwise.fixed_order_matmul(torch.roll(a, 5, 0), b), torch.roll(whole, 5, 0))
+    monkeypatch.setattr(rowwise, "FIXED_ORDER_PIECE", 64 * 1024 * 3)  # pieces of 3 columns
+    assert torch.equal(rowwise.fixed_order_matmul(a, b), whole)
+
+
+def test_linear_on_the_fixed_order_path_is_f_linear_with_its_gradients(monkeypatch):
+    """``linear`` as a GPU runs it (forced here on the CPU), forward and input gradient through the fixed order."""
+    monkeypatch.setattr(rowwise, "fixed_order_for", lambda device: True)
+    rng = np.random.default_rng(13)
+    for k, n in ((784, 32), (10, 1000), (6, 8)):
+        x = torch.tensor(rng.normal(size=(64, k)), dtype=torch.float64, requires_grad=True)
+        w = torch.tensor(rng.normal(size=(n, k)), dtype=torch.float64, requires_grad=True)
+        b = torch.tensor(rng.normal(size=n), dtype=torch.float64, requires_grad=True)
+        g = torch.tensor(rng.normal(size=(64, n)), dtype=torch.float64)
+        ours, ref = rowwise.linear(x, w, b), F.linear(x, w, b)
+        torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12)
+        for a, e in zip(torch.autograd.grad(ours, [x, w, b], g), torch.autograd.grad(ref, [x, w, b], g)):
+            torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("shaky_op", ["matmul", "row sum"])
+def test_p3gm_on_the_fixed_order_path_passes_where_the_device_kernels_are_position_dependent(monkeypatch, shaky_op):
+    """A device whose matrix product or row sum adds a row's terms in a position-dependent order (simulated: ``@``, or
+    ``sum(dim=1)`` of a float32 matrix, moves the rows at positions 3 mod 8 by one float32 ulp, as a split-K kernel's
+    tiles or a misaligned vector load can) is refused on the device kernels' path and passes on the fixed-order path,
+    whose per-example terms match the kernels' within float32 rounding."""
+    s, params, prior_t = _network(23, 100, 10, 2)
+    rng = np.random.default_rng(14)
+    x = torch.tensor(rng.uniform(-1, 1, (150, 23)), dtype=torch.float32)
+    mu = torch.tensor(rng.normal(size=(150, 10)), dtype=torch.float32)
+    eps = torch.tensor(rng.normal(size=(150, 10)), dtype=torch.float32)
+    y = torch.tensor(rng.integers(0, 2, 150))
+    blas = p3gm.ghost_clipped_sum(params, x, mu, eps, y, prior_t, 1.0, 1.0)
+
+    def moved(out):
+        if out.dtype != torch.float32 or len(out) % 8:
+            return out
+        at = (torch.arange(len(out)) % 8 == 3).reshape((-1,) + (1,) * (out.dim() - 1))
+        return torch.where(at, torch.nextafter(out, torch.full_like(out, math.inf)), out)
+
+    if shaky_op == "matmul":
+        plain = torch.Tensor.__matmul__
+        monkeypatch.setattr(torch.Tensor, "__matmul__", lambda a, b: moved(plain(a, b)))
+    else:
+        plain_sum = torch.Tensor.sum
+
+        def shaky_sum(t, *a, **k):
+            out = plain_sum(t, *a, **k)
+            return moved(out) if t.dim() == 2 and (a[:1] == (1,) or k.get("dim") == 1) else out
+
+        monkeypatch.setattr(torch.Tensor, "sum", shaky_sum)
+    monkeypatch.setattr(p3gm, "_CHECKED_SGD", set())
+    with pytest.raises(rowwise.RowDependenceError, match="depends on its position"):
+        p3gm.check_sgd_block(params, 23, s, prior_t)
+    monkeypatch.setattr(rowwise, "fixed_order_for", lambda device: True)
+    p3gm.check_sgd_block(params, 23, s, prior_t)
+    fixed = p3gm.ghost_clipped_sum(params, x, mu, eps, y, prior_t, 1.0, 1.0)
+    for got, want in zip(fixed, blas):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA")
+@pytest.mark.parametrize("d, hidden, latent", [(784, 32, 3), (131, 32, 3), (784, 1000, 10)])
+def test_p3gm_sgd_block_on_cuda_is_position_invariant_and_its_products_are_the_cpus(d, hidden, latent):
+    """On a card: the shapes an H100 refused (784 inputs, 32 units), a width whose rows are not 16-byte aligned (131)
+    and the default pass the position check, and the fixed-order product has the CPU's bits (elementwise IEEE
+    operations only)."""
+    s, params, prior_t = _network(d, hidden, latent, 10)
+    cuda = {k: v.detach().cuda() for k, v in params.items()}
+    p3gm.check_sgd_block(cuda, d, s, tuple(t.cuda() for t in prior_t))
+    rng = np.random.default_rng(15)
+    a = torch.tensor(rng.normal(size=(64, d)), dtype=torch.float32)
+    w = params["enc1.weight"].detach()
+    assert torch.equal(rowwise.fixed_order_matmul(a.cuda(), w.T.cuda()).cpu(), rowwise.fixed_order_matmul(a, w.T))

@@ -50,7 +50,8 @@ within a relative d 2^-52 of the exact ones (pairwise sums: far closer), and the
 absorbs that and the float64 summation of the batch (``mechanisms.dpsgd``). That one row's float32 forward and backward
 do not depend on which other rows share its batch is made true rather than assumed (``mechanisms.rowwise``): the
 projection, the EM contributions and the DP-SGD passes run on zero-padded blocks of fixed shapes (SGD_BLOCK rows; Linear
-widths padded to multiples of ``rowwise.WIDTH_MULTIPLE``; the projection on one BLAS thread), and the position of a row
+widths padded to multiples of ``rowwise.WIDTH_MULTIPLE`` on the CPU, and on a GPU the Linear products summed in an order
+fixed by the width alone, ``rowwise.fixed_order_matmul``; the projection on one BLAS thread), and the position of a row
 in its block is checked not to matter (``check_shapes`` before any row is read, ``check_sgd_block`` and the cached
 checks again in the fit).
 
@@ -96,7 +97,9 @@ SGD_ROW_CHECK = (
     "on the fit's device and thread count, a block of 64 public random rows in 16 rotations, each shifted by 1 and "
     "by 33 positions: every row's float32 loss, float64 copies of its float32 layer inputs and pre-activation "
     "gradients, and float64 per-example gradient norm (squares summed in a fixed pairwise order of elementwise "
-    "operations) must agree bit for bit, else the release is refused (mechanisms.rowwise)"
+    "operations) must agree bit for bit, else the release is refused (mechanisms.rowwise); on a GPU the Linear "
+    "products and the loss's row sums are added in a fixed pairwise order (rowwise.fixed_order_matmul, row_sums), so "
+    "a release's last bits depend on the device"
 )
 PARAM_NAMES = (
     "enc1.weight",
@@ -368,7 +371,8 @@ def _prior_tensors(prior: MogPrior, latent_dim: int, device) -> tuple[torch.Tens
 def mog_log_density(z: torch.Tensor, log_w: torch.Tensor, means: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
     """log p_MoG(z) per row of z (B, d')."""
     diff = z[:, None, :] - means[None, :, :]
-    comp = -0.5 * (_LOG_2PI + torch.log(var)[None] + diff * diff / var[None]).sum(dim=2)
+    terms = -0.5 * (_LOG_2PI + torch.log(var)[None] + diff * diff / var[None])  # (B, components, d')
+    comp = rowwise.row_sums(terms.reshape(-1, terms.shape[2])).reshape(terms.shape[:2])
     return torch.logsumexp(comp + log_w[None, :], dim=1)
 
 
@@ -385,9 +389,9 @@ def per_example_loss(params: dict, x, mu, eps, y, prior_t, label_weight: float):
     h3 = torch.relu(s3)
     s4 = rowwise.linear(h3, params["dec2.weight"], params["dec2.bias"])
     d = x.shape[-1]
-    recon = 0.5 * ((s4[:, :d] - x) ** 2).sum(dim=1)
+    recon = 0.5 * rowwise.row_sums((s4[:, :d] - x) ** 2)
     ce = F.cross_entropy(s4[:, d:], y, reduction="none")
-    log_q = -0.5 * (_LOG_2PI + logvar + eps * eps).sum(dim=1)
+    log_q = -0.5 * rowwise.row_sums(_LOG_2PI + logvar + eps * eps)
     kl = log_q - mog_log_density(z, *prior_t)
     return recon + label_weight * ce + kl, [(x, s1), (h1, s2), (z, s3), (h3, s4)]
 
@@ -467,7 +471,18 @@ def check_sgd_block(params: dict, dim: int, spec: P3gmSpec, prior_t) -> None:
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else ""
     shapes = tuple((k, tuple(v.shape), str(v.dtype)) for k, v in params.items())
     priors = tuple((tuple(t.shape), str(t.dtype)) for t in prior_t)
-    key = (dim, spec.latent_dim, spec.num_classes, shapes, priors, SGD_BLOCK, str(dev), name, torch.get_num_threads())
+    key = (
+        dim,
+        spec.latent_dim,
+        spec.num_classes,
+        shapes,
+        priors,
+        SGD_BLOCK,
+        str(dev),
+        name,
+        torch.get_num_threads(),
+        rowwise.fixed_order_for(dev),
+    )
     if key in _CHECKED_SGD:
         return
     stream = NoiseStream(public_key("rowwise-check", 0), "p3gm-sgd", dim, spec.latent_dim, spec.num_classes)

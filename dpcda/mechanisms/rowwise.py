@@ -129,6 +129,8 @@ class _WideLinear(torch.autograd.Function):
     @staticmethod
     def forward(x, weight, bias):
         n = weight.shape[0]
+        if fixed_order_for(x.device):
+            return fixed_order_matmul(x, weight.T) + bias
         wp = _widen(_widen(weight, 0), 1)
         out = _widen(x, 1) @ wp.T
         return out[:, :n] + bias
@@ -143,7 +145,9 @@ class _WideLinear(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         n, k = weight.shape
         grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:
+        if ctx.needs_input_grad[0] and fixed_order_for(grad.device):
+            grad_x = fixed_order_matmul(grad, weight)
+        elif ctx.needs_input_grad[0]:
             wp = _widen(_widen(weight, 0), 1)
             grad_x = (_widen(grad, 1) @ wp)[:, :k]
         if ctx.needs_input_grad[1]:
@@ -156,3 +160,61 @@ class _WideLinear(torch.autograd.Function):
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for a 2-D block of rows, at widths that are multiples of WIDTH_MULTIPLE."""
     return _WideLinear.apply(x, weight, bias)
+
+
+def fixed_order_for(device) -> bool:
+    """Whether ``linear`` takes ``fixed_order_matmul`` (and ``row_sums`` its fixed tree) on ``device`` rather than the
+    device's matmul and reduction kernels: everywhere but the CPU. On an H100, p3gm's first layer (784 inputs, 32
+    units) gave 6 of 64 rows other bits when the block was shifted by one row; cuBLAS picks kernels by shape, and a
+    kernel that splits the sum over k (split-K, stream-K) can give a row's tile its own order of additions (our
+    reading, not measured). CUDA's reduction kernel vectorises rows wider than 128 with a per-row alignment shift,
+    so a row sum's order can follow the row's address as well. The CPU's BLAS and reductions pass
+    ``check_position_invariance`` at the shapes used and keep their speed."""
+    return torch.device(device).type != "cpu"
+
+
+def row_sums(v: torch.Tensor) -> torch.Tensor:
+    """Each row's sum of the (rows, width) ``v``: on a ``fixed_order_for`` device in the fixed pairwise tree of
+    ``fixed_order_matmul`` (elementwise adds only: a row's sum has the same bits at any position), on the CPU
+    ``v.sum(dim=1)``. Differentiable either way."""
+    if not fixed_order_for(v.device):
+        return v.sum(dim=1)
+    rows, width = v.shape
+    full = 1 << max(0, (width - 1).bit_length())
+    if full != width:
+        v = torch.cat([v, v.new_zeros((rows, full - width))], dim=1)
+    while v.shape[1] > 1:
+        half = v.shape[1] // 2
+        v = v[:, :half] + v[:, half:]
+    return v[:, 0]
+
+
+FIXED_ORDER_PIECE = 1 << 24  # products held at once by fixed_order_matmul (64 MiB of float32)
+
+
+def fixed_order_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` ((m, k) by (k, n)), each output the sum of its k products in one order fixed by k alone, made of
+    elementwise IEEE operations only (as ``p3gm.row_square_sums``): the products, each correctly rounded, zero-padded
+    to a power-of-two count, then the first half added to the second half until one is left. No operation involves
+    two rows of ``a``, and an elementwise kernel rounds every element alike wherever it lies, so a row's outputs have
+    the same bits at any position of its block, in any batch, on any device that rounds IEEE float32 without
+    flushing subnormals (torch's CPU and CUDA kernels; a device that fused a multiply into the next add would break
+    it, and torch's eager kernels do not fuse). Each output is within (ceil(log2 k) + 1) units of float32 rounding,
+    relative to the sum of the products' magnitudes, of the exact sum. Time and memory are those of forming every
+    product (m k n), in pieces of about FIXED_ORDER_PIECE products (at least one column each), about 1.5 pieces held
+    at once."""
+    m, k = a.shape
+    n = b.shape[1]
+    full = 1 << max(0, (k - 1).bit_length())
+    if full != k:  # zero products: they change no sum's value, and every row gets the same ones
+        a = torch.cat([a, a.new_zeros((m, full - k))], dim=1)
+        b = torch.cat([b, b.new_zeros((full - k, n))], dim=0)
+    cols = max(1, FIXED_ORDER_PIECE // max(1, m * full))
+    pieces = []
+    for j in range(0, n, cols):
+        s = a[:, :, None] * b[None, :, j : j + cols]  # (m, full, piece): the products
+        while s.shape[1] > 1:
+            half = s.shape[1] // 2
+            s = s[:, :half] + s[:, half:]
+        pieces.append(s[:, 0])
+    return torch.cat(pieces, dim=1) if pieces else a.new_zeros((m, n))
