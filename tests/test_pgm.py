@@ -186,3 +186,28 @@ def test_a_refit_to_tolerance_reaches_a_precise_measurement_that_fifty_steps_do_
         errors[name] = np.abs(m.marginal((0, 1)) - meas[-1][1]).sum()
     assert errors["converged"] <= bound < errors["short"], (errors, bound)
     assert base.steps < 1000  # the one-way fit stopped on the tolerance
+
+
+def test_linear_space_calibration_is_the_log_space_one_and_falls_back_where_it_underflows():
+    """Every maximal clique's probabilities equal the log-space recursion's (random models, spread potentials) and
+    brute force; potentials 800 apart on two cliques that favour opposite values of their shared column (each
+    clique's exp underflows where the other's mass is) leave nothing in linear space, and the log-space recursion
+    gives the right answer there."""
+    rng = np.random.default_rng(8)
+    for trial in range(30):
+        d = int(rng.integers(3, 6))
+        sizes = tuple(int(s) for s in rng.integers(2, 5, d))
+        model = pgm.Model(sizes, _random_cliques(rng, d), 1000.0)
+        model.theta = {c: rng.normal(0, 1 + 10 * (trial % 3), v.shape) for c, v in model.theta.items()}
+        lin, log = model._calibrate(model.theta), model._calibrate_log(model._log_potentials(model.theta))
+        for k in model.maximal:
+            np.testing.assert_allclose(lin[k], log[k], rtol=1e-9, atol=1e-300)
+        model._beliefs = None
+        full = _brute(model)
+        for i in range(d):
+            np.testing.assert_allclose(model.marginal((i,)), full.sum(axis=tuple(x for x in range(d) if x != i)))
+    model = pgm.Model((2, 2, 2), [(0, 1), (1, 2)], 10.0)
+    model.theta = {(0, 1): np.array([[800.0, 0.0], [800.0, 0.0]]), (1, 2): np.array([[0.0, 0.0], [800.0, 800.0]])}
+    model._beliefs = None
+    np.testing.assert_allclose(model.marginal((1,)), [5.0, 5.0])
+    np.testing.assert_allclose(model.marginal((0, 2)), np.full((2, 2), 2.5))

@@ -143,7 +143,7 @@ class Model:
         for c, v in (potentials or {}).items():  # earlier potentials, each added to a clique that holds it
             home = self._smallest_holder(c, self.cliques)
             self.theta[home] = self.theta[home] + np.asarray(v, np.float64).reshape(self._within(c, home))
-        self._beliefs, self._probs = None, {}
+        self._beliefs = None
 
     def _smallest_holder(self, c, among) -> Clique:
         """The clique of ``among`` with the fewest cells that holds ``c`` (the first such on a tie), as mbi's
@@ -167,11 +167,47 @@ class Model:
 
     # inference
     def _calibrate(self, theta: dict) -> dict:
-        """Log beliefs of the maximal cliques after HUGIN message passing (mbi's ``message_passing_hugin``)."""
-        beliefs = {k: np.zeros(self._shape(k)) for k in self.maximal}
+        """Each maximal clique's calibrated probabilities (summing to 1) under the log potentials ``theta``: HUGIN
+        message passing (mbi's ``message_passing_hugin``) in linear space. The potentials are exponentiated once per
+        clique (shifted by their maximum), messages are sums rescaled to a maximum of 1 and HUGIN's division skips a
+        separator cell whose message is 0 (the cells it would divide are 0 already). Scalars cancel in the final
+        normalisation, so this is the log-space recursion's result up to rounding, at one exp per clique instead of
+        one per message; where a message or a clique underflows entirely, the log-space recursion decides."""
+        logs = self._log_potentials(theta)
+        pot = {k: np.exp(b - b.max()) for k, b in logs.items()}
+        messages = {}
+        for i, j in self._order:
+            sep = tuple(a for a in i if a in j)
+            tau = pot[i]
+            if (j, i) in messages:
+                back = messages[(j, i)].reshape(self._within(sep, i))
+                tau = np.divide(tau, back, out=np.zeros(np.broadcast_shapes(tau.shape, back.shape)), where=back > 0)
+            msg = tau.sum(axis=self._axes_out(sep, i)).reshape(self._shape(sep))
+            top = msg.max()
+            if not 0.0 < top < math.inf:
+                return self._calibrate_log(logs)
+            msg = msg / top
+            messages[(i, j)] = msg
+            pot[j] = pot[j] * msg.reshape(self._within(sep, j))
+        for k, p in pot.items():
+            total = p.sum()
+            if not 0.0 < total < math.inf:
+                return self._calibrate_log(logs)
+            pot[k] = p / total
+        return pot
+
+    def _log_potentials(self, theta: dict) -> dict:
+        """The log potentials summed into the maximal cliques (each measured clique into its home)."""
+        logs = {k: np.zeros(self._shape(k)) for k in self.maximal}
         for c, v in theta.items():
             k = self._home[c]
-            beliefs[k] = beliefs[k] + v.reshape(self._within(c, k))
+            logs[k] = logs[k] + v.reshape(self._within(c, k))
+        return logs
+
+    def _calibrate_log(self, logs: dict) -> dict:
+        """``_calibrate`` in log space (mbi's recursion as written), from ``_log_potentials``: the fallback where
+        linear space underflows."""
+        beliefs = dict(logs)
         messages = {}
         for i, j in self._order:
             sep = tuple(a for a in i if a in j)
@@ -183,20 +219,18 @@ class Model:
             msg = (np.log(np.exp(tau - top).sum(axis=axes, keepdims=True)) + top).reshape(self._shape(sep))
             messages[(i, j)] = msg
             beliefs[j] = beliefs[j] + msg.reshape(self._within(sep, j))
-        return beliefs
-
-    def _marginals(self, beliefs: dict, cliques) -> dict:
-        """Counts (scaled to ``total``) on each of ``cliques``, each from the maximal clique it is assigned to."""
         probs = {}
+        for k, b in beliefs.items():
+            p = np.exp(b - b.max())
+            probs[k] = p / p.sum()
+        return probs
+
+    def _marginals(self, probs: dict, cliques) -> dict:
+        """Counts (scaled to ``total``) on each of ``cliques``, each from the maximal clique it is assigned to."""
         out = {}
         for c in cliques:
             k = self._home[c]
-            if k not in probs:
-                b = beliefs[k]
-                top = b.max()
-                p = np.exp(b - top)
-                probs[k] = p * (self.total / p.sum())
-            out[c] = probs[k].sum(axis=self._axes_out(c, k)) if c != k else probs[k]
+            out[c] = (probs[k].sum(axis=self._axes_out(c, k)) if c != k else probs[k]) * self.total
         return out
 
     # fitting
@@ -257,13 +291,15 @@ class Model:
                 if stalls >= 2:
                     break
         self.steps = step if iters else 0
-        self.theta, self._beliefs, self._probs = theta, beliefs, {}
+        self.theta, self._beliefs = theta, beliefs
         return self
 
     # queries
     def beliefs(self) -> dict:
+        """Each maximal clique's calibrated probabilities, computed once per potentials (``_beliefs = None``
+        recomputes)."""
         if self._beliefs is None:
-            self._beliefs, self._probs = self._calibrate(self.theta), {}
+            self._beliefs = self._calibrate(self.theta)
         return self._beliefs
 
     def marginal(self, clique: Clique) -> np.ndarray:
@@ -304,13 +340,10 @@ class Model:
             held = out
         return m * self.total
 
-    def _probabilities(self, beliefs: dict, k: Clique) -> np.ndarray:
-        """Clique ``k``'s calibrated probabilities, computed once per calibration."""
-        if k not in self._probs:
-            b = beliefs[k]
-            p = np.exp(b - b.max())
-            self._probs[k] = p / p.sum()
-        return self._probs[k]
+    @staticmethod
+    def _probabilities(beliefs: dict, k: Clique) -> np.ndarray:
+        """Clique ``k``'s calibrated probabilities."""
+        return beliefs[k]
 
     def potentials_for(self, names: Sequence[str]) -> dict:
         """The potentials keyed by column names (mbi's warm start: ``mbi.CliqueVector`` of ``mbi.Factor``)."""
