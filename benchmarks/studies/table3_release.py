@@ -30,7 +30,7 @@ from dpcda.schemas.config import ReleaseConfig
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    names = [f"{m}/{v}" for m, v, _ in VARIANTS if m in ("dpcda", "dpmix")]
+    names = [f"{m}/{v}" for m, v, _ in VARIANTS if m in ("dpcda", "dpmix", "local")]
     ap.add_argument("--variant", default="dpmix/plain", choices=names)
     ap.add_argument("--eps", default="20")
     ap.add_argument("--l", type=int, default=64)
