@@ -423,15 +423,7 @@ def row_square_sums(v: torch.Tensor) -> torch.Tensor:
     second half until one column is left. The order of a row's additions is fixed by the width alone, so its sum
     has the same bits at any position, in any batch, on any device (pairwise summation: relative error at most
     ceil(log2 width) 2^-53 of the exact sum, as the terms are >= 0)."""
-    s = v * v
-    rows, width = s.shape
-    full = 1 << max(0, (width - 1).bit_length())
-    if full != width:
-        s = torch.cat([s, s.new_zeros((rows, full - width))], dim=1)
-    while s.shape[1] > 1:
-        half = s.shape[1] // 2
-        s = s[:, :half] + s[:, half:]
-    return s[:, 0]
+    return rowwise.pairwise_sum(v * v)
 
 
 def ghost_clipped_sum(params: dict, x, mu, eps, y, prior_t, label_weight: float, clip: float):

@@ -177,12 +177,18 @@ def row_sums(v: torch.Tensor) -> torch.Tensor:
     """Each row's sum of the (rows, width) ``v``: on a ``fixed_order_for`` device in the fixed pairwise tree of
     ``fixed_order_matmul`` (elementwise adds only: a row's sum has the same bits at any position), on the CPU
     ``v.sum(dim=1)``. Differentiable either way."""
-    if not fixed_order_for(v.device):
-        return v.sum(dim=1)
-    rows, width = v.shape
+    return pairwise_sum(v) if fixed_order_for(v.device) else v.sum(dim=1)
+
+
+def pairwise_sum(v: torch.Tensor) -> torch.Tensor:
+    """``v`` summed over its axis 1 in one order fixed by that axis's length alone, with elementwise adds only: the
+    axis zero-padded to a power of two, then its first half added to its second half until one is left (pairwise
+    summation). Every element of the result gets the same sequence of correctly rounded additions wherever it lies,
+    on any device that does not flush subnormals."""
+    width = v.shape[1]
     full = 1 << max(0, (width - 1).bit_length())
     if full != width:
-        v = torch.cat([v, v.new_zeros((rows, full - width))], dim=1)
+        v = torch.cat([v, v.new_zeros(v.shape[:1] + (full - width,) + v.shape[2:])], dim=1)
     while v.shape[1] > 1:
         half = v.shape[1] // 2
         v = v[:, :half] + v[:, half:]
@@ -212,9 +218,5 @@ def fixed_order_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     cols = max(1, FIXED_ORDER_PIECE // max(1, m * full))
     pieces = []
     for j in range(0, n, cols):
-        s = a[:, :, None] * b[None, :, j : j + cols]  # (m, full, piece): the products
-        while s.shape[1] > 1:
-            half = s.shape[1] // 2
-            s = s[:, :half] + s[:, half:]
-        pieces.append(s[:, 0])
+        pieces.append(pairwise_sum(a[:, :, None] * b[None, :, j : j + cols]))  # the products (m, full, piece)
     return torch.cat(pieces, dim=1) if pieces else a.new_zeros((m, n))
