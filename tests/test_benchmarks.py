@@ -643,3 +643,17 @@ def test_bench_mix_gpu_times_the_release_path_with_index_and_noise_shares(capsys
     assert "index share" in lines[1] and "noise share" in lines[1]
     row = [c.strip() for c in lines[3].strip("|").split("|")]
     assert row[0] == "256" and len(row) == 9 and row[6].endswith("%") and row[8].endswith("%")
+
+
+def test_table3_release_recipe_changes_parse_fields_by_type_and_refuse_bad_ones():
+    from benchmarks.studies.table3_release import recipe_changes
+
+    assert recipe_changes(["lr=3e-4", "batch_size=1024", "dropout=none", "channels_last=false"]) == {
+        "lr": 3e-4,
+        "batch_size": 1024,
+        "dropout": None,
+        "channels_last": False,
+    }
+    for bad, needle in ((["foo=1"], "FIELD=VALUE"), (["lr"], "FIELD=VALUE"), (["batch_size=big"], "not a int")):
+        with pytest.raises(SystemExit, match=needle):
+            recipe_changes(bad)

@@ -1,6 +1,7 @@
 """One release of a Table 3 cell, re-created and trained with one or more recipes: the CNN's curves beside its probe.
 
     python -m benchmarks.studies.table3_release --variant dpmix/plain --eps 20 --l 64 --release 1 --recipes new scaled
+    python -m benchmarks.studies.table3_release --variant local/plain --eps 10 --l 1 --set lr=3e-4   # a recipe change
 
 The release is the one ``benchmarks.reproduce.reproduce_table3`` draws for that cell (release 0 is the l-search
 release, seed ``crc32(dataset/mechanism/variant/eps) % 10^6 + l + 1000 r``), built by the same code
@@ -13,6 +14,7 @@ thread count (``OMP_NUM_THREADS``) is printed, because the training's floating-p
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 import zlib
@@ -20,12 +22,35 @@ import zlib
 import torch
 
 from benchmarks.reproduce.reproduce_table3 import VARIANTS, load
-from dpcda.evaluation.train import RECIPES, train_and_score
+from dpcda.evaluation.train import RECIPES, Recipe, train_and_score
 from dpcda.mechanisms.inprocess import first_pass, release_in_process
 from dpcda.mechanisms.plan import normalize
 from dpcda.pipeline.prepare import FASHION_MNIST_DIR
 from dpcda.privacy.noise import key_from_test_seed
 from dpcda.schemas.config import ReleaseConfig
+
+
+def recipe_changes(items) -> dict:
+    """``FIELD=VALUE`` strings as ``Recipe`` field changes, each value parsed as the field's default's type (``none``:
+    None); an unknown field or a bad value is a one-line error."""
+    fields = {f.name: f for f in dataclasses.fields(Recipe)}
+    out = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or name not in fields:
+            raise SystemExit(f"--set: {item!r} is not FIELD=VALUE with FIELD one of {sorted(fields)}")
+        default = fields[name].default
+        if text.lower() == "none":
+            out[name] = None
+        elif isinstance(default, bool):
+            out[name] = text.lower() in ("1", "true", "yes")
+        else:
+            kind = type(default) if default is not None else float
+            try:
+                out[name] = kind(text)
+            except ValueError:
+                raise SystemExit(f"--set: {name}={text!r} is not a {kind.__name__}") from None
+    return out
 
 
 def main(argv=None) -> None:
@@ -38,6 +63,13 @@ def main(argv=None) -> None:
     ap.add_argument("--recipes", nargs="+", default=["grouped"], choices=list(RECIPES))
     ap.add_argument("--training-seed", type=int, default=None, help="default: the release's seed, as Table 3")
     ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument(
+        "--set",
+        nargs="+",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="change recipe fields for this run (e.g. lr=3e-4 batch_size=1024 dropout=none): a study, not a recipe",
+    )
     ap.add_argument("--source", default=FASHION_MNIST_DIR)
     args = ap.parse_args(argv)
     x, y, tx, ty, lowpass = load("fashion-mnist", args.source)
@@ -53,8 +85,10 @@ def main(argv=None) -> None:
     )
     feats, labels, plan, scores = release_in_process(x, y, cfg.core, key_from_test_seed(seed), first=first_pass(x, y))
     test = normalize(tx, plan.mean, plan.std, plan.clip, plan.bounds)
+    changes = recipe_changes(args.set)
     for name in args.recipes:
         t0 = time.time()
+        recipe = dataclasses.replace(RECIPES[name], **changes)
         res = train_and_score(
             feats,
             labels,
@@ -66,7 +100,7 @@ def main(argv=None) -> None:
             progress=False,
             device="cpu",
             soft_labels=scores if plan.mechanism == "dpmix" else None,
-            recipe=RECIPES[name],
+            recipe=recipe,
             track_test=True,
         )
         c = res["curves"][0]
@@ -77,7 +111,7 @@ def main(argv=None) -> None:
                     "release": args.release,
                     "release_seed": seed,
                     "training_seed": res["seeds"][0],
-                    "recipe": name,
+                    "recipe": name + "".join(f" {k}={v}" for k, v in changes.items()),
                     "accuracy": round(res["accuracy_mean"], 4),
                     "probe": round(res["probe"]["accuracy"], 4),
                     "train_loss": [round(v, 5) for v in c["train_loss"]],
