@@ -211,3 +211,11 @@ def test_linear_space_calibration_is_the_log_space_one_and_falls_back_where_it_u
     model._beliefs = None
     np.testing.assert_allclose(model.marginal((1,)), [5.0, 5.0])
     np.testing.assert_allclose(model.marginal((0, 2)), np.full((2, 2), 2.5))
+    # one separator cell's message underflows to 0 (column 1 = 1 is e^-800 likely): HUGIN's division skips it
+    model.theta = {(0, 1): rng.normal(0, 1, (2, 2)), (1, 2): np.array([[0.3, 0.0], [-800.0, -800.0]])}
+    model._beliefs = None
+    assert model._calibrate(model.theta) is not None
+    full = _brute(model)
+    for c in ((0,), (1,), (2,), (0, 1), (1, 2), (0, 2)):
+        want = full.sum(axis=tuple(x for x in range(3) if x not in c))
+        np.testing.assert_allclose(model.marginal(c), want, rtol=1e-12, atol=1e-300)

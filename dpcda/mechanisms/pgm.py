@@ -139,6 +139,9 @@ class Model:
         self.maximal = sorted(self._tree.nodes)
         self._order = _collect_distribute(self._tree)
         self._home = {c: self._smallest_holder(c, self.maximal) for c in self.cliques}
+        self._trees = {
+            k: _reduction_tree(k, [c for c in self.cliques if self._home[c] == k], self.sizes) for k in self.maximal
+        }
         self.theta = {c: np.zeros(self._shape(c)) for c in self.cliques}
         for c, v in (potentials or {}).items():  # earlier potentials, each added to a clique that holds it
             home = self._smallest_holder(c, self.cliques)
@@ -181,7 +184,10 @@ class Model:
             tau = pot[i]
             if (j, i) in messages:
                 back = messages[(j, i)].reshape(self._within(sep, i))
-                tau = np.divide(tau, back, out=np.zeros(np.broadcast_shapes(tau.shape, back.shape)), where=back > 0)
+                if back.min() > 0.0:
+                    tau = tau / back
+                else:
+                    tau = np.divide(tau, back, out=np.zeros(np.broadcast_shapes(tau.shape, back.shape)), where=back > 0)
             msg = tau.sum(axis=self._axes_out(sep, i)).reshape(self._shape(sep))
             top = msg.max()
             if not 0.0 < top < math.inf:
@@ -197,11 +203,13 @@ class Model:
         return pot
 
     def _log_potentials(self, theta: dict) -> dict:
-        """The log potentials summed into the maximal cliques (each measured clique into its home)."""
-        logs = {k: np.zeros(self._shape(k)) for k in self.maximal}
-        for c, v in theta.items():
-            k = self._home[c]
-            logs[k] = logs[k] + v.reshape(self._within(c, k))
+        """The log potentials summed into the maximal cliques (each measured clique into its home), along each home's
+        ``_reduction_tree`` upwards: cliques that lack the same columns are added on the smaller array first."""
+        logs = {}
+        for k in self.maximal:
+            acc = _tree_up(self._trees[k], theta)
+            shape = self._shape(k)
+            logs[k] = np.zeros(shape) if acc is None else acc if acc.shape == shape else acc + np.zeros(shape)
         return logs
 
     def _calibrate_log(self, logs: dict) -> dict:
@@ -226,12 +234,12 @@ class Model:
         return probs
 
     def _marginals(self, probs: dict, cliques) -> dict:
-        """Counts (scaled to ``total``) on each of ``cliques``, each from the maximal clique it is assigned to."""
-        out = {}
-        for c in cliques:
-            k = self._home[c]
-            out[c] = (probs[k].sum(axis=self._axes_out(c, k)) if c != k else probs[k]) * self.total
-        return out
+        """Counts (scaled to ``total``) on each of ``cliques`` (the model's), each from the maximal clique it is
+        assigned to, down that clique's ``_reduction_tree``: a column summed out once serves every clique without it."""
+        found: dict = {}
+        for k in self.maximal:
+            _tree_down(self._trees[k], probs[k], found)
+        return {c: found[c] * self.total for c in cliques}
 
     # fitting
     def _route(self, measurements) -> list:
@@ -348,6 +356,46 @@ class Model:
     def potentials_for(self, names: Sequence[str]) -> dict:
         """The potentials keyed by column names (mbi's warm start: ``mbi.CliqueVector`` of ``mbi.Factor``)."""
         return {tuple(names[i] for i in c): v for c, v in self.theta.items()}
+
+
+def _reduction_tree(s: Clique, targets: Sequence[Clique], sizes: Sequence[int]) -> tuple:
+    """(the targets equal to ``s``, [(axis of ``s``, the tree on ``s`` without that column)]): each target (a subset
+    of ``s``, ascending) is reached by summing out one column at a time. At each node the column summed out is the one
+    the most remaining targets lack (ties: the larger column, then the first), and the targets lacking it go down that
+    branch, so cliques that drop the same columns share the sums."""
+    exact = [c for c in targets if tuple(c) == tuple(s)]
+    rest = [c for c in targets if tuple(c) != tuple(s)]
+    children = []
+    while rest:
+        a = max(s, key=lambda col: (sum(col not in c for c in rest), sizes[col], -s.index(col)))
+        group = [c for c in rest if a not in c]
+        children.append((s.index(a), _reduction_tree(tuple(x for x in s if x != a), group, sizes)))
+        rest = [c for c in rest if a in c]
+    return exact, children
+
+
+def _tree_down(tree: tuple, arr: np.ndarray, out: dict) -> None:
+    """Every target of ``tree`` (built on the clique whose array is ``arr``) into ``out``, by the tree's sums."""
+    exact, children = tree
+    for c in exact:
+        out[c] = arr
+    for axis, child in children:
+        _tree_down(child, arr.sum(axis=axis), out)
+
+
+def _tree_up(tree: tuple, theta: dict) -> Optional[np.ndarray]:
+    """The sum of the targets' arrays (``theta[c]``, on c's columns) broadcast onto the tree's clique (size-1 axes
+    where no target holds a column), or None without targets: ``_tree_down``'s transpose."""
+    exact, children = tree
+    acc = None
+    for c in exact:
+        acc = theta[c] if acc is None else acc + theta[c]
+    for axis, child in children:
+        sub = _tree_up(child, theta)
+        if sub is not None:
+            sub = np.expand_dims(sub, axis)
+            acc = sub if acc is None else acc + sub
+    return acc
 
 
 def _collect_distribute(tree) -> list:
