@@ -71,7 +71,7 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, nargs="+", default=[100, 300, 1000])
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    import dpcda
+    from benchmarks.studies.aim_rounds import aim_release
     from dpcda.mechanisms import pgm
 
     wanted, real_fit, seen = set(args.rounds), pgm.Model.fit, [0]
@@ -99,14 +99,7 @@ def main(argv=None) -> None:
         return real_fit(self, measurements, iters, tol)
 
     pgm.Model.fit = fit
-    dpcda.release(
-        os.path.join(args.data, "train", "*.parquet"),
-        epsilon=args.eps,
-        mechanism="marginals",
-        config="examples/wa_churn.yaml",
-        seed=args.seed,
-        marginals_selection="aim",
-    )
+    aim_release(args.data, args.eps, args.seed)
 
 
 if __name__ == "__main__":

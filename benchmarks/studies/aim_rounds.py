@@ -54,18 +54,25 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.xla_o0:
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + XLA_O0).strip()
-    import dpcda
+    import dpcda  # noqa: F401  (JAX starts here, after XLA_FLAGS)
 
     logging.getLogger().addHandler(_Rounds(args.rounds))
     logging.getLogger().setLevel(logging.INFO)
     print(f"eps {args.eps:g}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
     print("| round | wall s | cpu s | clique, std, annealed |\n|---|---|---|---|")
-    dpcda.release(
-        os.path.join(args.data, "train", "*.parquet"),
-        epsilon=args.eps,
+    aim_release(args.data, args.eps, args.seed)
+
+
+def aim_release(data: str, eps: float, seed: int):
+    """An AIM release of the wa_churn table prepared under ``data`` (examples/wa_churn.yaml's schema), TEST seed."""
+    import dpcda
+
+    return dpcda.release(
+        os.path.join(data, "train", "*.parquet"),
+        epsilon=eps,
         mechanism="marginals",
         config="examples/wa_churn.yaml",
-        seed=args.seed,
+        seed=seed,
         marginals_selection="aim",
     )
 
