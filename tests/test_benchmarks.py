@@ -380,6 +380,20 @@ def test_table3_resume_keeps_a_cell_only_where_its_recipe_trains_as_the_wanted_o
     assert not current("scaled", "grouped", "dpcda") and not current("scaled", "grouped", "dpmix")  # the norm
 
 
+def test_table3_merge_takes_a_cell_measured_with_the_wanted_recipe_over_an_older_one(tmp_path):
+    from benchmarks.reproduce.reproduce_table3 import load_done
+
+    head = "dataset,mechanism,variant,epsilon,runs,mean,recipe\n"
+    (tmp_path / "main.csv").write_text(head + "digits,dpcda,fixed,20,3,0.60,old\n")
+    (tmp_path / "split.csv").write_text(head + "digits,dpcda,fixed,20,3,0.70,grouped\n")
+    paths = [str(tmp_path / "main.csv"), str(tmp_path / "split.csv")]
+    assert load_done(paths, "digits", "grouped")[("dpcda", "fixed", "20")]["mean"] == "0.70"
+    assert load_done(paths, "digits", "old")[("dpcda", "fixed", "20")]["mean"] == "0.60"
+    (tmp_path / "split.csv").write_text(head + "digits,dpcda,fixed,20,1,0.70,grouped\n")  # fewer releases, wanted
+    assert load_done(paths, "digits", "grouped")[("dpcda", "fixed", "20")]["mean"] == "0.70"
+    assert load_done(paths, "digits")[("dpcda", "fixed", "20")]["mean"] == "0.60"  # no recipe: most releases
+
+
 def _seed004_loop(accuracies):
     """Seed 004's ``classify`` loop (ml_task/mnist_classification.py), fed a fixed sequence of test accuracies."""
     temp_results, max_value = [], 0

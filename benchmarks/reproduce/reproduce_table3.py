@@ -177,7 +177,7 @@ def main(argv=None) -> None:
         epochs = args.epochs or (5 if dataset == "fashion-mnist" else 20)
         first = first_pass(x, y)
         stem = os.path.join(args.out, f"table3_{dataset.replace('-', '_')}")
-        kept = load_done([stem + ".csv", *args.merge], dataset) if args.resume else {}
+        kept = load_done([stem + ".csv", *args.merge], dataset, args.recipe) if args.resume else {}
         done = {k: r for k, r in kept.items() if current(r.get("recipe") or "old", args.recipe, k[0])}
         rows = list(kept.values())
         if rows:  # the merged table (and the md in today's layout) before any new cell
@@ -281,9 +281,14 @@ def current(recorded: str, wanted: str, mechanism: str) -> bool:
     return recorded in RECIPES and same_training(RECIPES[recorded], RECIPES[wanted], mechanism == "dpmix")
 
 
-def load_done(paths, dataset: str) -> dict:
+def load_done(paths, dataset: str, recipe: str | None = None) -> dict:
     """The cells already measured in these CSVs (those that exist), keyed by (mechanism, variant, eps); a cell in
-    several files is taken from the one with the most releases."""
+    several files is taken from the one measured with `recipe` (when given), then with the most releases."""
+
+    def rank(row):
+        now = recipe is None or current(row.get("recipe") or "old", recipe, row["mechanism"])
+        return (now, int(row["runs"]))
+
     done = {}
     for path in paths:
         if not os.path.exists(path):
@@ -297,7 +302,7 @@ def load_done(paths, dataset: str) -> dict:
                 if src and not src.startswith(("MNIST, ", "Fashion-MNIST, ")):  # older rows: the dataset named first
                     mnist = src.endswith(" (MNIST)")
                     row["paper_source"] = ("MNIST, " if mnist else "Fashion-MNIST, ") + src.removesuffix(" (MNIST)")
-                if key not in done or int(row["runs"]) > int(done[key]["runs"]):
+                if key not in done or rank(row) > rank(done[key]):
                     done[key] = row
     return done
 
