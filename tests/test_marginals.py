@@ -158,6 +158,58 @@ def test_decoded_rows_have_the_input_schema_and_land_in_their_bins():
     assert not np.array_equal(tenure, np.array(table.column("tenure").to_pylist()))  # drawn, not copied
 
 
+EDGES = {
+    "label": {"name": "y", "categories": ["a", "b"]},
+    "columns": [
+        {"name": "expenses", "kind": "numeric", "lower": 0, "upper": 200},  # 70, 90, 130, ...: encodings round down
+        {"name": "age", "kind": "numeric", "lower": 18, "upper": 80},  # edges 21.1, 24.2, ...: not integers
+        {"name": "table", "kind": "numeric", "lower": 40.0, "upper": 100.0, "nullable": True},  # 43, 46, ...: edges
+    ],
+}
+
+
+def test_a_value_on_a_bin_edge_is_coded_in_the_bin_above_as_the_table_metrics_bin_it():
+    """Codes read off the float32 encoding as floor(x * bins) put 70 in [0, 200] (0.35 -> 0.34999999) in the bin
+    below its own: 5 % of a real table's rows (credit_data's Expenses) in another bin than the analyst's."""
+    from dpcda.evaluation.table_metrics import codes as metric_codes
+
+    schema = parse_table_schema(EDGES)
+    n = 201
+    table = pa.table(
+        {
+            "expenses": pa.array(np.arange(n, dtype=np.int64)),
+            "age": pa.array(np.arange(n, dtype=np.int64) % 63 + 18),
+            "table": pa.array([None if k % 50 == 0 else 40.0 + 0.5 * (k % 121) for k in range(n)], pa.float64()),
+            "y": pa.array(["a", "b"] * 100 + ["a"]),
+        }
+    )
+    block = encode_batch(table, schema, "t.parquet", 0)
+    ours = mg.codes_of(block.features, block.labels, schema, 20)
+    theirs = metric_codes(table, schema)
+    for j, col in enumerate(schema.columns):
+        assert np.array_equal(ours[:, j], theirs[col.name][0]), col.name
+    old = np.minimum(np.floor(block.features[:, 0].astype(np.float64) * 20), 19)
+    assert np.flatnonzero(old != ours[:, 0]).tolist() == [70, 90, 130, 140, 180, 190]  # the old reading: a bin low
+    # every integer's bin in integer_bins is its code's, and values drawn inside a bin code back to it
+    col = schema.columns[0]
+    tab = mg.integer_bins(col, 20)
+    assert [len(t) for t in tab] == [10] * 19 + [11] and {round(float(v) * 200) for v in tab[7]} == set(range(70, 80))
+    edges = mg.encoded_edges(col, 20)
+    codes = np.repeat(np.arange(20), 500)
+    for u in (np.zeros(codes.size), np.nextafter(np.ones(codes.size), 0), np.linspace(0, 1, codes.size, False)):
+        x = mg.inside_bins(codes, u, edges)
+        assert x.dtype == np.float32 and x.min() >= 0 and x.max() <= 1
+        assert np.array_equal(np.searchsorted(edges[1:-1], x, side="right"), codes)
+    # bounds too narrow for their magnitude: float32 edges repeat, an empty bin gets its edge, inside [0, 1]
+    narrow = parse_table_schema(
+        {"label": EDGES["label"], "columns": [{"name": "c", "kind": "numeric", "lower": 1e15, "upper": 1e15 + 0.25}]}
+    ).columns[0]
+    edges = mg.encoded_edges(narrow, 20)
+    assert len(np.unique(edges)) < 21
+    x = mg.inside_bins(np.arange(20), np.zeros(20), edges)
+    assert x.min() >= 0 and x.max() <= 1 and np.array_equal(x, edges[:-1])
+
+
 def test_an_empty_integer_bin_gets_its_nearest_integer():
     col = parse_table_schema(
         {

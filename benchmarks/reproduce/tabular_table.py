@@ -48,6 +48,7 @@ import typing
 import zlib
 
 import numpy as np
+import pyarrow.parquet as pq
 import yaml
 
 from benchmarks.files import RESULTS, ROOT, write_csv, write_text
@@ -112,8 +113,16 @@ def one_release(train, test, conf: dict, method: dict, eps: float, seed: int, re
         table["decoding"] = method["decoding"]
     schema = parse_table_schema(table)
     l = conf.get("mixing_order", 4)
+    with tempfile.TemporaryDirectory() as tmp:
+        # the input as a release reads it: the marginals mechanism reads the Parquet footer's integer columns
+        source = os.path.join(tmp, "train.parquet")
+        pq.write_table(train, source)
+        return _release(train, test, schema, method, eps, seed, return_table, l, source)
+
+
+def _release(train, test, schema, method: dict, eps: float, seed: int, return_table: bool, l, source: str):
     cfg = ReleaseConfig(
-        input="in-process",
+        input=source,
         output="in-process",
         epsilon=eps,
         seed=seed,

@@ -6,8 +6,9 @@ Neighbouring relation: add or remove one record (all its columns, the label incl
 
 Codes. Every column of the table (the label last) becomes integer codes on PUBLIC bins, read off the encoded rows that
 ``storage.tables.encode_batch`` makes from the public ``table:`` schema: a categorical column its category's index, a
-boolean 0/1, a numeric column one of ``bins`` equal bins of its declared [lower, upper], a nullable column one more code
-for null, the label its class index. Nothing about the bins depends on the data.
+boolean 0/1, a numeric column one of ``bins`` equal bins of its declared [lower, upper] (``encoded_edges``: a value on
+an edge in the bin above it, as ``evaluation.table_metrics`` bins it), a nullable column one more code for null, the
+label its class index. Nothing about the bins depends on the data.
 
 Measuring (``MarginalCounter``: count arrays merged by addition, memory independent of the rows, the core of a Beam
 combiner). MST's three thirds of a zCDP budget (``privacy.marginals``): every column's one-way counts plus Gaussian
@@ -104,12 +105,28 @@ def codes_of(x01: np.ndarray, labels: np.ndarray, schema, bins: int) -> np.ndarr
         elif col.kind == "boolean":
             code = (x[:, at] > 0.5).astype(np.int64)
         else:
-            code = np.minimum(np.floor(np.clip(x[:, at].astype(np.float64), 0.0, 1.0) * bins), bins - 1)
+            code = np.searchsorted(encoded_edges(col, bins)[1:-1], x[:, at].astype(np.float32), side="right")
         if col.nullable:
             code = np.where(x[:, at + col.width - 1] > 0.5, _values(col, bins), code)
         out[:, j] = code
     out[:, -1] = np.asarray(labels, np.int64)
     return out
+
+
+def encoded(col, values: np.ndarray) -> np.ndarray:
+    """Numeric values of ``col`` as ``storage.tables.encode_batch`` encodes them: float32 of (v - lower) / (upper -
+    lower), computed in float64."""
+    return ((np.asarray(values, np.float64) - col.lower) / (col.upper - col.lower)).astype(np.float32)
+
+
+def encoded_edges(col, bins: int) -> np.ndarray:
+    """The ``bins + 1`` edges of a numeric column's equal bins, ``numpy.linspace(lower, upper, bins + 1)`` in its
+    values, encoded (``encoded``). A value v lies in bin b where edge b <= v < edge b + 1 (the last bin takes
+    ``upper``); as the encoding is monotone, its code (``searchsorted(edges[1:-1], encoded v, "right")``) is b for every
+    v on an edge or further than float32's rounding from one: ``evaluation.table_metrics``'s bins. Read off the
+    encoding as ``floor(x * bins)``, a value on an edge whose encoding rounds down (70 in [0, 200]: 0.35 ->
+    0.34999999) would fall into the bin below."""
+    return encoded(col, np.linspace(col.lower, col.upper, bins + 1))
 
 
 MAX_INTEGER_VALUES = 1 << 20  # an integer column with more values in its bounds draws inside its bin, then rounds
@@ -122,17 +139,29 @@ def integer_bins(col, bins: int) -> Optional[list]:
     lo, hi = math.ceil(col.lower), math.floor(col.upper)
     if hi - lo + 1 > MAX_INTEGER_VALUES:
         return None
-    k = np.arange(lo, hi + 1, dtype=np.float64)
-    enc = ((k - col.lower) / (col.upper - col.lower)).astype(np.float32)
-    code = np.minimum(np.floor(enc.astype(np.float64) * bins), bins - 1).astype(np.int64)
+    enc = encoded(col, np.arange(lo, hi + 1, dtype=np.float64))
+    edges = encoded_edges(col, bins)
+    code = np.searchsorted(edges[1:-1], enc, side="right")
     out = []
     for b in range(bins):
         inside = enc[code == b]
         if inside.size == 0:
-            middle = (b + 0.5) / bins
+            middle = (float(edges[b]) + float(edges[b + 1])) / 2
             inside = enc[[int(np.argmin(np.abs(enc.astype(np.float64) - middle)))]]
         out.append(inside)
     return out
+
+
+def inside_bins(codes: np.ndarray, u: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Encoded float32 values drawn uniformly inside bins ``codes`` (``u``: uniforms in [0, 1)): edge b + u (edge b + 1
+    - edge b), kept below edge b + 1 where float32 rounding would reach it (the last bin reaches 1); a bin whose edges
+    are one float32 (bounds too narrow for their magnitude: it holds no value) gets its edge."""
+    lo, hi = edges[codes].astype(np.float64), edges[codes + 1].astype(np.float64)
+    x = (lo + u * (hi - lo)).astype(np.float32)
+    below = np.nextafter(edges[codes + 1], np.float32(-np.inf))
+    last = codes == len(edges) - 2
+    x = np.where(last, np.minimum(x, np.float32(1.0)), np.minimum(x, below))
+    return np.where(hi > lo, x, edges[codes]).astype(np.float32)
 
 
 def rows_of(
@@ -154,7 +183,7 @@ def rows_of(
         else:
             table = integer_bins(col, bins) if col.name in integers else None
             if table is None:
-                x[rows, at] = np.clip((c[rows] + stream.uniform(rows.size)) / bins, 0.0, 1.0)
+                x[rows, at] = inside_bins(c[rows], stream.uniform(rows.size), encoded_edges(col, bins))
             else:
                 for b in np.unique(c[rows]):
                     at_b = rows[c[rows] == b]
