@@ -392,6 +392,10 @@ def test_table3_merge_takes_a_cell_measured_with_the_wanted_recipe_over_an_older
     (tmp_path / "split.csv").write_text(head + "digits,dpcda,fixed,20,1,0.70,grouped\n")  # fewer releases, wanted
     assert load_done(paths, "digits", "grouped")[("dpcda", "fixed", "20")]["mean"] == "0.70"
     assert load_done(paths, "digits")[("dpcda", "fixed", "20")]["mean"] == "0.60"  # no recipe: most releases
+    head = "dataset,mechanism,variant,epsilon,runs,mean,recipe,searched\n"
+    (tmp_path / "main.csv").write_text(head + "digits,dpcda,fixed,20,3,0.70,grouped,16:0.70\n")
+    (tmp_path / "split.csv").write_text(head + "digits,dpcda,fixed,20,3,0.70,grouped,4:0.65 16:0.70\n")
+    assert load_done(paths, "digits", "grouped")[("dpcda", "fixed", "20")]["searched"] == "4:0.65 16:0.70"
 
 
 def _seed004_loop(accuracies):

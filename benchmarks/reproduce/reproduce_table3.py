@@ -283,11 +283,12 @@ def current(recorded: str, wanted: str, mechanism: str) -> bool:
 
 def load_done(paths, dataset: str, recipe: str | None = None) -> dict:
     """The cells already measured in these CSVs (those that exist), keyed by (mechanism, variant, eps); a cell in
-    several files is taken from the one measured with `recipe` (when given), then with the most releases."""
+    several files is taken from the one measured with `recipe` (when given), then with the most releases, then the
+    widest search of l."""
 
     def rank(row):
         now = recipe is None or current(row.get("recipe") or "old", recipe, row["mechanism"])
-        return (now, int(row["runs"]))
+        return (now, int(row["runs"]), len((row.get("searched") or "").split()))
 
     done = {}
     for path in paths:
