@@ -296,6 +296,53 @@ def test_mst_label_measures_the_label_pairs_from_the_same_share():
         assert ev.two_way_std == pytest.approx(math.sqrt(two_way / (2 * ev.rho / 3)))
 
 
+def test_mst_compresses_cells_its_noisy_counts_cannot_tell_from_empty_and_decompresses_uniformly():
+    """private-pgm's compress_domain: one-way cells below 3 stds merged (post-processing of the noisy counts), the pairs
+    measured on the merged codes (a record still in one cell: sensitivity 1), codes mapped back uniformly."""
+    from dpcda.privacy.marginals import split
+
+    dom = mg.Domain(("a", "b", "y"), (6, 4, 2), 20)
+    counter = mg.MarginalCounter(dom)
+    rng = np.random.default_rng(2)
+    n = 4000
+    a = rng.choice(6, n, p=[0.5, 0.5, 0, 0, 0, 0])  # codes 2 to 5 empty
+    codes = np.stack([a, rng.integers(0, 4, n), (a + rng.integers(0, 2, n)) % 2], 1)
+    acc = counter.add(counter.create(), codes)
+    ev = split(10.0, one_way=3, rounds=2, two_way=4)
+    mapping = mg.compression([counter.marginal(acc, (i,)).astype(float) for i in range(3)], ev.one_way_std)
+    assert list(mapping) == [0] and mapping[0].tolist() == [0, 1, 2, 2, 2, 2]
+    noisy = [np.array([0.5, 9.0, 2.9]), np.array([0.0, 0.0]), np.array([3.0, 0.1]), np.array([4.0, 5.0])]
+    comp = mg.compression(noisy, 1.0)
+    assert comp[0].tolist() == [1, 0, 1] and comp[1].tolist() == [0, 0]  # nothing kept: one code
+    assert comp[2].tolist() == [0, 1] and 3 not in comp  # 3 stds is kept; nothing merged: left out
+    small = mg.CompressedCounter(counter, mapping)
+    assert small.domain.sizes == (3, 4, 2)
+    for clique in ((0,), (0, 1), (0, 2), (1, 2)):
+        mapped = codes.copy()
+        mapped[:, 0] = mapping[0][codes[:, 0]]
+        want = np.zeros(tuple(small.domain.sizes[c] for c in clique), np.int64)
+        np.add.at(want, tuple(mapped[:, c] for c in clique), 1)
+        assert np.array_equal(small.marginal(acc, clique), want), clique
+    plan = mg.MarginalsPlan("mst-label", dom, 10, ev.rho, ev)
+    m = mg.measure(counter, acc, plan, KEY)
+    assert list(m.mapping) == [0] and m.mapping[0].tolist() == [0, 1, 2, 2, 2, 2]  # the empty codes merged
+    assert [y.shape for y in m.two_way if y.shape[0] in (3, 6)] and all(
+        y.shape[0] == 3 for (i, _), y in zip(m.pairs, m.two_way) if i == 0
+    )  # the pairs measured on the merged codes
+    assert [len(y) for y in m.one_way] == [6, 4, 2]  # the one-way counts as measured: the full domain
+    # decompressing: kept codes to their own, the merged code uniformly over the merged ones
+    back = mg.decompress(np.stack([np.repeat([0, 1, 2], 4000), np.zeros(12000, np.int64)], 1), {0: mapping[0]},
+                         NoiseStream(KEY, "decompress"))  # fmt: skip
+    assert np.array_equal(back[:8000, 0], np.repeat([0, 1], 4000)) and not back[:, 1].any()
+    drawn = np.bincount(back[8000:, 0], minlength=6)
+    assert drawn[:2].sum() == 0 and stats.chisquare(drawn[2:]).pvalue >= P_MIN
+    inter = mg.compression([np.array([0.5, 9.0, 2.9, 8.0])], 1.0)  # merged codes between kept ones
+    assert inter[0].tolist() == [2, 0, 2, 1]
+    back = mg.decompress(np.array([[0], [1], [2]] * 100), inter, NoiseStream(KEY, "decompress", "inter"))
+    assert back[0::3, 0].tolist() == [1] * 100 and back[1::3, 0].tolist() == [3] * 100  # the k-th kept code
+    assert set(back[2::3, 0].tolist()) == {0, 2}
+
+
 # ---------------------------------------------------------------- accounting
 
 

@@ -17,14 +17,18 @@ round among the pairs that join two trees of the forest picked so far, scoring a
 exact two-way counts and what the noisy one-way counts predict for it (independence: sensitivity 1, as a record moves
 one cell by one); the picked pairs' two-way counts plus Gaussian noise (``mst-label``: and the label's pair with every
 other column, chosen in advance, so not selected: measured from the same third). Only noisy counts leave ``measure``;
-the exact two-way counts feed the scores only. Noise comes from ``privacy.noise`` (``NoiseStream.gaussian``, the
+the exact two-way counts feed the scores only. Scores and two-way counts are taken on compressed codes
+(``compression``: a column's cells whose noisy one-way count is below 3 stds merged into one, post-processing; mapped
+back by ``decompress``). Noise comes from ``privacy.noise`` (``NoiseStream.gaussian``, the
 rounded Gaussian whose privacy is the Gaussian mechanism's).
 
 Fitting and sampling are post-processing of the noisy counts: ``mbi``'s mirror descent fits a graphical model on the
-measured cliques (its total is the noisy counts' minimum-variance estimate), ``synthetic_data`` draws rows in blocks of
+measured cliques (its total is the minimum-variance estimate of the uncompressed noisy counts: mbi leaves the
+compressed one-way counts, weighted queries, out of it), ``synthetic_data`` draws rows in blocks of
 ``SAMPLE_ROWS`` as the writer takes them, so no step holds the release's N rows (mbi draws from numpy's global
 generator: it is seeded from the noise stream and restored around each call), and a numeric code becomes a value
-drawn uniformly inside its bin (uniforms of the noise stream).
+drawn uniformly inside its bin (uniforms of the noise stream); before that, a merged code (MST's compression) becomes
+one of the codes merged into it, uniformly (the noise stream's uniform integers).
 """
 
 from __future__ import annotations
@@ -267,11 +271,14 @@ class Measurements:
 
     one_way: list  # noisy count vectors, one per column
     pairs: list  # (i, j) measured: the picked ones in order, then the label's (mst-label); aim: its cliques in order
-    two_way: list  # noisy count arrays of those pairs, (size_i, size_j)
+    two_way: list  # noisy count arrays of those pairs, (size_i, size_j) on the compressed codes (mst: ``mapping``)
     one_way_std: float = 0.0
     stds: list = dataclasses.field(default_factory=list)  # per entry of two_way
     model: object = None  # aim: the model fitted between rounds (the last fit starts from it)
     record: Optional[dict] = None  # aim: the rounds as run
+    mapping: dict = dataclasses.field(
+        default_factory=dict
+    )  # mst: the compression (``compression``); pairs measured on it
 
 
 class _DisjointSet:
@@ -335,18 +342,68 @@ def measure(counter: MarginalCounter, acc: np.ndarray, plan: MarginalsPlan, key:
     n = len(counter.domain.sizes)
     one_way = [NoiseStream(key, "marginals", "one-way", i).gaussian(counter.marginal(acc, (i,)), ev.one_way_std)
                for i in range(n)]  # fmt: skip
-    scores = independence_scores(counter, acc, one_way)
+    mapping = compression(one_way, ev.one_way_std)
+    small = CompressedCounter(counter, mapping)
+    scores = independence_scores(small, acc, [small.one_way(i, y) for i, y in enumerate(one_way)])
     pairs = select_mst(scores, n, ev.round_epsilon, Bits(NoiseStream(key, "marginals", "select")))
     two_way = [
-        NoiseStream(key, "marginals", "two-way", a, b).gaussian(counter.marginal(acc, (a, b)), ev.two_way_std)
+        NoiseStream(key, "marginals", "two-way", a, b).gaussian(small.marginal(acc, (a, b)), ev.two_way_std)
         for a, b in pairs
     ]
     if plan.selection == "mst-label":  # fixed in advance: every column with the label (the last), own streams
         for a in range(n - 1):
             pairs.append((a, n - 1))
             stream = NoiseStream(key, "marginals", "label-pair", a)
-            two_way.append(stream.gaussian(counter.marginal(acc, (a, n - 1)), ev.two_way_std))
-    return Measurements(one_way, pairs, two_way, ev.one_way_std, [ev.two_way_std] * len(pairs))
+            two_way.append(stream.gaussian(small.marginal(acc, (a, n - 1)), ev.two_way_std))
+    return Measurements(one_way, pairs, two_way, ev.one_way_std, [ev.two_way_std] * len(pairs), mapping=mapping)
+
+
+COMPRESS_SIGMAS = 3.0  # MST's domain compression: a one-way cell whose noisy count is below 3 stds is merged
+
+
+def compression(one_way: list, std: float) -> dict:
+    """MST's domain compression (McKenna, Miklau and Sheldon 2021, Section 4; private-pgm's ``compress_domain``),
+    post-processing of the noisy one-way counts: column index -> (its codes -> compressed codes), the codes whose
+    noisy count is at least ``COMPRESS_SIGMAS`` stds kept in order and the others merged into one last code. A column
+    with every code kept is left out. The pairs are then selected and measured on the compressed codes: cells a noisy
+    count cannot tell from empty stop taking noise of their own (and mass in the fit)."""
+    out = {}
+    for i, y in enumerate(one_way):
+        keep = np.asarray(y, np.float64) >= COMPRESS_SIGMAS * std
+        if keep.all():
+            continue
+        m = np.full(len(keep), int(keep.sum()), np.int64)
+        m[keep] = np.arange(int(keep.sum()))
+        out[i] = m
+    return out
+
+
+class CompressedCounter:
+    """A ``MarginalCounter``'s exact marginals on compressed codes (``compression``): each count summed into its
+    compressed cell (a record still adds 1 to one cell of each marginal: the sensitivities are the uncompressed
+    ones)."""
+
+    def __init__(self, counter: "MarginalCounter", mapping: dict):
+        self.counter, self.mapping = counter, mapping
+        sizes = tuple(int(mapping[i].max()) + 1 if i in mapping else s for i, s in enumerate(counter.domain.sizes))
+        self.domain = dataclasses.replace(counter.domain, sizes=sizes)
+
+    def _compress(self, table: np.ndarray, clique: tuple) -> np.ndarray:
+        for axis, col in enumerate(clique):
+            if col in self.mapping:
+                m = self.mapping[col]
+                moved = np.moveaxis(table, axis, 0)
+                out = np.zeros((int(m.max()) + 1, *moved.shape[1:]), table.dtype)
+                np.add.at(out, m, moved)
+                table = np.moveaxis(out, 0, axis)
+        return table
+
+    def marginal(self, acc: np.ndarray, clique: tuple) -> np.ndarray:
+        return self._compress(self.counter.marginal(acc, clique), clique)
+
+    def one_way(self, col: int, noisy: np.ndarray) -> np.ndarray:
+        """A noisy one-way count vector summed into the compressed cells (the merged cell's noise std grows)."""
+        return self._compress(np.asarray(noisy, np.float64), (col,))
 
 
 # ---------------------------------------------------------------- AIM selection
@@ -523,9 +580,14 @@ def fit(measured: Measurements, plan: MarginalsPlan):
     """mbi's graphical model fitted to the noisy counts by mirror descent (``plan.iterations`` steps)."""
     mbi = _mbi()
     dom = plan.domain
-    domain = mbi.Domain(list(dom.names), list(dom.sizes))
-    ms = [
-        mbi.LinearMeasurement(np.asarray(y, np.float64).ravel(), (dom.names[i],), stddev=measured.one_way_std)
+    full = mbi.Domain(list(dom.names), list(dom.sizes))
+    small = compressed_domain(dom, measured.mapping)
+    domain = mbi.Domain(list(small.names), list(small.sizes))
+    names = {dom.names[i]: m for i, m in measured.mapping.items()}
+    ms = [  # a compressed one-way count: the merged cell's sum, weighted by mbi (WeightedQuery) for its larger std
+        mbi.LinearMeasurement(np.asarray(y, np.float64).ravel(), (dom.names[i],), stddev=measured.one_way_std).compress(
+            names, full
+        )
         for i, y in enumerate(measured.one_way)
     ]
     ms += [
@@ -555,6 +617,26 @@ def sample_codes(model, rows: int, plan: MarginalsPlan, key: bytes, block_rows: 
         yield np.stack([np.asarray(cols[name], np.int64) for name in plan.domain.names], axis=1)
 
 
+def compressed_domain(dom: Domain, mapping: dict) -> Domain:
+    """``dom`` with each compressed column's size its compressed one (``compression``)."""
+    return dataclasses.replace(
+        dom, sizes=tuple(int(mapping[i].max()) + 1 if i in mapping else s for i, s in enumerate(dom.sizes))
+    )
+
+
+def decompress(codes: np.ndarray, mapping: dict, stream: NoiseStream) -> np.ndarray:
+    """Codes of the compressed domain back to the column's own: a kept code to its code, the merged code to one of the
+    codes merged into it, uniformly (``stream``'s uniform integers), as private-pgm's ``reverse_data`` does."""
+    out = np.array(codes, np.int64, copy=True)
+    for col, m in sorted(mapping.items()):
+        kept, merged_codes = np.flatnonzero(m < m.max()), np.flatnonzero(m == m.max())  # kept: in compressed order
+        c = codes[:, col]
+        rare = np.flatnonzero(c == m.max())
+        out[c < m.max(), col] = kept[c[c < m.max()]]
+        out[rare, col] = merged_codes[stream.uniform_int(len(merged_codes), rare.size)]
+    return out
+
+
 def fit_and_sample(
     acc: np.ndarray, plan, schema, key: bytes, chunk_rows: int, integers: frozenset = frozenset()
 ) -> tuple[MarginalsPlan, Iterator[tuple[np.ndarray, np.ndarray]]]:
@@ -576,11 +658,12 @@ def fit_and_sample(
         fit_seconds=round(time.time() - start, 2),
     )
     log.info("stage=marginals fitted cliques=%d seconds=%.1f", len(measured.pairs), time.time() - start)
-    values = NoiseStream(key, "marginals", "values")
+    values, spread = NoiseStream(key, "marginals", "values"), NoiseStream(key, "marginals", "decompress")
     block_rows = max(1, SAMPLE_ROWS // chunk_rows) * chunk_rows  # blocks cut where the chunks are cut
 
     def chunks():  # lazy: the rows are drawn block by block as the writer takes them
         for codes in sample_codes(model, plan.samples_total, mp, key, block_rows):
+            codes = decompress(codes, measured.mapping, spread)
             for lo in range(0, len(codes), chunk_rows):
                 yield rows_of(codes[lo : lo + chunk_rows], schema, mp.domain.bins, values, integers)
 
@@ -731,8 +814,9 @@ class Marginals(Mechanism):
             round_epsilon=ev.round_epsilon,
             cliques=[list(p) for p in mp.selected],
             fit={"estimator": "mbi MirrorDescent", "iterations": mp.iterations, "total": mp.estimated_total},
-            sampling="mbi's synthetic_data (randomized rounding of the model's marginals); a numeric code becomes a "
-            "value uniform inside its bin",
+            sampling="mbi's synthetic_data (randomized rounding of the model's marginals) on the compressed codes (a "
+            "column's cells whose noisy one-way count is below 3 stds merged into one); a merged code becomes one of "
+            "its codes, uniformly; a numeric code becomes a value uniform inside its bin",
         )
 
     @staticmethod
