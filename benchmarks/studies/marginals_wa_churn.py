@@ -48,8 +48,38 @@ def main(argv=None) -> None:
     train_glob = os.path.join(args.data, "train", "*.parquet")
     schema = load_config(config, {"input": train_glob, "output": "x/y", "epsilon": 1.0}).table
     train, test = read(train_glob), read(os.path.join(args.data, "test", "*.parquet"))
+    real_m2m = train.column("contract").to_pylist().count("Month-to-month") / train.num_rows
+
+    intro = (
+        "`python -m benchmarks.studies.marginals_wa_churn "
+        f"--eps {' '.join(f'{e:g}' for e in args.eps)} --selections "
+        f"{' '.join(args.selections)} --seed {args.seed}`: one release per selection and epsilon through "
+        "`dpcda.release` (Beam DirectRunner, one process), schema examples/wa_churn.yaml, TEST seed (reproducible, "
+        "not private). TVDs are `evaluation.table_metrics`'s (20 bins per numeric column, nulls a value of their "
+        "own): `one-way` the mean over the 20 columns, `label pairs` the mean over the label's 19 pairs, `all "
+        "pairs` over the 190 pairs, `gap` the largest difference of the label's class frequencies. Real share of "
+        f"Month-to-month contracts: {real_m2m:.3f}. Wall time includes the JIT compilation of mbi's last fit on "
+        "the machine that ran it (AIM's rounds refit `mechanisms.pgm`'s numpy model: nothing compiles per round); "
+        "`cpu s` the process's CPU time (all its threads), which a loaded machine does not inflate. `rounds`: "
+        "selection rounds (aim: rounds run, of which annealed). AIM against smartnoise-synth's AIM on the same "
+        "machine in the same run: `benchmarks.reproduce.tabular_table` (tabular_wa_churn.md, its `s` column)."
+    )
+    head = (
+        "| selection | epsilon | rows | one-way TVD (train) | label-pair TVD (train) | all-pair TVD (train) | "
+        "base-rate gap (train) | one-way TVD (test) | label-pair TVD (test) | Month-to-month | stated epsilon | "
+        "rho | rounds | wall s | cpu s |"
+    )
+
+    def write(rows, todo):
+        """The file as it stands, written after every release: a run cut short keeps what it measured."""
+        lines = ["# marginals (MST, AIM) on wa_churn", "", intro, "", head, "|---" * 15 + "|", *rows, ""]
+        if todo:
+            lines += [f"Not measured (the run was stopped, or is still running): {', '.join(todo)}.", ""]
+        write_text(args.out, "\n".join(lines))
+
     rows = []
-    for eps, selection in [(e, s) for s in args.selections for e in args.eps]:
+    cells = [(e, s) for s in args.selections for e in args.eps]
+    for i, (eps, selection) in enumerate(cells):
         start, cpu = time.time(), time.process_time()
         rel = dpcda.release(
             train_glob,
@@ -73,33 +103,7 @@ def main(argv=None) -> None:
             f"{rel.manifest['privacy']['epsilon']:g} | {mech['rho']:.4f} | {rounds} | {wall:.1f} | {cpu:.1f} |"
         )
         print(rows[-1], flush=True)
-    real_m2m = train.column("contract").to_pylist().count("Month-to-month") / train.num_rows
-    text = "\n".join(
-        [
-            "# marginals (MST, AIM) on wa_churn",
-            "",
-            "`python -m benchmarks.studies.marginals_wa_churn "
-            f"--eps {' '.join(f'{e:g}' for e in args.eps)} --selections "
-            f"{' '.join(args.selections)} --seed {args.seed}`: one release per selection and epsilon through "
-            "`dpcda.release` (Beam DirectRunner, one process), schema examples/wa_churn.yaml, TEST seed (reproducible, "
-            "not private). TVDs are `evaluation.table_metrics`'s (20 bins per numeric column, nulls a value of their "
-            "own): `one-way` the mean over the 20 columns, `label pairs` the mean over the label's 19 pairs, `all "
-            "pairs` over the 190 pairs, `gap` the largest difference of the label's class frequencies. Real share of "
-            f"Month-to-month contracts: {real_m2m:.3f}. Wall time includes the JIT compilation of mbi's last fit on "
-            "the machine that ran it (AIM's rounds refit `mechanisms.pgm`'s numpy model: nothing compiles per round); "
-            "`cpu s` the process's CPU time (all its threads), which a loaded machine does not inflate. `rounds`: "
-            "selection rounds (aim: rounds run, of which annealed). AIM against smartnoise-synth's AIM on the same "
-            "machine in the same run: `benchmarks.reproduce.tabular_table` (tabular_wa_churn.md, its `s` column).",
-            "",
-            "| selection | epsilon | rows | one-way TVD (train) | label-pair TVD (train) | all-pair TVD (train) | "
-            "base-rate gap (train) | one-way TVD (test) | label-pair TVD (test) | Month-to-month | stated epsilon | "
-            "rho | rounds | wall s | cpu s |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-            *rows,
-            "",
-        ]
-    )
-    write_text(args.out, text)
+        write(rows, [f"{s} eps {e:g}" for e, s in cells[i + 1 :]])  # after every release
     print(f"wrote {args.out}")
 
 
