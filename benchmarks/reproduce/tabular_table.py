@@ -117,38 +117,34 @@ def one_release(train, test, conf: dict, method: dict, eps: float, seed: int, re
         # the input as a release reads it: the marginals mechanism reads the Parquet footer's integer columns
         source = os.path.join(tmp, "train.parquet")
         pq.write_table(train, source)
-        return _release(train, test, schema, method, eps, seed, return_table, l, source)
-
-
-def _release(train, test, schema, method: dict, eps: float, seed: int, return_table: bool, l, source: str):
-    cfg = ReleaseConfig(
-        input=source,
-        output="in-process",
-        epsilon=eps,
-        seed=seed,
-        table=schema,
-        mechanism=method["mechanism"],
-        mode=method["mode"],
-        **({"mixing_order": l} if registry.get(method["mechanism"]).mixes else {}),  # marginals mixes none
-        **{k: method[k] for k in ("class_rows", "marginals_selection") if k in method},
-    )
-    block = encode_batch(train, schema, "train", 0)
-    key = key_from_test_seed(seed)
-    feats, labels, plan, scores = release_in_process(
-        block.features, block.labels, cfg.core, key, first=first_pass(block.features, block.labels)
-    )
-    # rows in [0, 1] again; a mechanism that does not normalise (marginals: exact codes) has mean 0 and std 1, so
-    # its rows pass unchanged
-    x01 = feats.astype(np.float64) * plan.std + plan.mean
-    labels = scores if scores is not None else labels  # released label scores (DPMix): decoded as the pipeline does
-    sample = schema.decoding == "sample"
-    uniforms = decode_uniforms(key, "bench", len(x01), schema) if sample else None
-    draws = label_uniforms(key, "bench", len(x01)) if sample and scores is not None else None
-    synth = decode_rows(x01, labels, schema, train.schema, uniforms=uniforms, label_draws=draws)
-    if return_table:
-        return synth
-    # the mixing order means nothing to the marginals mechanism
-    return evaluate_tables(synth, test, schema, seed), plan, "" if method["mechanism"] == "marginals" else l
+        cfg = ReleaseConfig(
+            input=source,
+            output="in-process",
+            epsilon=eps,
+            seed=seed,
+            table=schema,
+            mechanism=method["mechanism"],
+            mode=method["mode"],
+            **({"mixing_order": l} if registry.get(method["mechanism"]).mixes else {}),  # marginals mixes none
+            **{k: method[k] for k in ("class_rows", "marginals_selection") if k in method},
+        )
+        block = encode_batch(train, schema, "train", 0)
+        key = key_from_test_seed(seed)
+        feats, labels, plan, scores = release_in_process(
+            block.features, block.labels, cfg.core, key, first=first_pass(block.features, block.labels)
+        )
+        # rows in [0, 1] again; a mechanism that does not normalise (marginals: exact codes) has mean 0 and std 1, so
+        # its rows pass unchanged
+        x01 = feats.astype(np.float64) * plan.std + plan.mean
+        labels = scores if scores is not None else labels  # released label scores (DPMix): decoded as the pipeline does
+        sample = schema.decoding == "sample"
+        uniforms = decode_uniforms(key, "bench", len(x01), schema) if sample else None
+        draws = label_uniforms(key, "bench", len(x01)) if sample and scores is not None else None
+        synth = decode_rows(x01, labels, schema, train.schema, uniforms=uniforms, label_draws=draws)
+        if return_table:
+            return synth
+        # the mixing order means nothing to the marginals mechanism
+        return evaluate_tables(synth, test, schema, seed), plan, "" if method["mechanism"] == "marginals" else l
 
 
 SMARTNOISE = ("mst", "aim")

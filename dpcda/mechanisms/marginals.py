@@ -276,9 +276,8 @@ class Measurements:
     stds: list = dataclasses.field(default_factory=list)  # per entry of two_way
     model: object = None  # aim: the model fitted between rounds (the last fit starts from it)
     record: Optional[dict] = None  # aim: the rounds as run
-    mapping: dict = dataclasses.field(
-        default_factory=dict
-    )  # mst: the compression (``compression``); pairs measured on it
+    # mst: the compression (``compression``), the codes the pairs were measured on
+    mapping: dict = dataclasses.field(default_factory=dict)
 
 
 class _DisjointSet:
@@ -385,8 +384,7 @@ class CompressedCounter:
 
     def __init__(self, counter: "MarginalCounter", mapping: dict):
         self.counter, self.mapping = counter, mapping
-        sizes = tuple(int(mapping[i].max()) + 1 if i in mapping else s for i, s in enumerate(counter.domain.sizes))
-        self.domain = dataclasses.replace(counter.domain, sizes=sizes)
+        self.domain = compressed_domain(counter.domain, mapping)
 
     def _compress(self, table: np.ndarray, clique: tuple) -> np.ndarray:
         for axis, col in enumerate(clique):
