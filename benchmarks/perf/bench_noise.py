@@ -200,9 +200,25 @@ def run_rows(plan: list[tuple], repeat: int, device: torch.device) -> list[dict]
                 gps=gaussians / secs / 1e6 if gaussians else None,
                 gbs=nbytes / secs / 1e9 if nbytes else None,
                 secs=secs,
+                times=ts,
             )
         )
     return rows
+
+
+def speed_ups(rows: list[dict], top: int) -> list[str]:
+    """Each path's ``top``-thread speed-up over its one-thread figure, paired: repeat i's one-thread time over repeat
+    i's ``top``-thread time (timed within one repeat, so a busy or slow spell of the host hits both), the median of
+    those ratios and their range."""
+    one = {r["path"]: r for r in rows if r["gps"] and r["threads"] == 1}
+    lines = []
+    for r in rows:
+        if r["threads"] == top and r["path"] in one:
+            ratios = sorted(a / b for a, b in zip(one[r["path"]]["times"], r["times"]))
+            lines.append(
+                f"- {r['path']}: {statistics.median(ratios):.2f}x (per repeat {ratios[0]:.2f}x to {ratios[-1]:.2f}x)"
+            )
+    return lines
 
 
 def warm_up(device: torch.device) -> dict:
@@ -287,14 +303,10 @@ def main(argv=None) -> None:
             os.environ["DPCDA_NOISE_COMPILE"] = before[1]
     head += f"; load average {load:.2f} at start, {os.getloadavg()[0]:.2f} at the end"
     text = head + "\n\n" + table(rows, device)
-    scaling = {r["path"]: r["gps"] for r in rows if r["gps"] and r["threads"] == 1}
     if device.type == "cpu" and cores > 1 and len(counts) > 1:
         top = max(counts)
-        lines = [f"\nSpeed-up, {top} threads over 1:"]
-        for r in rows:
-            if r["threads"] == top and r["path"] in scaling:
-                lines.append(f"- {r['path']}: {r['gps'] / scaling[r['path']]:.2f}x")
-        text += "\n" + "\n".join(lines)
+        text += f"\n\nSpeed-up, {top} threads over 1 (median of the repeats' paired ratios):\n"
+        text += "\n".join(speed_ups(rows, top))
     print(text)
     if args.out:
         cmd = "python -m benchmarks.perf.bench_noise " + " ".join(argv if argv is not None else sys.argv[1:])

@@ -87,7 +87,7 @@ WORDS = (
 )
 _BLOCK = 8192  # elements per vectorised block (keeps temporaries in cache)
 _DENSE_KEYS = 1 << 22  # random keys per batch in the dense distinct-index sampler
-_ZEROS = bytes(1 << 20)  # plaintext for the keystream, 1 MiB at a time
+_ZEROS = memoryview(bytes(1 << 20))  # plaintext for the keystream, 1 MiB at a time (sliced without a copy)
 _SLACK_WORDS = 8
 _TASK_BLOCKS = 64  # Gaussian blocks per thread task (512 Ki elements: few OpenSSL streams to open)
 _NATIVE_GROUP = 4  # blocks per call of the compiled sampler (noise_native)
