@@ -595,31 +595,35 @@ def test_tabular_against_the_targets_states_met_and_not_met_with_the_ratios():
 
     ours = tabular_table.DEFAULT_MARGINALS
 
-    def row(method, eps, runs, auc, one, two, gap=0.001):
+    def row(method, eps, runs, auc, one, two, gap=0.001, seconds=""):
         return {"method": method, "epsilon": eps, "runs": runs, "roc_auc": auc, "one_way_tvd": one,
-                "all_pair_tvd": two, "base_rate_gap": gap}  # fmt: skip
+                "all_pair_tvd": two, "base_rate_gap": gap, "seconds": seconds}  # fmt: skip
 
     rows = [
-        row(ours, "1", 3, 0.80, 0.021, 0.05),
+        row(ours, "1", 3, 0.80, 0.021, 0.05, seconds=16.0),
         row("smartnoise mst", "1", 3, 0.70, 0.020, 0.10),
-        row("smartnoise aim", "1", 1, 0.75, 0.019, 0.04),  # AIM finished: the two-way target is AIM's
-        row(ours, "10", 3, 0.70, 0.030, 0.05, gap=0.03),
+        row("smartnoise aim", "1", 1, 0.75, 0.019, 0.04, seconds=2640.0),  # AIM finished: the two-way target is AIM's
+        row(ours, "10", 3, 0.70, 0.030, 0.05, gap=0.03, seconds=400.0),
         row("smartnoise mst", "10", 3, 0.72, 0.020, 0.10),
-        row("smartnoise aim", "10", 0, "", "", ""),  # did not finish: MST's
+        row("smartnoise aim", "10", 0, "", "", "", seconds=3600.0),  # did not finish: MST's; its time limit
     ]
     eps1, eps10 = tabular_table.against_targets(rows, {})[3:]
     assert eps1.startswith("- eps 1 (releases: ours 3, MST 3, AIM 1): ")
     assert "= 1.050 (<= 1.1: met)" in eps1 and "= 1.250 (AIM; <= 1: NOT met)" in eps1
     assert "(<= 0.02: met)" in eps1 and "ratio to the best 1.067 (>= 1: met)" in eps1
     assert "= 1.500 (<= 1.1: NOT met)" in eps10 and "= 0.500 (MST: no AIM release with this figure; <= 1: met)" in eps10
-    assert "(<= 0.02: NOT met)" in eps10 and "AIM" not in eps10.split("ROC AUC")[1]
+    assert "(<= 0.02: NOT met)" in eps10 and "AIM" not in eps10.split("ROC AUC")[1].split("wall time")[0]
     assert "ratio to the best 0.972 (>= 1: NOT met)" in eps10
+    # wall time: a ratio where AIM finished, a bound where it was cut off at the limit
+    assert "wall time per release ours 16.0 s / AIM 2640.0 s = 0.0061 (<= 0.1: met)" in eps1
+    assert "ours 400.0 s, AIM did not finish in 3600 s: ratio below 0.1111 (<= 0.1: NOT met)" in eps10
     assert tabular_table.against_targets([row("smartnoise mst", "1", 3, 0.7, 0.02, 0.1)], {}) == []
     # an MST cell measured before the TVD columns: only what it has is compared
     (older,) = tabular_table.against_targets([row(ours, "1", 2, 0.8, 0.02, 0.05), row("smartnoise mst", "1", 3, 0.7,
                                                                                         "", "")], {})[3:]  # fmt: skip
     assert "one-way TVD not compared" in older and "all-pair TVD not compared" in older
     assert "(<= 0.02: met)" in older and "ratio to the best 1.143 (>= 1: met)" in older
+    assert "wall time not compared (no AIM release)" in older
 
 
 def test_tabular_merge_gathers_releases_and_cells_measured_under_other_folders(tmp_path):

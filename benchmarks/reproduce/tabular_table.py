@@ -384,6 +384,7 @@ def write(name: str, rows: list[dict], out: str, quiet: bool = False) -> None:
 DEFAULT_MARGINALS = f"marginals {ReleaseConfig.model_fields['marginals_selection'].default}"
 ONE_WAY_SLACK = 1.1  # its mean one-way TVD at most 1.1 x smartnoise-synth MST's
 BASE_RATE_GAP = 0.02  # its label's base rate within 0.02 of the real test table's (every class)
+WALL_SHARE = 0.1  # its wall time per release at most 0.1 x smartnoise-synth AIM's (same machine, same run)
 
 
 def spread(releases: dict, method: str, eps: str, key: str, mean) -> str:
@@ -400,6 +401,7 @@ def against_targets(rows: list[dict], releases: dict) -> list[str]:
     AIM's (AIM's over the releases that finished). Every mechanism here is accounted under add/remove.
     """
     by = {(r["method"], r["epsilon"]): r for r in rows if r["runs"]}
+    stopped = {r["epsilon"]: r for r in rows if r["method"] == "smartnoise aim" and not r["runs"]}  # cut off
     epsilons = sorted({r["epsilon"] for r in rows if r["method"] == DEFAULT_MARGINALS}, key=float)
     if not epsilons:
         return []
@@ -459,8 +461,28 @@ def against_targets(rows: list[dict], releases: dict) -> list[str]:
             )
         else:
             parts.append("ROC AUC not compared (no MST or AIM release)")
+        parts.append(wall_against_aim(ours, stopped.get(eps) or aim))
         out.append(f"- eps {eps} (releases: {counts}): " + "; ".join(parts) + ".")
     return out
+
+
+def wall_against_aim(ours: dict, aim: typing.Optional[dict]) -> str:
+    """Wall seconds per release, ours against smartnoise-synth AIM's: a ratio, or a bound where AIM was cut off at
+    the time limit (its row has no release and the limit as its seconds). Like for like only where both cells ran in
+    one invocation on one machine (the command in the file's header)."""
+    if aim is None or aim.get("seconds", "") == "" or ours.get("seconds", "") == "":
+        return "wall time not compared (no AIM release)"
+    share = ours["seconds"] / aim["seconds"]
+    ok = "met" if share <= WALL_SHARE else "NOT met"
+    if not aim["runs"]:
+        return (
+            f"wall time per release ours {ours['seconds']:.1f} s, AIM did not finish in {aim['seconds']:.0f} s: "
+            f"ratio below {share:.4f} (<= {WALL_SHARE}: {ok})"
+        )
+    return (
+        f"wall time per release ours {ours['seconds']:.1f} s / AIM {aim['seconds']:.1f} s = {share:.4f} "
+        f"(<= {WALL_SHARE}: {ok})"
+    )
 
 
 def plot(all_rows: dict, out: str) -> None:
