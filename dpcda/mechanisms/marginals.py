@@ -538,7 +538,15 @@ def measure_aim(counter: MarginalCounter, acc: np.ndarray, plan: MarginalsPlan, 
                 "annealed": anneal and not rnd.last,
             }
         )
-        log.info("stage=marginals aim round=%d clique=%s std=%.3g anneal=%s", len(rounds), cl_names, rnd.std, anneal)
+        log.info(
+            "stage=marginals aim round=%d clique=%s std=%.3g anneal=%s steps=%d cells=%d",
+            len(rounds),
+            cl_names,
+            rnd.std,
+            anneal,
+            model.steps,
+            pgm.model_cells(dom.sizes, model.cliques),
+        )
     record = {
         "planned_rounds": sched.planned_rounds,
         "rounds_run": len(rounds),
