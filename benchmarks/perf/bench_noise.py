@@ -207,10 +207,10 @@ def run_rows(plan: list[tuple], repeat: int, device: torch.device) -> list[dict]
 
 
 def speed_ups(rows: list[dict], top: int) -> list[str]:
-    """Each path's ``top``-thread speed-up over its one-thread figure, paired: repeat i's one-thread time over repeat
-    i's ``top``-thread time (timed within one repeat, so a busy or slow spell of the host hits both), the median of
-    those ratios and their range."""
-    one = {r["path"]: r for r in rows if r["gps"] and r["threads"] == 1}
+    """Each threaded path's ``top``-thread speed-up over its one-thread figure, paired: repeat i's one-thread time over
+    repeat i's ``top``-thread time (both timed within repeat i, a few rows apart, so a slow spell of the host mostly
+    hits both), the median of those ratios and their range. Rows that run one thread at every count are left out."""
+    one = {r["path"]: r for r in rows if r["threads"] == 1 and "1 thread" not in r["path"]}  # rows that use threads
     lines = []
     for r in rows:
         if r["threads"] == top and r["path"] in one:
