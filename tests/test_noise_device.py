@@ -537,12 +537,12 @@ def test_noise_benchmark_speed_up_is_the_median_of_paired_ratios():
     from benchmarks.perf.bench_noise import speed_ups
 
     rows = [
-        {"path": "host exact Gaussian", "threads": 1, "gps": 1.0, "times": [1.0, 2.0, 1.0]},
-        {"path": "host keystream (OpenSSL)", "threads": 1, "gps": None, "times": [1.0, 1.0, 1.0]},
-        {"path": "host sampler alone, 1 thread (compiled)", "threads": 1, "gps": 1.0, "times": [1.0, 1.0, 1.0]},
-        {"path": "host exact Gaussian", "threads": 2, "gps": 2.0, "times": [0.5, 0.5, 1.0]},
-        {"path": "host keystream (OpenSSL)", "threads": 2, "gps": None, "times": [0.6, 0.5, 0.4]},
-        {"path": "host sampler alone, 1 thread (compiled)", "threads": 2, "gps": 9.0, "times": [0.1, 0.1, 0.1]},
+        {"path": "host exact Gaussian", "threads": 1, "times": [1.0, 2.0, 1.0], "threaded": True},
+        {"path": "host keystream (OpenSSL)", "threads": 1, "times": [1.0, 1.0, 1.0], "threaded": True},
+        {"path": "host sampler alone, 1 thread (compiled)", "threads": 1, "times": [1.0, 1.0, 1.0], "threaded": False},
+        {"path": "host exact Gaussian", "threads": 2, "times": [0.5, 0.5, 1.0], "threaded": True},
+        {"path": "host keystream (OpenSSL)", "threads": 2, "times": [0.6, 0.5, 0.4], "threaded": True},
+        {"path": "host sampler alone, 1 thread (compiled)", "threads": 2, "times": [0.1, 0.1, 0.1], "threaded": False},
     ]
     assert speed_ups(rows, 2) == [
         "- host exact Gaussian: 2.00x (per repeat 1.00x to 4.00x)",  # repeat by repeat: 2, 4, 1

@@ -107,18 +107,19 @@ def sampler_only(n: int, native: bool):
 
 
 def plan_rows(args, device: torch.device, threads: int, compiled_ok: bool) -> list[tuple]:
-    """(name, threads, call, gaussians, bytes) per row at this thread count; ``run_rows`` times them."""
+    """(name, threads, call, gaussians, bytes, threaded) per row at this thread count; ``run_rows`` times them.
+    ``threaded``: False for a row that runs one thread whatever the count (no speed-up to state)."""
     n = args.n
     center = np.zeros(n)
     plan = []
 
-    def row(name, fn, *, gaussians=None, nbytes=None):
+    def row(name, fn, *, gaussians=None, nbytes=None, threaded=True):
         def call():
             noise.set_threads(threads)
             torch.set_num_threads(threads)
             fn()
 
-        plan.append((name, threads if device.type == "cpu" else "device", call, gaussians, nbytes))
+        plan.append((name, threads if device.type == "cpu" else "device", call, gaussians, nbytes, threaded))
 
     if device.type == "cpu":
         row("numpy standard_normal (float64)", numpy_normal(n, threads), gaussians=n)
@@ -142,8 +143,13 @@ def plan_rows(args, device: torch.device, threads: int, compiled_ok: bool) -> li
         keystream = np.empty(3 * n + noise._SLACK_WORDS, np.uint64)
         row("host keystream (OpenSSL)", lambda: NoiseStream(KEY, "w")._fill(keystream, 3 * n), nbytes=24 * n)
         if native:
-            row("host sampler alone, 1 thread (compiled, words given)", sampler_only(n, True), gaussians=n)
-        row("host sampler alone, 1 thread (numpy, words given)", sampler_only(n, False), gaussians=n)
+            row(
+                "host sampler alone, 1 thread (compiled, words given)",
+                sampler_only(n, True),
+                gaussians=n,
+                threaded=False,
+            )
+        row("host sampler alone, 1 thread (numpy, words given)", sampler_only(n, False), gaussians=n, threaded=False)
     sk = noise.subkey(KEY, ("d",))
     ct = torch.zeros(n, dtype=torch.float64, device=device)
     modes = [("eager", False)] + ([("compiled", True)] if compiled_ok else [])
@@ -188,10 +194,10 @@ def run_rows(plan: list[tuple], repeat: int, device: torch.device) -> list[dict]
     median of each row's times is its figure."""
     times = [[] for _ in plan]
     for _ in range(repeat):
-        for i, (_, _, call, _, _) in enumerate(plan):
+        for i, (_, _, call, *_) in enumerate(plan):
             times[i].append(timed(call, device))
     rows = []
-    for (name, threads, _, gaussians, nbytes), ts in zip(plan, times):
+    for (name, threads, _, gaussians, nbytes, threaded), ts in zip(plan, times):
         secs = statistics.median(ts)
         rows.append(
             dict(
@@ -201,6 +207,7 @@ def run_rows(plan: list[tuple], repeat: int, device: torch.device) -> list[dict]
                 gbs=nbytes / secs / 1e9 if nbytes else None,
                 secs=secs,
                 times=ts,
+                threaded=threaded,
             )
         )
     return rows
@@ -210,7 +217,7 @@ def speed_ups(rows: list[dict], top: int) -> list[str]:
     """Each threaded path's ``top``-thread speed-up over its one-thread figure, paired: repeat i's one-thread time over
     repeat i's ``top``-thread time (both timed within repeat i, a few rows apart, so a slow spell of the host mostly
     hits both), the median of those ratios and their range. Rows that run one thread at every count are left out."""
-    one = {r["path"]: r for r in rows if r["threads"] == 1 and "1 thread" not in r["path"]}  # rows that use threads
+    one = {r["path"]: r for r in rows if r["threads"] == 1 and r["threaded"]}
     lines = []
     for r in rows:
         if r["threads"] == top and r["path"] in one:
