@@ -24,7 +24,7 @@ def _random_cliques(rng, d):
 def test_model_cells_is_mbis_hypothetical_model_size(mbi):
     rng = np.random.default_rng(1)
     trees = 0
-    for _ in range(400):
+    for k in range(400):
         d = int(rng.integers(3, 10))
         sizes = [int(s) for s in rng.integers(2, 7, size=d)]
         cliques = _random_cliques(rng, d)
@@ -35,6 +35,8 @@ def test_model_cells_is_mbis_hypothetical_model_size(mbi):
         named = [tuple(names[i] for i in c) for c in cliques]
         mb = mbi.junction_tree.hypothetical_model_size(mbi.Domain(names, sizes), named)
         assert pgm.model_cells(sizes, cliques) == round(mb * (1 << 17)), (sizes, cliques)
+        if k % 8 == 0:  # a fitted model's own size is the same figure
+            assert pgm.Model(sizes, cliques, 1.0).cells == pgm.model_cells(sizes, cliques), (sizes, cliques)
     assert trees > 40
 
 

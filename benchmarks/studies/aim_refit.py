@@ -81,7 +81,7 @@ def main(argv=None) -> None:
         seen[0] += 1
         r = seen[0] - 1  # call 1 fits the one-way counts; call r + 1 is round r's refit
         if r in wanted:
-            cells = sum(self._cells(k) for k in self.maximal)
+            cells = self.cells
             for steps in args.steps:
                 m = copy.deepcopy(self)
                 t0 = time.perf_counter()

@@ -545,7 +545,7 @@ def measure_aim(counter: MarginalCounter, acc: np.ndarray, plan: MarginalsPlan, 
             rnd.std,
             anneal,
             model.steps,
-            pgm.model_cells(dom.sizes, model.cliques),
+            model.cells,
         )
     record = {
         "planned_rounds": sched.planned_rounds,

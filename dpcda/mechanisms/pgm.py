@@ -160,6 +160,11 @@ class Model:
     def _cells(self, c: Clique) -> int:
         return math.prod(self._shape(c))
 
+    @property
+    def cells(self) -> int:
+        """The model's size: the cells of its junction tree's maximal cliques (``model_cells`` of its cliques)."""
+        return sum(self._cells(k) for k in self.maximal)
+
     def _within(self, c: Clique, k: Clique) -> tuple:
         """The shape that broadcasts an array on ``c`` (a subset of ``k``, both ascending) into ``k``'s axes."""
         return tuple(self.sizes[a] if a in c else 1 for a in k)
