@@ -368,6 +368,9 @@ def test_table3_split_runs_merge_into_one_table_in_the_variants_order(tmp_path):
     assert md.count("| dpcda | fixed |") == 2 and "At or near chance (mean below 2 x 0.10): " in md
     low = t3.near_chance([{**rows[0], "mean": "0.12"}, rows[1]])
     assert low[0]["mean"] == "0.12" and len(low) == 1 + (float(rows[1]["mean"]) < 0.2)
+    assert md.count(" | 0 of 1 | ") + md.count(" | 1 of 1 | ") == 3  # every row counts its releases below the probe
+    row = {"accuracies": "0.70 0.60 0.69", "probe_accuracies": "0.70 0.65 0.70"}
+    assert t3.releases_below(row) == "1 of 3" and t3.releases_below({"accuracies": "0.7"}) == "-"
 
 
 def test_table3_resume_keeps_a_cell_only_where_its_recipe_trains_as_the_wanted_one():
@@ -378,6 +381,7 @@ def test_table3_resume_keeps_a_cell_only_where_its_recipe_trains_as_the_wanted_o
     assert not current("old", "scaled", "dpcda") and current("scaled", "scaled", "dpmix")
     assert not current("unknown", "scaled", "dpcda")
     assert not current("scaled", "grouped", "dpcda") and not current("scaled", "grouped", "dpmix")  # the norm
+    assert not current("grouped", "probed", "dpcda") and not current("grouped", "probed", "dpmix")  # the start
 
 
 def test_table3_merge_takes_a_cell_measured_with_the_wanted_recipe_over_an_older_one(tmp_path):

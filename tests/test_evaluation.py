@@ -119,7 +119,7 @@ def test_report_numbers_are_consistent(tabular_result):
         c = np.asarray(run["confusion_matrix"])
         assert c.sum() == n_test and np.trace(c) / n_test == pytest.approx(run["accuracy"])
         assert len(run["train_loss"]) == len(run["val_accuracy"]) == 4
-        assert 0 <= run["selected_epoch"] < 4
+        assert -1 <= run["selected_epoch"] < 4  # -1: the start (the probe) kept
         assert "test_accuracy" not in run  # real test data is never tracked unless asked for diagnosis
     assert res["device"] == "cpu" and res["wall_seconds"] > 0
     assert res["train_rows"] + res["val_rows"] == 360 and res["val_rows"] == 36

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from benchmarks.files import RESULTS, write_text
-from dpcda.evaluation.probe import _targets, fit_ridge, linear_probe
+from dpcda.evaluation.probe import fit_ridge, linear_probe, released_targets
 from dpcda.evaluation.train import (
     RECIPES,
     as_tensors,
@@ -111,9 +111,9 @@ def main(argv=None) -> None:
     ]
     t0 = time.time()
     probe = linear_probe(feats, labels, test, ty, num_classes=10, scores=scores, val_idx=val_idx)
-    w, b = fit_ridge(feats, _targets(labels, scores, 10), probe["ridge"])
+    w, b = fit_ridge(feats, released_targets(labels, scores, 10), probe["ridge"])
     # the probe's hold-out error: on the CNN's hold-out rows, fitted without them
-    wv, bv = fit_ridge(feats[tr_idx], _targets(labels[tr_idx], scores[tr_idx], 10), probe["ridge"])
+    wv, bv = fit_ridge(feats[tr_idx], released_targets(labels[tr_idx], scores[tr_idx], 10), probe["ridge"])
     val_err = float(((feats[val_idx] @ wv + bv - scores[val_idx]) ** 2).sum(axis=1).mean())
     mix_err = float(((mix_x @ w + b - mix_t) ** 2).sum(axis=1).mean())
     lines.append(

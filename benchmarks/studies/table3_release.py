@@ -5,7 +5,7 @@
 
 The release is the one ``benchmarks.reproduce.reproduce_table3`` draws for that cell (release 0 is the l-search
 release, seed ``crc32(dataset/mechanism/variant/eps) % 10^6 + l + 1000 r``), built by the same code
-(``reproduce_table3.VARIANTS``, ``release_in_process``) and trained with the same training seed unless
+(``reproduce_table3.release_and_train``) and trained with the same training seed unless
 ``--training-seed`` is given. Prints one line per recipe: real-test accuracy, the linear probe's, and per epoch the
 training loss, the synthetic hold-out's score and the real-test accuracy (informational: it picks nothing). The
 thread count (``OMP_NUM_THREADS``) is printed, because the training's floating-point sums depend on it.
@@ -21,13 +21,10 @@ import zlib
 
 import torch
 
-from benchmarks.reproduce.reproduce_table3 import VARIANTS, load
-from dpcda.evaluation.train import RECIPES, Recipe, train_and_score
-from dpcda.mechanisms.inprocess import first_pass, release_in_process
-from dpcda.mechanisms.plan import normalize
+from benchmarks.reproduce.reproduce_table3 import VARIANTS, load, release_and_train
+from dpcda.evaluation.train import RECIPES, Recipe
+from dpcda.mechanisms.inprocess import first_pass
 from dpcda.pipeline.prepare import FASHION_MNIST_DIR
-from dpcda.privacy.noise import key_from_test_seed
-from dpcda.schemas.config import ReleaseConfig
 
 
 def recipe_changes(items) -> dict:
@@ -55,14 +52,14 @@ def recipe_changes(items) -> dict:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    names = [f"{m}/{v}" for m, v, _ in VARIANTS if m in ("dpcda", "dpmix", "local")]
-    ap.add_argument("--variant", default="dpmix/plain", choices=names)
+    ap.add_argument("--dataset", default="fashion-mnist", choices=["fashion-mnist", "digits"])
+    ap.add_argument("--variant", default="dpmix/plain", choices=[f"{m}/{v}" for m, v, _ in VARIANTS])
     ap.add_argument("--eps", default="20")
     ap.add_argument("--l", type=int, default=64)
     ap.add_argument("--release", type=int, default=1, help="release index r of the cell (0: the l-search release)")
-    ap.add_argument("--recipes", nargs="+", default=["grouped"], choices=list(RECIPES))
+    ap.add_argument("--recipes", nargs="+", default=["stacked"], choices=list(RECIPES))
     ap.add_argument("--training-seed", type=int, default=None, help="default: the release's seed, as Table 3")
-    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--epochs", type=int, default=None, help="(default: Table 3's, 5 on Fashion-MNIST, 20 on digits)")
     ap.add_argument(
         "--set",
         nargs="+",
@@ -72,47 +69,46 @@ def main(argv=None) -> None:
     )
     ap.add_argument("--source", default=FASHION_MNIST_DIR)
     args = ap.parse_args(argv)
-    x, y, tx, ty, lowpass = load("fashion-mnist", args.source)
+    x, y, tx, ty, lowpass = load(args.dataset, args.source)
     mech, variant = args.variant.split("/")
-    fields = dict(next(f for m, v, f in VARIANTS if (m, v) == (mech, variant)))
-    if fields.get("lowpass") == "LP":
-        fields["lowpass"] = lowpass
-    fields["mixing_order"] = args.l
-    fields.pop("num_classes", None)
-    seed = zlib.crc32(f"fashion-mnist/{mech}/{variant}/{args.eps}".encode()) % 1_000_000 + args.l + 1000 * args.release
-    cfg = ReleaseConfig(
-        input="in-process", output="in-process", epsilon=float(args.eps), seed=seed, num_classes=10, **fields
-    )
-    feats, labels, plan, scores = release_in_process(x, y, cfg.core, key_from_test_seed(seed), first=first_pass(x, y))
-    test = normalize(tx, plan.mean, plan.std, plan.clip, plan.bounds)
+    fields = next(f for m, v, f in VARIANTS if (m, v) == (mech, variant))
+    l = args.l if mech in ("dpcda", "dpmix") else 1
+    seed = zlib.crc32(f"{args.dataset}/{mech}/{variant}/{args.eps}".encode()) % 1_000_000 + l + 1000 * args.release
+    first = first_pass(x, y)
     changes = recipe_changes(args.set)
     for name in args.recipes:
         t0 = time.time()
-        recipe = dataclasses.replace(RECIPES[name], **changes)
-        res = train_and_score(
-            feats,
-            labels,
-            test,
+        got = release_and_train(
+            x,
+            y,
+            tx,
             ty,
+            first,
+            dict(fields),
+            eps=args.eps,
+            l=l,
+            seed=seed,
+            epochs=args.epochs or (5 if args.dataset == "fashion-mnist" else 20),
             num_classes=10,
-            epochs=args.epochs,
-            seed=seed if args.training_seed is None else args.training_seed,
-            progress=False,
-            device="cpu",
-            soft_labels=scores if plan.mechanism == "dpmix" else None,
-            recipe=recipe,
+            lowpass=lowpass,
+            recipe=dataclasses.replace(RECIPES[name], **changes),
+            training_seed=args.training_seed,
             track_test=True,
         )
+        if got is None:
+            raise SystemExit(f"{args.variant} does not apply to {args.dataset}'s rows")
+        res = got[0]
         c = res["curves"][0]
         print(
             json.dumps(
                 {
-                    "cell": f"{args.variant} eps {args.eps} l {args.l}",
+                    "cell": f"{args.dataset} {args.variant} eps {args.eps} l {l}",
                     "release": args.release,
                     "release_seed": seed,
                     "training_seed": res["seeds"][0],
                     "recipe": name + "".join(f" {k}={v}" for k, v in changes.items()),
                     "accuracy": round(res["accuracy_mean"], 4),
+                    "selected_epoch": c["selected_epoch"],
                     "probe": round(res["probe"]["accuracy"], 4),
                     "train_loss": [round(v, 5) for v in c["train_loss"]],
                     "val_score": [round(v, 5) for v in c["val_score"]],

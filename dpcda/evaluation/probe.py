@@ -19,7 +19,7 @@ import numpy as np
 RIDGE_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)  # times the mean eigenvalue of the centred Gram matrix
 
 
-def _targets(labels: np.ndarray, scores: Optional[np.ndarray], num_classes: int) -> np.ndarray:
+def released_targets(labels: np.ndarray, scores: Optional[np.ndarray], num_classes: int) -> np.ndarray:
     if scores is not None:
         return np.asarray(scores, np.float64)
     return np.eye(num_classes)[np.asarray(labels, np.int64)]
@@ -66,23 +66,10 @@ def fit_ridge(x: np.ndarray, t: np.ndarray, lam: float) -> tuple[np.ndarray, np.
     return _Moments(x, np.asarray(t, np.float64)).fit([lam])[0]
 
 
-def linear_probe(
-    train_x: np.ndarray,
-    train_y: np.ndarray,
-    test_x: np.ndarray,
-    test_y: np.ndarray,
-    *,
-    num_classes: int,
-    scores: Optional[np.ndarray] = None,
-    val_idx: Optional[np.ndarray] = None,
-) -> dict:
-    """Accuracy on (test_x, test_y) of ridge regression fitted to the release's targets; argmax of the prediction.
-
-    ``scores`` (rows, K): the released label scores (else one-hot ``train_y``). ``val_idx``: the synthetic hold-out
-    that picks the ridge strength (None: the middle of ``RIDGE_GRID``)."""
-    t0 = time.time()
-    x = np.asarray(train_x, np.float32)
-    t = _targets(train_y, scores, num_classes)
+def select_ridge(x: np.ndarray, t: np.ndarray, val_idx: Optional[np.ndarray] = None) -> dict:
+    """The ridge strength chosen on the synthetic hold-out ``val_idx`` (squared error to its targets; None: the middle
+    of ``RIDGE_GRID``) and the fit at that strength on every row (``whole``: (W, b), the probe)."""
+    x = np.asarray(x, np.float32)
     lams = RIDGE_GRID
     val_mse = []
     whole = _Moments(x, t)
@@ -94,14 +81,37 @@ def linear_probe(
     else:
         lam = lams[len(lams) // 2]
     ((w, b),) = whole.fit([lam])
+    return {"ridge": lam, "ridge_grid": list(lams), "val_mse": val_mse, "whole": (w, b)}
+
+
+def linear_probe(
+    train_x: np.ndarray,
+    train_y: np.ndarray,
+    test_x: np.ndarray,
+    test_y: np.ndarray,
+    *,
+    num_classes: int,
+    scores: Optional[np.ndarray] = None,
+    val_idx: Optional[np.ndarray] = None,
+    selected: Optional[dict] = None,
+) -> dict:
+    """Accuracy on (test_x, test_y) of ridge regression fitted to the release's targets; argmax of the prediction.
+
+    ``scores`` (rows, K): the released label scores (else one-hot ``train_y``). ``val_idx``: the synthetic hold-out
+    that picks the ridge strength (None: the middle of ``RIDGE_GRID``). ``selected``: ``select_ridge``'s answer for
+    these rows and targets, when the caller has it already."""
+    t0 = time.time()
+    if selected is None:
+        selected = select_ridge(train_x, released_targets(train_y, scores, num_classes), val_idx)
+    w, b = selected["whole"]
     pred = (np.asarray(test_x, np.float64) @ w + b).argmax(axis=1)
     test_y = np.asarray(test_y, np.int64)
     return {
         "accuracy": float((pred == test_y).mean()) if len(test_y) else float("nan"),
         "method": "ridge regression, closed form, to the released "
         + ("label scores as released" if scores is not None else "labels (one-hot)"),
-        "ridge": lam,
-        "ridge_grid": list(lams),
-        "val_mse": val_mse,
+        "ridge": selected["ridge"],
+        "ridge_grid": selected["ridge_grid"],
+        "val_mse": selected["val_mse"],
         "seconds": time.time() - t0,
     }
