@@ -71,8 +71,9 @@ labels ``scaled`` and ``new`` train alike
 with the recipes before it.
 
 Speed: the CNN runs in channels-last memory format, and under bf16 autocast where the hardware has bf16 units (any
-CUDA device; CPUs with AVX-512 BF16 or AMX): 2.4x the float32 rows/s on this project's 2-core CPU
-(``benchmarks/perf/bench_train``). Weights, optimizer state, the loss and the EMA stay float32; the equal accuracy over
+CUDA device; CPUs with AMX): 2.4x the float32 rows/s on a 2-core Intel Xeon with AMX, where an AMD EPYC with
+AVX-512 BF16 but no AMX ran bf16 at 0.65x float32, so it stays in float32 (``cpu_has_bf16``;
+``benchmarks/perf/bench_train``). Weights, optimizer state, the loss and the EMA stay float32; the equal accuracy over
 several releases is measured by ``benchmarks/checks/precision_check`` (results in benchmarks/results/).
 
 Data stay resident on the device as tensors; batches are index slices of one permutation per epoch.
@@ -163,32 +164,34 @@ def same_training(a: Recipe, b: Recipe, soft_labels: bool) -> bool:
     return a == b if soft_labels else dataclasses.replace(a, soft_loss=b.soft_loss) == b
 
 
-def cpu_has_bf16() -> bool:
-    """True where bf16 autocast runs on native bf16 units: the CPU has AVX-512 BF16 or AMX, and neither torch's kernel
-    dispatch (``ATEN_CPU_CAPABILITY``) nor oneDNN (``ONEDNN_MAX_CPU_ISA``) is held below AVX-512. On an AVX2-only CPU
-    bf16 is emulated and slower than float32, so the recipe stays in float32 there."""
+def cpu_flags() -> set:
+    """The CPU's feature flags (``/proc/cpuinfo``; empty where it cannot be read)."""
     try:
         with open("/proc/cpuinfo") as fh:
-            flags = set(fh.read().split())
+            return set(fh.read().split())
     except OSError:
-        return False
-    if not flags & {"avx512_bf16", "amx_bf16"}:
+        return set()
+
+
+def cpu_has_bf16() -> bool:
+    """True where bf16 autocast is faster than float32: the CPU has AMX (its bf16 tiles), and neither torch's kernel
+    dispatch (``ATEN_CPU_CAPABILITY``) nor oneDNN (``ONEDNN_MAX_CPU_ISA``) is held below it. AVX-512 BF16 alone is
+    not enough: on a 2-core AMD EPYC with AVX-512 BF16 and no AMX, the first command's evaluation ran at 2,691
+    training rows/s under bf16 autocast against 4,126 in float32 (``python -m benchmarks.perf.bench_train
+    --first-command``, and the same with ``ONEDNN_MAX_CPU_ISA=AVX512_CORE``, one after the other on the idle box);
+    on the Intel Xeon with AMX, bf16 gave 2.4x float32. On an AVX2-only CPU bf16 is emulated and slower still."""
+    if "amx_bf16" not in cpu_flags():
         return False
     if not torch.backends.cpu.get_cpu_capability().upper().startswith("AVX512"):
         return False
     isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
-    return isa == "ALL" or "BF16" in isa or "AMX" in isa
+    return isa == "ALL" or "AMX" in isa
 
 
 def kernel_path(recipe: Optional["Recipe"] = None, device: str = "cpu") -> dict:
     """What the evaluation runs on here: torch's CPU kernel level, the CPU's vector flags, bf16 or float32."""
     dev = torch.device(device)
-    flags = set()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            flags = set(fh.read().split())
-    except OSError:
-        pass
+    flags = cpu_flags()
     return {
         "device": str(dev),
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
