@@ -142,8 +142,8 @@ class Recipe:
             raise ValueError(f"precision must be auto, float32 or bf16, got {self.precision!r}")
 
 
-# Named recipes: "probed" is the default; "grouped", "scaled", "new" and "old" are the recipes before it, kept to
-# reproduce older tables (on hard labels "scaled" and "new" train alike).
+# Named recipes: "stacked" is the default; "probed" a study beside it; "grouped", "scaled", "new" and "old" are the
+# recipes before it, kept to reproduce older tables (on hard labels "scaled" and "new" train alike).
 RECIPES = {
     "stacked": Recipe(),
     "probed": Recipe(stack=False, probe_start=True, selection="val_score"),
@@ -220,44 +220,47 @@ class RowScale(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True) + self.eps)
 
 
-class ProbeStart(nn.Module):
-    """``scale * (x W + b) + body(x)``: a fixed linear map of the rows as released (the linear probe's ridge fit to the
-    synthetic rows' targets) plus the network, whose last layer starts at zero, so training starts from the probe's
-    outputs and the network learns what the linear map leaves. ``W`` and ``b`` are buffers (not trained); ``scale``
-    is one trained scalar. The linear map runs in float32 whatever the autocast."""
+class ProbeMap(nn.Module):
+    """The linear probe's map ``x W + b`` of the rows as released (its ridge fit to the synthetic rows' targets).
+    ``W`` and ``b`` are buffers (not trained); the map runs in float32 whatever the autocast."""
 
-    def __init__(self, body: nn.Module, w: np.ndarray, b: np.ndarray, scale: float = 1.0):
+    def __init__(self, w: np.ndarray, b: np.ndarray):
         super().__init__()
-        self.body = body
         self.register_buffer("w", torch.as_tensor(np.asarray(w, np.float32)))
         self.register_buffer("b", torch.as_tensor(np.asarray(b, np.float32)))
+
+    def linear(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(x.device.type, enabled=False):
+            return torch.addmm(self.b, x.reshape(x.shape[0], -1).float(), self.w)
+
+    forward = linear
+
+
+class ProbeStart(ProbeMap):
+    """``scale * (x W + b) + body(x)``: the probe's map plus the network, whose last layer starts at zero, so training
+    starts from the probe's outputs and the network learns what the linear map leaves. ``scale`` is one trained
+    scalar."""
+
+    def __init__(self, body: nn.Module, w: np.ndarray, b: np.ndarray, scale: float = 1.0):
+        super().__init__(w, b)
+        self.body = body
         self.scale = nn.Parameter(torch.tensor(float(scale)))
         last = [m for m in body.modules() if isinstance(m, nn.Linear)][-1]
         nn.init.zeros_(last.weight)
         nn.init.zeros_(last.bias)
 
-    def linear(self, x: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(x.device.type, enabled=False):
-            return torch.addmm(self.b, x.reshape(x.shape[0], -1).float(), self.w)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.scale * self.linear(x) + self.body(x).float()
 
 
-class Stacked(nn.Module):
+class Stacked(ProbeMap):
     """``a (x W + b) + c body(x)``: the probe's linear map and a network trained alone, both fixed, in the proportions
     ``(a, c)`` fitted on the synthetic hold-out (``stack_weights``; stacked generalisation). ``c = 0``: the probe."""
 
     def __init__(self, body: Optional[nn.Module], w: np.ndarray, b: np.ndarray, a: float, c: float):
-        super().__init__()
+        super().__init__(w, b)
         self.body = body
-        self.register_buffer("w", torch.as_tensor(np.asarray(w, np.float32)))
-        self.register_buffer("b", torch.as_tensor(np.asarray(b, np.float32)))
         self.a, self.c = float(a), float(c)
-
-    def linear(self, x: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(x.device.type, enabled=False):
-            return torch.addmm(self.b, x.reshape(x.shape[0], -1).float(), self.w)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.a * self.linear(x)
