@@ -193,6 +193,56 @@ def test_dp_sgd_is_deterministic_in_the_key():
     assert all(not np.array_equal(a[k], c[k]) for k in a)
 
 
+def test_dp_sgd_runs_at_fewer_threads_where_the_blas_fails_the_position_check(monkeypatch):
+    """A CPU whose BLAS gives a row other bits at other positions above one thread (simulated: the check refuses
+    there; measured at 16 threads on a 16-core Xeon) trains at the largest power of two below that passes, the
+    same weights as a run at that count, and the caller's thread count comes back; where no count passes, the
+    refusal stands."""
+    from dpcda.mechanisms import rowwise
+
+    x, y, basis = toy_data()
+    xhat = x @ basis
+    prior = p3gm.fit_prior(xhat, spec(), KEY)
+    with p3gm._torch_threads(1):
+        alone = p3gm.train_vae(x, y, xhat, prior, spec(), KEY, "cpu", clip=1.0, basis=basis)
+    real = rowwise.check_position_invariance
+
+    def shaky(fn, trials, *, what):
+        if torch.get_num_threads() > 1:
+            raise rowwise.RowDependenceError(f"{what}: simulated")
+        return real(fn, trials, what=what)
+
+    def shaky16(fn, trials, *, what):
+        if torch.get_num_threads() > 16:
+            raise rowwise.RowDependenceError(f"{what}: simulated")
+        return real(fn, trials, what=what)
+
+    monkeypatch.setattr(rowwise, "check_position_invariance", shaky)
+    monkeypatch.setattr(p3gm, "_CHECKED_SGD", set())
+    seen = []
+    steps = p3gm._sgd_steps
+    monkeypatch.setattr(p3gm, "_sgd_steps", lambda *a: seen.append(torch.get_num_threads()) or steps(*a))
+    with p3gm._torch_threads(4):
+        got = p3gm.train_vae(x, y, xhat, prior, spec(), KEY, "cpu", clip=1.0, basis=basis)
+        assert torch.get_num_threads() == 4
+    assert seen == [1]
+    assert all(np.array_equal(got[k], alone[k]) for k in alone)
+    params = {k: torch.tensor(v, requires_grad=True) for k, v in p3gm.init_state(6, spec()).items()}
+    prior_t = p3gm._prior_tensors(prior, 2, "cpu")
+    monkeypatch.setattr(rowwise, "check_position_invariance", shaky16)
+    with p3gm._torch_threads(24):  # every power of two below is tried, largest first: 16 passes where 24 fails
+        assert p3gm.sgd_threads(params, 6, spec(), prior_t) == 16
+
+    def refuse(fn, trials, *, what):
+        raise rowwise.RowDependenceError(f"{what}: simulated at every thread count")
+
+    monkeypatch.setattr(rowwise, "check_position_invariance", refuse)
+    monkeypatch.setattr(p3gm, "_CHECKED_SGD", set())
+    with p3gm._torch_threads(4), pytest.raises(rowwise.RowDependenceError, match="every thread count"):
+        p3gm.train_vae(x, y, xhat, prior, spec(), KEY, "cpu", clip=1.0, basis=basis)
+    assert seen == [1]  # no step ran
+
+
 def test_an_empty_batch_still_gets_its_noise():
     x, y, basis = toy_data(n=5)
     xhat = x @ basis

@@ -91,8 +91,8 @@ def main(argv=None) -> int:
             secs[str(dev)] = time.perf_counter() - t
         c, d = out["cpu"], out[str(device)]
         if isinstance(c, Exception) or isinstance(d, Exception):
-            err = c if isinstance(c, Exception) else d
-            print(f"| {name} | {secs['cpu']:.1f} | {secs[str(device)]:.1f} | - | - | - | refused: {err} |")
+            where, err = ("cpu", c) if isinstance(c, Exception) else (str(device), d)
+            print(f"| {name} | {secs['cpu']:.1f} | {secs[str(device)]:.1f} | - | - | - | refused on {where}: {err} |")
             failed = True
             continue
         cells = [compare(c[0], d[0]), compare(c[1], d[1]), compare(c[3], d[3])]
