@@ -226,3 +226,27 @@ def test_separable_lowpass_equals_the_dense_projection_with_channels():
     np.testing.assert_allclose(LowPass((3, 4, 5), 3, "cpu")(rows).numpy(), rows.numpy() @ b.T @ b, atol=1e-5)
     with pytest.raises(ValueError, match="lowpass K"):
         LowPass((4, 4), 0, "cpu")
+
+
+@pytest.mark.parametrize("mode", ["fixed", "poisson"])
+def test_a_chunk_asked_for_float32_is_the_float64_chunk_rounded(mode):
+    """``mix_chunk(dtype=float32)`` (what ``mix_class`` asks for without a basis; on a card the cast runs there) is
+    the float64 rows rounded to nearest, the same draws; an empty poisson chunk (q tiny) too."""
+    from dpcda.mechanisms.dpcda import mix_chunk, sample_index_tensors
+
+    x = torch.from_numpy(np.random.default_rng(3).uniform(0, 1, (50, 7)))
+    for rate in (Fraction(4, 50), Fraction(1, 10**9)):
+        kw = dict(mode=mode, mixing_order=4, sigma_x=0.3, rows=40, sampling_rate=rate)
+
+        def run(dtype, kw=kw):
+            return mix_chunk(
+                x, index_stream=NoiseStream(KEY, "i"), noise_stream=NoiseStream(KEY, "n"), dtype=dtype, **kw
+            )
+
+        wide, narrow = run(np.float64), run(np.float32)
+        assert wide.dtype == np.float64 and narrow.dtype == np.float32
+        np.testing.assert_array_equal(narrow, wide.astype(np.float32))
+    flat, offsets = sample_index_tensors(
+        50, mode="poisson", mixing_order=4, rows=40, stream=NoiseStream(KEY, "i"), sampling_rate=Fraction(1, 10**9)
+    )
+    assert flat.dtype == offsets.dtype == torch.int64 and flat.numel() == 0 and offsets.tolist() == [0] * 40

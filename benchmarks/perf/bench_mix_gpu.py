@@ -2,6 +2,7 @@
 
     python -m benchmarks.perf.bench_mix_gpu                 # N_k = T_k = 10^6, l = 64, d = 784 on CUDA
     python -m benchmarks.perf.bench_mix_gpu --n 20000 --t 20000 --l 16   # a small CPU run
+    python -m benchmarks.perf.bench_mix_gpu --n 200000 --t 200000 --profile 4   # then where 4 chunks spend time
 
 Gathered bytes = T_k * l * d * 8 (each selected record read once per synthetic row, float64). The ceiling is a
 device-to-device copy measured on the same card (bytes read + written). The indices and the noise are drawn where a
@@ -80,6 +81,15 @@ def main(argv=None) -> None:
     ap.add_argument("--d", type=int, default=784)
     ap.add_argument("--chunk-rows", type=int, nargs="+", default=[4096, 16384, 65536])
     ap.add_argument("--device", default="auto")
+    ap.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "float64"],
+        help="the rows as returned to the host (a release without a DP-PCA basis writes float32)",
+    )
+    ap.add_argument(
+        "--profile", type=int, default=0, metavar="CHUNKS", help="then profile this many chunks of the last size"
+    )
     args = ap.parse_args(argv)
     device = pick_device(args.device)
     x = torch.rand((args.n, args.d), dtype=torch.float64, device=device)
@@ -88,7 +98,8 @@ def main(argv=None) -> None:
     gathered = args.t * args.l * args.d * 8
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     print(
-        f"device {name}; N_k={args.n} T_k={args.t} l={args.l} d={args.d}; gathered {gathered / 1e9:.1f} GB; "
+        f"device {name}; N_k={args.n} T_k={args.t} l={args.l} d={args.d}; rows returned as {args.dtype}; "
+        f"gathered {gathered / 1e9:.1f} GB; "
         f"copy bandwidth {bw:.0f} GB/s"
     )
     print(
@@ -102,9 +113,10 @@ def main(argv=None) -> None:
             mode="fixed",
             mixing_order=args.l,
             sigma_x=0.1,
-            rows=min(chunk, 1024),  # warm-up
+            rows=chunk,  # warm-up at full size: compiled kernels, cached page-locked buffers (steady state)
             index_stream=NoiseStream(key, "warmup-index", device=stream_device(device)),
             noise_stream=NoiseStream(key, "warmup-noise"),
+            dtype=args.dtype,
         )
         sync(device)
         t = time.perf_counter()
@@ -119,6 +131,7 @@ def main(argv=None) -> None:
                 rows=rows,
                 index_stream=NoiseStream(key, "mix-index", 0, c, device=stream_device(device)),
                 noise_stream=NoiseStream(key, "mix-noise", 0, c),
+                dtype=args.dtype,
             )
             done, c = done + rows, c + 1
         sync(device)
@@ -130,6 +143,32 @@ def main(argv=None) -> None:
             f"{args.t / secs:,.0f} | {index_secs:.3f} | {index_secs / secs:.0%} | {noise_secs:.3f} | "
             f"{noise_secs / secs:.0%} |"
         )
+    if args.profile:
+        profile(x, key, args, args.chunk_rows[-1], device)
+
+
+def profile(x, key, args, chunk: int, device) -> None:
+    """torch.profiler's table of ``args.profile`` chunks: where the mixing step's time goes, op by op."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with torch_profile(activities=acts) as prof:
+        for c in range(args.profile):
+            mix_chunk(
+                x,
+                mode="fixed",
+                mixing_order=args.l,
+                sigma_x=0.1,
+                rows=chunk,
+                index_stream=NoiseStream(key, "profile-index", 0, c, device=stream_device(device)),
+                noise_stream=NoiseStream(key, "profile-noise", 0, c),
+                dtype=args.dtype,
+            )
+        sync(device)
+    for by in (["self_cuda_time_total"] if device.type == "cuda" else []) + ["self_cpu_time_total"]:
+        print(f"\n{args.profile} chunks of {chunk} rows, by {by}:")
+        print(prof.key_averages().table(sort_by=by, row_limit=25, max_name_column_width=60))
 
 
 if __name__ == "__main__":

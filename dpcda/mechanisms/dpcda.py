@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from dpcda.mechanisms.base import Calibrated, InProcess, Mechanism, PlanError
-from dpcda.mechanisms.device import stream_device
+from dpcda.mechanisms.device import stream_device, to_host
 from dpcda.mechanisms.postprocess import make_postprocess
 from dpcda.privacy.budget import BudgetPlan, calibrate_synthesis
 from dpcda.privacy.events import MAX_ROW_RECORDS, MixingEvent
@@ -57,18 +57,48 @@ def sample_rows(
     n: int, *, mode: str, mixing_order: int, rows: int, stream: NoiseStream, sampling_rate: Fraction = Fraction(0)
 ) -> tuple[np.ndarray, np.ndarray]:
     """(flat indices, offsets): row i holds indices flat[offsets[i]:offsets[i+1]] into range(n)."""
+    flat, offsets = sample_index_tensors(
+        n, mode=mode, mixing_order=mixing_order, rows=rows, stream=stream, sampling_rate=sampling_rate
+    )
+    return flat.cpu().numpy(), offsets.cpu().numpy()
+
+
+def sample_index_tensors(
+    n: int,
+    *,
+    mode: str,
+    mixing_order: int,
+    rows: int,
+    stream: NoiseStream,
+    sampling_rate: Fraction = Fraction(0),
+    device=None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sample_rows``'s (flat indices, offsets) as int64 tensors on ``device`` (default: the stream's device, else
+    the CPU): a card's draws stay on the card; the host's are wrapped without a copy."""
+    dev = torch.device(device if device is not None else (stream.device or "cpu"))
+    as_t = lambda a: torch.as_tensor(a, device=dev)  # noqa: E731
     if mode == "fixed":
-        idx = stream.distinct(n, mixing_order, rows)
-        return idx.reshape(-1), np.arange(rows, dtype=np.int64) * mixing_order
-    m = stream.binomial(n, sampling_rate, rows)
+        idx = as_t(stream.distinct(n, mixing_order, rows, tensor=True))
+        return idx.reshape(-1), torch.arange(rows, dtype=torch.int64, device=dev) * mixing_order
+    m = as_t(stream.binomial(n, sampling_rate, rows, tensor=True))
     width = int(m.max()) if rows else 0
     if width > MAX_ROW_RECORDS:
         raise ValueError(f"a poisson row drew {width} records, above {MAX_ROW_RECORDS}")
-    idx = stream.distinct(n, width, rows)  # uniform order, so each row's first m_i form a uniform m_i-subset
-    keep = np.arange(width)[None, :] < m[:, None]
-    offsets = np.zeros(rows, np.int64)
-    offsets[1:] = np.cumsum(m)[:-1]
+    idx = as_t(stream.distinct(n, width, rows, tensor=True))  # uniform order: each row's first m_i, a uniform subset
+    keep = torch.arange(width, device=dev)[None, :] < m[:, None]
+    offsets = torch.zeros(rows, dtype=torch.int64, device=dev)
+    offsets[1:] = torch.cumsum(m, 0)[:-1]
     return idx[keep], offsets
+
+
+def noisy_rows(means: torch.Tensor, sigma: float, stream: NoiseStream, dtype=np.float64) -> np.ndarray:
+    """``stream.gaussian(means, sigma)`` as a numpy array of ``dtype`` (float64 or float32). On a card the noise is
+    drawn where the rows are (``privacy.noise_device``: the same output bit for bit) and cast there (float64 to float32
+    rounds to nearest-even on both), then copied out through a page-locked buffer (``device.to_host``); elsewhere
+    the host draws it."""
+    if means.device.type == "cuda":
+        return to_host(stream.gaussian(means, sigma).to(getattr(torch, np.dtype(dtype).name)))
+    return stream.gaussian(means.cpu().numpy(), sigma).astype(dtype, copy=False)
 
 
 def mix_chunk(
@@ -82,27 +112,29 @@ def mix_chunk(
     noise_stream: NoiseStream,
     sampling_rate: Fraction = Fraction(0),
     order: Optional[torch.Tensor] = None,
+    dtype=np.float64,
 ) -> np.ndarray:
-    """``rows`` synthetic float64 feature rows from the float64 class matrix ``x`` (on its device).
+    """``rows`` synthetic feature rows (numpy, ``dtype``: float64, or float32 rounded from them) from the float64
+    class matrix ``x`` (on its device).
 
     ``order`` (optional) maps sampled positions to rows of ``x`` (the canonical order of the class).
     """
     if mode == "fixed" and mixing_order > MAX_ROW_RECORDS:
         raise ValueError(f"mixing_order {mixing_order} is above {MAX_ROW_RECORDS}")
-    flat, offsets = sample_rows(
-        x.shape[0], mode=mode, mixing_order=mixing_order, rows=rows, stream=index_stream, sampling_rate=sampling_rate
+    flat, offsets = sample_index_tensors(
+        x.shape[0],
+        mode=mode,
+        mixing_order=mixing_order,
+        rows=rows,
+        stream=index_stream,
+        sampling_rate=sampling_rate,
+        device=x.device,
     )
-    if flat.size:
-        idx = torch.from_numpy(flat).to(x.device)
-        if order is not None:
-            idx = order[idx]
-        sums = torch.nn.functional.embedding_bag(idx, x, torch.from_numpy(offsets).to(x.device), mode="sum")
-        if x.device.type == "cuda":  # the noise where the rows are: the same output bit for bit (privacy.noise_device)
-            return noise_stream.gaussian(sums / mixing_order, sigma_x).cpu().numpy()
-        means = (sums / mixing_order).cpu().numpy()
-    else:  # every row empty (an empty poisson class, or q small): the sums are 0
-        means = np.zeros((rows, x.shape[1]), np.float64)
-    return noise_stream.gaussian(means, sigma_x)
+    if not flat.numel():  # every row empty (an empty poisson class, or q small): the sums are 0
+        return noisy_rows(torch.zeros((rows, x.shape[1]), dtype=torch.float64), sigma_x, noise_stream, dtype)
+    idx = flat if order is None else order[flat]
+    sums = torch.nn.functional.embedding_bag(idx, x, offsets, mode="sum")
+    return noisy_rows(sums / mixing_order, sigma_x, noise_stream, dtype)
 
 
 def label_scores(
@@ -176,8 +208,9 @@ def mix_class(
             noise_stream=NoiseStream(key, "mix-noise", class_index, chunk),
             sampling_rate=rate,
             order=order_t,
+            dtype=np.float64 if basis is not None else np.float32,  # float32 rows: cast where they were drawn
         )
-        feats = (out @ basis.T if basis is not None else out).astype(np.float32)
+        feats = (out @ basis.T).astype(np.float32) if basis is not None else out
         if post is not None:
             feats = post(feats)
         # Labels draw from their own stream: soft scores publish their noise almost verbatim.

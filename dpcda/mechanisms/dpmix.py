@@ -19,7 +19,7 @@ import torch
 
 from dpcda.mechanisms.base import InProcess, Mechanism
 from dpcda.mechanisms.device import stream_device
-from dpcda.mechanisms.dpcda import canonical_order, sample_rows
+from dpcda.mechanisms.dpcda import canonical_order, noisy_rows, sample_index_tensors
 from dpcda.mechanisms.postprocess import make_postprocess
 from dpcda.privacy.events import DpmixEvent
 from dpcda.privacy.noise import NoiseStream
@@ -65,25 +65,28 @@ def mix_dataset(
     n_chunks = -(-samples // chunk_rows)
     for chunk in range(n_chunks) if chunks is None else chunks:
         rows = min(chunk_rows, samples - chunk * chunk_rows)
-        flat, offsets = sample_rows(
+        flat, offsets = sample_index_tensors(
             x.shape[0],
             mode=mode,
             mixing_order=mixing_order,
             rows=rows,
             stream=NoiseStream(key, "dpmix-index", chunk, device=stream_device(dev)),
             sampling_rate=rate,
+            device=dev,
         )
-        if flat.size:
-            idx = order_t[torch.from_numpy(flat).to(dev)]
-            sums = torch.nn.functional.embedding_bag(idx, x, torch.from_numpy(offsets).to(dev), mode="sum")
-            means = (sums / mixing_order).cpu().numpy()
+        if flat.numel():
+            sums = torch.nn.functional.embedding_bag(order_t[flat], x, offsets, mode="sum")
         else:
-            means = np.zeros((rows, x.shape[1]), np.float64)
+            sums = torch.zeros((rows, x.shape[1]), dtype=torch.float64)
+        flat, offsets = flat.cpu().numpy(), offsets.cpu().numpy()
         counts = np.zeros((rows, num_classes), np.float64)
         row_of = np.repeat(np.arange(rows), np.diff(np.append(offsets, len(flat))))
         np.add.at(counts, (row_of, y[flat]), 1.0)
-        feats = NoiseStream(key, "dpmix-noise", chunk).gaussian(means, sigma_x)
-        feats = (feats @ basis.T if basis is not None else feats).astype(np.float32)
+        stream = NoiseStream(key, "dpmix-noise", chunk)
+        if basis is not None:
+            feats = (noisy_rows(sums / mixing_order, sigma_x, stream) @ basis.T).astype(np.float32)
+        else:  # float32 rows: cast where they were drawn
+            feats = noisy_rows(sums / mixing_order, sigma_x, stream, np.float32)
         scores = NoiseStream(key, "dpmix-label", chunk).gaussian(counts / mixing_order, sigma_y)
         if post is not None:
             feats = post(feats)

@@ -356,19 +356,21 @@ class NoiseStream:
         """float64 array of shape ``size``: k / 2^53 for k uniform on range(2^53) (``uniform_int``), in [0, 1)."""
         return self.uniform_int(1 << 53, size).astype(np.float64) / float(1 << 53)
 
-    def distinct(self, n: int, l: int, rows: int) -> np.ndarray:
+    def distinct(self, n: int, l: int, rows: int, *, tensor: bool = False) -> np.ndarray:
         """(rows, l) int64: each row ``l`` distinct indices of range(n), a uniform l-subset in uniform order.
 
         With a ``device``, the words and the sampler run there (``privacy.noise_device.distinct``): the same words,
-        the same decisions, so the same indices and the same stream position, element for element."""
+        the same decisions, so the same indices and the same stream position, element for element; ``tensor``
+        then returns the torch tensor where it was drawn (no copy to the host)."""
         if not 0 <= l <= n:
             raise ValueError(f"cannot draw {l} distinct records from {n}")
-        if rows == 0 or l == 0:
-            return np.zeros((rows, l), np.int64)
         if self.device is not None:
             from dpcda.privacy import noise_device
 
-            return noise_device.distinct(self._device_words, n, l, rows, self.device).cpu().numpy()
+            out = noise_device.distinct(self._device_words, n, l, rows, self.device)
+            return out if tensor else out.cpu().numpy()
+        if rows == 0 or l == 0:
+            return np.zeros((rows, l), np.int64)
         if sparse_distinct(n, l):  # a row repeats an index with probability < 0.4: reject such rows
             out = self.uniform_int(n, (rows, l))
             bad = _has_repeat(out)
@@ -417,8 +419,17 @@ class NoiseStream:
             todo = todo[tied]
         return out
 
-    def binomial(self, n: int, q: Fraction, size: int) -> np.ndarray:
-        """int64 draws of Binomial(n, q) for rational q, by inversion of a 192-bit table."""
+    def binomial(self, n: int, q: Fraction, size: int, *, tensor: bool = False) -> np.ndarray:
+        """int64 draws of Binomial(n, q) for rational q, by inversion of a 192-bit table; ``tensor`` (a stream with
+        a ``device``): the draws as a torch tensor on that device (made there on a card, copied there otherwise)."""
+        m = self._binomial(n, q, size)
+        if tensor and self.device is not None:
+            torch = sys.modules["torch"]
+            return torch.as_tensor(m, device=self.device)
+        return m.cpu().numpy() if _is_tensor(m) else m
+
+    def _binomial(self, n: int, q: Fraction, size: int):
+        """``binomial``'s draws: a tensor where a card drew them, else a numpy array."""
         q = Fraction(q)
         if not 0 <= q <= 1:
             raise ValueError(f"q must be in [0, 1], got {q}")
@@ -431,8 +442,7 @@ class NoiseStream:
             from dpcda.privacy import noise_device
 
             first, _ = self._reserve(UNIFORM_WORDS * size)
-            m = noise_device.binomial(self._subkey, first, n, q.numerator, q.denominator, size, self.device)
-            return m.cpu().numpy()
+            return noise_device.binomial(self._subkey, first, n, q.numerator, q.denominator, size, self.device)
         u = self._uniform_words(size)
         # m = number of thresholds C_j <= U (C_j = 2^192 F(j), increasing), compared word by word.
         t0, t1, t2 = (th[None, :, i] for i in range(UNIFORM_WORDS))
