@@ -471,3 +471,40 @@ def test_the_pld_accountant_sets_its_round_off_share_aside_both_ways():
     raw = pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION).compose(event)
     assert ours.get_epsilon(1e-6) == raw.get_epsilon(1e-6 * (1 - PLD_ROUNDOFF_SHARE)) > raw.get_epsilon(1e-6)
     assert ours.get_delta(2.0) == pytest.approx(raw.get_delta(2.0) / (1 - PLD_ROUNDOFF_SHARE), rel=1e-15)
+
+
+def test_the_projection_gain_bounds_the_spectral_norm_with_the_same_bits_on_every_cpu():
+    """``projection_gain``: at least the exact ||R||_2 (50-digit SVD of small projections), at most 2^-19 above
+    LAPACK's estimate, 20 significant bits; the two CPUs' estimates of the golden projection (one ulp apart) give one
+    gain; nothing but a finite positive norm is taken."""
+    import mpmath
+
+    from dpcda.mechanisms.base import PlanError
+    from dpcda.mechanisms.randproj import projection_matrix
+    from dpcda.privacy.events import GAIN_BITS, SVD_ALLOWANCE, projection_gain
+
+    for d, p, seed in [(12, 3, 0), (20, 8, 1), (9, 9, 2), (30, 1, 3)]:
+        R = projection_matrix(d, p, seed)
+        s = float(np.linalg.norm(R, 2))
+        gain = projection_gain(s)
+        with mpmath.workdps(50):
+            exact = max(mpmath.svd_r(mpmath.matrix(R.tolist()), compute_uv=False))
+            assert mpmath.mpf(gain) >= exact * (1 + mpmath.mpf(2) ** -31)
+        assert s * (1 + SVD_ALLOWANCE) <= gain <= s * (1 + SVD_ALLOWANCE) * (1 + 2.0 ** (1 - GAIN_BITS))
+        mantissa, _ = math.frexp(gain)
+        assert (mantissa * 2**GAIN_BITS).is_integer()
+    R = projection_matrix(784, 100, 0)  # a release's shape: against a long-double power iteration on R^T R
+    m = R.astype(np.longdouble).T @ R.astype(np.longdouble)
+    v = np.ones(100, np.longdouble)
+    for _ in range(300):
+        v = m @ v
+        v /= np.sqrt(v @ v)
+    assert np.longdouble(projection_gain(np.linalg.norm(R, 2))) >= np.sqrt(v @ m @ v) * (1 + np.longdouble(2) ** -31)
+    intel, amd = 2.4753226347234905, 2.47532263472349
+    assert math.nextafter(amd, 3.0) == intel
+    assert projection_gain(intel) == projection_gain(amd) == 2.475322723388672
+    for bad in (0.0, -1.0, math.inf, math.nan, 5e-324, 1.7e308):
+        with pytest.raises(ValueError, match="finite and positive"):
+            projection_gain(bad)
+    with pytest.raises(PlanError, match="entries"):
+        projection_matrix(4096, 1025, 0)

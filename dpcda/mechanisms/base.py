@@ -117,7 +117,8 @@ class Mechanism(abc.ABC):
         return 0.0
 
     def projection(self, params: MechanismParams, dim: int) -> tuple[Optional[tuple[int, int, float]], float]:
-        """((p, public seed, ||R||_2), gain) of a public projection of every record, or (None, 1.0)."""
+        """((p, public seed, gain), gain) of a public projection of every record (gain an upper bound on ||R||_2,
+        ``privacy.events.projection_gain``), or (None, 1.0)."""
         return None, 1.0
 
     def extra_draws(self, calibrated: Calibrated, *, dim: int, num_classes: int) -> int:

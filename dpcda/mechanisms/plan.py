@@ -96,7 +96,7 @@ class ReleasePlan:
     caveats: tuple[Caveat, ...]  # worded by the manifest's owner (pipeline.manifest.caveat_words)
     lowpass: Optional[tuple[tuple[int, ...], int]] = None  # (image_shape, K): post-processing projection
     label_noise_ratio: Optional[float] = None  # dpmix: sigma_y / sigma_x
-    projection: Optional[tuple[int, int, float]] = None  # randproj: (p, public seed, operator norm of R)
+    projection: Optional[tuple[int, int, float]] = None  # randproj: (p, public seed, a bound on ||R||_2)
     denoise: Optional[float] = None  # post-processing: Gaussian blur of this std (pixels) on image rows
     image_shape: Optional[tuple[int, ...]] = None  # of the rows, for the post-processing
     mixing_paths: tuple[str, ...] = ()  # per group (dpcda: class; dpmix: the dataset): 'memory' or 'join'

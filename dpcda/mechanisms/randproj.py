@@ -3,7 +3,8 @@
 R (d x p) has i.i.d. N(0, 1/p) entries drawn from a PUBLIC seed (``--projection-seed``, in the manifest): it depends
 on no data, and anyone can rebuild it to project their own rows (the evaluation does, for the real test rows). Like
 every draw of the product it comes from privacy/'s noise module: a stream keyed by the public seed alone. A record's
-row moves by at most 2 c ||R||_2 (its operator norm, in the manifest), which is the sensitivity
+row moves by at most 2 c ||R||_2; the manifest's ``projection_norm`` is an upper bound on ||R||_2 with the same
+bits on every CPU (``privacy.events.projection_gain``), and 2 c times it is the sensitivity
 ``privacy.events.PerturbEvent`` uses. The released rows live in R^p: they are projections, not images, so the
 evaluation trains its MLP on them, as seed 001 did.
 """
@@ -14,6 +15,7 @@ import numpy as np
 
 from dpcda.mechanisms.base import PlanError
 from dpcda.mechanisms.local import Local
+from dpcda.privacy.events import MAX_PROJECTION_ENTRIES, projection_gain
 from dpcda.privacy.noise import NoiseStream, public_key
 
 
@@ -26,6 +28,11 @@ def projection_matrix(dim: int, p: int, seed: int) -> np.ndarray:
         raise PlanError(
             f"projection_dim: p={p} is more than the feature dimension d={dim}; randproj would expand the rows, not "
             f"project them: give p <= {dim}"
+        )
+    if dim * p > MAX_PROJECTION_ENTRIES:
+        raise PlanError(
+            f"projection_dim: a {dim} x {p} projection has more than {MAX_PROJECTION_ENTRIES} entries, beyond the "
+            "shapes whose spectral-norm bound is argued (privacy.events.SVD_ALLOWANCE): give a smaller p"
         )
     stream = NoiseStream(public_key("projection", seed), dim, p)
     return stream.gaussian(np.zeros((dim, p)), 1.0) / np.sqrt(p)
@@ -43,7 +50,7 @@ class Randproj(Local):
 
     def projection(self, params, dim: int):
         R = projection_matrix(dim, params.projection_dim, params.projection_seed)
-        gain = float(np.linalg.norm(R, 2))
+        gain = projection_gain(np.linalg.norm(R, 2))  # an upper bound on ||R||_2, the same bits on every CPU
         return (params.projection_dim, params.projection_seed, gain), gain
 
     def projection_matrix(self, plan) -> np.ndarray:

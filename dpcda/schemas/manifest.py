@@ -150,7 +150,9 @@ class RandprojMechanism(_Frozen):
     noise_multiplier: float
     projection_dim: int
     projection_seed: int = Field(description="public seed of R (mechanisms.randproj.projection_matrix)")
-    projection_norm: float = Field(description="||R||_2: the sensitivity is 2 c ||R||_2")
+    projection_norm: float = Field(
+        description="an upper bound on ||R||_2 (privacy.events.projection_gain): the sensitivity is 2 c times it"
+    )
     num_classes: int
     samples_total: int
     class_sizes: list[int]
