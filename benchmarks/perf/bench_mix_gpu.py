@@ -73,6 +73,20 @@ def index_time(key, args, chunk: int, device) -> float:
     return time.perf_counter() - t
 
 
+def mix(x, key, args, device, rows: int, purpose: str, c: int):
+    """One chunk of the mixing step as a release runs it (``mix_chunk``), streams (purpose-index/noise, 0, c)."""
+    return mix_chunk(
+        x,
+        mode="fixed",
+        mixing_order=args.l,
+        sigma_x=0.1,
+        rows=rows,
+        index_stream=NoiseStream(key, f"{purpose}-index", 0, c, device=stream_device(device)),
+        noise_stream=NoiseStream(key, f"{purpose}-noise", 0, c),
+        dtype=args.dtype,
+    )
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=10**6)
@@ -108,31 +122,13 @@ def main(argv=None) -> None:
     )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for chunk in args.chunk_rows:
-        mix_chunk(
-            x,
-            mode="fixed",
-            mixing_order=args.l,
-            sigma_x=0.1,
-            rows=chunk,  # warm-up at full size: compiled kernels, cached page-locked buffers (steady state)
-            index_stream=NoiseStream(key, "warmup-index", device=stream_device(device)),
-            noise_stream=NoiseStream(key, "warmup-noise"),
-            dtype=args.dtype,
-        )
+        mix(x, key, args, device, chunk, "warmup", 0)  # at full size: compiled kernels, cached page-locked buffers
         sync(device)
         t = time.perf_counter()
         done, c = 0, 0
         while done < args.t:
             rows = min(chunk, args.t - done)
-            mix_chunk(
-                x,
-                mode="fixed",
-                mixing_order=args.l,
-                sigma_x=0.1,
-                rows=rows,
-                index_stream=NoiseStream(key, "mix-index", 0, c, device=stream_device(device)),
-                noise_stream=NoiseStream(key, "mix-noise", 0, c),
-                dtype=args.dtype,
-            )
+            mix(x, key, args, device, rows, "mix", c)
             done, c = done + rows, c + 1
         sync(device)
         secs = time.perf_counter() - t
@@ -155,16 +151,7 @@ def profile(x, key, args, chunk: int, device) -> None:
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with torch_profile(activities=acts) as prof:
         for c in range(args.profile):
-            mix_chunk(
-                x,
-                mode="fixed",
-                mixing_order=args.l,
-                sigma_x=0.1,
-                rows=chunk,
-                index_stream=NoiseStream(key, "profile-index", 0, c, device=stream_device(device)),
-                noise_stream=NoiseStream(key, "profile-noise", 0, c),
-                dtype=args.dtype,
-            )
+            mix(x, key, args, device, chunk, "profile", c)
         sync(device)
     for by in (["self_cuda_time_total"] if device.type == "cuda" else []) + ["self_cpu_time_total"]:
         print(f"\n{args.profile} chunks of {chunk} rows, by {by}:")
