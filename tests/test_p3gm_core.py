@@ -236,6 +236,15 @@ def test_dp_sgd_runs_at_fewer_threads_where_the_blas_fails_the_position_check(mo
     def refuse(fn, trials, *, what):
         raise rowwise.RowDependenceError(f"{what}: simulated at every thread count")
 
+    import threading
+
+    with p3gm._torch_threads(1):  # another thread cannot change the count under a checked block
+        other = []
+        t = threading.Thread(target=lambda: other.append(p3gm._THREADS_LOCK.acquire(blocking=False)))
+        t.start()
+        t.join()
+        assert other == [False]
+
     monkeypatch.setattr(rowwise, "check_position_invariance", refuse)
     monkeypatch.setattr(p3gm, "_CHECKED_SGD", set())
     with p3gm._torch_threads(4), pytest.raises(rowwise.RowDependenceError, match="every thread count"):

@@ -69,6 +69,7 @@ import dataclasses
 import functools
 import logging
 import math
+import threading
 from fractions import Fraction
 from typing import Callable, Optional
 
@@ -575,17 +576,22 @@ def _sgd_steps(params: dict, xt, mut, yt, prior_t, label_weight: float, spec: P3
             progress(step + 1, spec.steps, float(loss.mean()) if len(loss) else float("nan"))
 
 
+_THREADS_LOCK = threading.RLock()  # held while a fit sets torch's (process-wide) thread count
+
+
 @contextlib.contextmanager
 def _torch_threads(n: int):
-    """torch's intra-op thread count set to ``n`` inside, restored after."""
-    before = torch.get_num_threads()
-    if n != before:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        if torch.get_num_threads() != before:
-            torch.set_num_threads(before)
+    """torch's intra-op thread count set to ``n`` inside, restored after. The count is process-wide: the lock keeps
+    two fits in one process (threads of one runner) from changing it under each other's checked blocks."""
+    with _THREADS_LOCK:
+        before = torch.get_num_threads()
+        if n != before:
+            torch.set_num_threads(n)
+        try:
+            yield
+        finally:
+            if torch.get_num_threads() != before:
+                torch.set_num_threads(before)
 
 
 def sgd_threads(params: dict, dim: int, spec: P3gmSpec, prior_t) -> int:
