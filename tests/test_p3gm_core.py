@@ -219,13 +219,13 @@ def test_dp_sgd_runs_at_fewer_threads_where_the_blas_fails_the_position_check(mo
 
     monkeypatch.setattr(rowwise, "check_position_invariance", shaky)
     monkeypatch.setattr(p3gm, "_CHECKED_SGD", set())
-    seen = []
-    steps = p3gm._sgd_steps
-    monkeypatch.setattr(p3gm, "_sgd_steps", lambda *a: seen.append(torch.get_num_threads()) or steps(*a))
+    seen = []  # the thread count of every DP-SGD step's blocks
+    clipped = p3gm.ghost_clipped_sum
+    monkeypatch.setattr(p3gm, "ghost_clipped_sum", lambda *a: seen.append(torch.get_num_threads()) or clipped(*a))
     with p3gm._torch_threads(4):
         got = p3gm.train_vae(x, y, xhat, prior, spec(), KEY, "cpu", clip=1.0, basis=basis)
         assert torch.get_num_threads() == 4
-    assert seen == [1]
+    assert len(seen) == spec().steps and set(seen) == {1}
     assert all(np.array_equal(got[k], alone[k]) for k in alone)
     params = {k: torch.tensor(v, requires_grad=True) for k, v in p3gm.init_state(6, spec()).items()}
     prior_t = p3gm._prior_tensors(prior, 2, "cpu")
@@ -238,9 +238,16 @@ def test_dp_sgd_runs_at_fewer_threads_where_the_blas_fails_the_position_check(mo
 
     import threading
 
-    with p3gm._torch_threads(1):  # another thread cannot change the count under a checked block
+    with p3gm._torch_threads(1):  # another thread cannot take the lock while a fit holds it
         other = []
-        t = threading.Thread(target=lambda: other.append(p3gm._THREADS_LOCK.acquire(blocking=False)))
+
+        def try_lock():
+            got = p3gm._THREADS_LOCK.acquire(blocking=False)
+            other.append(got)
+            if got:
+                p3gm._THREADS_LOCK.release()
+
+        t = threading.Thread(target=try_lock)
         t.start()
         t.join()
         assert other == [False]
@@ -249,7 +256,7 @@ def test_dp_sgd_runs_at_fewer_threads_where_the_blas_fails_the_position_check(mo
     monkeypatch.setattr(p3gm, "_CHECKED_SGD", set())
     with p3gm._torch_threads(4), pytest.raises(rowwise.RowDependenceError, match="every thread count"):
         p3gm.train_vae(x, y, xhat, prior, spec(), KEY, "cpu", clip=1.0, basis=basis)
-    assert seen == [1]  # no step ran
+    assert len(seen) == spec().steps  # no step ran
 
 
 def test_an_empty_batch_still_gets_its_noise():

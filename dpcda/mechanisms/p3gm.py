@@ -69,6 +69,7 @@ import dataclasses
 import functools
 import logging
 import math
+import os
 import threading
 from fractions import Fraction
 from typing import Callable, Optional
@@ -576,13 +577,24 @@ def _sgd_steps(params: dict, xt, mut, yt, prior_t, label_weight: float, spec: P3
             progress(step + 1, spec.steps, float(loss.mean()) if len(loss) else float("nan"))
 
 
-_THREADS_LOCK = threading.RLock()  # held while a fit sets torch's (process-wide) thread count
+_THREADS_LOCK = threading.RLock()  # held while a fit sets torch's thread count
+
+
+def _new_threads_lock() -> None:  # a child forked while a fit held the lock gets a free one
+    global _THREADS_LOCK
+    _THREADS_LOCK = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_new_threads_lock)
 
 
 @contextlib.contextmanager
 def _torch_threads(n: int):
-    """torch's intra-op thread count set to ``n`` inside, restored after. The count is process-wide: the lock keeps
-    two fits in one process (threads of one runner) from changing it under each other's checked blocks."""
+    """torch's intra-op thread count set to ``n`` inside, restored after, under a lock. Whether another thread sees
+    the count depends on the build and on whether that thread has run torch's parallel kernels yet (measured with
+    torch 2.13's OpenMP build: a count set in a worker thread changed what the main thread read in one test and not
+    in another), so a fit changes it only under the lock: two fits in one process do not set it under each other's
+    checked blocks."""
     with _THREADS_LOCK:
         before = torch.get_num_threads()
         if n != before:
