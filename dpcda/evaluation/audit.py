@@ -441,11 +441,10 @@ def run_audit(
         )
     projection, gain = None, 1.0
     if entry.projects:
-        from dpcda.mechanisms.randproj import projection_matrix
-        from dpcda.privacy.events import projection_gain
+        from dpcda.mechanisms.randproj import matrix_gain, projection_matrix
 
         projection = projection_matrix(dim, projection_dim, seed)
-        gain = projection_gain(np.linalg.norm(projection, 2))  # the release's gain
+        gain = matrix_gain(projection)  # the release's gain
     samples = samples_per_class if entry.mixes else 1
     events = group_events(
         mechanism,

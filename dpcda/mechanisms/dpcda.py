@@ -91,6 +91,16 @@ def sample_index_tensors(
     return idx[keep], offsets
 
 
+def mean_rows(x: torch.Tensor, flat: torch.Tensor, offsets: torch.Tensor, mixing_order: int, order=None):
+    """float64 (rows, d): each row's sum of its sampled records of ``x`` (``embedding_bag``, no (rows, l, d)
+    intermediate; ``order`` maps sampled positions to rows of ``x``) divided by ``mixing_order``; zeros on the host
+    when every row is empty (an empty poisson class, or q small)."""
+    if not flat.numel():
+        return torch.zeros((len(offsets), x.shape[1]), dtype=torch.float64)
+    idx = flat if order is None else order[flat]
+    return torch.nn.functional.embedding_bag(idx, x, offsets, mode="sum") / mixing_order
+
+
 def noisy_rows(means: torch.Tensor, sigma: float, stream: NoiseStream, dtype=np.float64) -> np.ndarray:
     """``stream.gaussian(means, sigma)`` as a numpy array of ``dtype`` (float64 or float32). On a card the noise is
     drawn where the rows are (``privacy.noise_device``: the same output bit for bit) and cast there (float64 to float32
@@ -130,11 +140,7 @@ def mix_chunk(
         sampling_rate=sampling_rate,
         device=x.device,
     )
-    if not flat.numel():  # every row empty (an empty poisson class, or q small): the sums are 0
-        return noisy_rows(torch.zeros((rows, x.shape[1]), dtype=torch.float64), sigma_x, noise_stream, dtype)
-    idx = flat if order is None else order[flat]
-    sums = torch.nn.functional.embedding_bag(idx, x, offsets, mode="sum")
-    return noisy_rows(sums / mixing_order, sigma_x, noise_stream, dtype)
+    return noisy_rows(mean_rows(x, flat, offsets, mixing_order, order), sigma_x, noise_stream, dtype)
 
 
 def label_scores(

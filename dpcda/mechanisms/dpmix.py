@@ -19,7 +19,7 @@ import torch
 
 from dpcda.mechanisms.base import InProcess, Mechanism
 from dpcda.mechanisms.device import stream_device
-from dpcda.mechanisms.dpcda import canonical_order, noisy_rows, sample_index_tensors
+from dpcda.mechanisms.dpcda import canonical_order, mean_rows, noisy_rows, sample_index_tensors
 from dpcda.mechanisms.postprocess import make_postprocess
 from dpcda.privacy.events import DpmixEvent
 from dpcda.privacy.noise import NoiseStream
@@ -74,19 +74,14 @@ def mix_dataset(
             sampling_rate=rate,
             device=dev,
         )
-        if flat.numel():
-            sums = torch.nn.functional.embedding_bag(order_t[flat], x, offsets, mode="sum")
-        else:
-            sums = torch.zeros((rows, x.shape[1]), dtype=torch.float64)
+        means = mean_rows(x, flat, offsets, mixing_order, order_t)
         flat, offsets = flat.cpu().numpy(), offsets.cpu().numpy()
         counts = np.zeros((rows, num_classes), np.float64)
         row_of = np.repeat(np.arange(rows), np.diff(np.append(offsets, len(flat))))
         np.add.at(counts, (row_of, y[flat]), 1.0)
         stream = NoiseStream(key, "dpmix-noise", chunk)
-        if basis is not None:
-            feats = (noisy_rows(sums / mixing_order, sigma_x, stream) @ basis.T).astype(np.float32)
-        else:  # float32 rows: cast where they were drawn
-            feats = noisy_rows(sums / mixing_order, sigma_x, stream, np.float32)
+        out = noisy_rows(means, sigma_x, stream, np.float64 if basis is not None else np.float32)  # cast where drawn
+        feats = (out @ basis.T).astype(np.float32) if basis is not None else out
         scores = NoiseStream(key, "dpmix-label", chunk).gaussian(counts / mixing_order, sigma_y)
         if post is not None:
             feats = post(feats)

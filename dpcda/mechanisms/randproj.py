@@ -38,6 +38,12 @@ def projection_matrix(dim: int, p: int, seed: int) -> np.ndarray:
     return stream.gaussian(np.zeros((dim, p)), 1.0) / np.sqrt(p)
 
 
+def matrix_gain(R: np.ndarray) -> float:
+    """The sensitivity's gain for the projection ``R``: an upper bound on ||R||_2 with the same bits on every CPU
+    (``privacy.events.projection_gain`` of LAPACK's estimate)."""
+    return projection_gain(np.linalg.norm(R, 2))
+
+
 # ---------------------------------------------------------------- the registry entry
 
 
@@ -50,7 +56,7 @@ class Randproj(Local):
 
     def projection(self, params, dim: int):
         R = projection_matrix(dim, params.projection_dim, params.projection_seed)
-        gain = projection_gain(np.linalg.norm(R, 2))  # an upper bound on ||R||_2, the same bits on every CPU
+        gain = matrix_gain(R)
         return (params.projection_dim, params.projection_seed, gain), gain
 
     def projection_matrix(self, plan) -> np.ndarray:
