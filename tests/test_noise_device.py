@@ -128,6 +128,17 @@ def test_words_at_the_end_of_the_32_bit_counter_match_openssl_and_both_refuse_to
         )
 
 
+def test_words_at_single_positions_match_openssl():
+    """``_words_at`` (the words of the elements the host decides, made one by one): every offset within a block,
+    random positions and the stream's last words, against OpenSSL started at each word's block."""
+    sk = noise.subkey(KEY, ("at",))
+    rng = np.random.default_rng(3)
+    last = noise.MAX_STREAM_WORDS - 1
+    pos = np.r_[np.arange(24), rng.integers(0, last, 200), last - np.arange(17)]
+    want = [np.frombuffer(_openssl(sk, p // 8, bytes(12), 64), np.uint64)[p % 8] for p in pos.tolist()]
+    np.testing.assert_array_equal(noise_device._words_at(sk, pos), np.array(want, np.uint64))
+
+
 def test_host_seek_equals_reading_through():
     s = NoiseStream(KEY, "seek")
     ref = s.words(5000)
@@ -248,12 +259,38 @@ def _scalars(sigma, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_device_refuses_where_the_host_refuses(device):
-    for center, sigma in ((np.array([1e10, 0.0]), 1e-10), (np.array([0.0, 1e308]), 1e-300)):
+    for center, sigma in (
+        (np.array([1e10, 0.0]), 1e-10),
+        (np.array([0.0, 1e308]), 1e-300),
+        (np.array([0.0, 1e308]), 1.0),
+    ):
         with pytest.raises(ArithmeticError) as host_err:
             NoiseStream(KEY, "r").gaussian(center, sigma)
         with pytest.raises(ArithmeticError) as dev_err:
             NoiseStream(KEY, "r", device=device).gaussian(center, sigma)
         assert str(dev_err.value) == str(host_err.value)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_device_refuses_a_block_where_the_host_decides_no_element(device):
+    """One centre so large (0.15 g 2^50) that its block's error bound passes 1/8, placed so that its scaled value is
+    an integer: no element is near a cell boundary, so the device decides every element itself, and must refuse."""
+    sigma, g, n = 1.0, grid_for(1.0), 1000
+    flip, p = noise._tail_p(NoiseStream(KEY, "whole").words(3 * n).reshape(3, n))
+    z0 = float(np.where(flip, 1.0, -1.0)[0] * noise.upper_quantile(p)[0])
+    c = np.zeros(n)
+    c[0] = g * np.round((0.15 * g * 2.0**50 + sigma * z0) / g) - sigma * z0
+    with pytest.raises(ArithmeticError, match="too small") as host_err:
+        NoiseStream(KEY, "whole").gaussian(c, sigma)
+    flags = []  # elements the device hands to the host, among the n real ones (the padding is flagged, U = 0)
+    real = noise_device._sampler
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(noise_device, "_sampler", lambda *a: (lambda r: flags.append(int(r[1][:n].sum())) or r)(real(*a)))
+        with pytest.raises(ArithmeticError) as dev_err:
+            noise_device.rounded_gaussian(
+                torch.from_numpy(c).to(device), sigma, subkey=noise.subkey(KEY, ("whole",)), start=0, compiled=False
+            )
+    assert str(dev_err.value) == str(host_err.value) and flags == [0]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -285,6 +322,100 @@ def test_every_zero_is_plus_zero_on_the_host_and_the_device(device):
     zeros = host == 0
     assert zeros.sum() >= 5 and not np.signbit(host[zeros]).any()
     _same_bits(NoiseStream(KEY, "zeros", device=device).gaussian(c, sigma), host)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("start, total", [(0, 2 * 8192 + 777), (5, 2 * 8192 + 777), (8 * 3071 + 7, 16 * 8192 + 5)])
+def test_elements_the_host_decides_read_the_same_words_when_the_device_makes_them(device, start, total):
+    """Centres so large that their float error bound is near its limit: a quarter of those elements lie near a cell
+    boundary and are decided by the host from the full U, whose words (the low ones included, which the
+    device path does not make in bulk) are made again at their positions. Start offsets within a ChaCha20 block, and
+    a last, shorter block of elements (on a CPU the kernels take 16 blocks: at 16 * 8192 + 5 it is its own batch)."""
+    sigma = 1.0
+    g = grid_for(sigma)
+    c = _centers(total, 8)
+    big = np.r_[8192:8692, total - 5 : total]  # in the second block and the last (the host's exact decisions are slow)
+    c[big] = (2.0**46 + big % 1000) * g  # err = 2^-50 |c| / g + ... = about 2^-4 grid units
+    host = NoiseStream(KEY, "decided")
+    host.words(start)
+    ref = host.gaussian(c, sigma)
+    out, decided = noise_device.rounded_gaussian(
+        torch.from_numpy(c).to(device), sigma, subkey=noise.subkey(KEY, ("decided",)), start=start, compiled=False
+    )
+    _same_bits(out.cpu().numpy(), ref)
+    assert decided >= 100
+
+
+def _crafted_blocks(monkeypatch, crafted: dict):
+    """The device's ChaCha20 blocks with some stream words replaced (``crafted``: word position -> uint64 value, read
+    at each call, so the caller may change it), wherever a block holding one is made (in bulk or one by one)."""
+    real = noise_device._blocks
+
+    def blocks(subkey, counters, compiled):
+        out = real(subkey, counters, compiled).clone()
+        at = counters.cpu().numpy()
+        for w, v in crafted.items():
+            for r in np.flatnonzero(at == w // 8):
+                out[r, 2 * (w % 8)], out[r, 2 * (w % 8) + 1] = v & 0xFFFFFFFF, v >> 32
+        return out
+
+    monkeypatch.setattr(noise_device, "_blocks", blocks)
+
+
+@pytest.mark.parametrize(
+    "start, total, element",
+    [(s, 8192 + 10, 8192 + 3) for s in range(9)]
+    + [(3, 8192 + 10, 100), (5, 20, 7), (6, 2 * 8192, 2 * 8192 - 1), (3, 3 * 8192 + 5, 8192 + 4)],
+)
+def test_the_low_word_reaches_the_host_when_the_device_makes_the_words(start, total, element, monkeypatch):
+    """An element whose U has its top and middle words 0 (w0 < 2^11: p needs the low word, which the device does not
+    make in bulk) decides its output from the low word, and its exact t counts in its block's refusal bound: with
+    crafted words the device path equals the host's sampler on the same words, output and refusal alike, at every
+    start offset within a ChaCha20 block, in whole and last blocks."""
+    sigma, g, sk = 1.0, grid_for(1.0), noise.subkey(KEY, ("crafted",))
+    blk = noise._BLOCK
+    b, j = divmod(element, blk)
+    top = start + 3 * blk * b + j
+    mid, low = top + min(blk, total - b * blk), top + 2 * min(blk, total - b * blk)
+    words = NoiseStream(KEY, "crafted").words(start + 3 * total)[start:].copy()
+
+    def host(c):
+        out = np.empty(total)
+        for b0 in range(0, total, blk):
+            n = min(blk, total - b0)
+            out[b0 : b0 + n] = noise._rounded_gaussian(
+                c[b0 : b0 + n], sigma, g, words[3 * b0 : 3 * (b0 + n)].reshape(3, n)
+            )
+        return out
+
+    def device(c):
+        return noise_device.rounded_gaussian(torch.from_numpy(c), sigma, subkey=sk, start=start, compiled=False)[0]
+
+    outputs, crafted = set(), {}
+    _crafted_blocks(monkeypatch, crafted)
+    for low_value in (0, 5, (1 << 64) - 1):
+        crafted.update({top: 0, mid: 0, low: low_value})
+        for w, v in crafted.items():
+            words[w - start] = v
+        c = np.zeros(total)
+        ref = host(c)
+        _same_bits(device(c).numpy(), ref)
+        outputs.add(float(ref[element]))
+        c[b * blk + (1 if j == 0 else 0)] = 2.0**35 - 8000.0  # short of the bound at t = 0, past it at this t
+        with pytest.raises(ArithmeticError) as host_err:
+            host(c)
+        with pytest.raises(ArithmeticError) as dev_err:
+            device(c)
+        assert str(dev_err.value) == str(host_err.value)
+    assert len(outputs) == 3  # the low word decided the output
+    c = np.zeros(total)
+    c[element] = 1e308  # its value overflows (the device's own value for it is a placeholder 0): the host's message
+    with np.errstate(over="ignore", invalid="ignore"):
+        with pytest.raises(ArithmeticError, match="overflow") as host_err:
+            host(c)
+        with pytest.raises(ArithmeticError) as dev_err:
+            device(c)
+    assert str(dev_err.value) == str(host_err.value)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -481,6 +612,88 @@ def test_mixing_on_cuda_releases_the_rows_the_cpu_releases(mode):
         assert c1 == c2
         _same_bits(f2, f1)
         _same_bits(l2, l1)
+
+
+class _HostReads(torch.overrides.TorchFunctionMode):
+    """Counts the calls that read a tensor's values back to the host: on a card each waits for every kernel queued
+    before it (a scalar, a list, ``nonzero``, a boolean mask, a copy to the host). Works on CPU tensors too."""
+
+    READS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "nonzero", "cpu", "numpy"}
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        index = args[1] if name in ("__getitem__", "__setitem__") and len(args) > 1 else None
+        if name in self.READS or (isinstance(index, torch.Tensor) and index.dtype == torch.bool):
+            self.calls.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_device_draws_read_back_only_what_the_host_must_know():
+    """The card's path, run on CPU tensors: a Gaussian with no element for the host reads back once (how many
+    elements the host decides, whether a block is refused); the index draw once per round of redraws (which rows
+    repeat an index: the host needs it to know how many words the next round reads)."""
+    c = torch.from_numpy(_centers(3 * 8192 + 5, 7))
+    with _HostReads() as reads:
+        _, decided = noise_device.rounded_gaussian(
+            c, 0.3, subkey=noise.subkey(KEY, ("reads",)), start=3, compiled=False
+        )
+    assert decided == 0 and reads.calls == ["tolist"]
+    take = noise_device.StreamWords(noise.subkey(KEY, ("reads",)), 0, "cpu", compiled=False)
+    rounds = []
+    with _HostReads() as reads:
+        noise_device.distinct(lambda k: rounds.append(k) or take(k), 200_000, 64, 4096, "cpu")
+    assert len(rounds) >= 2 and reads.calls == ["nonzero"] * len(rounds)  # about 1 % of rows repeat an index
+    rounds.clear()
+    with _HostReads() as reads:  # the dense sampler: rows with a tie are drawn again
+        noise_device.distinct(lambda k: rounds.append(k) or take(k), 12, 11, 5000, "cpu")
+    assert reads.calls == ["nonzero"] * len(rounds)
+
+
+def _waits_for_the_card(fn) -> list:
+    """The messages of torch's sync debug mode while ``fn`` runs: each is a point where the host waited for every
+    kernel queued before it (a blocking copy, a read of a value, ``nonzero``)."""
+    import warnings
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA")
+def test_a_chunks_draws_wait_for_the_card_only_to_learn_what_the_host_must_know(monkeypatch):
+    """The Gaussian of a mixing chunk waits once when the host decides no element (how many it decides, whether a
+    block is refused) and three times when it does (which elements, then their centres and the block statistics in
+    one copy); the index draw once per round of redraws (which rows repeat an index: the next round's word count).
+    The key words, the sampler's scalars and the tables reach the card without a wait."""
+    monkeypatch.delenv("DPCDA_NOISE_COMPILE")  # the compiled kernels, as a release runs them
+    sk = noise.subkey(KEY, ("waits", 1))
+    for rows, seed in ((4096, 0), (64, 0)):  # the host decides one element of the first draw, none of the second
+        c = torch.from_numpy(np.random.default_rng(seed).random((rows, 784)))
+        ref, decided = noise_device.rounded_gaussian(c, 0.1, subkey=sk, start=0, compiled=False)
+        assert (decided > 0) == (rows == 4096)  # both paths are counted
+        c = c.cuda()
+        noise_device.rounded_gaussian(c, 0.1, subkey=sk, start=0)  # compiled kernels, cached allocations
+        got = []
+        waits = _waits_for_the_card(lambda: got.extend(noise_device.rounded_gaussian(c, 0.1, subkey=sk, start=0)))
+        _same_bits(got[0].cpu().numpy(), ref.numpy())
+        assert got[1] == decided and len(waits) == (3 if decided else 1), (decided, waits)
+    NoiseStream(KEY, "waits", 0, device="cuda").distinct(200_000, 64, 4096, tensor=True)
+    stream = NoiseStream(KEY, "waits", 2, device="cuda")
+    rounds, take = [], stream._device_words
+    stream._device_words = lambda n: rounds.append(n) or take(n)
+    waits = _waits_for_the_card(lambda: stream.distinct(200_000, 64, 4096, tensor=True))  # left on the card
+    assert len(rounds) >= 2 and len(waits) == len(rounds), (rounds, waits)  # about 1 % of rows repeat an index
 
 
 @pytest.mark.parametrize("mode", ["fixed", "poisson"])

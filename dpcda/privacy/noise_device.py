@@ -13,18 +13,26 @@ reads: block B of a path has counter B and a zero nonce, word w of the stream is
 on CUDA); otherwise eagerly. Both are the same integer arithmetic, so both give the same words.
 
 Gaussian. For each element the device reads the same two top words of the 192-bit uniform U that the host reads
-(word layout of ``NoiseStream._uniform_words``, blocks of ``noise._BLOCK`` elements), forms the same float64 p,
-evaluates Wichura's AS 241 in float64 and rounds to the grid. Its float error obeys the bound the host assumes
-(``noise.Z_ERROR``; tested against mpmath), so wherever the float value lies farther than (twice) that bound
-from a cell boundary, its cell is the exact cell at u, the host's output. Every other element (a near-boundary
-cell, p's rare low-precision case w0 < 2^11, a non-finite value) is handed back to the host, which decides it
-with its own code from the full U (block by block; a block's largest t includes the host's t of these elements, so
-the device refuses exactly where the host does). The output is therefore the exact rounded Gaussian at U, element
-for element the host's, every zero +0.0; the tests check that identity, in the bits, on CPU tensors and, where
-present, on CUDA.
+(word layout of ``NoiseStream._uniform_words``, blocks of ``noise._BLOCK`` elements; only those words are made in
+bulk, a third of the keystream fewer), forms the same float64 p, evaluates Wichura's AS 241 in float64 and rounds
+to the grid. Its float error obeys the bound the host assumes (``noise.Z_ERROR``; tested against mpmath), so
+wherever the float value lies farther than (twice) that bound from a cell boundary, its cell is the exact cell at
+u, the host's output. Every other element (a near-boundary cell, p's rare low-precision case w0 < 2^11, a
+non-finite value) is handed back to the host, which decides it with its own code from the full U (its three words
+taken from the host's words or, where the device made them, made again at their positions; block by block; a
+block's largest t includes the host's t of these elements, so the device refuses exactly where the host does). The
+output is therefore the exact rounded Gaussian at U, element for element the host's, every zero +0.0; the tests
+check that identity, in the bits, on CPU tensors and, where present, on CUDA.
 
 Binomial row sizes and distinct indices (``binomial``, ``distinct``) are the host's samplers in exact integer
 arithmetic on the same words: the same rejections, redraws and table comparisons, so the same draws.
+
+Waiting. On a card every read of a value back to the host, and every blocking copy to it, waits for all the work
+queued before it, so the card idles while the host catches up. The draws read back only what the host must know:
+a Gaussian once where the host decides no element (how many it decides, whether a block is refused) and three
+times where it does (a mixing chunk of 65,536 rows of 784 usually has a few such elements), the index sampler once
+per round of redraws (which rows are drawn again: the next round's word count). Keys, scalars and tables go to the
+card from page-locked memory without a wait (``_const``).
 """
 
 from __future__ import annotations
@@ -41,14 +49,27 @@ _M32 = 0xFFFFFFFF
 _CONSTANTS = (0x61707865, 0x3320646E, 0x79622D32, 0x6B206574)  # "expand 32-byte k"
 MAX_BLOCKS = 1 << 32  # OpenSSL (through ``cryptography``) refuses to wrap the 32-bit block counter
 MAX_WORDS = 8 * MAX_BLOCKS
-# Work per kernel call, one compiled shape each (the last call is padded): ChaCha20 blocks (CPU: 1 MiB of keystream)
-# and Gaussian elements (a multiple of noise._BLOCK). A card takes far larger calls: launches and syncs stay rare.
-_BATCH_BLOCKS = {"cpu": 1 << 14, "cuda": 1 << 20}
-_BATCH_ELEMS = {"cpu": 1 << 17, "cuda": 1 << 22}
+# Work per kernel call: ChaCha20 blocks (CPU: 1 MiB of keystream) and Gaussian elements (a multiple of
+# noise._BLOCK). The compiled kernels take any batch size (``_BATCH_ARGS``: one compile, no padding). A card takes far
+# larger calls, so that launching them costs the host less time than running them costs the card: a mixing chunk of
+# 65,536 rows of 784 is one ChaCha20 call and four sampler calls.
+_BATCH_BLOCKS = {"cpu": 1 << 14, "cuda": 1 << 24}
+_BATCH_ELEMS = {"cpu": 1 << 17, "cuda": 1 << 24}
 
 
 def _batch(table: dict, device: torch.device) -> int:
     return table.get(device.type, table["cpu"])
+
+
+def _const(values, dtype, device) -> torch.Tensor:
+    """A small host array (key words, the sampler's scalars, a Binomial table) as a tensor on ``device``, copied
+    without waiting for it: a blocking copy to a card waits for every kernel queued before it (torch's
+    ``copy_``: ``memcpy_and_sync``), so each one stalled the card's queue. From page-locked memory the copy is queued
+    like a kernel, and torch's caching host allocator keeps the buffer until it is done."""
+    t = torch.as_tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 _COMPILE_ENV = "DPCDA_NOISE_COMPILE"  # "0": run eagerly
@@ -120,7 +141,7 @@ def upper_quantile(p: torch.Tensor) -> torch.Tensor:
     x = torch.where(tail, torch.where(far, r1 - 3.4, r1), 0.180625 - q * q)
 
     def pick(i, central, near, far_c):  # float64 coefficients (torch.where on two Python floats gives float32)
-        c0, c1, c2 = (torch.tensor(v[i], dtype=torch.float64, device=p.device) for v in (central, near, far_c))
+        c0, c1, c2 = (torch.full((), v[i], dtype=torch.float64, device=p.device) for v in (central, near, far_c))
         return torch.where(tail, torch.where(far, c2, c1), c0)
 
     num = _poly([pick(i, _host._A, _host._C, _host._E) for i in range(8)], x)
@@ -183,18 +204,30 @@ def _kernel(name: str, fn, compiled: bool):
         return fn
     if name not in _KERNELS:
         try:
-            _KERNELS[name] = torch.compile(fn, dynamic=False, fullgraph=True)
+            _KERNELS[name] = torch.compile(fn, fullgraph=True)
         except Exception:  # noqa: BLE001 - no compiler: the eager function is the same arithmetic
             _KERNELS[name] = fn
     return _KERNELS[name]
+
+
+# Per kernel, the arguments whose first dimension is the batch: the one size the compiled kernels leave symbolic, so
+# that one compile serves every call without padding. Every other size stays fixed (a block's 8192 elements, its
+# rows of words): with every size symbolic the CPU sampler ran slower (benchmarks/results/README.md).
+_BATCH_ARGS = {"chacha": (2,), "sampler": (0, 1, 2), "sampler64": (0, 1)}
 
 
 def _run(name: str, fn, compiled: bool, *args):
     k = _kernel(name, fn, compiled)
     if k is fn:
         return fn(*args)
+    mark = getattr(torch._dynamo, "maybe_mark_dynamic", None)  # without it: one recompile, at the second size
+    for i in _BATCH_ARGS[name] if mark is not None else ():
+        if args[i].shape[0] > 1:  # sizes 0 and 1 are always specialised
+            mark(args[i], 0)  # "maybe": a size tied to another's (the centres' 8192 m) is no error
     try:
         return k(*args)
+    except torch.OutOfMemoryError:
+        raise  # the card's memory, not the compiler: the eager kernel would need more
     except Exception as err:  # noqa: BLE001 - compilation failed at first call (no C++ compiler, no Triton)
         logging.getLogger(__name__).warning(
             "torch.compile failed for the noise kernel %r (%s: %s); running it eagerly, the same arithmetic",
@@ -230,29 +263,38 @@ def _words32(key: bytes, n: int, base: int = 0) -> list:
 
 def stream_halves(subkey: bytes, start: int, n: int, device, *, compiled: bool = True):
     """(lo, hi) int64 tensors (n,): the 32-bit halves of words start..start+n-1 of the stream keyed by ``subkey``."""
+    _check_range(start, n)
+    device = torch.device(device)
+    if n == 0:
+        empty = torch.zeros(0, dtype=torch.int64, device=device)
+        return empty, empty
+    first, last = start // 8, (start + n - 1) // 8
+    counters = torch.arange(first, last + 1, dtype=torch.int64, device=device)
+    words = _blocks(subkey, counters, compiled).reshape(-1, 2)[start % 8 : start % 8 + n]
+    return words[:, 0].contiguous(), words[:, 1].contiguous()
+
+
+def _check_range(start: int, n: int) -> None:
     if start < 0 or n < 0 or start + n > MAX_WORDS:
         raise ValueError(
             "Exceeded the maximum number of bytes that can be encrypted with ChaCha20 for this nonce. The 32-bit "
             "counter portion of the nonce would overflow."
         )
-    device = torch.device(device)
-    if n == 0:
-        empty = torch.zeros(0, dtype=torch.int64, device=device)
-        return empty, empty
-    key_t = torch.tensor(_words32(subkey, 8), dtype=torch.int64, device=device)
+
+
+def _blocks(subkey: bytes, counters: torch.Tensor, compiled: bool) -> torch.Tensor:
+    """(M, 16) int64: the ChaCha20 blocks of the stream keyed by ``subkey`` at ``counters`` (M,) (each < 2^32), in
+    kernel calls of at most ``_BATCH_BLOCKS`` blocks."""
+    device = counters.device
+    key_t = _const(_words32(subkey, 8), torch.int64, device)
     nonce_t = torch.zeros(3, dtype=torch.int64, device=device)
-    first, last = start // 8, (start + n - 1) // 8
-    blocks = last - first + 1
     use = compiled and compile_enabled()
-    parts = []
     per = _batch(_BATCH_BLOCKS, device)
-    for b in range(0, blocks, per):
-        m = min(per, blocks - b)
-        size = per if use else m  # the compiled kernel sees one shape; the tail is padded
-        counters = torch.arange(first + b, first + b + size, dtype=torch.int64, device=device)
-        parts.append(_run("chacha", chacha20_blocks, use, key_t, nonce_t, counters)[:m])
-    words = torch.cat(parts).reshape(-1, 2)[start % 8 : start % 8 + n]
-    return words[:, 0].contiguous(), words[:, 1].contiguous()
+    parts = [
+        _run("chacha", chacha20_blocks, use, key_t, nonce_t, counters[b : b + per])
+        for b in range(0, len(counters), per)
+    ]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def stream_words(subkey: bytes, start: int, n: int, device, *, compiled: bool = True) -> torch.Tensor:
@@ -274,49 +316,85 @@ def _word_offsets(elements: torch.Tensor, total: int) -> list:
     return [first, first + n_b, first + 2 * n_b]
 
 
-def _batches(words: list, c: torch.Tensor, total: int, pad: bool):
-    """Per batch of ``_batch(_BATCH_ELEMS)`` elements: the words as (blocks, 3, blk) tensors in the host's block layout
-    (n top words, n middle, n low per block), the centres, and how many elements are real. With ``pad`` every
-    batch has the full shape (one compiled kernel): the last block and batch are zero-padded."""
+def _top_and_middle(subkey: bytes, start: int, total: int, device, compiled: bool):
+    """(full, tail): the 32-bit halves (lo, hi) of the top and middle words of each of ``total`` elements whose words
+    start at stream word ``start``, in the host's block layout: ``full`` two (F, 2, blk) tensors for the F whole
+    blocks of ``noise._BLOCK`` elements, ``tail`` two (2, rest) tensors for the last, shorter block (None without
+    one). The low words, a third of the stream, are not made: only the elements the host decides read them."""
+    _check_range(start, 3 * total)
     blk = _host._BLOCK
-    per = _batch(_BATCH_ELEMS, c.device) // blk
+    assert 3 * blk % 8 == 0, "an element block's words must start at the same offset in a ChaCha20 block"
     full, rest = divmod(total, blk)
-    for b0 in range(0, full + (1 if rest else 0), per):
-        nfull = min(per, full - b0) if b0 < full else 0
-        tail = rest if (b0 + nfull == full and rest and nfull < per) else 0
-        real = nfull * blk + tail
-        if not tail and (nfull == per or not pad):
-            yield (
-                b0 * blk,
-                (
-                    [w[3 * blk * b0 : 3 * blk * (b0 + nfull)].reshape(nfull, 3, blk) for w in words],
-                    c[b0 * blk : b0 * blk + real],
-                    real,
-                ),
-            )
+    s8 = start % 8
+    per_block = (s8 + 2 * blk + 7) // 8  # the ChaCha20 blocks holding one element block's 2 blk top and middle words
+    counters = (
+        (start - s8) // 8  # element block b's words start at start + 3 blk b (3 blk: a multiple of 8 words)
+        + torch.arange(full, dtype=torch.int64, device=device)[:, None] * (3 * blk // 8)
+        + torch.arange(per_block, dtype=torch.int64, device=device)
+    ).reshape(-1)
+    if full:
+        w = _blocks(subkey, counters, compiled).reshape(full, 8 * per_block, 2)[:, s8 : s8 + 2 * blk]
+        halves = [w[..., i].reshape(full, 2, blk).contiguous() for i in (0, 1)]  # one layout for the sampler
+    else:
+        halves = [torch.zeros((0, 2, blk), dtype=torch.int64, device=device)] * 2
+    tail = None
+    if rest:
+        tail = [
+            x.reshape(2, rest)
+            for x in stream_halves(subkey, start + 3 * blk * full, 2 * rest, device, compiled=compiled)
+        ]
+    return halves, tail
+
+
+def _words_at(subkey: bytes, positions):
+    """uint64 words of the stream keyed by ``subkey`` at ``positions`` (numpy int64), made on the host's CPU by the
+    same torch block function (a few, for the elements the host decides)."""
+    import numpy as np
+
+    pos = torch.from_numpy(np.asarray(positions, np.int64))
+    blocks = _blocks(subkey, pos // 8, compiled=False)
+    j = 2 * (pos % 8)
+    rows = torch.arange(len(pos))
+    lo, hi = (blocks[rows, j + i].numpy().astype(np.uint64) for i in (0, 1))
+    return (hi << np.uint64(32)) | lo
+
+
+def _batches(full: list, tail, c: torch.Tensor, total: int):
+    """Per batch of at most ``_batch(_BATCH_ELEMS)`` elements: the words as (blocks, rows, blk) tensors in the host's
+    block layout, the centres, and how many elements are real. The last, shorter block is zero-padded to a whole one
+    (the sampler's statistics are per block) and joins the last batch where it has room, so that a batch of one
+    block (a shape the compiled kernels specialise on) comes only from a draw of one block."""
+    blk = _host._BLOCK
+    per = max(1, _batch(_BATCH_ELEMS, c.device) // blk)
+    nfull = full[0].shape[0]
+    rest = total - nfull * blk
+    for b0 in range(0, nfull + (1 if rest else 0), per):
+        m = min(per, nfull - b0) if b0 < nfull else 0
+        if not rest or b0 + m < nfull or m == per:  # whole blocks only
+            yield b0 * blk, ([w[b0 : b0 + m] for w in full], c[b0 * blk : (b0 + m) * blk], m * blk)
             continue
-        nb = per if pad else nfull + 1
-        out = []
-        for w in words:
-            x = torch.zeros((nb, 3, blk), dtype=w.dtype, device=w.device)
-            x[:nfull] = w[3 * blk * b0 : 3 * blk * (b0 + nfull)].reshape(nfull, 3, blk)
-            if tail:
-                x[nfull, :, :tail] = w[3 * blk * full : 3 * total].reshape(3, tail)
-            out.append(x)
-        cc = torch.zeros(nb * blk, dtype=c.dtype, device=c.device)
-        cc[:real] = c[b0 * blk : b0 * blk + real]
-        yield b0 * blk, (out, cc, real)
+        padded = []
+        for w, t in zip(full, tail):
+            x = w.new_zeros((m + 1,) + tuple(w.shape[1:]))
+            x[:m] = w[b0 : b0 + m]
+            x[m, :, :rest] = t
+            padded.append(x)
+        cc = c.new_zeros((m + 1) * blk)
+        cc[: m * blk + rest] = c[b0 * blk :]
+        yield b0 * blk, (padded, cc, m * blk + rest)
 
 
-def _sampler_blocks(lo, hi, center, *scalars):
-    """``_sampler`` and ``_block_stats`` on (blocks, 3, blk) halves in the host's block layout."""
+def _sampler_blocks(lo, hi, center, scalars):
+    """``_sampler`` and ``_block_stats`` on (blocks, rows, blk) halves in the host's block layout (rows 0 and 1: the
+    top and middle words); ``scalars`` the (5,) float64 tensor of ``_sampler``'s scalars."""
     lo0, hi0, lo1, hi1 = (x[:, i].reshape(-1) for i in (0, 1) for x in (lo, hi))
-    return _block_stats(*_sampler(lo0, hi0, lo1, hi1, center, *scalars), center)
+    return _block_stats(*_sampler(lo0, hi0, lo1, hi1, center, *(scalars[i] for i in range(5))), center)
 
 
-def _sampler_blocks64(w, center, *scalars):
+def _sampler_blocks64(w, center, scalars):
     """The same on (blocks, 3, blk) 64-bit words (int64 bit patterns), as read on the host."""
-    return _block_stats(*_sampler64(w[:, 0].reshape(-1), w[:, 1].reshape(-1), center, *scalars), center)
+    w0, w1 = w[:, 0].reshape(-1), w[:, 1].reshape(-1)
+    return _block_stats(*_sampler64(w0, w1, center, *(scalars[i] for i in range(5))), center)
 
 
 def rounded_gaussian(
@@ -340,58 +418,83 @@ def rounded_gaussian(
     c = center.reshape(-1).to(torch.float64)
     total = c.numel()
     g = _host.grid_for(sigma)
-    scalars = [sigma / g, 1.0 / g, g, sigma * _host.Z_ERROR / g, 2.0**-50]  # 0-d tensors: one compiled kernel
-    sc = [torch.tensor(v, dtype=torch.float64, device=device) for v in scalars]
+    scalars = [sigma / g, 1.0 / g, g, sigma * _host.Z_ERROR / g, 2.0**-50]  # a tensor: one compiled kernel
+    sc = _const(scalars, torch.float64, device)
+    blk = _host._BLOCK
     if host_words is None:
-        words = list(stream_halves(subkey, start, 3 * total, device, compiled=compiled))
+        full, tail = _top_and_middle(subkey, start, total, device, compiled)
         name, fn = "sampler", _sampler_blocks
     else:
-        words = [torch.from_numpy(np.ascontiguousarray(host_words[: 3 * total]).view(np.int64)).to(device)]
+        words = torch.from_numpy(np.ascontiguousarray(host_words[: 3 * total]).view(np.int64)).to(device)
+        nfull, rest = divmod(total, blk)
+        full, tail = [words[: 3 * blk * nfull].reshape(nfull, 3, blk)], [words[3 * blk * nfull :].reshape(3, rest)]
+        tail = tail if rest else None
         name, fn = "sampler64", _sampler_blocks64
     use = compiled and compile_enabled()
     out = torch.empty(total, dtype=torch.float64, device=device)
     flags = torch.empty(total, dtype=torch.bool, device=device)
     stats = []
-    for s, (w, cc, real) in _batches(words, c, total, pad=use):
-        values, host, cmax, tmax, finite = _run(name, fn, use, *w, cc, *sc)
+    for s, (w, cc, real) in _batches(full, tail, c, total):
+        values, host, cmax, tmax, finite = _run(name, fn, use, *w, cc, sc)
         out[s : s + real] = values[:real]
         flags[s : s + real] = host[:real]
         stats.append((cmax, tmax, finite))
-    todo = torch.nonzero(flags).reshape(-1)  # rare: the host decides these from the full 192-bit U, with its code
     if not stats:
         return out.reshape(center.shape), 0
     cmax, tmax, finite = (torch.cat(x) for x in zip(*stats))
-    blk = _host._BLOCK
-    if todo.numel():
-        u = np.empty((3, todo.numel()), np.uint64)
-        for row, off in enumerate(_word_offsets(todo, total)):
-            if host_words is None:
-                lo, hi = (x[off].cpu().numpy().astype(np.uint64) for x in words)
-                u[row] = (hi << np.uint64(32)) | lo
-            else:
-                u[row] = host_words[off.cpu().numpy()]
-        # The host's block maximum of t includes these elements, with t from their exact p (w0 < 2^11 included).
-        t_exact = torch.from_numpy(_host.upper_quantile(_host._tail_p(u)[1])).to(device)
-        tmax = tmax.scatter_reduce(0, todo // blk, t_exact, reduce="amax")
-    _refuse_like_the_host(cmax, tmax, finite, sigma, g)
-    if todo.numel():  # block by block, as the host draws: a block's maxima bound its elements' error, so no refusal
-        blocks, c_todo = (todo // blk).cpu().numpy(), c[todo].cpu().numpy()
-        cuts = np.flatnonzero(np.diff(blocks)) + 1
-        values = np.empty(todo.numel(), np.float64)
-        for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(blocks)]):
-            values[a:b] = _host._rounded_gaussian(c_todo[a:b], float(sigma), g, np.ascontiguousarray(u[:, a:b]))
-        out[todo] = torch.from_numpy(values).to(device)
-    return out.reshape(center.shape), int(todo.numel())
+    # The one wait for the device: how many elements the host decides (a few in a large draw), any block refused?
+    decided, refused = torch.stack([flags.sum(), _refused(cmax, tmax, finite, sigma, g).any().long()]).tolist()
+    if not decided:
+        if refused:
+            _refuse_like_the_host(cmax, tmax, finite, sigma, g)
+        return out.reshape(center.shape), 0
+    # The host decides these from the full 192-bit U, with its code. Two more reads: which elements, then (one copy)
+    # the elements, their centres and every block's statistics; the rest runs on the host's CPU.
+    todo = torch.nonzero(flags).reshape(-1)
+    k, nb = todo.numel(), cmax.numel()
+    bits = lambda x: x.to(torch.float64).view(torch.int64)  # noqa: E731 - exact: a float64's bits
+    back = torch.cat([todo, bits(c[todo]), bits(cmax), bits(tmax), bits(finite)]).cpu()
+    idx, c_todo = back[:k], back[k : 2 * k].view(torch.float64).numpy()
+    cmax, tmax, finite = (back[2 * k + i * nb : 2 * k + (i + 1) * nb].view(torch.float64) for i in range(3))
+    offsets = np.stack([o.numpy() for o in _word_offsets(idx, total)])  # (3, k): top, middle, low words
+    u = host_words[offsets] if host_words is not None else _words_at(subkey, start + offsets.reshape(-1)).reshape(3, -1)
+    # The host's block statistics include these elements, from their exact p (w0 < 2^11 included, whose value the
+    # device left at 0): their t counts in the block's largest t, a value that is not finite makes the block's so.
+    flip, p = _host._tail_p(u)
+    t_exact = _host.upper_quantile(p)
+    scaled = np.where(flip, t_exact, -t_exact) * (sigma / g) + c_todo / g  # the host's arithmetic
+    tmax = tmax.scatter_reduce(0, idx // blk, torch.from_numpy(t_exact), reduce="amax")
+    finite = finite.scatter_reduce(0, idx // blk, torch.from_numpy(np.isfinite(scaled) * 1.0), reduce="amin")
+    _refuse_like_the_host(cmax, tmax, finite != 0, sigma, g)
+    # Block by block, as the host draws: a block's maxima bound its elements' error, so no refusal.
+    blocks = (idx // blk).numpy()
+    cuts = np.flatnonzero(np.diff(blocks)) + 1
+    values = np.empty(k, np.float64)
+    for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(blocks)]):
+        values[a:b] = _host._rounded_gaussian(c_todo[a:b], float(sigma), g, np.ascontiguousarray(u[:, a:b]))
+    out[todo] = _const(values, torch.float64, device)  # queued: no wait
+    return out.reshape(center.shape), k
 
 
 _FUNCS.update(chacha=chacha20_blocks, sampler=_sampler_blocks, sampler64=_sampler_blocks64)
 
 
+def _block_error(cmax: torch.Tensor, tmax: torch.Tensor, sigma: float, g: float) -> torch.Tensor:
+    """The host's error bound per block of noise._BLOCK elements, in grid units."""
+    return (sigma * _host.Z_ERROR * (1.0 + tmax) + 2.0**-50 * (cmax + sigma * tmax)) / g
+
+
+def _refused(cmax: torch.Tensor, tmax: torch.Tensor, finite: torch.Tensor, sigma: float, g: float) -> torch.Tensor:
+    """bool per block: the host refuses it (a non-finite value, or too large an error)."""
+    err = _block_error(cmax, tmax, sigma, g)
+    return ~finite | ~torch.isfinite(err) | (err > 0.125)
+
+
 def _refuse_like_the_host(cmax: torch.Tensor, tmax: torch.Tensor, finite: torch.Tensor, sigma: float, g: float) -> None:
     """Raise where the host would: per block of noise._BLOCK elements, a non-finite value or too large an error."""
-    err = (sigma * _host.Z_ERROR * (1.0 + tmax) + 2.0**-50 * (cmax + sigma * tmax)) / g
-    bad = ~finite | ~torch.isfinite(err) | (err > 0.125)
+    bad = _refused(cmax, tmax, finite, sigma, g)
     if bool(bad.any()):
+        err = _block_error(cmax, tmax, sigma, g)
         b = int(torch.nonzero(bad)[0])
         if not bool(finite[b]) or not math.isfinite(float(err[b])):
             raise ArithmeticError(f"noise sampler: values overflow at sigma={sigma:g} (too large for the grid)")
@@ -416,11 +519,11 @@ def binomial_from_halves(lo: torch.Tensor, hi: torch.Tensor, thresholds) -> torc
     for i in range(3):  # most significant first: hi then lo of each word
         pieces.append(((th[:, i] >> np.uint64(32)).astype(np.int64), hi[i]))
         pieces.append(((th[:, i] & np.uint64(_M32)).astype(np.int64), lo[i]))
-    t_last, u_last = pieces[-1]
-    le = torch.from_numpy(t_last).to(lo.device)[None, :] <= u_last[:, None]
-    for t_np, u in reversed(pieces[:-1]):
-        t = torch.from_numpy(t_np).to(lo.device)[None, :]
-        le = (t < u[:, None]) | ((t == u[:, None]) & le)
+    table = _const(np.stack([t for t, _ in pieces]), torch.int64, lo.device)  # one copy, queued
+    le = table[-1][None, :] <= pieces[-1][1][:, None]
+    for i in range(len(pieces) - 2, -1, -1):
+        t, u = table[i][None, :], pieces[i][1][:, None]
+        le = (t < u) | ((t == u) & le)
     return le.sum(dim=1)
 
 
@@ -450,27 +553,64 @@ class StreamWords:
         return words
 
 
+def _below(s: torch.Tensor, bound: int, excess: int):
+    """(residues, rejected): ``uniform_below``'s arithmetic on the int64 words ``s``; ``rejected`` is None where no
+    word can be (``bound`` divides 2^64)."""
+    r = torch.remainder(s, bound)
+    if not excess:
+        return r, None
+    return torch.where(s < 0, torch.remainder(r + excess, bound), r), (s < 0) & (s >= -excess)
+
+
+def _check_bound(bound: int) -> int:
+    """2^64 mod ``bound``, after checking the bound."""
+    if not 1 <= bound <= 1 << 62:
+        raise ValueError(f"bound must be in [1, 2^62], got {bound}")
+    return (1 << 64) % bound
+
+
+def _redraw(take, out: torch.Tensor, todo: torch.Tensor, bound: int, excess: int) -> None:
+    """Redraw the rejected elements ``out[todo]`` (ascending), in order, from the next words, as the host does."""
+    while todo.numel():
+        r, rejected = _below(take(todo.numel()), bound, excess)
+        ok = ~rejected
+        out[todo[ok]] = r[ok]
+        todo = todo[rejected]
+
+
 def uniform_below(take, bound: int, total: int, device) -> torch.Tensor:
     """int64 (total,) uniform on range(bound): ``NoiseStream.uniform_int``'s rejection on the words ``take`` gives.
 
     The host accepts a word w (unsigned) when w < 2^64 - e, e = 2^64 mod bound, and returns w mod bound. Here w is
     held as the int64 s = w - 2^64 [w >= 2^63]: since e < bound <= 2^62, w is accepted iff s >= 0 or s < -e, and
     w mod bound = (s mod bound + [s < 0] e) mod bound (``remainder`` is the non-negative residue; no sum reaches
-    2^63). Rejected elements are redrawn, in order, from the next words, as on the host: exact integer arithmetic."""
-    bound = int(bound)
-    if not 1 <= bound <= 1 << 62:
-        raise ValueError(f"bound must be in [1, 2^62], got {bound}")
-    excess = (1 << 64) % bound
-    out = torch.empty(int(total), dtype=torch.int64, device=device)
-    todo = torch.arange(int(total), device=device)
-    while todo.numel():
-        s = take(todo.numel())
-        ok = (s >= 0) | (s < -excess)
-        r = torch.remainder(s, bound)
-        r = torch.where(s < 0, torch.remainder(r + excess, bound), r)
-        out[todo[ok]] = r[ok]
-        todo = todo[~ok]
+    2^63). Rejected elements are redrawn, in order, from the next words, as on the host: exact integer arithmetic.
+    One wait for the device (none where ``bound`` divides 2^64): which words were rejected."""
+    bound, total = int(bound), int(total)
+    excess = _check_bound(bound)
+    if not total:
+        return torch.empty(0, dtype=torch.int64, device=device)
+    out, rejected = _below(take(total), bound, excess)
+    if rejected is not None:
+        _redraw(take, out, torch.nonzero(rejected).reshape(-1), bound, excess)
     return out
+
+
+def _sparse_rows(take, n: int, l: int, rows: int, excess: int):
+    """``rows`` rows of ``l`` uniform indices below ``n`` and the rows (ascending) that repeat an index: the host's
+    ``uniform_int(n, (rows, l))`` then ``_has_repeat``. One wait for the device, unless a word was rejected (rare
+    unless n is near 2^62: then the host's redraws, a few waits each round, and one more)."""
+    out, rejected = _below(take(rows * l), n, excess)
+    repeats = _has_repeat(out.reshape(rows, l))
+    if rejected is None:
+        return out.reshape(rows, l), torch.nonzero(repeats).reshape(-1)
+    # The one wait, for both answers: a rejected word adds rows + 1 flags, more than the repeats can number.
+    found = torch.nonzero(torch.cat([repeats, rejected.any().expand(rows + 1)])).reshape(-1)
+    if found.numel() <= rows:  # no word rejected: these repeats are final
+        return out.reshape(rows, l), found
+    _redraw(take, out, torch.nonzero(rejected).reshape(-1), n, excess)
+    out = out.reshape(rows, l)
+    return out, torch.nonzero(_has_repeat(out)).reshape(-1)
 
 
 def _has_repeat(idx: torch.Tensor) -> torch.Tensor:
@@ -496,8 +636,8 @@ def _smallest_keys(take, n: int, l: int, rows: int, device) -> torch.Tensor:
             sel, chosen = torch.sort(keys, dim=1, stable=True)
             tied = torch.zeros(todo.numel(), dtype=torch.bool, device=device)
         tied |= (sel[:, 1:] == sel[:, :-1]).any(dim=1)  # order inside the row must be random too
-        out[todo[~tied]] = chosen[~tied]
-        todo = todo[tied]
+        out[todo] = torch.where(tied[:, None], out[todo], chosen)
+        todo = todo[torch.nonzero(tied).reshape(-1)]  # the round's one read: which rows are drawn again
     return out
 
 
@@ -512,13 +652,13 @@ def distinct(take, n: int, l: int, rows: int, device) -> torch.Tensor:
         raise ValueError(f"cannot draw {l} distinct records from {n}")
     if rows == 0 or l == 0:
         return torch.zeros((rows, l), dtype=torch.int64, device=device)
-    if _host.sparse_distinct(n, l):
-        out = uniform_below(take, n, rows * l, device).reshape(rows, l)
-        bad = _has_repeat(out)
-        while bool(bad.any()):
-            k = int(bad.sum())
-            out[bad] = uniform_below(take, n, k * l, device).reshape(k, l)
-            bad = _has_repeat(out)
+    if _host.sparse_distinct(n, l):  # rows with a repeat are redrawn, in order, until none repeats
+        excess = _check_bound(n)
+        out, todo = _sparse_rows(take, n, l, rows, excess)
+        while todo.numel():
+            again, bad = _sparse_rows(take, n, l, todo.numel(), excess)
+            out[todo] = again
+            todo = todo[bad]
         return out
     out = torch.empty((rows, l), dtype=torch.int64, device=device)
     step = max(1, _host._DENSE_KEYS // n)
