@@ -34,7 +34,7 @@ step() {  # step NAME SECONDS COMMAND...: run, log to LOG/NAME.log, note a failu
 
 step device_release 150 python3 -m benchmarks.checks.device_release --rows 40000 --device cuda
 # a fresh machine compiles the noise kernels first: with two chunk sizes at 75 s one run printed no row (cuda_mixing_h100.md)
-step bench_mix_gpu 180 python3 -m benchmarks.perf.bench_mix_gpu --n 200000 --t 200000 --l 64 --device cuda
+step bench_mix_gpu 180 python3 -m benchmarks.perf.bench_mix_gpu --n 200000 --t 200000 --l 64 --device cuda --waits
 step pytest_gpu 150 python3 -m pytest -q -p no:cacheprovider -o addopts= -m gpu tests/test_noise_device.py tests/test_audit.py tests/test_rowwise.py
 step bench_noise 90 python3 -m benchmarks.perf.bench_noise --device cuda --n 10000000 --repeat 3 --out "$LOG/bench_noise.md"
 # the same host's CPU cores, for the worker without a card: noise threads 1 to all, and the mixing step

@@ -3,6 +3,7 @@
     python -m benchmarks.perf.bench_mix_gpu                 # N_k = T_k = 10^6, l = 64, d = 784 on CUDA
     python -m benchmarks.perf.bench_mix_gpu --n 20000 --t 20000 --l 16   # a small CPU run
     python -m benchmarks.perf.bench_mix_gpu --n 200000 --t 200000 --profile 4   # then where 4 chunks spend time
+    python -m benchmarks.perf.bench_mix_gpu --n 200000 --t 200000 --waits        # then where a chunk waits (CUDA)
 
 Gathered bytes = T_k * l * d * 8 (each selected record read once per synthetic row, float64). The ceiling is a
 device-to-device copy measured on the same card (bytes read + written). The indices and the noise are drawn where a
@@ -104,6 +105,11 @@ def main(argv=None) -> None:
     ap.add_argument(
         "--profile", type=int, default=0, metavar="CHUNKS", help="then profile this many chunks of the last size"
     )
+    ap.add_argument(
+        "--waits",
+        action="store_true",
+        help="then list where one chunk of the last size waits for the card (torch's sync debug mode; CUDA only)",
+    )
     args = ap.parse_args(argv)
     device = pick_device(args.device)
     x = torch.rand((args.n, args.d), dtype=torch.float64, device=device)
@@ -141,6 +147,35 @@ def main(argv=None) -> None:
         )
     if args.profile:
         profile(x, key, args, args.chunk_rows[-1], device)
+    if args.waits:
+        if device.type == "cuda":
+            waits(x, key, args, args.chunk_rows[-1], device)
+        else:
+            print("\n--waits: a CPU worker does not wait for a card (CUDA only)")
+
+
+def waits(x, key, args, chunk: int, device) -> None:
+    """Each line of code where one chunk made the host wait for the card (a blocking copy, a read of a value,
+    ``nonzero``): while the host waits the card's queue runs dry. From torch's sync debug mode, which warns at each."""
+    import collections
+    import os
+    import warnings
+
+    sync(device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            mix(x, key, args, device, chunk, "waits", 0)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    where = collections.Counter(
+        f"{os.path.relpath(w.filename)}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)
+    )
+    print(f"\none chunk of {chunk} rows waited for the card {sum(where.values())} times:")
+    print("| where | waits |\n|---|---:|")
+    for line, count in where.most_common():
+        print(f"| {line} | {count} |")
 
 
 def profile(x, key, args, chunk: int, device) -> None:
