@@ -654,19 +654,9 @@ def test_the_device_draws_read_back_only_what_the_host_must_know():
 
 
 def _waits_for_the_card(fn) -> list:
-    """The messages of torch's sync debug mode while ``fn`` runs: each is a point where the host waited for every
-    kernel queued before it (a blocking copy, a read of a value, ``nonzero``)."""
-    import warnings
+    from dpcda.mechanisms.device import card_waits
 
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    return [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    return [str(w.message) for w in card_waits(fn)]
 
 
 @pytest.mark.gpu

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from dpcda.mechanisms.device import pick_device, stream_device
+from dpcda.mechanisms.device import card_waits, pick_device, stream_device
 from dpcda.mechanisms.dpcda import mix_chunk, sample_rows
 from dpcda.privacy.noise import NoiseStream, key_from_test_seed
 
@@ -155,22 +155,14 @@ def main(argv=None) -> None:
 
 
 def waits(x, key, args, chunk: int, device) -> None:
-    """Each line of code where one chunk made the host wait for the card (a blocking copy, a read of a value,
-    ``nonzero``): while the host waits the card's queue runs dry. From torch's sync debug mode, which warns at each."""
+    """Each line of code where one chunk made the host wait for the card (``device.card_waits``): while the host
+    waits the card's queue runs dry."""
     import collections
     import os
-    import warnings
 
-    sync(device)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            mix(x, key, args, device, chunk, "waits", 0)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
     where = collections.Counter(
-        f"{os.path.relpath(w.filename)}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)
+        f"{os.path.relpath(w.filename)}:{w.lineno}"
+        for w in card_waits(lambda: mix(x, key, args, device, chunk, "waits", 0))
     )
     print(f"\none chunk of {chunk} rows waited for the card {sum(where.values())} times:")
     print("| where | waits |\n|---|---:|")

@@ -38,3 +38,20 @@ def to_host(t: torch.Tensor) -> np.ndarray:
     staging = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     staging.copy_(t)
     return staging.numpy().copy()
+
+
+def card_waits(fn) -> list:
+    """The warnings of torch's sync debug mode while ``fn`` runs: each marks a point where the host waited for every
+    kernel queued on the card before it (a blocking copy, a read of a value, ``nonzero``); their ``filename`` and
+    ``lineno`` say where. CUDA only."""
+    import warnings
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return [w for w in caught if "synchroniz" in str(w.message)]

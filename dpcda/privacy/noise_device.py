@@ -325,14 +325,14 @@ def _top_and_middle(subkey: bytes, start: int, total: int, device, compiled: boo
     blk = _host._BLOCK
     assert 3 * blk % 8 == 0, "an element block's words must start at the same offset in a ChaCha20 block"
     full, rest = divmod(total, blk)
-    s8 = start % 8
-    per_block = (s8 + 2 * blk + 7) // 8  # the ChaCha20 blocks holding one element block's 2 blk top and middle words
-    counters = (
-        (start - s8) // 8  # element block b's words start at start + 3 blk b (3 blk: a multiple of 8 words)
-        + torch.arange(full, dtype=torch.int64, device=device)[:, None] * (3 * blk // 8)
-        + torch.arange(per_block, dtype=torch.int64, device=device)
-    ).reshape(-1)
     if full:
+        s8 = start % 8
+        per_block = (s8 + 2 * blk + 7) // 8  # the ChaCha20 blocks holding one element block's 2 blk top/middle words
+        counters = (
+            (start - s8) // 8  # element block b's words start at start + 3 blk b (3 blk: a multiple of 8 words)
+            + torch.arange(full, dtype=torch.int64, device=device)[:, None] * (3 * blk // 8)
+            + torch.arange(per_block, dtype=torch.int64, device=device)
+        ).reshape(-1)
         w = _blocks(subkey, counters, compiled).reshape(full, 8 * per_block, 2)[:, s8 : s8 + 2 * blk]
         halves = [w[..., i].reshape(full, 2, blk).contiguous() for i in (0, 1)]  # one layout for the sampler
     else:
@@ -554,8 +554,13 @@ class StreamWords:
 
 
 def _below(s: torch.Tensor, bound: int, excess: int):
-    """(residues, rejected): ``uniform_below``'s arithmetic on the int64 words ``s``; ``rejected`` is None where no
-    word can be (``bound`` divides 2^64)."""
+    """(residues, rejected): ``NoiseStream.uniform_int``'s arithmetic on the int64 words ``s``, ``excess`` = 2^64 mod
+    ``bound``; ``rejected`` is None where no word can be (``bound`` divides 2^64).
+
+    The host accepts a word w (unsigned) when w < 2^64 - e, e = 2^64 mod bound, and returns w mod bound. Here w is
+    held as the int64 s = w - 2^64 [w >= 2^63]: since e < bound <= 2^62, w is accepted iff s >= 0 or s < -e, and
+    w mod bound = (s mod bound + [s < 0] e) mod bound (``remainder`` is the non-negative residue; no sum reaches
+    2^63): exact integer arithmetic. Rejected words are redrawn, in order, from the next words (``_redraw``)."""
     r = torch.remainder(s, bound)
     if not excess:
         return r, None
@@ -576,24 +581,6 @@ def _redraw(take, out: torch.Tensor, todo: torch.Tensor, bound: int, excess: int
         ok = ~rejected
         out[todo[ok]] = r[ok]
         todo = todo[rejected]
-
-
-def uniform_below(take, bound: int, total: int, device) -> torch.Tensor:
-    """int64 (total,) uniform on range(bound): ``NoiseStream.uniform_int``'s rejection on the words ``take`` gives.
-
-    The host accepts a word w (unsigned) when w < 2^64 - e, e = 2^64 mod bound, and returns w mod bound. Here w is
-    held as the int64 s = w - 2^64 [w >= 2^63]: since e < bound <= 2^62, w is accepted iff s >= 0 or s < -e, and
-    w mod bound = (s mod bound + [s < 0] e) mod bound (``remainder`` is the non-negative residue; no sum reaches
-    2^63). Rejected elements are redrawn, in order, from the next words, as on the host: exact integer arithmetic.
-    One wait for the device (none where ``bound`` divides 2^64): which words were rejected."""
-    bound, total = int(bound), int(total)
-    excess = _check_bound(bound)
-    if not total:
-        return torch.empty(0, dtype=torch.int64, device=device)
-    out, rejected = _below(take(total), bound, excess)
-    if rejected is not None:
-        _redraw(take, out, torch.nonzero(rejected).reshape(-1), bound, excess)
-    return out
 
 
 def _sparse_rows(take, n: int, l: int, rows: int, excess: int):
