@@ -671,14 +671,19 @@ def test_tabular_merge_gathers_releases_and_cells_measured_under_other_folders(t
 
 
 def test_bench_mix_gpu_times_the_release_path_with_index_and_noise_shares(capsys):
-    """A small CPU run prints one row per chunk size, with the index draws' and the noise's seconds and shares."""
+    """A small CPU run prints one row per chunk size (and depth), with the index draws' and the noise's seconds and
+    shares; a CPU worker's default depth is 0."""
     from benchmarks.perf import bench_mix_gpu
 
-    bench_mix_gpu.main(["--n", "3000", "--t", "700", "--l", "4", "--d", "16", "--device", "cpu", "--chunk-rows", "256"])
+    args = ["--n", "3000", "--t", "700", "--l", "4", "--d", "16", "--device", "cpu", "--chunk-rows", "256"]
+    bench_mix_gpu.main(args)
     lines = capsys.readouterr().out.splitlines()
-    assert "index share" in lines[1] and "noise share" in lines[1]
+    assert "index share" in lines[1] and "noise share" in lines[1] and "| depth |" in lines[1]
     row = [c.strip() for c in lines[3].strip("|").split("|")]
-    assert row[0] == "256" and len(row) == 9 and row[6].endswith("%") and row[8].endswith("%")
+    assert row[:2] == ["256", "0"] and len(row) == 10 and row[7].endswith("%") and row[9].endswith("%")
+    bench_mix_gpu.main(args + ["--depth", "0", "2"])  # one row per depth, the same chunks
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in capsys.readouterr().out.splitlines()[3:]]
+    assert [r[:2] for r in rows] == [["256", "0"], ["256", "2"]]
 
 
 def test_table3_release_recipe_changes_parse_fields_by_type_and_refuse_bad_ones():

@@ -690,7 +690,8 @@ def test_a_chunks_draws_wait_for_the_card_only_to_learn_what_the_host_must_know(
 @pytest.mark.parametrize("mechanism", ["dpcda", "dpmix"])
 def test_mixing_with_its_indices_drawn_by_the_device_sampler_releases_the_same_rows(mode, mechanism, monkeypatch):
     """The mixers' index streams take the worker's device on CUDA (``stream_device``); on a CPU worker they stay on
-    the host. Forcing the device path on CPU tensors (``distinct`` in torch) releases the host's rows bit for bit."""
+    the host. Forcing the device path on CPU tensors (``distinct`` in torch), drawn one chunk ahead as on a card,
+    releases the host's rows bit for bit."""
     from fractions import Fraction
 
     from dpcda.mechanisms import device as device_policy
@@ -703,15 +704,15 @@ def test_mixing_with_its_indices_drawn_by_the_device_sampler_releases_the_same_r
     kw = dict(key=KEY, mode=mode, mixing_order=8, sigma_x=0.3, samples=1500, chunk_rows=600)
     kw.update(sampling_rate=Fraction(8, 300), device="cpu")
     if mechanism == "dpcda":
-        run = lambda: list(dpcda.mix_class(x, class_index=1, num_classes=3, sigma_y=0.5, **kw))  # noqa: E731
+        run = lambda **k: list(dpcda.mix_class(x, class_index=1, num_classes=3, sigma_y=0.5, **kw, **k))  # noqa: E731
     else:
-        run = lambda: list(dpmix.mix_dataset(x, y, num_classes=3, sigma_y=0.5, **kw))  # noqa: E731
+        run = lambda **k: list(dpmix.mix_dataset(x, y, num_classes=3, sigma_y=0.5, **kw, **k))  # noqa: E731
     host = run()
     calls = []
     real = noise_device.distinct
     monkeypatch.setattr(noise_device, "distinct", lambda *a: calls.append(a[1:4]) or real(*a))
     monkeypatch.setattr(dpcda if mechanism == "dpcda" else dpmix, "stream_device", lambda dev: dev)
-    device = run()
+    device = run(depth=1)  # a card's lookahead: the draws in a thread of their own, one chunk ahead
     assert len(calls) == len(host) == 3
     for (c1, f1, l1), (c2, f2, l2) in zip(host, device):
         assert c1 == c2

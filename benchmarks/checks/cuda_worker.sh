@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # What a CUDA worker must show, in one run (about 6 to 8 minutes on an H100 host): the device noise path's identity
 # tests, its waits for the card and the CUDA audit (pytest -m gpu), a release per mechanism on the card against the
-# CPU's rows (device_release), the mixing step's rows/s, noise share and waits (bench_mix_gpu), the noise module's
-# draws/s on the card (bench_noise), and the same two on the host's CPU cores.
+# CPU's rows (device_release), the mixing step's rows/s drawn one chunk ahead and not, its noise share and waits
+# (bench_mix_gpu), the noise module's draws/s on the card (bench_noise), and the same two on the host's CPU cores.
 #
 #   bash benchmarks/checks/cuda_worker.sh [LOG_DIR]     # logs to LOG_DIR (default: build/cuda_worker)
 #
@@ -34,8 +34,8 @@ step() {  # step NAME SECONDS COMMAND...: run, log to LOG/NAME.log, note a failu
 
 step device_release 150 python3 -m benchmarks.checks.device_release --rows 40000 --device cuda
 # a fresh machine compiles the noise kernels first: with two chunk sizes at 75 s one run printed no row (cuda_mixing_h100.md)
-step bench_mix_gpu 180 python3 -m benchmarks.perf.bench_mix_gpu --n 200000 --t 200000 --l 64 --device cuda --waits
-step pytest_gpu 240 python3 -m pytest -q -p no:cacheprovider -o addopts= -m gpu tests/test_noise_device.py tests/test_audit.py tests/test_rowwise.py
+step bench_mix_gpu 180 python3 -m benchmarks.perf.bench_mix_gpu --n 200000 --t 200000 --l 64 --device cuda --depth 0 1 --waits
+step pytest_gpu 240 python3 -m pytest -q -p no:cacheprovider -o addopts= -m gpu tests/test_noise_device.py tests/test_device.py tests/test_audit.py tests/test_rowwise.py
 step bench_noise 90 python3 -m benchmarks.perf.bench_noise --device cuda --n 10000000 --repeat 3 --out "$LOG/bench_noise.md"
 # the same host's CPU cores, for the worker without a card: noise threads 1 to all, and the mixing step
 step bench_noise_cpu 60 python3 -m benchmarks.perf.bench_noise --host-only --threads 1 2 4 8 16 --n 4000000 --repeat 3

@@ -4,12 +4,16 @@
     python -m benchmarks.perf.bench_mix_gpu --n 20000 --t 20000 --l 16   # a small CPU run
     python -m benchmarks.perf.bench_mix_gpu --n 200000 --t 200000 --profile 4   # then where 4 chunks spend time
     python -m benchmarks.perf.bench_mix_gpu --n 200000 --t 200000 --waits        # then where a chunk waits (CUDA)
+    python -m benchmarks.perf.bench_mix_gpu --n 200000 --t 200000 --depth 0 1    # drawn one chunk ahead, or not
 
 Gathered bytes = T_k * l * d * 8 (each selected record read once per synthetic row, float64). The ceiling is a
 device-to-device copy measured on the same card (bytes read + written). The indices and the noise are drawn where a
 release draws them (``mechanisms.device.stream_device``: on a CUDA worker both on the card, ``privacy.noise_device``;
 on a CPU worker on the host's cores). The index and noise columns time the same chunks' draws alone (same streams,
-same shapes) and give their shares of the mixing time. Beam-free.
+same shapes) and give their shares of the mixing time. The chunks run as a release runs them
+(``mechanisms.dpcda.mixed_features``), each finished into ordinary host memory; ``depth`` is how many chunks the
+draws run ahead of the one being finished (``mechanisms.device.ahead``; a release takes ``device.lookahead``: 1 on a
+card, 0 on a CPU worker). Beam-free.
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ import time
 
 import torch
 
-from dpcda.mechanisms.device import card_waits, pick_device, stream_device
-from dpcda.mechanisms.dpcda import mix_chunk, sample_rows
+from dpcda.mechanisms.device import card_waits, lookahead, pick_device, stream_device
+from dpcda.mechanisms.dpcda import mix_chunk, mixed_features, sample_rows
 from dpcda.privacy.noise import NoiseStream, key_from_test_seed
 
 
@@ -88,6 +92,24 @@ def mix(x, key, args, device, rows: int, purpose: str, c: int):
     )
 
 
+def finish_chunks(x, key, args, chunk: int, depth: int, *, class_index: int, samples: int) -> None:
+    """``samples`` rows of class ``class_index`` in chunks of ``chunk``, as a release mixes them
+    (``mixed_features``: streams (mix-index/noise, class_index, c)), ``depth`` chunks drawn ahead."""
+    for _ in mixed_features(
+        x,
+        key=key,
+        class_index=class_index,
+        mode="fixed",
+        mixing_order=args.l,
+        sigma_x=0.1,
+        samples=samples,
+        chunk_rows=chunk,
+        dtype=args.dtype,
+        depth=depth,
+    ):
+        pass
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=10**6)
@@ -96,6 +118,14 @@ def main(argv=None) -> None:
     ap.add_argument("--d", type=int, default=784)
     ap.add_argument("--chunk-rows", type=int, nargs="+", default=[4096, 16384, 65536])
     ap.add_argument("--device", default="auto")
+    ap.add_argument(
+        "--depth",
+        type=int,
+        nargs="+",
+        default=None,
+        help="chunks drawn ahead of the one being finished, one timed row each (default: the release's, "
+        "device.lookahead)",
+    )
     ap.add_argument(
         "--dtype",
         default="float32",
@@ -123,28 +153,29 @@ def main(argv=None) -> None:
         f"copy bandwidth {bw:.0f} GB/s"
     )
     print(
-        "| chunk_rows | seconds | gathered GB/s | fraction of copy bandwidth | rows/s | index seconds | index share "
-        "| noise seconds | noise share |"
+        "| chunk_rows | depth | seconds | gathered GB/s | fraction of copy bandwidth | rows/s | index seconds "
+        "| index share | noise seconds | noise share |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    depths = args.depth or [lookahead(device)]
     for chunk in args.chunk_rows:
-        mix(x, key, args, device, chunk, "warmup", 0)  # at full size: compiled kernels, cached page-locked buffers
-        sync(device)
-        t = time.perf_counter()
-        done, c = 0, 0
-        while done < args.t:
-            rows = min(chunk, args.t - done)
-            mix(x, key, args, device, rows, "mix", c)
-            done, c = done + rows, c + 1
-        sync(device)
-        secs = time.perf_counter() - t
+        # warm-up at full size and the deepest depth: compiled kernels, cached page-locked buffers (class 1's streams)
+        finish_chunks(x, key, args, chunk, max(depths), class_index=1, samples=min(args.t, chunk * (max(depths) + 2)))
+        timed = {}
+        for depth in depths:
+            sync(device)
+            t = time.perf_counter()
+            finish_chunks(x, key, args, chunk, depth, class_index=0, samples=args.t)
+            sync(device)
+            timed[depth] = time.perf_counter() - t
         index_secs = index_time(key, args, chunk, device)
         noise_secs = noise_time(key, args, chunk, device)
-        print(
-            f"| {chunk} | {secs:.3f} | {gathered / secs / 1e9:.1f} | {gathered / secs / 1e9 / bw:.2f} | "
-            f"{args.t / secs:,.0f} | {index_secs:.3f} | {index_secs / secs:.0%} | {noise_secs:.3f} | "
-            f"{noise_secs / secs:.0%} |"
-        )
+        for depth, secs in timed.items():
+            print(
+                f"| {chunk} | {depth} | {secs:.3f} | {gathered / secs / 1e9:.1f} | {gathered / secs / 1e9 / bw:.2f} | "
+                f"{args.t / secs:,.0f} | {index_secs:.3f} | {index_secs / secs:.0%} | {noise_secs:.3f} | "
+                f"{noise_secs / secs:.0%} |"
+            )
     if args.profile:
         profile(x, key, args, args.chunk_rows[-1], device)
     if args.waits:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import logging
+import queue
+import threading
+from typing import Iterator, TypeVar
 
 import numpy as np
 import torch
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def pick_device(preference: str = "auto") -> torch.device:
@@ -28,16 +32,85 @@ def stream_device(device: torch.device):
     return device if device.type == "cuda" else None
 
 
-def to_host(t: torch.Tensor) -> np.ndarray:
-    """A tensor's values as a numpy array in ordinary host memory. From a card they pass through a page-locked
-    staging buffer (torch's caching host allocator: freed when this returns, so the next chunk reuses it and the
-    page-locked memory held stays about one chunk per thread), then one host copy. A copy from the card straight into
-    pageable memory ran at about 1.2 GB/s on an H100 host (``bench_mix_gpu --profile``: 88 % of the mixing step)."""
-    if t.device.type == "cpu":
-        return t.numpy()
-    staging = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    staging.copy_(t)
-    return staging.numpy().copy()
+class HostCopy:
+    """A tensor's values on their way to ordinary host memory: started where the tensor is made, finished
+    (``result``) by whoever needs the array, so a card can go on with the next chunk while the host finishes this one.
+
+    From a card the values go to a page-locked staging buffer without a wait (torch's caching host allocator; an
+    event marks the copy's end), then ``result`` waits for that event alone and copies them into ordinary memory:
+    the staging buffer is then freed for a later chunk, so the page-locked memory held stays one buffer per chunk
+    in flight. A copy from the card straight into pageable memory ran at about 1.2 GB/s on an H100 host
+    (``bench_mix_gpu --profile``: 88 % of the mixing step). On the CPU the tensor's memory is the array."""
+
+    def __init__(self, t: torch.Tensor | np.ndarray):
+        self._array, self._staging, self._copied = None, None, None
+        if isinstance(t, np.ndarray) or t.device.type == "cpu":
+            self._array = t if isinstance(t, np.ndarray) else t.numpy()
+            return
+        self._staging = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        self._staging.copy_(t, non_blocking=True)
+        self._copied = torch.cuda.Event()
+        self._copied.record(torch.cuda.current_stream(t.device))
+
+    def result(self) -> np.ndarray:
+        if self._array is None:
+            self._copied.synchronize()
+            self._array = self._staging.numpy().copy()
+            self._staging = self._copied = None
+        return self._array
+
+
+def lookahead(device: torch.device) -> int:
+    """Chunks a mixer draws ahead of the one its caller holds (``ahead``): 1 on a card (the card draws the next
+    chunk while the host copies out and finishes this one), 0 on a CPU worker (its cores already draw each chunk's
+    noise together, ``privacy.noise.set_threads``; see ``benchmarks/perf/bench_lookahead.py``)."""
+    return 1 if device.type == "cuda" else 0
+
+
+def ahead(items: Iterator[T], depth: int) -> Iterator[T]:
+    """``items``, made in a thread of their own up to ``depth`` items ahead of the one the caller holds (0: made
+    here, one at a time). Order, values and exceptions are ``items``'s own: an exception raised making an item is
+    raised here in its place, after the items before it. The caller's item counts as held until it asks for the
+    next one, so at most ``depth + 1`` items exist at once. Leaving early (``close``, an exception in the caller)
+    stops the thread after the item it is making and closes ``items`` there."""
+    if depth < 1:
+        yield from items
+        return
+    items = iter(items)
+    slots, made, stop = threading.Semaphore(depth + 1), queue.SimpleQueue(), threading.Event()
+    end = object()
+
+    def make():
+        try:
+            while slots.acquire() and not stop.is_set():
+                try:
+                    item = next(items)
+                except StopIteration:
+                    made.put((end, None))
+                    return
+                made.put((item, None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, raised there
+            made.put((end, exc))
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+
+    thread = threading.Thread(target=make, name="dpcda-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, exc = made.get()
+            if item is end:
+                if exc is not None:
+                    raise exc
+                return
+            yield item
+            slots.release()  # the caller is done with this item
+    finally:
+        stop.set()
+        slots.release()
+        thread.join()
 
 
 def card_waits(fn) -> list:

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from dpcda.mechanisms.base import Calibrated, InProcess, Mechanism, PlanError
-from dpcda.mechanisms.device import stream_device, to_host
+from dpcda.mechanisms.device import HostCopy, ahead, lookahead, stream_device
 from dpcda.mechanisms.postprocess import make_postprocess
 from dpcda.privacy.budget import BudgetPlan, calibrate_synthesis
 from dpcda.privacy.events import MAX_ROW_RECORDS, MixingEvent
@@ -101,17 +101,23 @@ def mean_rows(x: torch.Tensor, flat: torch.Tensor, offsets: torch.Tensor, mixing
     return torch.nn.functional.embedding_bag(idx, x, offsets, mode="sum") / mixing_order
 
 
-def noisy_rows(means: torch.Tensor, sigma: float, stream: NoiseStream, dtype=np.float64) -> np.ndarray:
-    """``stream.gaussian(means, sigma)`` as a numpy array of ``dtype`` (float64 or float32). On a card the noise is
-    drawn where the rows are (``privacy.noise_device``: the same output bit for bit) and cast there (float64 to float32
-    rounds to nearest-even on both), then copied out through a page-locked buffer (``device.to_host``); elsewhere
-    the host draws it."""
+def start_noisy_rows(means: torch.Tensor, sigma: float, stream: NoiseStream, dtype=np.float64) -> HostCopy:
+    """``stream.gaussian(means, sigma)`` as ``dtype`` (float64 or float32), on its way to the host. On a card the
+    noise is drawn where the rows are (``privacy.noise_device``: the same output bit for bit) and cast there (float64
+    to float32 rounds to nearest-even on both), then copied out through a page-locked buffer without a wait
+    (``device.HostCopy``); elsewhere the host draws it."""
     if means.device.type == "cuda":
-        return to_host(stream.gaussian(means, sigma).to(getattr(torch, np.dtype(dtype).name)))
-    return stream.gaussian(means.cpu().numpy(), sigma).astype(dtype, copy=False)
+        return HostCopy(stream.gaussian(means, sigma).to(getattr(torch, np.dtype(dtype).name)))
+    return HostCopy(stream.gaussian(means.cpu().numpy(), sigma).astype(dtype, copy=False))
 
 
-def mix_chunk(
+def mix_chunk(x: torch.Tensor, **kwargs) -> np.ndarray:
+    """``rows`` synthetic feature rows (numpy, ``dtype``: float64, or float32 rounded from them) from the float64
+    class matrix ``x`` (on its device): ``start_chunk``, finished at once."""
+    return start_chunk(x, **kwargs).result()
+
+
+def start_chunk(
     x: torch.Tensor,
     *,
     mode: str,
@@ -123,9 +129,8 @@ def mix_chunk(
     sampling_rate: Fraction = Fraction(0),
     order: Optional[torch.Tensor] = None,
     dtype=np.float64,
-) -> np.ndarray:
-    """``rows`` synthetic feature rows (numpy, ``dtype``: float64, or float32 rounded from them) from the float64
-    class matrix ``x`` (on its device).
+) -> HostCopy:
+    """``mix_chunk``'s rows on their way to the host: on a card, every step queued and the copy out started.
 
     ``order`` (optional) maps sampled positions to rows of ``x`` (the canonical order of the class).
     """
@@ -140,7 +145,55 @@ def mix_chunk(
         sampling_rate=sampling_rate,
         device=x.device,
     )
-    return noisy_rows(mean_rows(x, flat, offsets, mixing_order, order), sigma_x, noise_stream, dtype)
+    return start_noisy_rows(mean_rows(x, flat, offsets, mixing_order, order), sigma_x, noise_stream, dtype)
+
+
+def mixed_features(
+    x: torch.Tensor,
+    *,
+    key: bytes,
+    class_index: int,
+    mode: str,
+    mixing_order: int,
+    sigma_x: float,
+    samples: int,
+    chunk_rows: int,
+    chunks=None,
+    sampling_rate: Fraction = Fraction(0),
+    order: Optional[torch.Tensor] = None,
+    dtype=np.float32,
+    depth: Optional[int] = None,
+) -> Iterator[tuple[int, int, np.ndarray]]:
+    """Yield (chunk, rows, the chunk's noisy mean rows as a numpy array of ``dtype``) for class ``class_index`` of
+    the float64 class matrix ``x`` (on its device), from the streams ("mix-index", k, chunk) and ("mix-noise", k,
+    chunk). The chunks are drawn ``depth`` ahead of the one the caller holds (``device.ahead``; default
+    ``device.lookahead``: on a card the next chunk's draws run while the caller finishes this one); the output does
+    not depend on it."""
+    n_chunks = -(-samples // chunk_rows)
+    dev = x.device
+
+    def started():
+        for chunk in range(n_chunks) if chunks is None else chunks:
+            rows = min(chunk_rows, samples - chunk * chunk_rows)
+            yield (
+                chunk,
+                rows,
+                start_chunk(
+                    x,
+                    mode=mode,
+                    mixing_order=mixing_order,
+                    sigma_x=sigma_x,
+                    rows=rows,
+                    index_stream=NoiseStream(key, "mix-index", class_index, chunk, device=stream_device(dev)),
+                    noise_stream=NoiseStream(key, "mix-noise", class_index, chunk),
+                    sampling_rate=sampling_rate,
+                    order=order,
+                    dtype=dtype,
+                ),
+            )
+
+    for chunk, rows, copy in ahead(started(), lookahead(dev) if depth is None else depth):
+        yield chunk, rows, copy.result()
 
 
 def label_scores(
@@ -181,8 +234,10 @@ def mix_class(
     denoise: Optional[tuple[Sequence[int], float]] = None,
     basis: Optional[np.ndarray] = None,
     clip: float = 1.0,
+    depth: Optional[int] = None,
 ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    """Yield (chunk, float32 features, labels) for class ``class_index``; ``chunks`` limits which chunks.
+    """Yield (chunk, float32 features, labels) for class ``class_index``; ``chunks`` limits which chunks; ``depth``:
+    how many chunks the draws run ahead (``mixed_features``).
 
     ``lowpass=(image_shape, K)`` projects every finished row onto its low DCT frequencies, ``denoise=(image_shape,
     sigma)`` blurs it (post-processing, ``mechanisms.postprocess``).
@@ -201,21 +256,21 @@ def mix_class(
     order_t = torch.from_numpy(order).to(dev)
     rate = Fraction(sampling_rate)
     post = make_postprocess(lowpass=lowpass, denoise=denoise, device=dev)
-    n_chunks = -(-samples // chunk_rows)
-    for chunk in range(n_chunks) if chunks is None else chunks:
-        rows = min(chunk_rows, samples - chunk * chunk_rows)
-        out = mix_chunk(
-            x,
-            mode=mode,
-            mixing_order=mixing_order,
-            sigma_x=sigma_x,
-            rows=rows,
-            index_stream=NoiseStream(key, "mix-index", class_index, chunk, device=stream_device(dev)),
-            noise_stream=NoiseStream(key, "mix-noise", class_index, chunk),
-            sampling_rate=rate,
-            order=order_t,
-            dtype=np.float64 if basis is not None else np.float32,  # float32 rows: cast where they were drawn
-        )
+    for chunk, rows, out in mixed_features(
+        x,
+        key=key,
+        class_index=class_index,
+        mode=mode,
+        mixing_order=mixing_order,
+        sigma_x=sigma_x,
+        samples=samples,
+        chunk_rows=chunk_rows,
+        chunks=chunks,
+        sampling_rate=rate,
+        order=order_t,
+        dtype=np.float64 if basis is not None else np.float32,  # float32 rows: cast where they were drawn
+        depth=depth,
+    ):
         feats = (out @ basis.T).astype(np.float32) if basis is not None else out
         if post is not None:
             feats = post(feats)

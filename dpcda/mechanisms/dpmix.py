@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from dpcda.mechanisms.base import InProcess, Mechanism
-from dpcda.mechanisms.device import stream_device
-from dpcda.mechanisms.dpcda import canonical_order, mean_rows, noisy_rows, sample_index_tensors
+from dpcda.mechanisms.device import ahead, lookahead, stream_device
+from dpcda.mechanisms.dpcda import canonical_order, mean_rows, sample_index_tensors, start_noisy_rows
 from dpcda.mechanisms.postprocess import make_postprocess
 from dpcda.privacy.events import DpmixEvent
 from dpcda.privacy.noise import NoiseStream
@@ -44,10 +44,11 @@ def mix_dataset(
     denoise: Optional[tuple[Sequence[int], float]] = None,
     basis: Optional[np.ndarray] = None,
     clip: float = 1.0,
+    depth: Optional[int] = None,
 ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """Yield (chunk, float32 features (rows, d), float32 label scores (rows, K)) for the whole dataset.
 
-    ``basis``: a DP-PCA basis, as in ``mechanisms.dpcda.mix_class``."""
+    ``basis``: a DP-PCA basis, ``depth``: how many chunks the draws run ahead, as in ``mechanisms.dpcda.mix_class``."""
     dev = torch.device(device) if not isinstance(device, torch.device) else device
     if basis is not None:
         from dpcda.mechanisms.dppca import project_rows
@@ -63,24 +64,30 @@ def mix_dataset(
     rate = Fraction(sampling_rate)
     post = make_postprocess(lowpass=lowpass, denoise=denoise, device=dev)
     n_chunks = -(-samples // chunk_rows)
-    for chunk in range(n_chunks) if chunks is None else chunks:
-        rows = min(chunk_rows, samples - chunk * chunk_rows)
-        flat, offsets = sample_index_tensors(
-            x.shape[0],
-            mode=mode,
-            mixing_order=mixing_order,
-            rows=rows,
-            stream=NoiseStream(key, "dpmix-index", chunk, device=stream_device(dev)),
-            sampling_rate=rate,
-            device=dev,
-        )
-        means = mean_rows(x, flat, offsets, mixing_order, order_t)
-        flat, offsets = flat.cpu().numpy(), offsets.cpu().numpy()
+
+    def started():  # the draws of each chunk, ``depth`` chunks ahead of the one being finished (``device.ahead``)
+        for chunk in range(n_chunks) if chunks is None else chunks:
+            rows = min(chunk_rows, samples - chunk * chunk_rows)
+            flat, offsets = sample_index_tensors(
+                x.shape[0],
+                mode=mode,
+                mixing_order=mixing_order,
+                rows=rows,
+                stream=NoiseStream(key, "dpmix-index", chunk, device=stream_device(dev)),
+                sampling_rate=rate,
+                device=dev,
+            )
+            means = mean_rows(x, flat, offsets, mixing_order, order_t)
+            flat, offsets = flat.cpu().numpy(), offsets.cpu().numpy()
+            stream = NoiseStream(key, "dpmix-noise", chunk)
+            dtype = np.float64 if basis is not None else np.float32  # cast where drawn
+            yield chunk, rows, flat, offsets, start_noisy_rows(means, sigma_x, stream, dtype)
+
+    for chunk, rows, flat, offsets, copy in ahead(started(), lookahead(dev) if depth is None else depth):
         counts = np.zeros((rows, num_classes), np.float64)
         row_of = np.repeat(np.arange(rows), np.diff(np.append(offsets, len(flat))))
         np.add.at(counts, (row_of, y[flat]), 1.0)
-        stream = NoiseStream(key, "dpmix-noise", chunk)
-        out = noisy_rows(means, sigma_x, stream, np.float64 if basis is not None else np.float32)  # cast where drawn
+        out = copy.result()
         feats = (out @ basis.T).astype(np.float32) if basis is not None else out
         scores = NoiseStream(key, "dpmix-label", chunk).gaussian(counts / mixing_order, sigma_y)
         if post is not None:
