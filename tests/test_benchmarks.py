@@ -670,7 +670,7 @@ def test_tabular_merge_gathers_releases_and_cells_measured_under_other_folders(t
     assert len(tabular_table.read_releases(tabular_table.releases_path(str(main), "t"))) == 4
 
 
-def test_bench_mix_gpu_times_the_release_path_with_index_and_noise_shares(capsys):
+def test_bench_mix_gpu_times_the_release_path_with_index_and_noise_shares(capsys, monkeypatch):
     """A small CPU run prints one row per chunk size (and depth), with the index draws' and the noise's seconds and
     shares; a CPU worker's default depth is 0."""
     from benchmarks.perf import bench_mix_gpu
@@ -681,9 +681,11 @@ def test_bench_mix_gpu_times_the_release_path_with_index_and_noise_shares(capsys
     assert "index share" in lines[1] and "noise share" in lines[1] and "| depth |" in lines[1]
     row = [c.strip() for c in lines[3].strip("|").split("|")]
     assert row[:2] == ["256", "0"] and len(row) == 10 and row[7].endswith("%") and row[9].endswith("%")
-    bench_mix_gpu.main(args + ["--depth", "0", "2"])  # one row per depth, the same chunks
+    depths, real = [], bench_mix_gpu.mixed_features
+    monkeypatch.setattr(bench_mix_gpu, "mixed_features", lambda *a, **k: depths.append(k["depth"]) or real(*a, **k))
+    bench_mix_gpu.main(args + ["--depth", "0", "2"])  # one row per depth, the same chunks, after a warm-up at 2
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in capsys.readouterr().out.splitlines()[3:]]
-    assert [r[:2] for r in rows] == [["256", "0"], ["256", "2"]]
+    assert [r[:2] for r in rows] == [["256", "0"], ["256", "2"]] and depths == [2, 0, 2]
 
 
 def test_table3_release_recipe_changes_parse_fields_by_type_and_refuse_bad_ones():

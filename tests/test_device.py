@@ -43,13 +43,24 @@ def _wait_for(condition, seconds: float = 10.0) -> bool:
 
 
 def _within(fn, seconds: float = 30.0):
-    """``fn()``'s value; fails instead of hanging if it has not returned within ``seconds`` (a stuck ``ahead``)."""
+    """``fn()``'s value, or its exception raised here; fails instead of hanging if ``fn`` has not ended within
+    ``seconds`` (a stuck ``ahead``)."""
     out = []
-    worker = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+
+    def run():
+        try:
+            out.append((fn(), None))
+        except BaseException as exc:  # noqa: BLE001 - raised again in the test's thread
+            out.append((None, exc))
+
+    worker = threading.Thread(target=run, daemon=True)
     worker.start()
     worker.join(seconds)
     assert out, f"no result within {seconds} s"
-    return out[0]
+    value, exc = out[0]
+    if exc is not None:
+        raise exc
+    return value
 
 
 def _same_bits(got, want) -> None:
@@ -86,17 +97,39 @@ def test_ahead_makes_items_in_its_own_thread_exactly_depth_ahead(depth):
     assert makers and threading.get_ident() not in makers
 
 
-def test_ahead_raises_the_makers_exception_after_the_items_before_it():
+@pytest.mark.parametrize("error", [ValueError("chunk 3 refused"), SystemExit(3), KeyboardInterrupt()])
+def test_ahead_raises_the_makers_exception_after_the_items_before_it(error):
     def items():
         yield from range(3)
-        raise ValueError("chunk 3 refused")
+        raise error
 
     got = []
-    with pytest.raises(ValueError, match="chunk 3 refused"):
+
+    def consume():
         for i in ahead(items(), 1):
             got.append(i)
+
+    with pytest.raises(type(error)):
+        _within(consume)
     assert got == [0, 1, 2]
-    assert _wait_for(lambda: not _ahead_threads())
+    assert not _ahead_threads()
+
+
+def test_an_exception_closing_the_items_reaches_the_caller_as_at_depth_0():
+    def items():
+        try:
+            yield from range(100)
+        finally:
+            raise OSError("cleanup failed")
+
+    for depth in (0, 1):
+        it = ahead(items(), depth)
+        assert next(it) == 0
+        with pytest.raises(OSError, match="cleanup failed"):
+            _within(it.close)
+        assert not _ahead_threads()
+    with pytest.raises(ValueError, match="at least 0"):
+        next(ahead(iter([1]), -1))
 
 
 @pytest.mark.parametrize("leave", ["close", "raise"])
@@ -122,10 +155,10 @@ def test_leaving_early_stops_the_thread_and_closes_the_items_there(leave):
 
     if leave == "raise":
         with pytest.raises(KeyError):
-            consume()
+            _within(consume)
         gc.collect()  # the traceback held the caller's frame, and with it the generator, until now
     else:
-        consume()
+        _within(consume)
     assert not _ahead_threads()  # joined when the generator closed
     assert len(closed_in) == 1 and closed_in[0] != threading.get_ident()
     assert 5 <= len(made) <= 7  # item 4 held, at most two made beyond it
@@ -137,6 +170,38 @@ def test_host_copy_on_the_cpu_is_the_array_and_the_lookahead_is_the_cards():
     t = torch.arange(6.0)
     assert np.shares_memory(HostCopy(t).result(), t.numpy())
     assert lookahead(torch.device("cpu")) == 0 and lookahead(torch.device("cuda", 0)) == 1
+
+
+@pytest.mark.parametrize("depth", [None, 0, 1])
+def test_the_mixers_draw_in_another_thread_when_asked_and_on_a_card(depth, monkeypatch):
+    """The depth reaches both mixers: their draws run off the caller's thread at depth 1, and by default where the
+    device's lookahead is 1 (a card's, patched in here); on the caller's thread at depth 0 and on a CPU worker."""
+    from dpcda.mechanisms import dpcda, dpmix
+
+    drew_in = []
+    for module, name in ((dpcda, "start_chunk"), (dpmix, "sample_index_tensors")):
+        real = getattr(module, name)
+        monkeypatch.setattr(
+            module, name, lambda *a, _real=real, **k: drew_in.append(threading.get_ident()) or _real(*a, **k)
+        )
+    rng = np.random.default_rng(4)
+    x, y = rng.normal(size=(200, 6)) * 0.05, rng.integers(0, 3, 200)
+    kw = dict(key=KEY, mode="fixed", mixing_order=4, sigma_x=0.3, samples=900, chunk_rows=300, depth=depth)
+    for cards_lookahead in (False, True):
+        if cards_lookahead:
+            for module in (dpcda, dpmix):
+                monkeypatch.setattr(module, "lookahead", lambda dev: 1)
+        drew_in.clear()
+        caller = _within(
+            lambda: (
+                list(mix_class(x, class_index=0, num_classes=3, **kw)),
+                list(mix_dataset(x, y, num_classes=3, sigma_y=0.5, **kw)),
+                threading.get_ident(),
+            )
+        )[-1]
+        assert len(drew_in) == 6
+        off_thread = depth == 1 or (depth is None and cards_lookahead)
+        assert all((ident != caller) == off_thread for ident in drew_in), (depth, cards_lookahead, drew_in, caller)
 
 
 @pytest.mark.parametrize("mode", ["fixed", "poisson"])
@@ -167,12 +232,18 @@ def test_mixers_release_the_same_rows_at_any_depth(mode):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA")
 def test_a_host_copy_from_the_card_starts_without_a_wait_and_gives_the_values():
+    """With a second of card work queued before it, the copy is still queued when ``HostCopy`` returns, and
+    ``result`` waits for it (an early read would find the staging buffer unwritten)."""
     from dpcda.mechanisms.device import card_waits
 
-    t = torch.randn(4096, 784, device="cuda").to(torch.float32)
+    want = np.arange(4096 * 784, dtype=np.float32).reshape(4096, 784)
+    t = torch.from_numpy(want).to("cuda")
+    torch.cuda.synchronize()
     started = []
+    torch.cuda._sleep(2_000_000_000)  # about a second of cycles on the card, queued before the copy
     assert card_waits(lambda: started.append(HostCopy(t))) == []
-    _same_bits(started[0].result(), t.cpu().numpy())
+    assert not started[0]._copied.query()  # HostCopy returned before the copy ran
+    _same_bits(started[0].result(), want)
 
 
 @pytest.mark.gpu

@@ -10,10 +10,10 @@ Gathered bytes = T_k * l * d * 8 (each selected record read once per synthetic r
 device-to-device copy measured on the same card (bytes read + written). The indices and the noise are drawn where a
 release draws them (``mechanisms.device.stream_device``: on a CUDA worker both on the card, ``privacy.noise_device``;
 on a CPU worker on the host's cores). The index and noise columns time the same chunks' draws alone (same streams,
-same shapes) and give their shares of the mixing time. The chunks run as a release runs them
-(``mechanisms.dpcda.mixed_features``), each finished into ordinary host memory; ``depth`` is how many chunks the
-draws run ahead of the one being finished (``mechanisms.device.ahead``; a release takes ``device.lookahead``: 1 on a
-card, 0 on a CPU worker). Beam-free.
+same shapes) and give their shares of the mixing time. The chunks are a release's mixing step
+(``mechanisms.dpcda.mixed_features``), each finished into ordinary host memory; the release's labels,
+post-processing and writing are not timed. ``depth`` is how many chunks the draws run ahead of the one being finished
+(``mechanisms.device.ahead``; a release takes ``device.lookahead``: 1 on a card, 0 on a CPU worker). Beam-free.
 """
 
 from __future__ import annotations
@@ -93,8 +93,8 @@ def mix(x, key, args, device, rows: int, purpose: str, c: int):
 
 
 def finish_chunks(x, key, args, chunk: int, depth: int, *, class_index: int, samples: int) -> None:
-    """``samples`` rows of class ``class_index`` in chunks of ``chunk``, as a release mixes them
-    (``mixed_features``: streams (mix-index/noise, class_index, c)), ``depth`` chunks drawn ahead."""
+    """``samples`` rows of class ``class_index`` in chunks of ``chunk``, a release's mixing step (``mixed_features``:
+    streams (mix-index/noise, class_index, c)), ``depth`` chunks drawn ahead."""
     for _ in mixed_features(
         x,
         key=key,
@@ -161,16 +161,16 @@ def main(argv=None) -> None:
     for chunk in args.chunk_rows:
         # warm-up at full size and the deepest depth: compiled kernels, cached page-locked buffers (class 1's streams)
         finish_chunks(x, key, args, chunk, max(depths), class_index=1, samples=min(args.t, chunk * (max(depths) + 2)))
-        timed = {}
+        timed = []
         for depth in depths:
             sync(device)
             t = time.perf_counter()
             finish_chunks(x, key, args, chunk, depth, class_index=0, samples=args.t)
             sync(device)
-            timed[depth] = time.perf_counter() - t
+            timed.append((depth, time.perf_counter() - t))
         index_secs = index_time(key, args, chunk, device)
         noise_secs = noise_time(key, args, chunk, device)
-        for depth, secs in timed.items():
+        for depth, secs in timed:
             print(
                 f"| {chunk} | {depth} | {secs:.3f} | {gathered / secs / 1e9:.1f} | {gathered / secs / 1e9 / bw:.2f} | "
                 f"{args.t / secs:,.0f} | {index_secs:.3f} | {index_secs / secs:.0%} | {noise_secs:.3f} | "
@@ -195,7 +195,10 @@ def waits(x, key, args, chunk: int, device) -> None:
         f"{os.path.relpath(w.filename)}:{w.lineno}"
         for w in card_waits(lambda: mix(x, key, args, device, chunk, "waits", 0))
     )
-    print(f"\none chunk of {chunk} rows waited for the card {sum(where.values())} times:")
+    print(
+        f"\none chunk of {chunk} rows waited for the card {sum(where.values())} times (not counting the wait for "
+        "its copy out, an event torch does not report):"
+    )
     print("| where | waits |\n|---|---:|")
     for line, count in where.most_common():
         print(f"| {line} | {count} |")

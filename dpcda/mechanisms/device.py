@@ -38,9 +38,11 @@ class HostCopy:
 
     From a card the values go to a page-locked staging buffer without a wait (torch's caching host allocator; an
     event marks the copy's end), then ``result`` waits for that event alone and copies them into ordinary memory:
-    the staging buffer is then freed for a later chunk, so the page-locked memory held stays one buffer per chunk
-    in flight. A copy from the card straight into pageable memory ran at about 1.2 GB/s on an H100 host
-    (``bench_mix_gpu --profile``: 88 % of the mixing step). On the CPU the tensor's memory is the array."""
+    the staging buffer is then freed for a later chunk. The allocator keeps freed buffers (each rounded up to a power
+    of two) for the life of the process, so the page-locked memory held is the peak of the buffers in flight at
+    once: ``depth + 1`` chunks per mixing thread (``ahead``). A copy from the card straight into pageable memory ran
+    at about 1.2 GB/s on an H100 host (``bench_mix_gpu --profile``: 88 % of the mixing step). On the CPU the
+    tensor's memory is the array."""
 
     def __init__(self, t: torch.Tensor | np.ndarray):
         self._array, self._staging, self._copied = None, None, None
@@ -72,14 +74,17 @@ def ahead(items: Iterator[T], depth: int) -> Iterator[T]:
     """``items``, made in a thread of their own up to ``depth`` items ahead of the one the caller holds (0: made
     here, one at a time). Order, values and exceptions are ``items``'s own: an exception raised making an item is
     raised here in its place, after the items before it. The caller's item counts as held until it asks for the
-    next one, so at most ``depth + 1`` items exist at once. Leaving early (``close``, an exception in the caller)
-    stops the thread after the item it is making and closes ``items`` there."""
-    if depth < 1:
+    next one, so at most ``depth + 1`` items exist at once. When this generator is closed (``close``, or collected
+    after an exception in the caller) the thread stops after the item it is making and closes ``items`` there; an
+    exception that raises is raised here, as ``yield from`` would raise it."""
+    if depth < 0:
+        raise ValueError(f"depth must be at least 0, got {depth}")
+    if depth == 0:
         yield from items
         return
     items = iter(items)
     slots, made, stop = threading.Semaphore(depth + 1), queue.SimpleQueue(), threading.Event()
-    end = object()
+    end, closing = object(), []
 
     def make():
         try:
@@ -93,31 +98,44 @@ def ahead(items: Iterator[T], depth: int) -> Iterator[T]:
         except BaseException as exc:  # noqa: BLE001 - handed to the caller, raised there
             made.put((end, exc))
         finally:
-            close = getattr(items, "close", None)
-            if close is not None:
-                close()
+            try:
+                close = getattr(items, "close", None)
+                if close is not None:
+                    close()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller, raised there
+                closing.append(exc)
 
     thread = threading.Thread(target=make, name="dpcda-ahead", daemon=True)
     thread.start()
+    clean = False  # True: no other exception is on its way out
     try:
         while True:
             item, exc = made.get()
             if item is end:
                 if exc is not None:
                     raise exc
+                clean = True
                 return
             yield item
             slots.release()  # the caller is done with this item
+    except GeneratorExit:
+        clean = True
+        raise
     finally:
         stop.set()
         slots.release()
         thread.join()
+        if closing and clean:
+            raise closing[0]
+        if closing:
+            log.warning("closing the items after an error also raised %r", closing[0])
 
 
 def card_waits(fn) -> list:
     """The warnings of torch's sync debug mode while ``fn`` runs: each marks a point where the host waited for every
     kernel queued on the card before it (a blocking copy, a read of a value, ``nonzero``); their ``filename`` and
-    ``lineno`` say where. CUDA only."""
+    ``lineno`` say where. A wait for an event (``HostCopy.result``) is not among them: torch does not report it.
+    CUDA only."""
     import warnings
 
     torch.cuda.synchronize()

@@ -253,6 +253,7 @@ def mix_class(
         features = project_rows(features, basis, clip)
     order = canonical_order(features)  # sampled positions refer to this order: the input's row order is irrelevant
     x = torch.from_numpy(np.ascontiguousarray(features, np.float64)).to(dev)  # no copy for float64 input on the CPU
+    dev = x.device  # with its index: a draw made in another thread must not take that thread's current card
     order_t = torch.from_numpy(order).to(dev)
     rate = Fraction(sampling_rate)
     post = make_postprocess(lowpass=lowpass, denoise=denoise, device=dev)

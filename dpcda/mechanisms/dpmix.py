@@ -59,6 +59,7 @@ def mix_dataset(
         raise ValueError(f"labels must lie in [0, {num_classes})")
     order = canonical_order(features, labels)
     x = torch.from_numpy(np.ascontiguousarray(features, np.float64)).to(dev)
+    dev = x.device  # with its index: a draw made in another thread must not take that thread's current card
     order_t = torch.from_numpy(order).to(dev)
     y = labels[order]  # labels in the canonical order the indices refer to
     rate = Fraction(sampling_rate)
