@@ -240,8 +240,12 @@ def test_a_host_copy_from_the_card_starts_without_a_wait_and_gives_the_values():
     t = torch.from_numpy(want).to("cuda")
     torch.cuda.synchronize()
     started = []
-    torch.cuda._sleep(2_000_000_000)  # about a second of cycles on the card, queued before the copy
-    assert card_waits(lambda: started.append(HostCopy(t))) == []
+
+    def start():
+        torch.cuda._sleep(2_000_000_000)  # about a second of cycles on the card, queued before the copy
+        started.append(HostCopy(t))
+
+    assert card_waits(start) == []  # (card_waits synchronizes first: the sleep is queued inside it)
     assert not started[0]._copied.query()  # HostCopy returned before the copy ran
     _same_bits(started[0].result(), want)
 
