@@ -164,6 +164,55 @@ def test_leaving_early_stops_the_thread_and_closes_the_items_there(leave):
     assert 5 <= len(made) <= 7  # item 4 held, at most two made beyond it
 
 
+def test_an_interrupted_caller_keeps_its_exception_and_logs_one_from_closing_the_items(caplog, monkeypatch):
+    """Ctrl-C while waiting for an item (here the queue's ``get`` raises it once the first item arrives): the
+    KeyboardInterrupt is what the caller sees; an error closing ``items`` behind it is logged, not raised in its
+    place. Exhausted items are not closed (as ``yield from``)."""
+    import queue
+    import types
+
+    from dpcda.mechanisms import device
+
+    class Interrupted(queue.SimpleQueue):
+        def get(self, *a, **k):
+            super().get(*a, **k)
+            raise KeyboardInterrupt
+
+    def items():
+        try:
+            yield 0
+            time.sleep(0.3)
+            yield 1
+        finally:
+            raise OSError("cleanup failed")
+
+    monkeypatch.setattr(device, "queue", types.SimpleNamespace(SimpleQueue=Interrupted))
+    with caplog.at_level("WARNING", logger="dpcda.mechanisms.device"):
+        with pytest.raises(KeyboardInterrupt):
+            _within(lambda: list(ahead(items(), 1)))
+    assert "cleanup failed" in caplog.text
+    assert not _ahead_threads()
+    monkeypatch.undo()
+
+    class Items:  # an iterator whose close raises: not called when the items run out
+        def __init__(self):
+            self.left = 2
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            if not self.left:
+                raise StopIteration
+            self.left -= 1
+            return self.left
+
+        def close(self):
+            raise OSError("closed after the end")
+
+    assert _within(lambda: list(ahead(Items(), 1))) == [1, 0]
+
+
 def test_host_copy_on_the_cpu_is_the_array_and_the_lookahead_is_the_cards():
     a = np.arange(6.0).reshape(2, 3)
     assert HostCopy(a).result() is a
@@ -240,6 +289,8 @@ def test_a_host_copy_from_the_card_starts_without_a_wait_and_gives_the_values():
     t = torch.from_numpy(want).to("cuda")
     torch.cuda.synchronize()
     started = []
+
+    HostCopy(t).result()  # a page-locked buffer of this size in torch's cache: no fresh allocation below
 
     def start():
         torch.cuda._sleep(2_000_000_000)  # about a second of cycles on the card, queued before the copy

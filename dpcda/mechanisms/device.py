@@ -76,7 +76,8 @@ def ahead(items: Iterator[T], depth: int) -> Iterator[T]:
     raised here in its place, after the items before it. The caller's item counts as held until it asks for the
     next one, so at most ``depth + 1`` items exist at once. When this generator is closed (``close``, or collected
     after an exception in the caller) the thread stops after the item it is making and closes ``items`` there; an
-    exception that raises is raised here, as ``yield from`` would raise it."""
+    exception that raises is raised here, as ``yield from`` would raise it. Unlike ``yield from``, ``throw`` is not
+    passed on to ``items``."""
     if depth < 0:
         raise ValueError(f"depth must be at least 0, got {depth}")
     if depth == 0:
@@ -100,32 +101,32 @@ def ahead(items: Iterator[T], depth: int) -> Iterator[T]:
         finally:
             try:
                 close = getattr(items, "close", None)
-                if close is not None:
+                if stop.is_set() and close is not None:  # the caller left early (``yield from`` closes only then)
                     close()
             except BaseException as exc:  # noqa: BLE001 - handed to the caller, raised there
                 closing.append(exc)
 
     thread = threading.Thread(target=make, name="dpcda-ahead", daemon=True)
     thread.start()
-    clean = False  # True: no other exception is on its way out
+    closed = False  # by the caller: no other exception is on its way out
     try:
         while True:
             item, exc = made.get()
             if item is end:
                 if exc is not None:
                     raise exc
-                clean = True
                 return
             yield item
             slots.release()  # the caller is done with this item
     except GeneratorExit:
-        clean = True
+        closed = True
         raise
     finally:
         stop.set()
         slots.release()
-        thread.join()
-        if closing and clean:
+        if threading.current_thread() is not thread:  # (a collection in the thread itself may close this generator)
+            thread.join()
+        if closing and closed:
             raise closing[0]
         if closing:
             log.warning("closing the items after an error also raised %r", closing[0])
