@@ -17,6 +17,7 @@ from dpcda.mechanisms.device import HostCopy, ahead, lookahead
 from dpcda.mechanisms.dpcda import mix_class
 from dpcda.mechanisms.dpmix import mix_dataset
 from dpcda.privacy.noise import key_from_test_seed
+from tests.test_noise_device import _same_bits
 
 KEY = key_from_test_seed(7)
 
@@ -61,13 +62,6 @@ def _within(fn, seconds: float = 30.0):
     if exc is not None:
         raise exc
     return value
-
-
-def _same_bits(got, want) -> None:
-    got, want = np.asarray(got), np.asarray(want)
-    assert got.dtype == want.dtype and got.shape == want.shape
-    bits = {8: np.uint64, 4: np.uint32}[got.dtype.itemsize]
-    np.testing.assert_array_equal(np.ascontiguousarray(got).view(bits), np.ascontiguousarray(want).view(bits))
 
 
 @pytest.mark.parametrize("depth", [0, 1, 3])
@@ -239,7 +233,7 @@ def test_the_mixers_draw_in_another_thread_when_asked_and_on_a_card(depth, monke
     for cards_lookahead in (False, True):
         if cards_lookahead:
             for module in (dpcda, dpmix):
-                monkeypatch.setattr(module, "lookahead", lambda dev: 1)
+                monkeypatch.setattr(module, "lookahead", lambda dev, d=None: lookahead(torch.device("cuda", 0), d))
         drew_in.clear()
         caller = _within(
             lambda: (

@@ -24,7 +24,7 @@ import time
 import torch
 
 from dpcda.mechanisms.device import card_waits, lookahead, pick_device, stream_device
-from dpcda.mechanisms.dpcda import mix_chunk, mixed_features, sample_rows
+from dpcda.mechanisms.dpcda import mixed_features, sample_rows
 from dpcda.privacy.noise import NoiseStream, key_from_test_seed
 
 
@@ -78,23 +78,10 @@ def index_time(key, args, chunk: int, device) -> float:
     return time.perf_counter() - t
 
 
-def mix(x, key, args, device, rows: int, purpose: str, c: int):
-    """One chunk of the mixing step as a release runs it (``mix_chunk``), streams (purpose-index/noise, 0, c)."""
-    return mix_chunk(
-        x,
-        mode="fixed",
-        mixing_order=args.l,
-        sigma_x=0.1,
-        rows=rows,
-        index_stream=NoiseStream(key, f"{purpose}-index", 0, c, device=stream_device(device)),
-        noise_stream=NoiseStream(key, f"{purpose}-noise", 0, c),
-        dtype=args.dtype,
-    )
-
-
 def finish_chunks(x, key, args, chunk: int, depth: int, *, class_index: int, samples: int) -> None:
     """``samples`` rows of class ``class_index`` in chunks of ``chunk``, a release's mixing step (``mixed_features``:
-    streams (mix-index/noise, class_index, c)), ``depth`` chunks drawn ahead."""
+    streams (mix-index/noise, class_index, c)), ``depth`` chunks drawn ahead. Class 0 is timed, 1 warms up, 2 is
+    profiled and 3 counts waits."""
     for _ in mixed_features(
         x,
         key=key,
@@ -193,7 +180,7 @@ def waits(x, key, args, chunk: int, device) -> None:
 
     where = collections.Counter(
         f"{os.path.relpath(w.filename)}:{w.lineno}"
-        for w in card_waits(lambda: mix(x, key, args, device, chunk, "waits", 0))
+        for w in card_waits(lambda: finish_chunks(x, key, args, chunk, 0, class_index=3, samples=chunk))
     )
     print(
         f"\none chunk of {chunk} rows waited for the card {sum(where.values())} times (not counting the wait for "
@@ -211,8 +198,7 @@ def profile(x, key, args, chunk: int, device) -> None:
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with torch_profile(activities=acts) as prof:
-        for c in range(args.profile):
-            mix(x, key, args, device, chunk, "profile", c)
+        finish_chunks(x, key, args, chunk, 0, class_index=2, samples=chunk * args.profile)  # in this thread
         sync(device)
     for by in (["self_cuda_time_total"] if device.type == "cuda" else []) + ["self_cpu_time_total"]:
         print(f"\n{args.profile} chunks of {chunk} rows, by {by}:")

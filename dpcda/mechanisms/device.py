@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Iterator, TypeVar
+from typing import Iterator, Optional, TypeVar
 
 import numpy as np
 import torch
@@ -62,11 +62,13 @@ class HostCopy:
         return self._array
 
 
-def lookahead(device: torch.device) -> int:
-    """Chunks a mixer draws ahead of the one its caller holds (``ahead``): 1 on a card (the card draws the next
-    chunk while the host copies out and finishes this one), 0 on a CPU worker, whose cores already share each
-    chunk's draws (``privacy.noise.set_threads``, torch's threads): ``bench_mix_gpu --device cpu --depth 0 1`` timed
-    the same on a 2-core worker."""
+def lookahead(device: torch.device, depth: Optional[int] = None) -> int:
+    """Chunks a mixer draws ahead of the one its caller holds (``ahead``): ``depth`` where the caller gave one, else
+    1 on a card (the card draws the next chunk while the host copies out and finishes this one) and 0 on a CPU
+    worker, whose cores already share each chunk's draws (``privacy.noise.set_threads``, torch's threads):
+    ``bench_mix_gpu --device cpu --depth 0 1`` timed the same on a 2-core worker."""
+    if depth is not None:
+        return depth
     return 1 if device.type == "cuda" else 0
 
 

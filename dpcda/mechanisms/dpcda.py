@@ -192,7 +192,7 @@ def mixed_features(
                 ),
             )
 
-    for chunk, rows, copy in ahead(started(), lookahead(dev) if depth is None else depth):
+    for chunk, rows, copy in ahead(started(), lookahead(dev, depth)):
         yield chunk, rows, copy.result()
 
 

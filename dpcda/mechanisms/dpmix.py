@@ -65,6 +65,7 @@ def mix_dataset(
     rate = Fraction(sampling_rate)
     post = make_postprocess(lowpass=lowpass, denoise=denoise, device=dev)
     n_chunks = -(-samples // chunk_rows)
+    dtype = np.float64 if basis is not None else np.float32  # the rows as cast where they are drawn
 
     def started():  # the draws of each chunk, ``depth`` chunks ahead of the one being finished (``device.ahead``)
         for chunk in range(n_chunks) if chunks is None else chunks:
@@ -81,10 +82,9 @@ def mix_dataset(
             means = mean_rows(x, flat, offsets, mixing_order, order_t)
             flat, offsets = flat.cpu().numpy(), offsets.cpu().numpy()
             stream = NoiseStream(key, "dpmix-noise", chunk)
-            dtype = np.float64 if basis is not None else np.float32  # cast where drawn
             yield chunk, rows, flat, offsets, start_noisy_rows(means, sigma_x, stream, dtype)
 
-    for chunk, rows, flat, offsets, copy in ahead(started(), lookahead(dev) if depth is None else depth):
+    for chunk, rows, flat, offsets, copy in ahead(started(), lookahead(dev, depth)):
         counts = np.zeros((rows, num_classes), np.float64)
         row_of = np.repeat(np.arange(rows), np.diff(np.append(offsets, len(flat))))
         np.add.at(counts, (row_of, y[flat]), 1.0)
