@@ -151,7 +151,7 @@ def test_an_aim_run_spends_what_its_record_says_with_the_parameters_it_states(mo
     from dpcda.privacy import noise as nz
     from dpcda.privacy.noise import key_from_test_seed
 
-    monkeypatch.setattr(mg, "AIM_ROUND_ITERS", 5)
+    monkeypatch.setattr(mg.aim, "AIM_ROUND_ITERS", 5)
     rho = 0.5
     dom = mg.Domain(("a", "b", "y"), (4, 3, 2), 4)
     rng = np.random.default_rng(0)

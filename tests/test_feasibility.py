@@ -22,7 +22,7 @@ import pytest
 
 from dpcda.mechanisms import private_sampling as ps
 from dpcda.mechanisms.private_sampling import PrivateSamplingError, sample_boolean
-from dpcda.pipeline.sampling_cli import register
+from dpcda.pipeline.cli.sampling import register
 from dpcda.privacy import feasibility as fz
 from dpcda.privacy.errors import DpcdaError
 from dpcda.privacy.feasibility import FeasibilityError
@@ -617,7 +617,7 @@ def test_sample_boolean_output_errors_are_one_line(cli, private_csv, tmp_path):
     with pytest.raises(PrivateSamplingError, match="symbolic link"):
         _sample(cli, private_csv, tmp_path / "dangling.csv", "--overwrite")
     # an unwritable folder (root writes through mode 555, so the write itself is made to fail)
-    with mock.patch("dpcda.pipeline.sampling_cli._write_table", side_effect=PermissionError(13, "Permission denied")):
+    with mock.patch("dpcda.pipeline.cli.sampling._write_table", side_effect=PermissionError(13, "Permission denied")):
         with pytest.raises(PrivateSamplingError, match=r"cannot write \(Permission denied\)") as err:
             _sample(cli, private_csv, tmp_path / "sb.csv")
     assert "\n" not in str(err.value) and not any(p.name.startswith(".sb.csv") for p in tmp_path.iterdir())
@@ -630,7 +630,7 @@ def test_sample_boolean_keeps_a_file_that_appears_at_its_output_while_it_writes(
 ):
     """Nothing stood at OUTPUT when the command checked it, so nothing is replaced: a file that appears before the
     rename is kept, the command refuses in one line, and neither its table nor a temp file is left behind."""
-    from dpcda.pipeline import sampling_cli
+    from dpcda.pipeline.cli import sampling as sampling_cli
 
     check_ours, check_output, calls = sampling_cli._check_ours, sampling_cli.check_output, []
 
@@ -647,9 +647,9 @@ def test_sample_boolean_keeps_a_file_that_appears_at_its_output_while_it_writes(
         return found
 
     patched = (
-        mock.patch("dpcda.pipeline.sampling_cli._check_ours", someone_writes_at_the_rename)
+        mock.patch("dpcda.pipeline.cli.sampling._check_ours", someone_writes_at_the_rename)
         if when == "just before the rename"
-        else mock.patch("dpcda.pipeline.sampling_cli.check_output", someone_writes_after_the_check)
+        else mock.patch("dpcda.pipeline.cli.sampling.check_output", someone_writes_after_the_check)
     )
     with patched:
         with pytest.raises(PrivateSamplingError, match="appeared while it was written") as err:
@@ -683,7 +683,7 @@ def test_sample_boolean_synthetic_size_is_bounded_before_the_input_is_read(cli, 
 def test_sample_boolean_refuses_a_temp_file_swapped_for_a_link_before_the_rename(cli, private_csv, tmp_path):
     """Someone who can write to the folder swaps a written temp file for a link to their victim: the rename is refused
     (the name no longer holds the file the command wrote), the victim is untouched and no link is published."""
-    from dpcda.pipeline import sampling_cli
+    from dpcda.pipeline.cli import sampling as sampling_cli
 
     victim = tmp_path / "victim.txt"
     victim.write_text("PRIVATE")

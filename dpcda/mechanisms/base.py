@@ -45,7 +45,7 @@ class Calibrated:
     sigma_x: float
     per_group: tuple  # the synthesis' events, one per group (parallel composition)
     p3gm: Any = None  # mechanisms.plan.P3gmPlan
-    marginals: Any = None  # mechanisms.marginals.MarginalsPlan
+    marginals: Any = None  # mechanisms.marginals.plan.MarginalsPlan
 
 
 class Mechanism(abc.ABC):

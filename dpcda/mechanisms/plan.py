@@ -107,7 +107,7 @@ class ReleasePlan:
     p3gm: Optional[P3gmPlan] = None
     budget: Optional[BudgetPlan] = None  # the planner's split of the budget (privacy.budget)
     class_rows_rule: str = "equal"  # the config's class_rows: how T is split into T_k ('equal' or 'proportional')
-    marginals: Any = None  # mechanisms.marginals.MarginalsPlan
+    marginals: Any = None  # mechanisms.marginals.plan.MarginalsPlan
 
     @property
     def mechanism_entry(self) -> Mechanism:

@@ -9,7 +9,7 @@ The sampler refuses to write anything unless Theorem 4.1 holds for (n, p, epsilo
 ``--allow-not-dp`` it writes, and the sidecar says ``"dp": false`` with the one-line reason; such an output is NOT
 differentially private. Numeric flags are read as text and checked here, so a bad value ends in one line.
 
-Wiring (pipeline/cli.py): ``COMMANDS.update(register(sub))`` on its subparsers; ``FeasibilityError`` and
+Wiring (``dpcda.pipeline.cli``): ``build_parser`` calls ``register(sub)`` on its subparsers; ``FeasibilityError`` and
 ``PrivateSamplingError`` in its ``_KNOWN``.
 """
 

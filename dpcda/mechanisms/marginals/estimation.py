@@ -1,0 +1,100 @@
+"""Fitting and sampling (post-processing of the noisy counts): mbi's mirror descent, its sampler, MST's
+decompression."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from dpcda.mechanisms import pgm
+from dpcda.mechanisms.marginals.counting import compressed_domain
+from dpcda.mechanisms.marginals.domain import Domain
+from dpcda.mechanisms.marginals.plan import MarginalsPlan, Measurements
+from dpcda.privacy.noise import NoiseStream
+
+
+def _mbi():
+    return pgm.load_mbi()
+
+
+def merged(mbi, ms: list) -> list:
+    """Measurements of one clique merged into one by inverse-variance weighting (their L2 loss is the same up to a
+    constant, so is the fit; so is mbi's minimum-variance total): the fit's program is the same while no new clique
+    is measured, and mbi compiles it once."""
+    groups: dict = {}
+    for m in ms:
+        groups.setdefault(m.clique, []).append(m)
+    out = []
+    for clique, group in groups.items():
+        if len(group) == 1:
+            out.append(group[0])
+            continue
+        w = [1.0 / float(m.stddev) ** 2 for m in group]
+        y = sum(wi * np.asarray(m.noisy_measurement, np.float64) for wi, m in zip(w, group)) / sum(w)
+        out.append(mbi.LinearMeasurement(y, clique, stddev=1.0 / math.sqrt(sum(w))))
+    return out
+
+
+def fit(measured: Measurements, plan: MarginalsPlan):
+    """mbi's graphical model fitted to the noisy counts by mirror descent (``plan.iterations`` steps)."""
+    mbi = _mbi()
+    dom = plan.domain
+    full = mbi.Domain(list(dom.names), list(dom.sizes))
+    small = compressed_domain(dom, measured.mapping)
+    domain = mbi.Domain(list(small.names), list(small.sizes))
+    names = {dom.names[i]: m for i, m in measured.mapping.items()}
+    ms = [  # a compressed one-way count: the merged cell's sum, weighted by mbi (WeightedQuery) for its larger std
+        mbi.LinearMeasurement(np.asarray(y, np.float64).ravel(), (dom.names[i],), stddev=measured.one_way_std).compress(
+            names, full
+        )
+        for i, y in enumerate(measured.one_way)
+    ]
+    ms += [
+        mbi.LinearMeasurement(np.asarray(y, np.float64).ravel(), tuple(dom.names[i] for i in cl), stddev=std)
+        for cl, y, std in zip(measured.pairs, measured.two_way, measured.stds)
+    ]
+    return mbi.estimation.MirrorDescent().estimate(
+        domain, merged(mbi, ms), iters=plan.iterations, warm_start=measured.model
+    )
+
+
+def warm_start(model, dom: Domain):
+    """The rounds' last model (``pgm.Model``) as mbi's potentials, the last fit's starting point."""
+    mbi = _mbi()
+    import jax.numpy as jnp
+
+    domain = mbi.Domain(list(dom.names), list(dom.sizes))
+    tables = {cl: mbi.Factor(domain.project(cl), jnp.asarray(v)) for cl, v in model.potentials_for(dom.names).items()}
+    return mbi.CliqueVector(domain, list(tables), tables)
+
+
+SAMPLE_ROWS = 1 << 18  # rows mbi draws in one call: the sampling holds this many rows, not the release's
+
+
+def sample_codes(model, rows: int, plan: MarginalsPlan, key: bytes, block_rows: int = SAMPLE_ROWS):
+    """(<= block_rows, columns) blocks of codes, ``rows`` in all, drawn from the fitted model by mbi, one call per
+    block (each block its own randomized rounding of the model's marginals), so memory does not grow with ``rows``.
+    mbi draws from numpy's global generator: ``privacy.noise.NumpyGlobalState`` seeds it from the noise stream for the
+    first block, carries it from block to block and restores the caller's state around each call (post-processing)."""
+    from dpcda.privacy.noise import NumpyGlobalState
+
+    generator = NumpyGlobalState(NoiseStream(key, "marginals", "sample"))
+    for lo in range(0, rows, block_rows):
+        with generator:
+            data = model.synthetic_data(rows=min(block_rows, rows - lo))
+        cols = data.to_dict()
+        yield np.stack([np.asarray(cols[name], np.int64) for name in plan.domain.names], axis=1)
+
+
+def decompress(codes: np.ndarray, mapping: dict, stream: NoiseStream) -> np.ndarray:
+    """Codes of the compressed domain back to the column's own: a kept code to its code, the merged code to one of the
+    codes merged into it, uniformly (``stream``'s uniform integers), as private-pgm's ``reverse_data`` does."""
+    out = np.array(codes, np.int64, copy=True)
+    for col, m in sorted(mapping.items()):
+        kept, merged_codes = np.flatnonzero(m < m.max()), np.flatnonzero(m == m.max())  # kept: in compressed order
+        c = codes[:, col]
+        rare = np.flatnonzero(c == m.max())
+        out[c < m.max(), col] = kept[c[c < m.max()]]
+        out[rare, col] = merged_codes[stream.uniform_int(len(merged_codes), rare.size)]
+    return out

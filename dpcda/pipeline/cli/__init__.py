@@ -1,0 +1,109 @@
+"""``dpcda``: prepare, release, account, evaluate, audit.
+
+Bad input or config ends with one line on stderr that names the file, column, row or field, and a
+non-zero exit status (2). Unknown flags of ``release`` are Beam pipeline options.
+
+One module per subcommand (``prepare``, ``risk``, ``schema``, ``release``, ``ledger``, ``account``, ``evaluate``,
+``audit``, ``sampling``), each with a ``register(sub)`` that adds its parsers and returns its handlers; ``base``
+holds what they share (exit codes, one-line errors, the parser class, logging).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+from dpcda.pipeline.cli import account, audit, evaluate, ledger, prepare, release, risk, sampling, schema
+from dpcda.pipeline.cli.base import (
+    _KNOWN,
+    EXIT_BAD_INPUT,
+    EXIT_SIGINT,
+    EXIT_SIGTERM,
+    _join_negative_values,
+    _OneLineParser,
+    _setup_logging,
+    one_line_error,
+)
+from dpcda.pipeline.cli.release import release_flags
+from dpcda.pipeline.cli.schema import SCHEMA_NOTE, _our_draft
+
+__all__ = [
+    "EXIT_BAD_INPUT",
+    "EXIT_SIGINT",
+    "EXIT_SIGTERM",
+    "SCHEMA_NOTE",
+    "_KNOWN",
+    "_join_negative_values",
+    "_our_draft",
+    "build_parser",
+    "main",
+    "one_line_error",
+    "release_flags",
+]
+
+# the subcommands in the order ``dpcda --help`` lists them
+SUBCOMMANDS = (prepare, risk, schema, release, ledger, account, evaluate, audit, sampling)
+COMMANDS: dict = {}
+
+
+def build_parser():
+    parser = _OneLineParser(prog="dpcda", description=__doc__.splitlines()[0], allow_abbrev=False)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for module in SUBCOMMANDS:
+        COMMANDS.update(module.register(sub))
+    return parser
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is, so that the same clean-up as for Ctrl-C runs."""
+
+
+_SIGNAL_SEEN: list[int] = []
+
+
+def _on_signal(signum, _frame):
+    _SIGNAL_SEEN.append(signum)
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def _interrupted(err: BaseException) -> bool:
+    seen = err
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return bool(_SIGNAL_SEEN) or "KeyboardInterrupt" in str(err)
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(_join_negative_values(list(sys.argv[1:] if argv is None else argv)))
+    if extra and args.command != "release":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    _setup_logging()
+    _SIGNAL_SEEN.clear()
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    for s in previous:
+        signal.signal(s, _on_signal)
+    try:
+        return COMMANDS[args.command](args, extra)
+    except BaseException as err:  # noqa: BLE001 - the CLI boundary: one line for known errors and interrupts
+        if isinstance(err, SystemExit):
+            raise
+        if _interrupted(err):
+            term = signal.SIGTERM in _SIGNAL_SEEN or isinstance(err, Terminated)
+            done = (
+                "the release WAS published; what is left of the old one goes with the next run"
+                if getattr(err, "published", False)
+                else "nothing was published"
+            )
+            print(f"dpcda: {'terminated (SIGTERM)' if term else 'interrupted'}; {done}", file=sys.stderr)
+            return EXIT_SIGTERM if term else EXIT_SIGINT
+        msg = one_line_error(err)
+        if msg is None:
+            raise
+        print(f"dpcda: error: {msg}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -1,0 +1,61 @@
+"""``dpcda evaluate``: train the evaluation model on a release, test it on real data."""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+def register(sub) -> dict:
+    """Adds this module's subcommand parsers to ``sub``; returns their handlers by name."""
+    ev = sub.add_parser("evaluate", allow_abbrev=False, help="train the evaluation CNN on a release, test on real data")
+    ev.add_argument("--synthetic", required=True, help="release directory (holds synthetic/ and manifest.json)")
+    ev.add_argument("--test", required=True, help="glob of real test shards")
+    ev.add_argument("--runs", type=int, default=3)
+    ev.add_argument("--epochs", type=int, default=10)
+    ev.add_argument("--out", default=None, help="report folder (default SYNTHETIC/evaluation)")
+    ev.add_argument("--seed", type=int, default=0, help="first training seed (runs use seed .. seed+R-1)")
+    return {"evaluate": cmd_evaluate}
+
+
+def _evaluation_out(args) -> str:
+    """Where ``dpcda evaluate`` writes: never over the release's own evaluation (its manifest's utility section names
+    it: replacing it would change a published release), never into a folder of test files, a file or a link."""
+    from dpcda.evaluation.stage import EVAL_DIR
+    from dpcda.storage.outputs import check_dir_output
+    from dpcda.storage.paths import exists, expand_glob, is_remote, join, open_file
+    from dpcda.storage.publish import MANIFEST, PublishError
+
+    own = join(args.synthetic, EVAL_DIR)
+    out = args.out or own
+    manifest_path = join(args.synthetic, MANIFEST)
+    same = out.rstrip("/") == own.rstrip("/") or (not is_remote(out) and os.path.realpath(out) == os.path.realpath(own))
+    if same and exists(manifest_path):
+        try:
+            with open_file(manifest_path) as fh:
+                utility = (json.loads(fh.read()) or {}).get("utility")
+        except (OSError, ValueError):
+            utility = None  # the evaluation itself says what is wrong with the manifest
+        if utility:
+            raise PublishError(
+                f"{out}: holds the release's own evaluation (its manifest's utility section names it); pass --out DIR "
+                f"to write this one elsewhere"
+            )
+    return check_dir_output(out, flag="--out", inputs=expand_glob(args.test))
+
+
+def cmd_evaluate(args, _beam_args) -> int:
+    from dpcda.evaluation.standalone import evaluate_standalone
+
+    out = _evaluation_out(args)
+    report = evaluate_standalone(args.synthetic, args.test, runs=args.runs, epochs=args.epochs, out=out, seed=args.seed)
+    print(
+        json.dumps(
+            {
+                "accuracy_mean": report["accuracy_mean"],
+                "accuracy_std": report["accuracy_std"],
+                "report": report.get("path"),
+            }
+        )
+    )
+    return 0
