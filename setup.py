@@ -20,7 +20,7 @@ setup(
     install_requires=[
         "apache-beam>=2.60,<3",
         "dp-accounting>=0.4",
-        "cryptography>=42",  # the noise module's ChaCha20 (privacy/noise.py)
+        "cryptography>=42",  # the noise package's ChaCha20 (privacy/noise/keystream.py)
         "pydantic>=2.5,<3",
         "pyarrow>=14,<26",
         "numpy>=1.24,<2.5",

@@ -10,11 +10,11 @@ every row alike), and the table gives each row's median:
 - ``numpy standard_normal``: numpy's float64 ziggurat (not exact, not secure), one generator per thread;
 - ``torch.randn``: float64 on the device (torch's own threads);
 - ``host``: ``NoiseStream.gaussian`` on ``threads`` noise threads, OpenSSL words and the compiled sampler
-  (``privacy.noise_native``), and the same with the numpy sampler (what runs where no C compiler is present);
+  (``privacy.noise.native``), and the same with the numpy sampler (what runs where no C compiler is present);
   keystream: ``NoiseStream.words``; the samplers alone on words already drawn;
 - ``torch (host words)``: ``NoiseStream(..., device="cpu")``: OpenSSL words, the sampler in torch (eager or
   compiled with ``torch.compile``) on ``threads`` torch threads;
-- ``torch (device words)``: ChaCha20 and the sampler both in torch (``privacy.noise_device``), eager or compiled.
+- ``torch (device words)``: ChaCha20 and the sampler both in torch (``privacy.noise.device``), eager or compiled.
 Ratios are against numpy's standard_normal with the same thread count (CPU) and against torch.randn on the device.
 """
 
@@ -31,8 +31,12 @@ import numpy as np
 import torch
 
 from benchmarks.files import write_text
-from dpcda.privacy import noise, noise_device, noise_native
+from dpcda.privacy import noise
 from dpcda.privacy.noise import NoiseStream, key_from_test_seed
+from dpcda.privacy.noise import device as noise_device
+from dpcda.privacy.noise import native as noise_native
+from dpcda.privacy.noise.gaussian import rounded_gaussian
+from dpcda.privacy.noise.native_sampler import call_kernel, finish_block
 
 KEY = key_from_test_seed(0)
 CPU = torch.device("cpu")
@@ -84,9 +88,9 @@ def numpy_normal(n: int, threads: int):
 
 
 def sampler_only(n: int, native: bool):
-    """The host's per-block sampler on words already drawn (compiled, or numpy's ``_rounded_gaussian``): its share
+    """The host's per-block sampler on words already drawn (compiled, or numpy's ``rounded_gaussian``): its share
     of the cost, on one thread."""
-    blk = noise._BLOCK
+    blk = noise.BLOCK
     words = NoiseStream(KEY, "s").words(3 * blk).reshape(3, blk)
     top = np.ascontiguousarray(words[:2]).reshape(-1)
     buf = np.zeros(2 * blk + 8, np.uint64)
@@ -98,10 +102,10 @@ def sampler_only(n: int, native: bool):
     def run():
         for _ in range(0, n, blk):
             if fn is not None:
-                noise._call_kernel(fn, 1, blk, buf, 0, 2 * blk, center, out, dist, st, 0.7, g)
-                noise._finish_block(st[0], dist, center, out, top, lambda i: int(words[2, i]), 0.7, g)
+                call_kernel(fn, 1, blk, buf, 0, 2 * blk, center, out, dist, st, 0.7, g)
+                finish_block(st[0], dist, center, out, top, lambda i: int(words[2, i]), 0.7, g)
             else:
-                noise._rounded_gaussian(center, 0.7, g, words)
+                rounded_gaussian(center, 0.7, g, words)
 
     return run
 
@@ -140,8 +144,8 @@ def plan_rows(args, device: torch.device, threads: int, compiled_ok: bool) -> li
         row("host exact Gaussian (OpenSSL + numpy sampler)", host_numpy, gaussians=n)
         # into one buffer for every call: a fresh 24n-byte array per call would time its first-touch page faults too
         # (one thread read 0.64 GB/s that way where this reads 3.3)
-        keystream = np.empty(3 * n + noise._SLACK_WORDS, np.uint64)
-        row("host keystream (OpenSSL)", lambda: NoiseStream(KEY, "w")._fill(keystream, 3 * n), nbytes=24 * n)
+        keystream = np.empty(3 * n + noise.SLACK_WORDS, np.uint64)
+        row("host keystream (OpenSSL)", lambda: NoiseStream(KEY, "w").fill(keystream, 3 * n), nbytes=24 * n)
         if native:
             row(
                 "host sampler alone, 1 thread (compiled, words given)",
