@@ -38,6 +38,26 @@ def test_one_top_level_package_and_its_console_script():
         assert not (ROOT / pkg).exists(), f"{pkg}/ at the top level: it belongs under dpcda/"
 
 
+def test_the_version_is_written_once_and_every_reader_agrees():
+    """setup.py (which reads dpcda/_version.py as text), ``dpcda.__version__``, the build check's ``VERSION`` and
+    ``dpcda.pipeline.__version__`` (the manifest's and the worker image tag's) give the same version, and no other
+    module of the package, nor setup.py, writes it."""
+    import re
+
+    import dpcda
+    import dpcda._version
+    import dpcda.pipeline
+    import dpcda.storage.build
+
+    want = dpcda._version.__version__
+    res = subprocess.run([sys.executable, "setup.py", "--version"], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout.strip().splitlines()[-1] == want, res.stderr
+    assert dpcda.__version__ == dpcda.pipeline.__version__ == dpcda.storage.build.VERSION == want
+    literal = re.compile(re.escape(f'"{want}"'))
+    holders = [p for p in [ROOT / "setup.py", *(ROOT / "dpcda").rglob("*.py")] if literal.search(p.read_text())]
+    assert holders == [ROOT / "dpcda" / "_version.py"]
+
+
 def _third_party_imports() -> dict:
     """Top-level module name -> the dpcda files that import it (stdlib and dpcda itself left out)."""
     import ast
