@@ -119,6 +119,7 @@ def test_a_million_draws_are_identical_across_backends_threads_and_span_sizes(mo
     """10^6 + 3 draws (a short last block), 150 of them forced onto cell boundaries: the numpy sampler on one thread
     is the reference; the kernel on 1 and 2 threads, with groups of 1, 3 and 4 blocks, tasks of 1, 3 and 16 blocks,
     low words skipped or read, gives the same bits and decides the same boundary cells exactly."""
+    assert noise.native_kernel() is not None, noise_native.status()  # built and checked before calls are counted
     sigma, total = 0.0695, 1_000_003
     path = ("native", "million")
     c, forced = _boundary_centres(path, total, sigma, 150, 1)
@@ -197,6 +198,7 @@ def test_chosen_uniforms_near_boundaries_in_the_tails_and_with_low_precision_p(m
     """Blocks holding U beside cell boundaries (decided exactly, the low word read only for them), U = 0 and other
     top words below 2^11 (the block goes through the numpy sampler whole), U at both ends and at 1/2: the kernel's
     output is the numpy sampler's, and the boundary cells are the exact ones."""
+    assert noise.native_kernel() is not None, noise_native.status()  # built on real words, before calls are counted
     sigma, center = 0.0695, 0.123456789
     g = grid_for(sigma)
     total = 3 * BLK + 777
