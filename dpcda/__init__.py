@@ -3,7 +3,8 @@
 The Python API (``dpcda.api``): ``dpcda.release(source, *, epsilon, ...) -> Release`` and ``dpcda.account(...)``.
 """
 
-__version__ = "0.2.0"
+from dpcda._version import __version__ as __version__  # the one place it is written
+
 __all__ = ["release", "account", "Release"]
 
 

@@ -793,10 +793,11 @@ def test_noise_threads_reach_the_workers(monkeypatch):
     which the launcher's own set_threads never reaches); without it a worker uses its own cores."""
     from dpcda.pipeline import __version__, build_commit
     from dpcda.privacy import noise
+    from dpcda.privacy.noise import pool
     from dpcda.storage.build import WorkerBuild
     from dpcda.transforms.mix import _MixFn
 
-    monkeypatch.setattr(noise, "_THREADS", None)
+    monkeypatch.setattr(pool, "_THREADS", None)  # restored after the test
     fn = _MixFn("cpu", 64, "features", "label", expected_build=WorkerBuild(__version__, build_commit(), 3))
     fn.setup()
     assert noise.threads() == 3

@@ -38,6 +38,26 @@ def test_one_top_level_package_and_its_console_script():
         assert not (ROOT / pkg).exists(), f"{pkg}/ at the top level: it belongs under dpcda/"
 
 
+def test_the_version_is_written_once_and_every_reader_agrees():
+    """setup.py (which reads dpcda/_version.py as text), ``dpcda.__version__``, the build check's ``VERSION`` and
+    ``dpcda.pipeline.__version__`` (the manifest's and the worker image tag's) give the same version, and no other
+    module of the package, nor setup.py, writes it."""
+    import re
+
+    import dpcda
+    import dpcda._version
+    import dpcda.pipeline
+    import dpcda.storage.build
+
+    want = dpcda._version.__version__
+    res = subprocess.run([sys.executable, "setup.py", "--version"], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout.strip().splitlines()[-1] == want, res.stderr
+    assert dpcda.__version__ == dpcda.pipeline.__version__ == dpcda.storage.build.VERSION == want
+    literal = re.compile(re.escape(f'"{want}"'))
+    holders = [p for p in [ROOT / "setup.py", *(ROOT / "dpcda").rglob("*.py")] if literal.search(p.read_text())]
+    assert holders == [ROOT / "dpcda" / "_version.py"]
+
+
 def _third_party_imports() -> dict:
     """Top-level module name -> the dpcda files that import it (stdlib and dpcda itself left out)."""
     import ast
@@ -103,18 +123,24 @@ def _imported_subpackages(path) -> set:
     return {m.split(".")[1] if m.startswith("dpcda.") else m.split(".")[0] for m in names}
 
 
-PRIVACY_MODULES = sorted(p.stem for p in (ROOT / "dpcda" / "privacy").glob("*.py") if p.stem != "__init__")
-# The noise module's device implementation holds torch tensors (DESIGN.md: numpy/torch tensors in the noise module);
+PRIVACY = ROOT / "dpcda" / "privacy"
+# every module of privacy/, the noise package's included, as its path below privacy/ without ".py"
+PRIVACY_MODULES = sorted(str(p.relative_to(PRIVACY).with_suffix("")) for p in PRIVACY.rglob("*.py"))
+# The noise package's device implementation holds torch tensors (DESIGN.md: numpy/torch tensors in the noise module);
 # no other privacy module may import torch, and privacy.noise loads it only when a caller asks for a device.
-PRIVACY_TORCH_MODULES = {"noise_device"}
+PRIVACY_TORCH_PACKAGE = "noise/device/"
+
+
+def test_the_privacy_module_list_reaches_into_the_noise_package():
+    assert "noise/stream" in PRIVACY_MODULES and "noise/device/chacha" in PRIVACY_MODULES
 
 
 @pytest.mark.parametrize("module", PRIVACY_MODULES)
 def test_privacy_modules_import_only_numpy_dp_accounting_and_the_cipher_library(module):
     stdlib = set(sys.stdlib_module_names)
-    roots = _imported_roots(ROOT / "dpcda" / "privacy" / f"{module}.py")
+    roots = _imported_roots(PRIVACY / f"{module}.py")
     allowed = {"numpy", "dp_accounting", "cryptography", "dpcda"} | (
-        {"torch"} if module in PRIVACY_TORCH_MODULES else set()
+        {"torch"} if module.startswith(PRIVACY_TORCH_PACKAGE) else set()
     )
     assert roots - stdlib <= allowed, roots - stdlib
 
@@ -140,9 +166,9 @@ def test_the_noise_module_loads_torch_only_for_a_device():
 )
 def test_nothing_imports_upward(package, forbidden):
     """Layers, bottom up: privacy < schemas < storage < mechanisms < evaluation < transforms < pipeline."""
-    for path in (ROOT / "dpcda" / package).glob("*.py"):
+    for path in (ROOT / "dpcda" / package).rglob("*.py"):
         bad = _imported_subpackages(path) & forbidden
-        if package == "privacy" and path.stem in PRIVACY_TORCH_MODULES:
+        if package == "privacy" and str(path.relative_to(PRIVACY)).startswith(PRIVACY_TORCH_PACKAGE):
             bad -= {"torch"}
         assert not bad, f"{path.name} imports {bad}"
 
@@ -198,9 +224,6 @@ def test_no_import_circles():
         stack.pop()
         done.add(m)
 
-    # the device sampler extends the host's: it hands boundary cells back to the host's exact code, and the host
-    # stream imports it only inside a draw on a torch device
-    graph["dpcda.privacy.noise"].discard("dpcda.privacy.noise_device")
     for m in sorted(graph):
         visit(m)
     assert not cycles, cycles

@@ -3,7 +3,7 @@
 One class at a time: ``T_k`` synthetic rows in chunks of ``chunk_rows``. Each chunk draws its indices from the
 stream ("mix-index", k, chunk) and its noise from ("mix-noise", k, chunk), so a retried chunk reproduces its rows.
 Rows are gathered and summed with ``embedding_bag`` in float64 (CUDA when present, the same code on the CPU; no
-(rows, l, d) intermediate), then the noise is drawn where the rows are (on CUDA: ``privacy.noise_device``, the same
+(rows, l, d) intermediate), then the noise is drawn where the rows are (on CUDA: ``privacy.noise.device``, the same
 output bit for bit; elsewhere on the host); on CUDA the indices and poisson row sizes are drawn on the card too (the
 same indices, element for element): every released value is
 ``g * round((mean + sigma_x Z) / g)`` (``NoiseStream.gaussian``).
@@ -103,7 +103,7 @@ def mean_rows(x: torch.Tensor, flat: torch.Tensor, offsets: torch.Tensor, mixing
 
 def start_noisy_rows(means: torch.Tensor, sigma: float, stream: NoiseStream, dtype=np.float64) -> HostCopy:
     """``stream.gaussian(means, sigma)`` as ``dtype`` (float64 or float32), on its way to the host. On a card the
-    noise is drawn where the rows are (``privacy.noise_device``: the same output bit for bit) and cast there (float64
+    noise is drawn where the rows are (``privacy.noise.device``: the same output bit for bit) and cast there (float64
     to float32 rounds to nearest-even on both), then copied out through a page-locked buffer without a wait
     (``device.HostCopy``); elsewhere the host draws it."""
     if means.device.type == "cuda":
