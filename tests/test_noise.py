@@ -436,3 +436,23 @@ def test_sampler_delta_is_negligible_at_eps_10_and_refuses_huge_eps():
     assert 0 < d < 1e-20
     assert sampler_delta(10.0, gaussian_draws=0) == 0.0
     assert math.isinf(sampler_delta(800.0, gaussian_draws=1))
+
+
+@pytest.mark.parametrize("draw", ["fill", "binomial", "fill-short"])
+def test_a_negative_or_malformed_draw_is_refused_and_never_moves_the_stream_back(draw):
+    """A negative count once moved the position back, so a later draw (on other threads, or the device's) read words
+    already released; a refusal now leaves the position and the next words as they were."""
+
+    from dpcda.privacy.noise import SLACK_WORDS
+
+    s, twin = (NoiseStream(key_from_test_seed(7), "rewind") for _ in range(2))
+    s.words(8), twin.words(8)
+    with pytest.raises(ValueError):
+        if draw == "fill":
+            s.fill(np.empty(16 + SLACK_WORDS, np.uint64), -8)
+        elif draw == "binomial":
+            s.binomial(100, Fraction(1, 3), -1)
+        else:
+            s.fill(np.empty(4, np.uint64), 8)  # no room for OpenSSL's slack
+    assert s.position == twin.position == 8
+    assert np.array_equal(s.words(4), twin.words(4))

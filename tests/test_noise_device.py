@@ -763,7 +763,10 @@ def test_noise_benchmark_torch_rows_draw(kind, monkeypatch):
     """The torch rows' calls (run in this process here; the benchmark runs each in its own)."""
     from benchmarks.perf.noise_rows import build
 
+    from dpcda.privacy.noise import pool
+
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # this process's torch threads stay as they are
+    monkeypatch.setattr(pool, "_THREADS", pool._THREADS)  # build() sets the noise threads: restored for later tests
     call, info = build(kind, 1, 1000, "cpu")
     out = call()
     assert info["backend"] == "eager" and (out[0] if isinstance(out, tuple) else out).numel() >= 1000

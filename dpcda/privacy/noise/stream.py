@@ -78,6 +78,8 @@ class NoiseStream:
         stream read disjoint words, and a draw that fails part-way leaves its words unused for good (never read
         again by a later draw, which may run from its own position on other threads)."""
         n = int(n)
+        if n < 0:  # a negative count would move the position back: words already released drawn again
+            raise ValueError(f"a draw of {n} words: the count must be 0 or more")
         pool.check_not_forked(self._forks)
         with self._lock:
             first = self._pos
@@ -119,7 +121,13 @@ class NoiseStream:
 
     def fill(self, out: np.ndarray, n: int) -> None:
         """The next ``n`` words into ``out[:n]``, reserved first: ``words`` without a new array (``out``: uint64, C
-        order, at least ``n + SLACK_WORDS`` long, since OpenSSL writes room beyond the words)."""
+        order, at least ``n + SLACK_WORDS`` long, since OpenSSL writes room beyond the words). Checked before any word
+        is reserved: a refused call leaves the stream where it was."""
+        n = int(n)
+        if not (isinstance(out, np.ndarray) and out.dtype == np.uint64 and out.ndim == 1 and out.flags.c_contiguous):
+            raise ValueError("fill: out must be a one-dimensional C-ordered uint64 array")
+        if n < 0 or len(out) < n + SLACK_WORDS:
+            raise ValueError(f"fill: {n} words need 0 <= n and an out of at least n + {SLACK_WORDS} words")
         first, enc = self._reserve(n)
         self._fill_reserved(out, first, n, enc)
 
