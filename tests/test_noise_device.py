@@ -762,7 +762,6 @@ def test_noise_benchmark_runs_each_row_in_its_own_process_in_alternating_order(c
 def test_noise_benchmark_torch_rows_draw(kind, monkeypatch):
     """The torch rows' calls (run in this process here; the benchmark runs each in its own)."""
     from benchmarks.perf.noise_rows import build
-
     from dpcda.privacy.noise import pool
 
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # this process's torch threads stay as they are
