@@ -383,7 +383,7 @@ def _settle(ledger, dataset_id: str, request: dict, err: BaseException) -> None:
     interrupt can land after the release became visible): recorded if OUTPUT's manifest names the run, removed if
     it does not. Anything that goes wrong here (a second interrupt, an unreachable ledger, an unreadable OUTPUT)
     leaves the reservation, which keeps counting at the target epsilon, and the original error stands."""
-    from dpcda.storage.ledger import published_manifest
+    from dpcda.storage.ledger_resolve import published_manifest
 
     run, output = request["run"], request["output"]
     try:

@@ -213,7 +213,13 @@ class _ReleaseConfig(BaseModel):
         description="with --ledger: the name under which releases compose (letters, digits and . _ / : -)",
     )
     budget_cap: Optional[float] = Field(
-        None, gt=0, description="with --ledger: refuse a release that would take the dataset's epsilon past this"
+        None,
+        gt=0,
+        description=(
+            "with --ledger: refuse a release that would take the dataset's epsilon past this; stored for the dataset "
+            "by its first release (later releases answer to it without the flag; another cap is refused: change it "
+            "with dpcda ledger cap)"
+        ),
     )
 
     table: Optional[TableSchema] = Field(
