@@ -22,6 +22,7 @@ from dpcda.pipeline.cli.base import (
     _join_negative_values,
     _OneLineParser,
     _setup_logging,
+    expanded_glob,
     one_line_error,
 )
 from dpcda.pipeline.cli.release import release_flags
@@ -77,7 +78,12 @@ def _interrupted(err: BaseException) -> bool:
 
 def main(argv=None) -> int:
     parser = build_parser()
-    args, extra = parser.parse_known_args(_join_negative_values(list(sys.argv[1:] if argv is None else argv)))
+    argv = _join_negative_values(list(sys.argv[1:] if argv is None else argv))
+    expanded = expanded_glob(argv)  # before parsing: the extra paths would read as unknown (or Beam) options
+    if expanded is not None:
+        print(f"dpcda: error: {expanded}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    args, extra = parser.parse_known_args(argv)
     if extra and args.command != "release":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     _setup_logging()
