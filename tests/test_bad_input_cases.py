@@ -4,7 +4,6 @@ L1-L10 of the third bad-input campaign, and the operating cases (unquoted globs)
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest

@@ -449,7 +449,6 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
     info = InputInfo(
         pattern=cfg.input,
         format=fmt,
-        files=len(files),
         features_column="(table)" if cfg.table is not None else cfg.features_column,
         label_column=cfg.table.label.name if cfg.table is not None else cfg.label_column,
         feature_dim=dim,
