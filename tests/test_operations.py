@@ -165,7 +165,7 @@ def test_an_output_that_appears_during_the_run_is_not_replaced(tmp_path):
     manifest = _fake_run_dir(target)
     out.mkdir()  # someone else's directory, created while the job ran
     (out / "theirs.txt").write_text("theirs")
-    with pytest.raises(publish.PublishError, match="already exists"):
+    with pytest.raises(publish.PublishError, match="a folder that is not a release of ours"):
         publish.publish(target, _typed(manifest))
     publish.abandon(target)
     assert snapshot(out) == {"theirs.txt": b"theirs"} and leftovers(out) == []

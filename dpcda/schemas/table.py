@@ -37,8 +37,13 @@ class Column(BaseModel):
 
     name: str = Field(min_length=1)
     kind: Literal["numeric", "categorical", "boolean"]
-    lower: Optional[float] = Field(None, description="numeric: public lower bound (values below are clipped)")
-    upper: Optional[float] = Field(None, description="numeric: public upper bound (values above are clipped)")
+    # strict: a number (an integer is one), never true/false or a string, which pydantic would read as 1.0 or 72
+    lower: Optional[float] = Field(
+        None, strict=True, description="numeric: public lower bound (values below are clipped)"
+    )
+    upper: Optional[float] = Field(
+        None, strict=True, description="numeric: public upper bound (values above are clipped)"
+    )
     categories: Optional[list[Category]] = Field(None, description="categorical: every value the column may hold")
     nullable: bool = Field(False, description="the column may hold nulls (encoded as an indicator)")
 

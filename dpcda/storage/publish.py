@@ -16,7 +16,7 @@ release, which then sits at the run directory's name and is deleted. A reader of
 complete release or the new complete release, never a mix, never nothing. (Where the kernel or file system lacks
 renameat2, the old release is renamed aside first: OUTPUT is absent for the moment between two renames.) The lock
 is ``flock`` on ``.NAME.dpcda-lock`` beside OUTPUT, held for the whole run, released by the kernel if the process
-dies.
+dies; the run removes the file when done (a dead run's file stays, unlocked, until the next run to OUTPUT).
 
 GCS (``gs://B/P``): the job writes under ``P/runs/<run>/`` (a new prefix per run, never rewritten). ``publish``
 checks that every listed part exists with the size the manifest records (its sha256 was computed from the stored
@@ -33,7 +33,6 @@ import ctypes
 import dataclasses
 import datetime
 import errno
-import fcntl
 import json
 import logging
 import os
@@ -43,6 +42,7 @@ import uuid
 from typing import TYPE_CHECKING, Optional
 
 from dpcda.privacy.errors import DpcdaError
+from dpcda.storage import locks
 from dpcda.storage.paths import is_remote
 
 if TYPE_CHECKING:
@@ -185,7 +185,7 @@ def abandon(target: Optional[Target], err: Optional[BaseException] = None) -> No
         elif os.path.isdir(target.workdir):
             shutil.rmtree(target.workdir, ignore_errors=True)
     finally:
-        _unlock(target)
+        locks.unlock(target)
 
 
 def _after_switch(what: str, fn, *args) -> None:
@@ -216,27 +216,6 @@ def _renameat2(src: str, dst: str, flags: int) -> bool:
     raise OSError(err, os.strerror(err), src, None, dst)
 
 
-def _lock_path(out: str) -> str:
-    parent, name = os.path.split(os.path.abspath(out))
-    return os.path.join(parent, f".{name}.dpcda-lock")
-
-
-def output_busy(output: str) -> bool:
-    """True while a release to the local OUTPUT holds its lock (a run is under way); False on GCS (no lock)."""
-    out = check_output_path(output)
-    if is_remote(out) or not os.path.exists(_lock_path(out)):
-        return False
-    fd = os.open(_lock_path(out), os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-
-
 def _prepare_local(out: str, overwrite: bool) -> Target:
     parent = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(parent):
@@ -246,15 +225,7 @@ def _prepare_local(out: str, overwrite: bool) -> Target:
         raise PublishError(f"{out}: the parent folder {parent} is not writable")
     if os.path.islink(out):
         raise PublishError(f"{out}: is a symbolic link; give the real path")
-    try:
-        fd = os.open(_lock_path(out), os.O_CREAT | os.O_RDWR, 0o644)
-    except OSError as err:
-        raise PublishError(f"{out}: cannot create the lock file {_lock_path(out)} ({err.strerror})") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise PublishError(f"{out}: another release to this output is running; nothing was done") from None
+    fd = locks.take(out)
     target = Target(output=out, overwrite=overwrite, run_id=_run_id(), workdir="", prefix="", lock_fd=fd)
     try:
         _remove_stale_local(out)
@@ -264,23 +235,37 @@ def _prepare_local(out: str, overwrite: bool) -> Target:
         with open(os.path.join(target.workdir, RUN_MARKER), "w") as fh:
             fh.write(target.run_id + "\n")
     except BaseException:
-        _unlock(target)
+        locks.unlock(target)
         raise
     return target
 
 
 def _existing_local(out: str, overwrite: bool) -> Optional[dict]:
+    """What stands at OUTPUT: None (nothing), or the manifest of a release of ours that ``overwrite`` allows replacing;
+    PublishError naming what is there otherwise (a file, a folder that is not a release, a release without
+    ``--overwrite``)."""
     if not os.path.lexists(out):
         return None
+    if not os.path.isdir(out):
+        raise PublishError(f"{out}: is a file, not a release; refusing to replace it, choose another --output")
+    path = os.path.join(out, MANIFEST)
+    try:
+        if not os.path.isfile(path):
+            old = validate_manifest(b"", out)
+        else:
+            with open(path, "rb") as fh:
+                old = validate_manifest(fh.read(), out)
+    except PublishError:
+        try:
+            what = "a folder that is not a release of ours" if os.listdir(out) else "an empty folder"
+        except OSError:
+            what = "a folder that is not a release of ours"
+        raise PublishError(
+            f"{out}: {what} (no valid {MANIFEST}); refusing to replace it, move it away or choose another --output"
+        ) from None
     if not overwrite:
         raise PublishError(f"{out}: a release already exists there; pass --overwrite to replace it")
-    if not os.path.isdir(out):
-        raise PublishError(f"{out}: is a file, not a release; refusing to replace it")
-    path = os.path.join(out, MANIFEST)
-    if not os.path.isfile(path):
-        return validate_manifest(b"", out)
-    with open(path, "rb") as fh:
-        return validate_manifest(fh.read(), out)
+    return old
 
 
 def _our_run_dirs(out: str, mark: str) -> list[str]:
@@ -367,7 +352,7 @@ def _publish_local(target: Target, manifest: Manifest, text: str) -> None:
     # the run marker came along (a run that dies before the switch must leave a marked directory to sweep)
     _after_switch("removing the run marker", os.remove, os.path.join(out, RUN_MARKER))
     _after_switch("syncing the output folder", _fsync_dir, os.path.dirname(out))
-    _unlock(target)
+    locks.unlock(target)
 
 
 def _fsync_dir(path: str) -> None:
@@ -381,15 +366,6 @@ def _fsync_dir(path: str) -> None:
         pass
     finally:
         os.close(fd)
-
-
-def _unlock(target: Target) -> None:
-    if target.lock_fd is not None:
-        try:
-            fcntl.flock(target.lock_fd, fcntl.LOCK_UN)
-        finally:
-            os.close(target.lock_fd)
-            target.lock_fd = None
 
 
 # ---------------------------------------------------------------- GCS
@@ -425,9 +401,9 @@ def _prepare_gcs(out: str, overwrite: bool) -> Target:
         generation=int(blob.generation) if blob else 0,
     )
     if blob is not None:
+        target.old_manifest = validate_manifest(blob.download_as_bytes(), out)  # what is there, before --overwrite
         if not overwrite:
             raise PublishError(f"{out}: a release already exists there; pass --overwrite to replace it")
-        target.old_manifest = validate_manifest(blob.download_as_bytes(), out)
     else:
         listing = bucket.list_blobs(prefix=f"{prefix}/", delimiter="/")  # the prefix's own objects and folders
         foreign = [b.name for b in listing]
