@@ -24,7 +24,8 @@ object), then writes ``P/manifest.json`` as one object with ``if_generation_matc
 when the run started (0: must not exist). Readers start from ``P/manifest.json``: they see the old manifest, whose
 parts are still in place, or the new one, whose parts were verified before it was written. The previous release's
 objects are deleted only after the new manifest is in place. Run prefixes not referenced by the manifest and
-older than ``STALE_RUN_HOURS`` (by the time in their name) are deleted at the start of the next run.
+older than ``STALE_RUN_HOURS`` plus a clock-skew margin (``CLOCK_SKEW_HOURS``; by the time in their name) are deleted
+at the start of the next run.
 """
 
 from __future__ import annotations
@@ -53,8 +54,10 @@ MANIFEST = "manifest.json"
 DRAFT = "manifest.draft.json"  # what the pipeline writes; only ``publish`` writes MANIFEST
 RUNS = "runs"
 STALE_RUN_HOURS = 72
-# Another launcher's clock may run ahead of ours: to it a run is older than to us, so it may sweep a run we still
-# see as younger than STALE_RUN_HOURS. A failed run counts as possibly swept from STALE_RUN_HOURS - this on.
+# Launchers' clocks differ, by up to this much (assumed). A sweep removes a run prefix only once it is older than
+# STALE_RUN_HOURS + this by the sweeper's clock (so older than STALE_RUN_HOURS by any clock within the margin,
+# the run's own included); a failed run counts as possibly swept from STALE_RUN_HOURS - this on, by its own clock
+# (a sweeper whose clock runs ahead sees it older; one without the margin, of an older version, sweeps at 72 h).
 CLOCK_SKEW_HOURS = 24
 RUN_MARKER = ".dpcda-run"  # written into every local run directory: only such directories are ever swept
 _RUN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{8}")
@@ -430,7 +433,7 @@ def _remove_stale_gcs(bucket, prefix: str, current: Optional[dict]) -> None:
         runs.setdefault(run, []).append(b)
     for run, blobs in runs.items():
         age = _run_age_hours(run)
-        if run != keep and age is not None and age > STALE_RUN_HOURS:
+        if run != keep and age is not None and age > STALE_RUN_HOURS + CLOCK_SKEW_HOURS:
             log.info("stage=publish removing stale run %s (%.0f h old)", run, age)
             for b in blobs:
                 b.delete()

@@ -24,8 +24,9 @@ from dpcda.pipeline.cli.base import (
     _setup_logging,
     expanded_glob,
     one_line_error,
+    repeated_option,
 )
-from dpcda.pipeline.cli.release import release_flags
+from dpcda.pipeline.cli.release import CLI_ONLY_FLAGS, release_flags
 from dpcda.pipeline.cli.schema import SCHEMA_NOTE, _our_draft
 
 __all__ = [
@@ -86,6 +87,10 @@ def main(argv=None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "release":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    repeated = repeated_option(argv, {*release_flags(), *CLI_ONLY_FLAGS}) if args.command == "release" else None
+    if repeated is not None:  # argparse keeps the last and drops the others without a word
+        print(f"dpcda: error: release: {repeated}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     _setup_logging()
     _SIGNAL_SEEN.clear()
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
