@@ -1,7 +1,7 @@
 """dpcda: differentially private synthetic data releases on Apache Beam.
 
-The Python API: ``dpcda.release(source, *, epsilon, ...) -> Release`` (``dpcda.api``) and ``dpcda.account(...)``,
-whose errors name their keyword arguments (``dpcda.api_support``).
+The Python API: ``dpcda.release(source, *, epsilon, ...) -> Release`` (``dpcda.api``) and ``dpcda.account(...)``
+(``dpcda.api.account``), whose errors name their keyword arguments (``dpcda.api_support``).
 """
 
 __version__ = "0.2.0"
@@ -14,11 +14,26 @@ def __getattr__(name):  # the API imports Beam and torch: only when it is used
 
         return getattr(api, name)
     if name == "account":
-        from dpcda.api_support import account
-
-        return account
+        globals()["account"] = _python_account()  # made once
+        return globals()["account"]
     raise AttributeError(f"module 'dpcda' has no attribute {name!r}")
 
 
 def __dir__():
     return sorted({*globals(), *__all__})
+
+
+def _python_account():
+    """``dpcda.api.account`` (what ``dpcda account`` prints, as a dict), its errors naming the keyword arguments
+    (``epsilon=``, ``samples_per_class=``) rather than the command's flags, which ``dpcda account`` keeps."""
+    import functools
+
+    from dpcda import api
+    from dpcda.api_support import python_errors
+
+    @functools.wraps(api.account)
+    def account(*args, **kwargs) -> dict:
+        with python_errors([]):
+            return api.account(*args, **kwargs)
+
+    return account

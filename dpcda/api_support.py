@@ -10,15 +10,12 @@ suggests (``'dpcda ledger cap ...'``) is a command line and is left as it is.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import re
 import sys
 import tempfile
 from typing import Iterator, Optional
-
-from dpcda import api  # light: the API's modules import Beam and torch only when called
 
 SOURCE_KINDS = (
     "a glob string of Parquet or TFRecord shards (local or gs://), a pyarrow Table or RecordBatch, a pandas "
@@ -175,11 +172,3 @@ def python_errors(folders: list) -> Iterator[None]:
         raise
     finally:
         beam_log.setLevel(level)
-
-
-@functools.wraps(api.account)
-def account(*args, **kwargs) -> dict:
-    # dpcda.account: dpcda.api.account (what ``dpcda account`` prints, as a dict), its errors naming the keyword
-    # arguments (epsilon=, samples_per_class=) rather than the command's flags
-    with python_errors([]):
-        return api.account(*args, **kwargs)

@@ -285,3 +285,26 @@ def test_a_lock_file_removed_by_the_run_that_held_it_never_lets_two_runs_in(tmp_
         publish.prepare(str(out), overwrite=False, inputs=[])
     publish.abandon(second)
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_an_output_that_is_a_file_or_a_foreign_folder_is_named_as_such(tmp_path, capsys):
+    """L4: a plain file or a folder that is not a release at --output got 'a release already exists there; pass
+    --overwrite' (and --overwrite was then refused as well). The message now says what is there."""
+    from tests.conftest import BEAM_ARGS
+
+    inp = write_dataset(tmp_path / "in", X, Y)
+    (tmp_path / "file").write_text("mine")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "notes.txt").write_text("mine")
+    argv = ["release", "--input", inp, "--sigma-x", 0.5, "--seed", 1, "--mixing-order", 2, *BEAM_ARGS]
+    before = listing(tmp_path)
+    for name, says in [
+        ("file", "is a file, not a release; refusing to replace it, choose another --output"),
+        ("folder", "a folder that is not a release of ours (no valid manifest.json); refusing to replace it"),
+    ]:
+        for extra in ((), ("--overwrite",)):
+            line = _refused(capsys, *argv, "--output", tmp_path / name, *extra)
+            assert line == f"dpcda: error: {tmp_path / name}: {says}" + (
+                ", move it away or choose another --output" if name == "folder" else ""
+            )
+    assert listing(tmp_path) == before

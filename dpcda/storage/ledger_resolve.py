@@ -62,7 +62,7 @@ def resolve(ledger, dataset_id: str, run: str, *, force: bool = False, drop: boo
     evidence that the run published nothing (no manifest at OUTPUT, or one made before the run reserved its budget)
     or with ``drop``. Refuses while the run may still be going: OUTPUT's lock is held, or
     the reservation is younger than RESOLVE_AFTER_HOURS (``force`` overrides the age, never the lock)."""
-    from dpcda.storage.locks import output_busy
+    from dpcda.storage.publish import output_busy
 
     found = [e for e in releases_of(ledger.entries(dataset_id)) if e["run"] == run]
     if not found:

@@ -9,24 +9,17 @@ import contextlib
 import fcntl
 import os
 
-from dpcda.storage.paths import is_remote
-
 
 def lock_path(out: str) -> str:
     parent, name = os.path.split(os.path.abspath(out))
     return os.path.join(parent, f".{name}.dpcda-lock")
 
 
-def output_busy(output: str) -> bool:
-    """True while a release to the local OUTPUT holds its lock (a run is under way); False on GCS (no lock)."""
-    from dpcda.storage.publish import check_output_path  # publish imports this module
-
-    out = check_output_path(output)
-    if is_remote(out):
-        return False
+def held(out: str) -> bool:
+    """Whether a run holds OUTPUT's lock now (False when there is no lock file: a run removes it when done)."""
     try:
         fd = os.open(lock_path(out), os.O_RDONLY)
-    except FileNotFoundError:  # no run holds it (a run removes its lock file when done)
+    except FileNotFoundError:
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -39,22 +32,18 @@ def output_busy(output: str) -> bool:
 
 
 def take(out: str) -> int:
-    """The lock file beside OUTPUT, created if absent, locked (``flock``) by this process; PublishError while another
-    run holds it. The run that holds it removes it when done (``unlock``), so no lock file is left behind; a lock
-    taken on a file that was removed meanwhile guards nothing, so the lock is taken again on the file now there."""
-    from dpcda.storage.publish import PublishError  # publish imports this module
-
+    """The lock file beside OUTPUT, created if absent, locked (``flock``) by this process; BlockingIOError while
+    another run holds it, OSError when it cannot be created. The run that holds it removes it when done (``unlock``),
+    so no lock file is left behind; a lock taken on a file that was removed meanwhile guards nothing, so the lock is
+    taken again on the file now there."""
     path = lock_path(out)
     while True:
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
-        except OSError as err:
-            raise PublishError(f"{out}: cannot create the lock file {path} ({err.strerror})") from None
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        except BaseException:
             os.close(fd)
-            raise PublishError(f"{out}: another release to this output is running; nothing was done") from None
+            raise
         if _same_lock_file(fd, path):
             return fd
         os.close(fd)

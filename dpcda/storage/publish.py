@@ -219,6 +219,12 @@ def _renameat2(src: str, dst: str, flags: int) -> bool:
     raise OSError(err, os.strerror(err), src, None, dst)
 
 
+def output_busy(output: str) -> bool:
+    """True while a release to the local OUTPUT holds its lock (a run is under way); False on GCS (no lock)."""
+    out = check_output_path(output)
+    return not is_remote(out) and locks.held(out)
+
+
 def _prepare_local(out: str, overwrite: bool) -> Target:
     parent = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(parent):
@@ -228,7 +234,12 @@ def _prepare_local(out: str, overwrite: bool) -> Target:
         raise PublishError(f"{out}: the parent folder {parent} is not writable")
     if os.path.islink(out):
         raise PublishError(f"{out}: is a symbolic link; give the real path")
-    fd = locks.take(out)
+    try:
+        fd = locks.take(out)
+    except BlockingIOError:
+        raise PublishError(f"{out}: another release to this output is running; nothing was done") from None
+    except OSError as err:
+        raise PublishError(f"{out}: cannot create the lock file {locks.lock_path(out)} ({err.strerror})") from None
     target = Target(output=out, overwrite=overwrite, run_id=_run_id(), workdir="", prefix="", lock_fd=fd)
     try:
         _remove_stale_local(out)
