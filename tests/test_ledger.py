@@ -605,7 +605,8 @@ def test_resolve_never_drops_on_ambiguity_and_waits_for_a_live_run(tmp_path):
     import fcntl
     import os
 
-    from dpcda.storage.publish import _lock_path, check_output_path
+    from dpcda.storage.locks import lock_path
+    from dpcda.storage.publish import check_output_path
 
     ledger = open_ledger(str(tmp_path / "ledger.db"), create=True)
     out = tmp_path / "rel"
@@ -616,7 +617,7 @@ def test_resolve_never_drops_on_ambiguity_and_waits_for_a_live_run(tmp_path):
     (out / "manifest.json").write_text(json.dumps(later))
     with pytest.raises(LedgerError, match="--drop"):  # published and then replaced? it cannot tell: it refuses
         resolve(ledger, "ds", "old", force=True)
-    fd = os.open(_lock_path(str(out)), os.O_CREAT | os.O_RDWR)
+    fd = os.open(lock_path(str(out)), os.O_CREAT | os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
         with pytest.raises(LedgerError, match="holds its lock"):

@@ -281,25 +281,21 @@ class SqliteLedger(Ledger):
         otherwise a log line says the ledger is busy (and who holds it, where the system tells), and the wait goes
         on up to LOCK_WAIT_SECONDS before a LedgerError that says so. ``op`` is retried whole: a transaction that met
         the lock was rolled back (``_transact_once``)."""
-        try:
-            with contextlib.closing(sqlite3.connect(self.uri, timeout=BUSY_PROBE_SECONDS, isolation_level=None)) as c:
-                return op(c)
-        except sqlite3.OperationalError as err:
-            if not _busy(err):
-                raise
-        who = _lock_holders(self.uri)
-        log.warning(
-            "stage=ledger ledger %s is busy (its lock is held%s); waiting up to %d s",
-            self.uri,
-            f" by process {', '.join(map(str, who))}" if who else "",
-            LOCK_WAIT_SECONDS,
-        )
-        try:
-            with contextlib.closing(sqlite3.connect(self.uri, timeout=LOCK_WAIT_SECONDS, isolation_level=None)) as c:
-                return op(c)
-        except sqlite3.OperationalError as err:
-            if not _busy(err):
-                raise
+        for waited, timeout in enumerate((BUSY_PROBE_SECONDS, LOCK_WAIT_SECONDS)):
+            if waited:
+                who = _lock_holders(self.uri)
+                log.warning(
+                    "stage=ledger ledger %s is busy (its lock is held%s); waiting up to %d s",
+                    self.uri,
+                    f" by process {', '.join(map(str, who))}" if who else "",
+                    LOCK_WAIT_SECONDS,
+                )
+            try:
+                with contextlib.closing(sqlite3.connect(self.uri, timeout=timeout, isolation_level=None)) as conn:
+                    return op(conn)
+            except sqlite3.OperationalError as err:
+                if not _busy(err):
+                    raise
         who = _lock_holders(self.uri)
         raise LedgerError(  # busy, not damaged: never worded as a bad ledger
             f"ledger {self.uri}: busy: another process{' (' + ', '.join(map(str, who)) + ')' if who else ''} holds its "
