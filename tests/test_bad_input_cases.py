@@ -308,3 +308,22 @@ def test_an_output_that_is_a_file_or_a_foreign_folder_is_named_as_such(tmp_path,
                 ", move it away or choose another --output" if name == "folder" else ""
             )
     assert listing(tmp_path) == before
+
+
+def test_the_manifest_states_no_input_file_count_and_an_older_one_still_reads(tmp_path):
+    """The input's file count is no longer stated (docs/privacy.md: a writer that splits shards by size makes it follow
+    the number of records). A manifest written before states it: it still validates, so that --overwrite still
+    recognises such a release as ours."""
+    import json
+
+    from dpcda.schemas.manifest import InputInfo, Manifest
+    from dpcda.storage import publish
+    from tests.conftest import valid_manifest
+
+    assert "files" not in InputInfo.model_fields
+    older = valid_manifest()
+    older["input"] = {**older["input"], "files": 3}
+    assert "files" not in Manifest(**older).input.model_dump()
+    assert publish.validate_manifest(json.dumps(older), "old")["input"]["files"] == 3
+    with pytest.raises(Exception, match="file_count"):  # nothing else slips through: other unknown fields are refused
+        Manifest(**{**older, "input": {**older["input"], "file_count": 3}})
