@@ -141,15 +141,18 @@ def in_python_words(text: str, folders: tuple = ()) -> str:
 
 
 def _keyword(match: re.Match) -> str:
+    from dpcda.pipeline.cli.release import FLAG_NAMES
     from dpcda.schemas.config import ReleaseConfig
 
-    name = match.group(1).replace("-", "_")
+    louder = {flag[2:]: field for field, flag in FLAG_NAMES.items()}  # a field whose flag is not its name
+    name = louder.get(match.group(1), match.group(1).replace("-", "_"))
     if name == "input":
         return "source"
     field = ReleaseConfig.model_fields.get(name)
     if field is not None and bool in _types(field.annotation):
         return f"{_KEYWORDS.get(name, name)}=True"
-    return f"{_KEYWORDS.get(name, name)}="
+    named = match.string[match.end() : match.end() + 1] == ":"  # "--config: x.yaml: ..." names the argument
+    return _KEYWORDS.get(name, name) + ("" if named else "=")
 
 
 @contextlib.contextmanager

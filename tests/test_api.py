@@ -134,6 +134,7 @@ def test_api_messages_name_keyword_arguments_and_the_callers_table(table_release
 
     cap = "a stored cap changes only with 'dpcda ledger cap --ledger l.db --dataset-id ds --epsilon E'"
     assert in_python_words(f"this release gives --budget-cap 9; {cap}") == f"this release gives budget_cap= 9; {cap}"
+    assert in_python_words("pass --i-understand-exact-normalization-is-not-dp") == "pass allow_exact_normalization=True"
 
 
 @pytest.mark.parametrize(
