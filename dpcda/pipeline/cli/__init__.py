@@ -26,7 +26,7 @@ from dpcda.pipeline.cli.base import (
     one_line_error,
     repeated_option,
 )
-from dpcda.pipeline.cli.release import CLI_ONLY_FLAGS, release_flags
+from dpcda.pipeline.cli.release import release_flags
 from dpcda.pipeline.cli.schema import SCHEMA_NOTE, _our_draft
 
 __all__ = [
@@ -87,8 +87,9 @@ def main(argv=None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "release":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    repeated = repeated_option(argv, {*release_flags(), *CLI_ONLY_FLAGS}) if args.command == "release" else None
-    if repeated is not None:  # argparse keeps the last and drops the others without a word
+    repeated = repeated_option(argv, ("--config",)) if args.command == "release" else None
+    if repeated is not None:  # argparse keeps the last and drops the others without a word (a flag given again
+        # overrides, as documented: a wrapper's defaults, then the user's; two config files are not merged)
         print(f"dpcda: error: release: {repeated}", file=sys.stderr)
         return EXIT_BAD_INPUT
     _setup_logging()

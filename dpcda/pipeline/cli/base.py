@@ -130,13 +130,13 @@ def expanded_glob(argv: list[str]) -> str | None:
 
 
 def repeated_option(argv: list[str], flags) -> str | None:
-    """One line for an option given twice (``--config A --config B``: argparse would keep B and drop A without a
-    word); None when each is given once at most."""
+    """One line for an option of ``flags`` given twice (``--config A --config B``: argparse would keep B and drop A
+    without a word); None when each is given once at most."""
     seen: dict = {}
     for tok in argv:
         flag = tok.split("=", 1)[0]
         if flag in flags:
             seen[flag] = seen.get(flag, 0) + 1
             if seen[flag] == 2:
-                return f"{flag} is given twice; give it once (a config file holds every field, flags override it)"
+                return f"{flag} is given twice; give one config file (it holds every field; flags override it)"
     return None
