@@ -158,10 +158,12 @@ def test_upper_bounds_are_stated_in_the_help_and_refused_in_one_line(tmp_path, c
         capsys, *base, "--output-shards", 100_000
     )
     line = _refused(capsys, "audit", "--epsilon", 1, "--trials", 10**9)
-    assert line == "dpcda: error: trials must be at most 200,000, got 1,000,000,000"
+    assert line == "dpcda: error: trials must be at most 1,000,000, got 1,000,000,000"
+    line = _refused(capsys, "audit", "--epsilon", 1, "--trials", 10**6, "--samples-per-class", 17)
+    assert line == "dpcda: error: trials x samples_per_class must be at most 16,000,000, got 17,000,000"
     for argv, words in [
         (["release", "--help"], ("1 to 100", "1 to 20", "at most 1000")),
-        (["audit", "--help"], ("4 to 200,000",)),
+        (["audit", "--help"], ("4 to 1,000,000", "at most 16,000,000")),
         (["evaluate", "--help"], ("1 to 20", "1 to 100")),
     ]:
         with pytest.raises(SystemExit):

@@ -52,7 +52,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 
 EVAL_RUNS_MAX, EVAL_EPOCHS_MAX = 20, 100  # the evaluation's bounds (dpcda evaluate --runs, --epochs too)
-AUDIT_MAX_TRIALS = 200_000  # dpcda audit --trials: the game holds every trial's projections
+AUDIT_MAX_TRIALS = 1_000_000  # dpcda audit --trials: the game holds every trial's projections (a card runs 400,000)
 CONFIG_MAX_BYTES = 1 << 20  # a config file is read only below this size
 
 

@@ -31,7 +31,12 @@ def register(sub) -> dict:
         help="as the release's: sigma_x is calibrated after the shares a release with these settings spends first",
     )
     au.add_argument("--class-size", type=int, default=20)
-    au.add_argument("--samples-per-class", type=int, default=1)
+    au.add_argument(
+        "--samples-per-class",
+        type=int,
+        default=1,
+        help=f"rows each run releases (trials x this at most {AUDIT_MAX_TRIALS * 16:,})",
+    )
     au.add_argument(
         "--trials", type=int, default=2000, help=f"mechanism runs on each dataset (4 to {AUDIT_MAX_TRIALS:,})"
     )
