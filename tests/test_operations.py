@@ -165,7 +165,7 @@ def test_an_output_that_appears_during_the_run_is_not_replaced(tmp_path):
     manifest = _fake_run_dir(target)
     out.mkdir()  # someone else's directory, created while the job ran
     (out / "theirs.txt").write_text("theirs")
-    with pytest.raises(publish.PublishError, match="already exists"):
+    with pytest.raises(publish.PublishError, match="a folder that is not a release of ours"):
         publish.publish(target, _typed(manifest))
     publish.abandon(target)
     assert snapshot(out) == {"theirs.txt": b"theirs"} and leftovers(out) == []
@@ -893,3 +893,28 @@ def test_parquet_readers_do_not_read_ahead(tmp_path, monkeypatch):
     assert next(iter(read_shard(path, "parquet", "features", "label", batch_rows=1))).features.shape[1] == X.shape[1]
     arrow_schema_of(path)
     assert len(seen) == 2 and not any(seen), seen
+
+
+@pytest.mark.gcs
+def test_gcs_stale_runs_are_swept_only_past_the_clock_skew_margin(gcs):
+    """The 72 h sweep has a clock-skew margin: a sweeper whose clock runs up to CLOCK_SKEW_HOURS ahead of the run's
+    launcher must not remove a run younger than STALE_RUN_HOURS by that launcher's clock; it sweeps past the sum."""
+    import datetime
+
+    bucket = publish.gcs_client().bucket("lake")
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def run_aged(hours: float, tag: str) -> str:
+        stamp = (now - datetime.timedelta(hours=hours)).strftime("%Y%m%dT%H%M%SZ")
+        name = f"rel/runs/{stamp}-{tag}/synthetic/p.parquet"
+        bucket.blob(name).upload_from_string(b"x")
+        return name
+
+    skew = publish.CLOCK_SKEW_HOURS
+    young = run_aged(publish.STALE_RUN_HOURS - 1, "0000000a")
+    skewed = run_aged(publish.STALE_RUN_HOURS + skew - 1, "0000000b")  # 72 h old to us, under 72 h to its launcher
+    old = run_aged(publish.STALE_RUN_HOURS + skew + 1, "0000000c")
+    target = publish.prepare(f"{gcs}/rel", overwrite=False, inputs=[])
+    names = set(_gcs_objects(f"{gcs}/rel"))
+    assert young in names and skewed in names and old not in names
+    publish.abandon(target)

@@ -17,6 +17,74 @@ def test_dockerfile_passes_hadolint():
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+def _dockerignore_rules(text: str) -> list:
+    """(regex, exception) per rule of a .dockerignore, as Docker reads it (moby's patternmatcher): paths relative to
+    the context, a leading '/' dropped, ``*`` and ``?`` within one path element, ``**`` across elements, ``!`` an
+    exception; a rule that matches a folder matches everything under it; the last rule that matches decides."""
+    import os
+    import re
+
+    rules = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        exception = line.startswith("!")
+        pattern = os.path.normpath(line.lstrip("!").strip()).lstrip("/")
+        out, i = "", 0
+        while i < len(pattern):
+            if pattern.startswith("**/", i):
+                out, i = out + "(.*/)?", i + 3
+            elif pattern.startswith("**", i):
+                out, i = out + ".*", i + 2
+            else:
+                c = pattern[i]
+                out += {"*": "[^/]*", "?": "[^/]"}.get(c, re.escape(c) if c not in "[]" else c)
+                i += 1
+        rules.append((re.compile(out + "$"), exception))
+    return rules
+
+
+def _docker_excludes(rules, path: str) -> bool:
+    parts = path.strip("/").split("/")
+    prefixes = ["/".join(parts[: k + 1]) for k in range(len(parts))]
+    excluded = False
+    for regex, exception in rules:
+        if any(regex.match(p) for p in prefixes):
+            excluded = not exception
+    return excluded
+
+
+def test_dockerignore_keeps_what_the_dockerfile_copies_and_nothing_heavy():
+    """docker build . sent the 2.6 GB .venv and data/ as build context: .dockerignore now keeps only what the
+    Dockerfile COPYs; every tracked file under a COPY source is in the context."""
+    import re
+
+    rules = _dockerignore_rules((ROOT / ".dockerignore").read_text())
+    copies = []
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        m = re.match(r"\s*COPY\s+(?!--from)(.+)", line)
+        if m:
+            copies += m.group(1).split()[:-1]  # the last word is the destination
+    assert copies == ["requirements.txt", "setup.py", "dpcda/"]
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    for src in copies:
+        files = [f for f in tracked if f == src or f.startswith(src)]
+        assert files, src
+        kept_out = [f for f in files if _docker_excludes(rules, f)]
+        assert not kept_out, f"the Dockerfile copies {src}, but .dockerignore leaves out {kept_out[:3]}"
+    for heavy in (".venv", ".venv/lib/python3.11/site-packages/torch/__init__.py", "data", "data/fm/train/a.parquet",
+                  "releases", "releases/fm/manifest.json", ".git", ".git/objects/ab/cd", "tests/test_api.py",
+                  "benchmarks/results/tabular.png", "dpcda/__pycache__/api.cpython-311.pyc", "dpcda/storage/_build.py",
+                  "release-x/manifest.json", "out/a", ".pytest_cache/v/x", "venv/bin/python"):  # fmt: skip
+        assert _docker_excludes(rules, heavy), heavy
+    # the matcher itself, on Docker's documented examples
+    assert _docker_excludes(_dockerignore_rules("**/*.go"), "a/b/c.go")
+    assert not _docker_excludes(_dockerignore_rules("*/temp*"), "temp.txt")
+    assert _docker_excludes(_dockerignore_rules("*/temp*"), "somedir/temporary.txt")
+    assert not _docker_excludes(_dockerignore_rules("*.md\n!README.md"), "README.md")
+
+
 def test_dockerfile_base_matches_pinned_beam():
     pinned = next(
         line.split("==")[1].strip()

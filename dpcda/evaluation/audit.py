@@ -49,7 +49,7 @@ from dpcda.privacy.calibration import calibrate_sigma_x
 from dpcda.privacy.errors import DpcdaError
 from dpcda.privacy.events import CLIP_MARGIN, MODES
 from dpcda.privacy.noise import NoiseStream, key_from_test_seed
-from dpcda.schemas.config import release_settings
+from dpcda.schemas.config import AUDIT_MAX_TRIALS, release_settings
 
 CONFIDENCE = 0.95
 
@@ -405,6 +405,12 @@ def run_audit(
         )
     if samples_per_class < 1 or trials < 4 or dim < 2 or clip <= 0:
         raise AuditError("samples_per_class >= 1, trials >= 4, dim >= 2 and clip > 0 are required")
+    if trials > AUDIT_MAX_TRIALS:  # the game holds every trial's projections: time and memory grow with the count
+        raise AuditError(f"trials must be at most {AUDIT_MAX_TRIALS:,}, got {trials:,}")
+    if trials * samples_per_class > AUDIT_MAX_TRIALS * 16:  # (trials, samples) float64 per dataset: at most 128 MB
+        raise AuditError(
+            f"trials x samples_per_class must be at most {AUDIT_MAX_TRIALS * 16:,}, got {trials * samples_per_class:,}"
+        )
     if (epsilon is None) == (sigma_x is None):
         raise AuditError("give exactly one of epsilon or sigma_x")
     try:

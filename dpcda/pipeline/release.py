@@ -330,13 +330,16 @@ def run_release(
     stages: tuple[Stage, ...] = (),
     eval_input: Optional[str] = None,
     protect: tuple[str, ...] = (),
+    input_name: Optional[str] = None,
 ) -> Manifest:
     """Runs the whole release; returns the published manifest (typed). Raises on any failure, leaving OUTPUT as it
     was; a stage whose section does not fit the manifest fails at its own step, named, and nothing is published.
 
     ``protect``: more files the release must never write over (the config file); the input shards, the evaluation
-    set and the normalization file are protected anyway. An exception raised after the release became visible (an
-    interrupt during the old release's clean-up) carries ``published = True``.
+    set and the normalization file are protected anyway. ``input_name``: how the manifest names the input, where
+    ``cfg.input`` is not what the user gave (the Python API's private copy of an in-memory table). An exception
+    raised after the release became visible (an interrupt during the old release's clean-up) carries
+    ``published = True``.
     """
     t0 = time.time()
     options = PipelineOptions(beam_args)
@@ -345,7 +348,7 @@ def run_release(
     set_threads(cfg.noise_threads)  # this process's noise threads; no output depends on the count
     files = _input_files(cfg.input, "input")
     if cfg.ledger is None:
-        return _release(cfg, options, files, stages, eval_input, protect, None, t0)
+        return _release(cfg, options, files, stages, eval_input, protect, None, t0, input_name)
     from dpcda.privacy.accounting import relation_key
     from dpcda.storage.ledger import new_run_id, open_ledger
 
@@ -363,7 +366,7 @@ def run_release(
     section = ledger.reserve(cfg.dataset_id, request, cfg.budget_cap)  # before any data is read
     guarded = (*protect, cfg.ledger)  # a release never writes over its ledger
     try:
-        manifest = _release(cfg, options, files, stages, eval_input, guarded, section, t0)
+        manifest = _release(cfg, options, files, stages, eval_input, guarded, section, t0, input_name)
     except BaseException as err:
         _settle(ledger, cfg.dataset_id, request, err)
         raise
@@ -383,7 +386,7 @@ def _settle(ledger, dataset_id: str, request: dict, err: BaseException) -> None:
     interrupt can land after the release became visible): recorded if OUTPUT's manifest names the run, removed if
     it does not. Anything that goes wrong here (a second interrupt, an unreachable ledger, an unreadable OUTPUT)
     leaves the reservation, which keeps counting at the target epsilon, and the original error stands."""
-    from dpcda.storage.ledger import published_manifest
+    from dpcda.storage.ledger_resolve import published_manifest
 
     run, output = request["run"], request["output"]
     try:
@@ -409,7 +412,7 @@ def _record(ledger, dataset_id: str, run: str, manifest: Manifest) -> bool:
         return False
 
 
-def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t0) -> Manifest:
+def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t0, input_name=None) -> Manifest:
     fmt = detect_format(files[0], cfg.input_format)
     arrow_schema = None
     if cfg.table is not None:  # the schema is checked against the input's Parquet footer: no row is read
@@ -447,9 +450,8 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
     guarded = [*files, *eval_files, *(p for p in (cfg.normalization_file, *protect) if p)]
     target = publish.prepare(cfg.output, overwrite=cfg.overwrite, inputs=guarded)
     info = InputInfo(
-        pattern=cfg.input,
+        pattern=input_name or cfg.input,
         format=fmt,
-        files=len(files),
         features_column="(table)" if cfg.table is not None else cfg.features_column,
         label_column=cfg.table.label.name if cfg.table is not None else cfg.label_column,
         feature_dim=dim,

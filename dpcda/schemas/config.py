@@ -51,6 +51,10 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "output": ("output", "output_shards", "overwrite"),
 }  # fmt: skip
 
+EVAL_RUNS_MAX, EVAL_EPOCHS_MAX = 20, 100  # the evaluation's bounds (dpcda evaluate --runs, --epochs too)
+AUDIT_MAX_TRIALS = 1_000_000  # dpcda audit --trials: the game holds every trial's projections (a card runs 400,000)
+CONFIG_MAX_BYTES = 1 << 20  # a config file is read only below this size
+
 
 # The names of mechanisms.registry (schemas sit below mechanisms; tests/test_registry.py checks the two agree).
 MechanismName = Literal["dpcda", "dpmix", "local", "randproj", "p3gm", "marginals"]
@@ -170,7 +174,7 @@ class _ReleaseConfig(BaseModel):
     join_block_rows: int = Field(
         0, ge=0, le=1 << 26, description="join path: records per join block (0: 128 MiB of float64 rows)"
     )
-    output_shards: int = Field(0, ge=0, le=100_000, description="Parquet part files (0: the runner decides)")
+    output_shards: int = Field(0, ge=0, le=1000, description="Parquet part files, at most 1000 (0: the runner decides)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where the mixing runs (auto: CUDA if present)")
     noise_threads: Optional[int] = Field(
         None, ge=1, le=4096, description="host threads drawing noise (default: the cores the process may use)"
@@ -187,8 +191,10 @@ class _ReleaseConfig(BaseModel):
     eval_input_public: bool = Field(
         False, description="the evaluation's real test set is public: its figures may be published with the release"
     )
-    eval_runs: int = Field(1, ge=1, description="evaluation training seeds")
-    eval_epochs: int = Field(5, ge=1, description="evaluation epochs (5: as good as 10 in our measurements)")
+    eval_runs: int = Field(1, ge=1, le=EVAL_RUNS_MAX, description=f"evaluation training seeds (1 to {EVAL_RUNS_MAX})")
+    eval_epochs: int = Field(
+        5, ge=1, le=EVAL_EPOCHS_MAX, description=f"evaluation epochs, 1 to {EVAL_EPOCHS_MAX} (5: as good as 10 here)"
+    )
     audit: bool = Field(False, description="add an empirical privacy audit section (a canary game on the mechanism)")
     membership_audit: bool = Field(
         False,
@@ -213,7 +219,13 @@ class _ReleaseConfig(BaseModel):
         description="with --ledger: the name under which releases compose (letters, digits and . _ / : -)",
     )
     budget_cap: Optional[float] = Field(
-        None, gt=0, description="with --ledger: refuse a release that would take the dataset's epsilon past this"
+        None,
+        gt=0,
+        description=(
+            "with --ledger: refuse a release that would take the dataset's epsilon past this; stored for the dataset "
+            "by its first release (later releases answer to it without the flag; another cap is refused: change it "
+            "with dpcda ledger cap)"
+        ),
     )
 
     table: Optional[TableSchema] = Field(
@@ -526,9 +538,13 @@ def _flatten_error(err: ValidationError) -> str:
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "config"
         msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] in _BOUND_ERRORS and str(e.get("input")).strip().lower() in ("nan", "+nan", "-nan"):
+            msg = "not a number (nan)"  # NaN fails every bound: say what it is
         parts.append(msg if msg.split(":")[0] in loc or loc == "config" else f"{loc}: {msg}")
     return "; ".join(parts)
 
+
+_BOUND_ERRORS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number")
 
 # In a section of a config file, the field that shares the section's name may be written with this key.
 SECTION_KEY = {"input": "path", "output": "path", "ledger": "path", "mechanism": "name"}
@@ -586,6 +602,8 @@ def load_config(path: Optional[str], overrides: dict) -> ReleaseConfig:
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"--config: {path}: {'is not a file' if p.exists() else 'no such file'}")
+        if p.stat().st_size > CONFIG_MAX_BYTES:  # before reading: a huge YAML takes minutes and gigabytes to parse
+            raise ConfigError(f"--config: {path}: {p.stat().st_size:,} bytes, over {CONFIG_MAX_BYTES:,}")
         try:
             loaded = strict_yaml.load(p.read_text()) or {}
         except UnicodeDecodeError:

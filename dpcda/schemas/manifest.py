@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 SCHEMA_PATH = Path(__file__).with_name("manifest.schema.json")
 
@@ -30,9 +30,11 @@ class Software(_Frozen):
 
 
 class InputInfo(_Frozen):
+    """What was read: the pattern, format and columns the user gave (public). The number of input files is not
+    stated: a writer that splits shards by size makes it follow the number of records, a private count."""
+
     pattern: str
     format: str
-    files: int
     features_column: str
     label_column: str
     feature_dim: int
@@ -41,6 +43,15 @@ class InputInfo(_Frozen):
         description="a table release: the public table schema (label, columns) the rows were encoded and decoded by; "
         "feature_dim is the encoded width",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_older_file_count(cls, data):
+        """A manifest written before the file count was dropped states ``files``: read and left out, so that such a
+        release is still recognised as ours (``--overwrite`` replaces it) and validates."""
+        if isinstance(data, dict) and "files" in data:
+            data = {k: v for k, v in data.items() if k != "files"}
+        return data
 
 
 class PostProcessing(_Frozen):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 def register(sub) -> dict:
     """Adds this module's subcommand parsers to ``sub``; returns their handlers by name."""
-    from dpcda.schemas.config import MECHANISM_NAMES, ReleaseConfig
+    from dpcda.schemas.config import AUDIT_MAX_TRIALS, MECHANISM_NAMES, ReleaseConfig
 
     defaults = {
         name: field.get_default() for name, field in ReleaseConfig.model_fields.items() if not field.is_required()
@@ -31,8 +31,15 @@ def register(sub) -> dict:
         help="as the release's: sigma_x is calibrated after the shares a release with these settings spends first",
     )
     au.add_argument("--class-size", type=int, default=20)
-    au.add_argument("--samples-per-class", type=int, default=1)
-    au.add_argument("--trials", type=int, default=2000)
+    au.add_argument(
+        "--samples-per-class",
+        type=int,
+        default=1,
+        help=f"rows each run releases (trials x this at most {AUDIT_MAX_TRIALS * 16:,})",
+    )
+    au.add_argument(
+        "--trials", type=int, default=2000, help=f"mechanism runs on each dataset (4 to {AUDIT_MAX_TRIALS:,})"
+    )
     au.add_argument("--seed", type=int, default=0)
     au.add_argument("--json", action="store_true")
 
