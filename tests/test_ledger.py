@@ -27,6 +27,7 @@ from dpcda.privacy.composition import (
 )
 from dpcda.privacy.events import DpmixEvent, GaussianStatsEvent, MixingEvent, NonPrivateEvent, PerturbEvent
 from dpcda.storage.ledger import SqliteLedger, open_ledger, resolve, summary
+from dpcda.storage.ledger_entries import releases_of, stored_cap
 from tests.conftest import make_dataset, run_cli, write_dataset
 
 DELTA = 1e-5
@@ -278,16 +279,42 @@ def test_a_cap_given_on_a_first_release_is_stored_and_later_releases_answer_to_i
     ledger.set_cap("ds", 12.0)  # changed the one way there is
     ledger.reserve("ds", _request("r4", eps=3.0), cap=None)
     ledger.reserve("ds", _request("r5", eps=0.5), cap=12.0)
-    # a refused first release stores nothing
+    # a first release refused for the budget stores the cap it gives, and no reservation
     with pytest.raises(LedgerError, match="over the budget cap 2"):
         ledger.reserve("fresh", _request("f1", eps=3.0), cap=2.0)
-    assert ledger.entries("fresh") == []
+    assert stored_cap(ledger.entries("fresh")) == 2.0 and releases_of(ledger.entries("fresh")) == []
+    # and a release refused without a cap to store writes nothing
+    with pytest.raises(LedgerError, match="over the budget cap 2"):
+        ledger.reserve("fresh", _request("f2", eps=3.0), cap=None)
+    assert len(ledger.entries("fresh")) == 1
 
     assert main(["ledger", "show", "--ledger", path, "--dataset-id", "ds"]) == 0
     assert "dataset ds: 5 release(s), budget cap 12" in capsys.readouterr().out
     assert main(["ledger", "show", "--ledger", path, "--dataset-id", "ds", "--json"]) == 0
     (shown,) = json.loads(capsys.readouterr().out)
     assert shown["budget_cap"] == 12.0 and len(shown["releases"]) == 5
+
+
+def test_a_cap_given_on_a_release_refused_for_the_budget_still_holds_for_the_next_runs(tmp_path):
+    """Two eps 3 releases without a cap, then one with --budget-cap 8 that would reach 9: refused; the next run
+    without the flag answers to the cap that was given (it went through to eps 9 when the refusal stored nothing)."""
+    ledger = open_ledger(str(tmp_path / "ledger.db"), create=True)
+    ledger.reserve("ds", _request("r1", eps=3.0), cap=None)
+    ledger.reserve("ds", _request("r2", eps=3.0), cap=None)
+    with pytest.raises(LedgerError, match="over the budget cap 8"):
+        ledger.reserve("ds", _request("r3", eps=3.0), cap=8.0)
+    with pytest.raises(LedgerError, match="over the budget cap 8"):
+        ledger.reserve("ds", _request("r3", eps=3.0), cap=None)
+    assert [e["run"] for e in releases_of(ledger.entries("ds"))] == ["r1", "r2"]
+    ledger.reserve("ds", _request("r3", eps=1.0), cap=None)  # what fits under the cap still goes through
+
+
+def test_a_dataset_id_with_a_trailing_newline_is_refused(tmp_path):
+    ledger = open_ledger(str(tmp_path / "ledger.db"), create=True)
+    with pytest.raises(LedgerError, match="dataset_id"):
+        ledger.set_cap("ds\n", 1.0)
+    with pytest.raises(LedgerError, match="dataset_id"):
+        ledger.reserve("ds\n", _request("r1", eps=1.0), cap=None)
 
 
 def _cap_race_worker(path, dataset_id, run, cap, barrier, results):

@@ -918,3 +918,23 @@ def test_gcs_stale_runs_are_swept_only_past_the_clock_skew_margin(gcs):
     names = set(_gcs_objects(f"{gcs}/rel"))
     assert young in names and skewed in names and old not in names
     publish.abandon(target)
+
+
+def test_a_probe_of_the_output_lock_does_not_refuse_a_run_that_takes_it(tmp_path):
+    """``locks.held`` (ledger resolve's check) takes the lock for an instant; a run taking it then retries briefly
+    rather than reporting another release."""
+    import fcntl
+    import threading
+
+    from dpcda.storage import locks
+
+    out = str(tmp_path / "rel")
+    fd = locks.take(out)
+    os.close(fd)  # an unlocked lock file stays, as a killed run leaves it
+    probe = os.open(locks.lock_path(out), os.O_RDONLY)
+    fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a probe holding it for a moment
+    threading.Timer(0.1, lambda: (fcntl.flock(probe, fcntl.LOCK_UN), os.close(probe))).start()
+    fd = locks.take(out)  # refused with BlockingIOError before the retries
+    assert locks.held(out)  # flock is per open file: another open of it finds it held
+    locks.unlock(type("Target", (), {"lock_fd": fd, "output": out})())
+    assert not os.path.exists(locks.lock_path(out)) and not locks.held(out)

@@ -50,6 +50,9 @@ class InputInfo(_Frozen):
         """A manifest written before the file count was dropped states ``files``: read and left out, so that such a
         release is still recognised as ours (``--overwrite`` replaces it) and validates."""
         if isinstance(data, dict) and "files" in data:
+            files = data["files"]
+            if isinstance(files, bool) or not isinstance(files, int) or files < 0:
+                raise ValueError("files: an older manifest's file count is a non-negative integer")
             data = {k: v for k, v in data.items() if k != "files"}
         return data
 

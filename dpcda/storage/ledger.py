@@ -88,7 +88,8 @@ class Ledger(abc.ABC):
         a reservation if the result fits the dataset's cap; returns the manifest's ``ledger`` section. The cap is the
         stored one; where none is stored yet, ``cap`` (the release's ``--budget-cap``) is, in the same transaction
         as the reservation, so of two first releases with different caps exactly one cap is stored and the other
-        release, finding it, is refused (``ledger_entries.release_cap``). Raises LedgerError, changing nothing.
+        release, finding it, is refused (``ledger_entries.release_cap``). Raises LedgerError, changing nothing but the
+        cap: a release refused for the budget still stores the cap it gives where none was stored.
         Idempotent: a run already on the ledger is not added again."""
         check_dataset_id(dataset_id)
         check_cap(cap)  # --budget-cap inf is refused, as ledger cap --epsilon inf is
@@ -96,15 +97,24 @@ class Ledger(abc.ABC):
 
         def fn(entries):
             history = [e for e in releases_of(entries) if e["run"] != request["run"]]
-            limit = release_cap(entries, cap, self.uri, dataset_id)
-            with self._naming(dataset_id):
-                figures = check_budget(dataset_id, [claim_of(e) for e in history], claim_of(entry), limit)
+            limit = release_cap(entries, cap, self.uri, dataset_id)  # a different cap: refused, nothing stored
             capped = cap_entries(entries, cap, dataset_id)
+            try:
+                with self._naming(dataset_id):
+                    figures = check_budget(dataset_id, [claim_of(e) for e in history], claim_of(entry), limit)
+            except LedgerError as refused:
+                if capped is entries:
+                    raise  # no cap to store: nothing is written
+                # the cap this release gives is the dataset's from now on, though the release itself is refused: a
+                # scheduler's next run without the flag answers to it (nothing else is written)
+                return capped, refused
             if any(e["run"] == request["run"] for e in entries):
                 return capped, figures  # a retry after a lost response: already reserved
             return [*capped, entry], figures
 
         figures = self._transact(dataset_id, fn)
+        if isinstance(figures, LedgerError):
+            raise figures
         log.info(
             "stage=ledger dataset=%s run=%s reserved epsilon=%s (before %.4g, after at most %.4g, cap %s)",
             dataset_id,

@@ -126,8 +126,8 @@ def release_cap(entries: list[dict], requested: Optional[float], uri: str, datas
     if stored is None or requested is None or requested == stored:
         return stored if stored is not None else requested
     raise LedgerError(
-        f"ledger {uri}: dataset '{dataset_id}' has budget cap {stored:.10g} stored, and this release gives "
-        f"--budget-cap {requested:.10g}; a stored cap changes only with 'dpcda ledger cap --ledger {uri} "
+        f"ledger {uri}: dataset '{dataset_id}' has budget cap {stored:.17g} stored, and this release gives "
+        f"--budget-cap {requested:.17g}; a stored cap changes only with 'dpcda ledger cap --ledger {uri} "
         f"--dataset-id {dataset_id} --epsilon E' (or leave the release's cap out to answer to the stored one); "
         f"nothing was changed"
     )
@@ -159,7 +159,7 @@ DATASET_ID_MAX = 200
 def check_dataset_id(dataset_id) -> str:
     """The release's rule for dataset ids, for every ledger command: what a release refuses is never stored."""
     if not isinstance(dataset_id, str) or not (
-        0 < len(dataset_id) <= DATASET_ID_MAX and re.match(DATASET_ID_PATTERN, dataset_id)
+        0 < len(dataset_id) <= DATASET_ID_MAX and re.fullmatch(DATASET_ID_PATTERN, dataset_id)
     ):
         raise LedgerError(
             f"dataset_id {dataset_id!r}: letters, digits and . _ / : - (starting with a letter or digit), at most "

@@ -35,7 +35,8 @@ def summary(ledger, dataset_id: Optional[str] = None) -> list[dict]:
     return out
 
 
-RESOLVE_AFTER_HOURS = 24.0
+# more than publish's clock-skew margin (24 h): a resolver whose clock runs ahead cannot drop a run still alive
+RESOLVE_AFTER_HOURS = 48.0
 
 
 def published_manifest(output: str, run: str) -> tuple[Optional[dict], Optional[dict]]:

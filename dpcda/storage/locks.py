@@ -8,6 +8,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
+
+TAKE_TRIES, TAKE_WAIT_SECONDS = 10, 0.05  # a lock held longer than half a second is a run's
 
 
 def lock_path(out: str) -> str:
@@ -37,10 +40,18 @@ def take(out: str) -> int:
     so no lock file is left behind; a lock taken on a file that was removed meanwhile guards nothing, so the lock is
     taken again on the file now there."""
     path = lock_path(out)
+    tries = TAKE_TRIES
     while True:
         fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            tries -= 1
+            if tries <= 0:
+                raise
+            time.sleep(TAKE_WAIT_SECONDS)  # ``held`` takes the lock for an instant: a probe is not a run
+            continue
         except BaseException:
             os.close(fd)
             raise

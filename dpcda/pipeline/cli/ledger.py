@@ -35,7 +35,7 @@ def register(sub) -> dict:
     res.add_argument("--ledger", required=True)
     res.add_argument("--dataset-id", required=True)
     res.add_argument("--run", required=True)
-    res.add_argument("--force", action="store_true", help="the run is known to have stopped (reserved under 24 h ago)")
+    res.add_argument("--force", action="store_true", help="the run is known to have stopped (reserved under 48 h ago)")
     res.add_argument(
         "--drop",
         action="store_true",
