@@ -198,10 +198,7 @@ def test_no_core_module_reaches_the_release_config():
 # a Mechanism method that reads settings -> the parameters it may take besides its data
 SETTINGS_METHODS = {
     "budget_shares": {"privacy", "params"},
-    "calibrate": {"events", "budget", "privacy", "params", "data", "clip", "dim", "num_classes", "records", "_"},
-    "label_noise_ratio": {"params"},
-    "sigma_y": {"params", "sigma_x"},
-    "projection": {"params", "dim"},
+    "plan": {"public"},  # mechanisms.base.Public: the core settings and public facts, no record
     "check_before_work": {"core", "dim"},
     "output_dim": {"params", "dim"},
 }
@@ -231,7 +228,7 @@ def test_the_plan_and_the_in_process_release_take_core_settings_not_the_config()
     plan = build_plan(first_pass(x, y), cfg.core, key)
     assert plan.mechanism == "dpcda" and plan.samples_total == 60
     feats, labels, plan2, _ = release_in_process(x, y, cfg.core, key)
-    assert feats.shape == (60, 4) and plan2.sigma_x == plan.sigma_x
+    assert feats.shape == (60, 4) and plan2.synthesis.sigma_x == plan.synthesis.sigma_x
     with pytest.raises(AttributeError):  # the config is not a stand-in for the core settings
         build_plan(first_pass(x, y), cfg, key)
 

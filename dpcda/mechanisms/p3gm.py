@@ -79,13 +79,14 @@ import torch
 import torch.nn.functional as F
 
 from dpcda.mechanisms import rowwise
-from dpcda.mechanisms.base import Calibrated, InProcess, Mechanism
+from dpcda.mechanisms.base import Caveat, CaveatCode, Grouping, InProcess, Mechanism, Public, SynthesisPlan
 from dpcda.mechanisms.dpcda import canonical_order
-from dpcda.mechanisms.dppca import check_projection, project_rows
+from dpcda.mechanisms.dppca import PcaPlan, check_projection, project_rows
 from dpcda.mechanisms.dpsgd import clip_factors, noisy_sum, poisson_batch
 from dpcda.privacy.budget import Share, calibrate_synthesis
 from dpcda.privacy.events import CLIP_MARGIN
 from dpcda.privacy.noise import NoiseStream, public_key
+from dpcda.schemas.mechanism_params import P3gmParams
 
 log = logging.getLogger(__name__)
 
@@ -780,7 +781,7 @@ def sample_rows(
 
 def spec_from_plan(plan) -> P3gmSpec:
     """The public settings of the fit, from a release plan (its ``P3gmPlan``)."""
-    p = plan.p3gm
+    p = plan.synthesis
     return P3gmSpec(
         latent_dim=p.latent_dim,
         components=p.components,
@@ -809,8 +810,8 @@ def sample_chunks(plan, chunk_rows: int):
 
 
 @dataclasses.dataclass(frozen=True)
-class P3gmPlan:
-    """What p3gm's fitting needs (all public or DP): the DP-EM noise and the DP-SGD schedule."""
+class P3gmPlan(SynthesisPlan):
+    """What p3gm's fitting needs (all public or DP): the DP-EM noise and the DP-SGD schedule; its DP-PCA stage."""
 
     latent_dim: int
     components: int
@@ -828,6 +829,85 @@ class P3gmPlan:
     epochs: float
     batch: int
     label_weight: float  # of the label cross-entropy (public: the config's, or sqrt(d))
+    samples_total: int = 0  # T, the rows sampled from the fitted model
+    pca: Optional[PcaPlan] = None  # the DP-PCA basis of the latent space
+
+    @property
+    def events(self) -> tuple:
+        """DP-SGD's event: the synthesis' (DP-PCA and DP-EM are shares of the budget, composed with it)."""
+        from dpcda.privacy.events import DpSgdEvent
+
+        return (DpSgdEvent("dp_sgd", self.sampling_rate, self.steps, self.noise_multiplier),)
+
+    def dp_pca(self) -> Optional[PcaPlan]:
+        return self.pca
+
+    def summary(self) -> str:
+        return f"em_noise_std={self.em_noise_std:.6g} noise_multiplier={self.noise_multiplier:.6g} steps={self.steps}"
+
+    def noise_stds(self) -> dict:
+        return {
+            "pca_covariance": self.pca.noise_std if self.pca else None,
+            "dp_em": self.em_noise_std,
+            "dp_sgd": self.noise_multiplier * self.grad_clip if self.noise_multiplier else 0,
+        }
+
+    def gaussian_draws(self, *, dim: int, num_classes: int) -> int:
+        """One per parameter per DP-SGD step, the EM statistics per iteration, the covariance's upper triangle."""
+        params = p3gm_parameters(dim, num_classes, self.latent_dim, self.hidden, self.encoder_hidden)
+        sgd = self.steps * params * (self.noise_multiplier > 0)
+        em = self.em_iterations * self.components * (1 + 2 * self.latent_dim) * (self.em_noise_std > 0)
+        return sgd + em + dim * (dim + 1) // 2 * (self.pca is not None)
+
+    def caveats(self, epsilon: float, mechanism: str) -> tuple[Caveat, ...]:
+        return () if math.isfinite(epsilon) else (Caveat(CaveatCode.MODEL_WITHOUT_NOISE, mechanism=mechanism),)
+
+    def account_figures(self, clip: float) -> dict:
+        return {
+            "pca_covariance_noise_std": self.pca.noise_std if self.pca else None,
+            "em_noise_std": self.em_noise_std,
+            "em_sensitivity": self.em_sensitivity,
+            "sgd_noise_multiplier": self.noise_multiplier,
+            "sgd_sampling_rate": float(self.sampling_rate),
+            "sgd_steps": self.steps,
+        }
+
+    def manifest_section(self, plan, *, chunk_rows):
+        from dpcda.schemas.manifest import P3gmMechanism
+
+        return P3gmMechanism(
+            name="p3gm",
+            mode=plan.mode,
+            clip=plan.clip,
+            num_classes=plan.num_classes,
+            samples_total=self.samples_total,
+            dataset_size_dp=int(sum(plan.dp_class_sizes)) if plan.dp_class_sizes else None,
+            latent_dim=self.latent_dim,
+            pca_covariance_noise_std=self.pca.noise_std if self.pca else None,
+            pca_epsilon_share=self.pca.share if self.pca else None,
+            em={
+                "components": self.components,
+                "iterations": self.em_iterations,
+                "noise_std": self.em_noise_std,
+                "sensitivity": self.em_sensitivity,
+                "epsilon_share": self.em_share,
+            },
+            dp_sgd={
+                "sampling_rate": float(self.sampling_rate),
+                "steps": self.steps,
+                "noise_multiplier": self.noise_multiplier,
+                "clip": self.grad_clip if math.isfinite(self.grad_clip) else None,
+                "lr": self.lr,
+                "epochs": self.epochs,
+                "expected_batch": self.batch,
+                "hidden": self.hidden,
+                "encoder_hidden": self.encoder_hidden,
+                "label_weight": self.label_weight,
+                "per_record_check": SGD_ROW_CHECK,
+            },
+            sampling="z from the DP mixture prior, the row = the decoder's feature means, the label = the argmax of "
+            "its label scores (mechanisms.p3gm)",
+        )
 
 
 def p3gm_parameters(dim: int, K: int, latent: int, hidden: int, encoder_hidden: Optional[int] = None) -> int:
@@ -842,10 +922,10 @@ class P3gm(Mechanism):
     name = "p3gm"
     composition = "sequential: the statistics, the DP-PCA covariance, DP-EM and DP-SGD over the whole dataset"
     summary = "P3GM (seed 004): a VAE with a DP-PCA encoder and a DP-EM prior, trained with DP-SGD"
-    modes = ("poisson",)
-    groups = "dataset"
+    params = P3gmParams
+    grouping = Grouping.DATASET
     graph = "dpcda.transforms.synthesize:FitAndSampleP3gm"
-    audit_game = "dp-sgd-step"
+    audit_game = "dpcda.evaluation.audit.games:DpSgdStep"
     one_worker = "p3gm fits its model on one worker; raise --max-class-bytes on bigger workers"
     fits_model = True
 
@@ -861,27 +941,25 @@ class P3gm(Mechanism):
             )
         ]
 
-    def calibrate(
-        self, events, budget, *, privacy, params, dim: int, num_classes: int, records: int, **_
-    ) -> Calibrated:
+    def plan(self, public: Public) -> P3gmPlan:
         """DP-EM's noise comes from the budget planner (``budget_shares``); the DP-SGD noise multiplier is then
         calibrated so that everything (statistics, DP-PCA, DP-EM, DP-SGD) composes to the rest of the target."""
         from dpcda.privacy.events import DpSgdEvent
 
-        n = max(int(records), 1)
+        privacy, params, budget = public.privacy, public.params, public.budget
+        n = max(int(public.records), 1)
         rate = Fraction(min(params.batch, n), n)
         steps = max(1, math.ceil(params.epochs / rate))
         em = budget.get("dp_em")
-        em_std, sens = em.noise_std, em.event.sensitivity
         z = 0.0  # sigma_x 0: no noise, the non-private reference (epsilon infinite)
         if privacy.sigma_x != 0:
             z = calibrate_synthesis(budget, lambda s: [DpSgdEvent("dp_sgd", rate, steps, s)])
-        plan = P3gmPlan(
+        return P3gmPlan(
             latent_dim=params.latent_dim,
             components=params.components,
             em_iterations=params.em_iterations,
-            em_noise_std=em_std,
-            em_sensitivity=sens,
+            em_noise_std=em.noise_std,
+            em_sensitivity=em.event.sensitivity,
             em_share=params.em_budget_share,
             sampling_rate=rate,
             steps=steps,
@@ -892,13 +970,10 @@ class P3gm(Mechanism):
             encoder_hidden=params.hidden if params.encoder_hidden is None else params.encoder_hidden,
             epochs=params.epochs,
             batch=params.batch,
-            label_weight=math.sqrt(dim) if params.label_weight is None else float(params.label_weight),
+            label_weight=math.sqrt(public.dim) if params.label_weight is None else float(params.label_weight),
+            samples_total=public.samples,
+            pca=public.pca,
         )
-        return Calibrated(sigma_x=0.0, per_group=(DpSgdEvent("dp_sgd", rate, steps, z),), p3gm=plan)
-
-    def synthesis_events(self, mode, **_) -> list:
-        """P3GM's events (DP-EM, DP-SGD) depend on the config's schedule: ``calibrate`` makes them, not a sigma."""
-        raise TypeError("p3gm: its events come from calibrate() (the DP-EM and DP-SGD schedule), not from a sigma_x")
 
     def check_before_work(self, core, dim: int) -> None:
         from dpcda.mechanisms.device import pick_device
@@ -913,15 +988,6 @@ class P3gm(Mechanism):
             encoder_hidden=params.encoder_hidden,
             device=pick_device(core.execution.device),
         )
-
-    def extra_draws(self, calibrated: Calibrated, *, dim: int, num_classes: int) -> int:
-        """Gaussian draws that carry privacy noise: one per parameter per DP-SGD step, the EM statistics per
-        iteration."""
-        p = calibrated.p3gm
-        params = p3gm_parameters(dim, num_classes, p.latent_dim, p.hidden, p.encoder_hidden)
-        sgd = p.steps * params * (p.noise_multiplier > 0)
-        em = p.em_iterations * p.components * (1 + 2 * p.latent_dim) * (p.em_noise_std > 0)
-        return sgd + em
 
     def label_caveat(self) -> str:
         return (
@@ -939,41 +1005,3 @@ class P3gm(Mechanism):
         for chunk, rows in sample_chunks(plan, ctx.core.execution.chunk_rows):
             f, lab = sample_rows(model, spec, rows=rows, chunk=chunk, key=ctx.key, clip=plan.clip, device=ctx.device)
             yield f, lab, None
-
-    def manifest_section(self, plan, *, chunk_rows, common, postprocessing, projection):
-        from dpcda.schemas.manifest import P3gmMechanism
-
-        p = plan.p3gm
-        return P3gmMechanism(
-            name="p3gm",
-            mode=plan.mode,
-            clip=plan.clip,
-            num_classes=plan.num_classes,
-            samples_total=plan.samples_total,
-            dataset_size_dp=int(sum(plan.dp_class_sizes)) if plan.dp_class_sizes else None,
-            latent_dim=p.latent_dim,
-            pca_covariance_noise_std=plan.pca_noise_std,
-            pca_epsilon_share=plan.pca_share,
-            em={
-                "components": p.components,
-                "iterations": p.em_iterations,
-                "noise_std": p.em_noise_std,
-                "sensitivity": p.em_sensitivity,
-                "epsilon_share": p.em_share,
-            },
-            dp_sgd={
-                "sampling_rate": float(p.sampling_rate),
-                "steps": p.steps,
-                "noise_multiplier": p.noise_multiplier,
-                "clip": p.grad_clip if math.isfinite(p.grad_clip) else None,
-                "lr": p.lr,
-                "epochs": p.epochs,
-                "expected_batch": p.batch,
-                "hidden": p.hidden,
-                "encoder_hidden": p.encoder_hidden,
-                "label_weight": p.label_weight,
-                "per_record_check": SGD_ROW_CHECK,
-            },
-            sampling="z from the DP mixture prior, the row = the decoder's feature means, the label = the argmax of "
-            "its label scores (mechanisms.p3gm)",
-        )

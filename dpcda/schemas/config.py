@@ -514,11 +514,13 @@ ReleaseConfig = create_model(
 
 
 def release_settings(**given) -> ReleaseConfig:
-    """A ``ReleaseConfig`` of the ``given`` fields (None: the field's default) and the defaults for the rest, built
-    without a release's checks (it names no input or output): the settings ``dpcda account`` and ``dpcda audit`` plan
-    a budget with (``mechanisms.plan.release_budget`` on its ``privacy`` and ``mechanism_params``), so that they split
-    it as a release with the same settings does."""
-    return ReleaseConfig.model_construct(**{k: v for k, v in given.items() if v is not None})
+    """A ``ReleaseConfig`` of the ``given`` fields (None: the field's default) and the defaults for the rest (the
+    mechanism's among them), built without a release's checks (it names no input or output): the settings the audit's
+    games plan with (``mechanisms.plan.plan_synthesis`` on its ``core``), so that they split the budget and calibrate
+    as a release with the same settings does."""
+    data = {"input": "(planning)", "output": "(planning)", **{k: v for k, v in given.items() if v is not None}}
+    name = data.get("mechanism", ReleaseConfig.model_fields["mechanism"].get_default())
+    return ReleaseConfig.model_construct(**PARAMS[name].defaults(data))
 
 
 def _flatten_error(err: ValidationError) -> str:

@@ -52,8 +52,8 @@ class MechanismParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     prefix: ClassVar[str] = ""  # an own field's prefix in a flat config (p3gm_), left out in the mechanism section
-    modes: ClassVar[tuple[str, ...]] = ("fixed", "poisson")
-    default_mode: ClassVar[Optional[str]] = None  # None: the config's default
+    modes: ClassVar[tuple[str, ...]] = ("fixed", "poisson")  # the first is the default
+    mode_reason: ClassVar[str] = ""  # why only ``modes`` are offered (where not both)
     mixes: ClassVar[bool] = True  # mixes l records per row (mixing_order, samples, the join path)
     dp_pca: ClassVar[bool] = False  # offers ``projection: dp-pca:K``
     soft_labels_always: ClassVar[bool] = False  # always releases the K label scores
@@ -102,6 +102,25 @@ class MechanismParams(BaseModel):
         return tuple(cls.flat_name(n) for n in cls.own())
 
     @classmethod
+    def flat_names(cls) -> tuple[str, ...]:
+        """Every parameter of this model as a flat config key (the mixing parameters and its own)."""
+        return (*(n for n in MechanismParams.model_fields if n != "name"), *cls.own_flat())
+
+    # ---------------------------------------------------------------- the modes
+
+    @classmethod
+    def default_mode(cls) -> str:
+        """The mode a release of this mechanism takes when none is given: its first."""
+        return cls.modes[0]
+
+    @classmethod
+    def check_mode(cls, mode: str) -> None:
+        """ValueError (one line) where this mechanism does not offer ``mode``."""
+        if mode not in cls.modes:
+            name = cls.model_fields["name"].default
+            raise ValueError(f"mode: {name} offers mode {' or '.join(cls.modes)} only ({cls.mode_reason})")
+
+    @classmethod
     def section_field(cls, key: str) -> str:
         """The config field a key of the ``mechanism:`` section names (``epochs`` -> ``p3gm_epochs``)."""
         return cls.flat_name(key) if key in cls.own() else key
@@ -119,8 +138,8 @@ class MechanismParams(BaseModel):
     @classmethod
     def defaults(cls, data: dict) -> dict:
         """The raw config with this mechanism's defaults filled in where the user gave none."""
-        if cls.default_mode is not None and data.get("mode") is None:
-            data = {**data, "mode": cls.default_mode}
+        if data.get("mode") is None:
+            data = {**data, "mode": cls.default_mode()}
         if not cls.mixes and data.get("mixing_order") is None:
             data = {**data, "mixing_order": 1}
         return data
@@ -129,11 +148,7 @@ class MechanismParams(BaseModel):
         """ValueError (the config's one-line message) where ``cfg``, the whole release config, breaks this
         mechanism's rules."""
         name = self.name
-        if cfg.mode not in self.modes:
-            raise ValueError(
-                f"mode: {name} releases one row per record, which publishes the count; only mode fixed "
-                f"(replace one record within its class) is offered"
-            )
+        self.check_mode(cfg.mode)
         if not self.mixes:
             if self.samples is not None:
                 raise ValueError(f"samples: {name} releases exactly one row per record")
@@ -200,12 +215,16 @@ class DpmixParams(MechanismParams):
 class LocalParams(MechanismParams):
     name: Literal["local"] = "local"
     modes: ClassVar[tuple[str, ...]] = ("fixed",)
+    mode_reason: ClassVar[str] = (
+        "it releases one row per record, which publishes the count: only replace one record within its class"
+    )
     mixes: ClassVar[bool] = False
 
 
 class RandprojParams(MechanismParams):
     name: Literal["randproj"] = "randproj"
     modes: ClassVar[tuple[str, ...]] = ("fixed",)
+    mode_reason: ClassVar[str] = LocalParams.mode_reason
     mixes: ClassVar[bool] = False
     no_image_postprocessing: ClassVar[str] = "randproj rows are projections, not images"
     no_table: ClassVar[str] = "randproj releases projections, which cannot be read back as the table's columns"
@@ -218,7 +237,7 @@ class P3gmParams(MechanismParams):
     name: Literal["p3gm"] = "p3gm"
     prefix: ClassVar[str] = "p3gm_"
     modes: ClassVar[tuple[str, ...]] = ("poisson",)
-    default_mode: ClassVar[Optional[str]] = "poisson"  # the generative model is accounted under add/remove only
+    mode_reason: ClassVar[str] = "it trains with Poisson-sampled DP-SGD, accounted under add/remove only"
     mixes: ClassVar[bool] = False
 
     latent_dim: int = Field(10, ge=1, le=1000, description="p3gm: d', the DP-PCA dimension of the latent space")
@@ -258,11 +277,7 @@ class P3gmParams(MechanismParams):
 
     def check(self, cfg) -> None:
         """(samples is offered: the rows are sampled from the fitted model.)"""
-        if cfg.mode != "poisson":
-            raise ValueError(
-                "mode: p3gm trains with Poisson-sampled DP-SGD, accounted under add/remove only (mode poisson, the "
-                "default for p3gm)"
-            )
+        self.check_mode(cfg.mode)
         if cfg.epsilon is None and cfg.sigma_x != 0:
             raise ValueError("epsilon: p3gm calibrates its noise to a target epsilon (sigma_x 0: no noise, no privacy)")
         if self.mixing_order != 1:
@@ -294,7 +309,7 @@ class MarginalsParams(MechanismParams):
     name: Literal["marginals"] = "marginals"
     prefix: ClassVar[str] = "marginals_"
     modes: ClassVar[tuple[str, ...]] = ("poisson",)
-    default_mode: ClassVar[Optional[str]] = "poisson"  # counts under add/remove only: the row count stays private
+    mode_reason: ClassVar[str] = "its counts are accounted under add/remove only: the row count stays private"
     mixes: ClassVar[bool] = False
     needs_table: ClassVar[str] = (
         "marginals counts a table's columns on its public schema; give a table: section (docs/tables.md); image and "
@@ -322,8 +337,7 @@ class MarginalsParams(MechanismParams):
 
     def check(self, cfg) -> None:
         """(samples is offered: the rows are sampled from the fitted model.)"""
-        if cfg.mode != "poisson":
-            raise ValueError("mode: marginals is accounted under add/remove only (mode poisson, its default)")
+        self.check_mode(cfg.mode)
         if cfg.epsilon is None:
             raise ValueError("epsilon: marginals calibrates its counts' noise to a target epsilon (no --sigma-x)")
         if self.mixing_order != 1:

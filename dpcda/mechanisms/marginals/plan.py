@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional
 
+from dpcda.mechanisms.base import Caveat, CaveatCode, SynthesisPlan
 from dpcda.mechanisms.marginals.domain import Domain
 from dpcda.privacy.events import AimEvent, MarginalsEvent
 
@@ -18,9 +20,10 @@ AIM_MAX_MODEL_SIZE = 80 * (1 << 20) // 8  # cells: AIM's default max_model_size,
 
 
 @dataclasses.dataclass(frozen=True)
-class MarginalsPlan:
+class MarginalsPlan(SynthesisPlan):
     """What the fit needs (public or DP): the domain, the budget's split, the fit's settings; ``selected`` (the
-    measured pairs) and the fit's figures are filled in once the synthesis has run (the plan the manifest states)."""
+    measured pairs) and the fit's figures are filled in once the synthesis has run (the plan the manifest states).
+    Its manifest section is ``mechanisms.marginals.mechanism.manifest_section``'s."""
 
     selection: str
     domain: Domain
@@ -32,6 +35,40 @@ class MarginalsPlan:
     fit_seconds: Optional[float] = None
     max_model_size: Optional[int] = None  # aim: the model's size cap in cells
     aim: Optional[dict] = None  # aim: the rounds as run (DP: chosen from public inputs and DP outputs)
+    samples_total: int = 0  # T, the rows sampled from the fitted model
+
+    @property
+    def events(self) -> tuple:
+        return (self.event,)
+
+    def summary(self) -> str:
+        return f"selection={self.selection} rho={self.rho:.6g}"
+
+    def caveats(self, epsilon: float, mechanism: str) -> tuple[Caveat, ...]:
+        return () if math.isfinite(epsilon) else (Caveat(CaveatCode.MODEL_WITHOUT_NOISE, mechanism=mechanism),)
+
+    def account_figures(self, clip: float) -> dict:
+        return {"rho": self.rho}
+
+    def gaussian_draws(self, *, dim: int, num_classes: int) -> int:
+        """Every one-way cell, and at most the largest two-way arrays the picks can reach."""
+        from dpcda.mechanisms.marginals.selection import label_pairs
+
+        dom = self.domain
+        n = len(dom.sizes)
+        if self.selection == AIM:  # at most planned_rounds rounds (privacy.aim.AimSchedule)
+            from dpcda.privacy.aim import ROUNDS_PER_COLUMN
+
+            largest = max(dom.sizes[a] * dom.sizes[b] for a, b in dom.pairs) if n > 1 else max(dom.sizes)
+            return sum(dom.sizes) + ROUNDS_PER_COLUMN * n * largest
+        pair_cells = sorted((dom.sizes[a] * dom.sizes[b] for a, b in dom.pairs), reverse=True)
+        label = sum(dom.sizes[a] * dom.sizes[-1] for a in range(n - 1))
+        return sum(dom.sizes) + sum(pair_cells[: n - 1]) + label * (label_pairs(self.selection, n) > 0)
+
+    def manifest_section(self, plan, *, chunk_rows):
+        from dpcda.mechanisms.marginals.mechanism import manifest_section
+
+        return manifest_section(plan, self)
 
     def noise_stds(self) -> dict:
         """Name -> Gaussian noise std of the counts (the manifest states each one's grid); aim: each distinct std its

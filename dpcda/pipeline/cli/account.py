@@ -22,7 +22,9 @@ def register(sub) -> dict:
         help="calibrate or account one group's synthesis without data, after the shares a release spends first",
     )
     acc.add_argument("--mechanism", choices=MECHANISM_NAMES, default=defaults["mechanism"])
-    acc.add_argument("--mode", choices=["fixed", "poisson"], default=defaults["mode"])
+    acc.add_argument(
+        "--mode", choices=["fixed", "poisson"], default=None, help="default: the mechanism's (fixed, or its only mode)"
+    )
     acc.add_argument(
         "--class-size",
         type=int,
@@ -35,11 +37,9 @@ def register(sub) -> dict:
         default=None,
         help="T_k for dpcda; T, the rows in total, for dpmix (ignored by local/randproj/p3gm)",
     )
-    acc.add_argument("--mixing-order", type=int, default=defaults["mixing_order"])
+    acc.add_argument("--mixing-order", type=int, default=None, help=f"l (default {defaults['mixing_order']})")
     acc.add_argument("--clip", type=float, default=defaults["clip"])
-    acc.add_argument(
-        "--label-noise-ratio", type=float, default=defaults["label_noise_ratio"], help="dpmix: sigma_y / sigma_x"
-    )
+    acc.add_argument("--label-noise-ratio", type=float, default=None, help="dpmix: sigma_y / sigma_x (default 1)")
     acc.add_argument("--feature-dim", type=int, default=None, help="randproj, p3gm: d")
     acc.add_argument("--num-classes", type=int, default=None, help="p3gm: K")
     for knob in P3GM_KNOBS:
@@ -50,8 +50,10 @@ def register(sub) -> dict:
             default=None,
             help=f"p3gm (default {defaults[knob] or 'p3gm_hidden'})",
         )
-    acc.add_argument("--projection-dim", type=int, default=defaults["projection_dim"])
-    acc.add_argument("--projection-seed", type=int, default=defaults["projection_seed"])
+    acc.add_argument(
+        "--projection-dim", type=int, default=None, help=f"randproj: p (default {defaults['projection_dim']})"
+    )
+    acc.add_argument("--projection-seed", type=int, default=None, help="randproj: the public seed of R (default 0)")
     acc.add_argument(
         "--normalization",
         choices=["dp", "public", "exact"],
@@ -71,7 +73,7 @@ def register(sub) -> dict:
 
 
 def cmd_account(args, _beam_args) -> int:
-    from dpcda.api import account
+    from dpcda.pipeline.accounting import account
 
     fields = {k: v for k, v in vars(args).items() if k not in ("command", "json")}
     out = account(**fields)

@@ -148,7 +148,7 @@ def cmd_release(args, beam_args) -> int:
                 "rows": manifest["output"]["rows"],
                 "epsilon": p["epsilon"],
                 "delta": p["delta"],
-                **_noise_summary(manifest["mechanism"]),
+                **published.mechanism.headline(),  # the mechanism's own headline noise (sigma_x, z or rho)
                 "end_to_end_dp": p["end_to_end_dp"],
                 **(
                     {"NOT_PRIVATE": "test seed: the epsilon is the mechanism's under a secret key, not this release's"}
@@ -160,12 +160,3 @@ def cmd_release(args, beam_args) -> int:
         )
     )
     return 0
-
-
-def _noise_summary(mechanism: dict) -> dict:
-    """The release's headline noise: sigma_x, p3gm's DP-SGD noise multiplier, or the marginals' zCDP rho."""
-    if "sigma_x" in mechanism:
-        return {"sigma_x": mechanism["sigma_x"]}
-    if "dp_sgd" in mechanism:
-        return {"noise_multiplier": mechanism["dp_sgd"]["noise_multiplier"]}
-    return {"rho": mechanism["rho"]}
