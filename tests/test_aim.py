@@ -335,5 +335,5 @@ def test_bad_aim_configs_are_one_line_errors(fields, needle):
 
 def test_a_good_aim_config():
     cfg = _cfg(table=SCHEMA, marginals_selection="aim", marginals_max_model_size=5000)
-    assert cfg.marginals_selection == "aim" and cfg.marginals_max_model_size == 5000
-    assert _cfg(table=SCHEMA, marginals_selection="aim").marginals_max_model_size is None
+    assert cfg.mechanism.selection == "aim" and cfg.mechanism.max_model_size == 5000
+    assert _cfg(table=SCHEMA, marginals_selection="aim").mechanism.max_model_size is None

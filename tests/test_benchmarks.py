@@ -595,9 +595,9 @@ def test_tabular_offers_one_marginals_method_per_selection_the_config_accepts():
     import typing
 
     from benchmarks.reproduce import tabular_table
-    from dpcda.schemas.config import ReleaseConfig
+    from dpcda.schemas.mechanism_params import MarginalsParams
 
-    selections = typing.get_args(ReleaseConfig.model_fields["marginals_selection"].annotation)
+    selections = typing.get_args(MarginalsParams.model_fields["selection"].annotation)
     assert "mst-label" in selections
     for s in selections:
         assert tabular_table.METHODS[f"marginals {s}"]["marginals_selection"] == s

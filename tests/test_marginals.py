@@ -401,7 +401,7 @@ def test_bad_marginals_configs_are_one_line_errors(fields, needle):
 
 def test_a_good_marginals_config_defaults_to_add_remove():
     cfg = _cfg(table=SCHEMA)
-    assert cfg.mode == "poisson" and cfg.marginals_selection == "mst-label" and cfg.marginals_bins == 20
+    assert cfg.mode == "poisson" and cfg.mechanism.selection == "mst-label" and cfg.mechanism.bins == 20
 
 
 def test_too_many_cells_are_refused_before_work(monkeypatch):

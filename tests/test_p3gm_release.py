@@ -58,7 +58,7 @@ def test_p3gm_defaults_to_the_add_remove_relation():
     from dpcda.schemas.config import load_config
 
     cfg = load_config(None, {"input": "i", "output": "o", "epsilon": 1.0, "mechanism": "p3gm", "num_classes": 10})
-    assert cfg.mode == "poisson" and cfg.mixing_order == 1 and cfg.pca_components == 10
+    assert cfg.mode == "poisson" and cfg.mechanism.mixing_order == 1 and cfg.mechanism.pca_components == 10
 
 
 @pytest.mark.parametrize("weight, expected", [(None, math.sqrt(12)), (5.0, 5.0)])

@@ -82,11 +82,11 @@ def _cfg(**kw):
 
 def test_class_rows_defaults_to_proportional_for_dpcda_tables_only():
     table = parse_table_schema(SCHEMA)
-    assert _cfg().class_rows == "equal"
-    assert _cfg(table=table).class_rows == "proportional"
-    assert _cfg(table=table, class_rows="equal").class_rows == "equal"
-    assert _cfg(table=table, mechanism="dpmix", num_classes=2).class_rows == "equal"
-    assert _cfg(class_rows="proportional").class_rows == "proportional"  # an image release may ask for it
+    assert _cfg().mechanism.class_rows == "equal"
+    assert _cfg(table=table).mechanism.class_rows == "proportional"
+    assert _cfg(table=table, class_rows="equal").mechanism.class_rows == "equal"
+    assert "class_rows" not in _cfg(table=table, mechanism="dpmix", num_classes=2).mechanism.model_fields  # dpcda's
+    assert _cfg(class_rows="proportional").mechanism.class_rows == "proportional"  # an image release may ask for it
 
 
 @pytest.mark.parametrize(

@@ -81,7 +81,7 @@ def account(
         settings.pop("mixing_order", None)  # one row per record, or a fitted model: nothing is mixed
     K = num_classes if entry.fits_model else 1
     cfg = _config(mechanism, {**settings, "num_classes": K})
-    if cfg.pca_components is not None and feature_dim is None:
+    if cfg.mechanism.pca_components is not None and feature_dim is None:
         raise CalibrationError("projection: give --feature-dim d (the DP-PCA covariance's sensitivity depends on it)")
     if entry.needs_width and feature_dim is None:
         raise CalibrationError(f"{mechanism}: give --feature-dim d ({entry.needs_width})")

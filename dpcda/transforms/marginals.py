@@ -64,7 +64,7 @@ class FitAndSampleMarginals(_Synthesis):
 
     def expand(self, blocks):
         cfg, common = self.cfg, self.common
-        counts = blocks | "CountMarginals" >> beam.CombineGlobally(_CountFn(cfg.table, cfg.marginals_bins))
+        counts = blocks | "CountMarginals" >> beam.CombineGlobally(_CountFn(cfg.table, cfg.mechanism.bins))
         out = counts | "FitMarginals" >> beam.ParDo(
             _FitFn(
                 cfg.table,
