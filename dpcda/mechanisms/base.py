@@ -201,7 +201,6 @@ class Mechanism(abc.ABC):
     """One mechanism of the product. Subclasses set the class attributes and override what differs."""
 
     name: ClassVar[str] = ""
-    summary: ClassVar[str] = ""
     params: ClassVar[type[MechanismParams]] = MechanismParams  # its parameters and rules (modes, mixing)
     grouping: ClassVar[Grouping] = Grouping.CLASS
     label_scores: ClassVar[bool] = False  # always releases the K label scores beside the hard label

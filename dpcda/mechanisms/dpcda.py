@@ -33,7 +33,6 @@ import torch
 
 from dpcda.mechanisms.base import Grouping, InProcess, Mechanism, PlanError, Public, noise_for
 from dpcda.mechanisms.device import HostCopy, ahead, lookahead, stream_device
-from dpcda.mechanisms.memory import join_block_rows
 from dpcda.mechanisms.postprocess import make_postprocess
 from dpcda.mechanisms.rows import MixingPlan
 from dpcda.privacy.events import MAX_ROW_RECORDS, MixingEvent
@@ -365,7 +364,6 @@ class Dpcda(Mechanism):
     """Seed 000: each row averages l records of one class, plus Gaussian noise; T_k rows per class."""
 
     name = "dpcda"
-    summary = "DP-CDA (seed 000): class-centric mixing of l records, Gaussian noise"
     params = DpcdaParams
     grouping = Grouping.CLASS
     graph = "dpcda.transforms.synthesize:MixClasses"
@@ -407,21 +405,9 @@ class Dpcda(Mechanism):
             )
 
         sigma_x = noise_for(events, public.budget, public.privacy, clip, parallel_first=lambda e: e.class_size)
-        per_class = tuple(events(sigma_x))
         return DpcdaPlan(
-            events=per_class,
-            samples_total=T_total,
-            sigma_x=sigma_x,
-            post=public.post,
-            grouping=self.grouping,
-            mixing_order=params.mixing_order,
+            **MixingPlan.fields(public, self.grouping, tuple(events(sigma_x)), sigma_x, T_total),
             samples_per_class=T_k,
-            sampling_rates=tuple(e.exact_sampling_rate for e in per_class),
-            mixing_paths=public.mixing_paths,
-            join_block_rows=join_block_rows(public.dim, public.core.execution.join_block_rows)
-            if "join" in public.mixing_paths
-            else 0,
-            pca=public.pca,
             label_noise=float(params.sigma_y),  # seed 000's label noise, given by the user (free within a class)
             class_rows=params.class_rows,
             records_public=public.records_public,

@@ -21,7 +21,6 @@ import torch
 from dpcda.mechanisms.base import Grouping, InProcess, Mechanism, Public, noise_for
 from dpcda.mechanisms.device import ahead, lookahead, stream_device
 from dpcda.mechanisms.dpcda import canonical_order, mean_rows, sample_index_tensors, start_noisy_rows
-from dpcda.mechanisms.memory import join_block_rows
 from dpcda.mechanisms.postprocess import make_postprocess
 from dpcda.mechanisms.rows import MixingPlan
 from dpcda.privacy.events import DpmixEvent
@@ -141,7 +140,6 @@ class Dpmix(Mechanism):
 
     name = "dpmix"
     composition = "one group, the whole dataset (a record may meet any row); sequential with the statistics releases"
-    summary = "DPMix (seed 001): mixing of l records of the whole dataset, features and labels"
     params = DpmixParams
     grouping = Grouping.DATASET
     label_scores = True
@@ -176,21 +174,8 @@ class Dpmix(Mechanism):
             )
 
         sigma_x = noise_for(events, public.budget, public.privacy, clip)
-        evs = tuple(events(sigma_x))
         return DpmixPlan(
-            events=evs,
-            samples_total=T,
-            sigma_x=sigma_x,
-            post=public.post,
-            grouping=self.grouping,
-            mixing_order=params.mixing_order,
-            sampling_rates=tuple(e.exact_sampling_rate for e in evs),
-            mixing_paths=public.mixing_paths,
-            join_block_rows=join_block_rows(public.dim, public.core.execution.join_block_rows)
-            if "join" in public.mixing_paths
-            else 0,
-            pca=public.pca,
-            label_noise_ratio=ratio,
+            **MixingPlan.fields(public, self.grouping, tuple(events(sigma_x)), sigma_x, T), label_noise_ratio=ratio
         )
 
     def label_caveat(self) -> str:

@@ -63,7 +63,6 @@ class Local(Mechanism):
 
     name = "local"
     composition = "parallel over records (each record makes its own row); sequential with the statistics releases"
-    summary = "local perturbation: every record once, plus Gaussian noise"
     params = LocalParams
     grouping = Grouping.RECORD
     graph = "dpcda.transforms.synthesize:PerturbEveryRecord"

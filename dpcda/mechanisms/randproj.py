@@ -84,7 +84,6 @@ class Randproj(Local):
     """Every record projected by the public R, plus Gaussian noise (DPPro, seed 001's baseline)."""
 
     name = "randproj"
-    summary = "random projection: every record times a public random R, plus Gaussian noise"
     params = RandprojParams
     audit_game = "dpcda.evaluation.audit.games:Projection"
     needs_width = "the projection's norm depends on it"

@@ -8,7 +8,8 @@ import dataclasses
 from fractions import Fraction
 from typing import Optional
 
-from dpcda.mechanisms.base import Caveat, CaveatCode, Grouping, SynthesisPlan
+from dpcda.mechanisms.base import Caveat, CaveatCode, Grouping, Public, SynthesisPlan
+from dpcda.mechanisms.memory import join_block_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +110,23 @@ class MixingPlan(RowsPlan):
 
     def projection(self) -> Optional[dict]:
         return self.pca.section() if self.pca is not None else None
+
+    @staticmethod
+    def fields(public: Public, grouping: Grouping, events: tuple, sigma_x: float, samples_total: int) -> dict:
+        """What every mixing plan takes alike from its public facts and its calibrated events."""
+        joins = "join" in public.mixing_paths  # R of the join path: only where a group takes it
+        return dict(
+            events=events,
+            samples_total=samples_total,
+            sigma_x=sigma_x,
+            post=public.post,
+            grouping=grouping,
+            mixing_order=public.params.mixing_order,
+            sampling_rates=tuple(e.exact_sampling_rate for e in events),
+            mixing_paths=public.mixing_paths,
+            join_block_rows=join_block_rows(public.dim, public.core.execution.join_block_rows) if joins else 0,
+            pca=public.pca,
+        )
 
     @property
     def join_groups(self) -> tuple[int, ...]:

@@ -7,8 +7,7 @@ import dataclasses
 from dpcda.mechanisms.base import Grouping, InProcess, Mechanism, PlanError, Public
 from dpcda.mechanisms.marginals.counting import MarginalCounter
 from dpcda.mechanisms.marginals.domain import codes_of, domain_of
-from dpcda.mechanisms.marginals.plan import AIM, AIM_MAX_MODEL_SIZE, MarginalsPlan
-from dpcda.mechanisms.marginals.selection import label_pairs
+from dpcda.mechanisms.marginals.plan import AIM, AIM_MAX_MODEL_SIZE, MarginalsPlan, label_pairs
 from dpcda.mechanisms.marginals.synthesis import fit_and_sample, integer_columns
 from dpcda.schemas.mechanism_params import MarginalsParams
 
@@ -24,7 +23,6 @@ class Marginals(Mechanism):
         "selection aim: adaptive rounds under a zCDP filter capped at that budget), after the class histogram "
         "(adaptive)"
     )
-    summary = "marginals (MST or AIM): noisy one- and two-way counts on public bins, a graphical model (mbi) sampled"
     params = MarginalsParams
     grouping = Grouping.DATASET
     graph = "dpcda.transforms.marginals:FitAndSampleMarginals"
@@ -103,83 +101,3 @@ class Marginals(Mechanism):
         ctx.stated_plan = dataclasses.replace(plan, synthesis=stated)  # the picks, as the Beam path states them
         for x, y in chunks:
             yield x, y, None
-
-
-def manifest_section(plan, mp: MarginalsPlan):
-    """The manifest's ``mechanism`` of a marginals release ``plan`` whose synthesis ran (``mp``: the stated plan)."""
-    from dpcda.schemas.manifest import MarginalsMechanism
-
-    ev = mp.event
-    if mp.selection == AIM:
-        return _aim_section(plan, mp)
-    return MarginalsMechanism(
-        **_shared_fields(plan, mp),
-        rho_split={
-            "one_way": ev.one_way / (2 * ev.one_way_std**2),
-            "selection": ev.rounds * ev.round_rho,
-            "two_way": ev.two_way / (2 * ev.two_way_std**2),
-        },
-        one_way_noise_std=ev.one_way_std,
-        two_way_noise_std=ev.two_way_std,
-        selection_rounds=ev.rounds,
-        round_epsilon=ev.round_epsilon,
-        cliques=[list(p) for p in mp.selected],
-        fit={"estimator": "mbi MirrorDescent", "iterations": mp.iterations, "total": mp.estimated_total},
-        sampling="mbi's synthetic_data (randomized rounding of the model's marginals) on the compressed codes (a "
-        "column's cells whose noisy one-way count is below 3 stds merged into one); a merged code becomes one of "
-        "its codes, uniformly; a numeric code becomes a value uniform inside its bin",
-    )
-
-
-def _shared_fields(plan, mp: MarginalsPlan) -> dict:
-    """The manifest fields every selection states alike."""
-    return dict(
-        name="marginals",
-        mode=plan.mode,
-        selection=mp.selection,
-        num_classes=plan.num_classes,
-        samples_total=mp.samples_total,
-        dataset_size_dp=int(sum(plan.dp_class_sizes)) if plan.dp_class_sizes else None,
-        bins=mp.domain.bins,
-        columns={n: s for n, s in zip(mp.domain.names, mp.domain.sizes)},
-        rho=mp.rho,
-    )
-
-
-def _aim_section(plan, mp: MarginalsPlan):
-    from dpcda.schemas.manifest import MarginalsMechanism
-
-    rec = mp.aim or {}
-    rounds = rec.get("rounds", [])
-    first = rounds[0] if rounds else {}
-    return MarginalsMechanism(
-        **_shared_fields(plan, mp),
-        rho_split={
-            "one_way": rec.get("rho_one_way", 0.0),
-            "selection": rec.get("rho_selection", 0.0),
-            "two_way": rec.get("rho_measurement", 0.0),
-            "unspent": mp.rho - rec.get("rho_spent", 0.0),
-        },
-        one_way_noise_std=rec.get("one_way_noise_std", 0.0),
-        two_way_noise_std=first.get("noise_std", 0.0),
-        selection_rounds=len(rounds),
-        round_epsilon=first.get("epsilon", 0.0),
-        cliques=[list(c) for c in mp.selected],
-        fit={
-            "estimator": "mbi MirrorDescent",
-            "iterations": mp.iterations,
-            "round_estimator": "dpcda.mechanisms.pgm (mbi's mirror descent, junction tree and model size in numpy)",
-            "round_iterations": rec.get("round_iterations"),
-            "round_tolerance": rec.get("round_tolerance"),
-            "total": mp.estimated_total,
-        },
-        sampling="mbi's synthetic_data (randomized rounding of the model's marginals); a numeric code becomes a "
-        "value uniform inside its bin",
-        aim={
-            "workload": "every pair of columns (the label's pair with every column among them), weighted as AIM's "
-            "compile_workload; candidates: those pairs and every column (the workload's downward closure; no "
-            "clique larger than a pair)",
-            "max_model_size_cells": mp.max_model_size,
-            **{k: v for k, v in rec.items() if k != "max_model_size_cells"},
-        },
-    )

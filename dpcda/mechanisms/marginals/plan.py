@@ -19,11 +19,16 @@ AIM = "aim"  # AIM's adaptive rounds (McKenna, Mullins, Sheldon, Miklau 2022), b
 AIM_MAX_MODEL_SIZE = 80 * (1 << 20) // 8  # cells: AIM's default max_model_size, 80 MB of float64
 
 
+def label_pairs(selection: str, columns: int) -> int:
+    """Two-way marginals measured without selection: the label's pair with every other column (``mst-label``)."""
+    return columns - 1 if selection == "mst-label" else 0
+
+
 @dataclasses.dataclass(frozen=True)
 class MarginalsPlan(SynthesisPlan):
     """What the fit needs (public or DP): the domain, the budget's split, the fit's settings; ``selected`` (the
     measured pairs) and the fit's figures are filled in once the synthesis has run (the plan the manifest states).
-    Its manifest section is ``mechanisms.marginals.mechanism.manifest_section``'s."""
+    Its manifest section is ``manifest_section``'s."""
 
     selection: str
     domain: Domain
@@ -52,8 +57,6 @@ class MarginalsPlan(SynthesisPlan):
 
     def gaussian_draws(self, *, dim: int, num_classes: int) -> int:
         """Every one-way cell, and at most the largest two-way arrays the picks can reach."""
-        from dpcda.mechanisms.marginals.selection import label_pairs
-
         dom = self.domain
         n = len(dom.sizes)
         if self.selection == AIM:  # at most planned_rounds rounds (privacy.aim.AimSchedule)
@@ -66,8 +69,6 @@ class MarginalsPlan(SynthesisPlan):
         return sum(dom.sizes) + sum(pair_cells[: n - 1]) + label * (label_pairs(self.selection, n) > 0)
 
     def manifest_section(self, plan, *, chunk_rows):
-        from dpcda.mechanisms.marginals.mechanism import manifest_section
-
         return manifest_section(plan, self)
 
     def noise_stds(self) -> dict:
@@ -94,3 +95,83 @@ class Measurements:
     record: Optional[dict] = None  # aim: the rounds as run
     # mst: the compression (``compression``), the codes the pairs were measured on
     mapping: dict = dataclasses.field(default_factory=dict)
+
+
+def manifest_section(plan, mp: "MarginalsPlan"):
+    """The manifest's ``mechanism`` of a marginals release ``plan`` whose synthesis ran (``mp``: the stated plan)."""
+    from dpcda.schemas.manifest import MarginalsMechanism
+
+    ev = mp.event
+    if mp.selection == AIM:
+        return _aim_section(plan, mp)
+    return MarginalsMechanism(
+        **_shared_fields(plan, mp),
+        rho_split={
+            "one_way": ev.one_way / (2 * ev.one_way_std**2),
+            "selection": ev.rounds * ev.round_rho,
+            "two_way": ev.two_way / (2 * ev.two_way_std**2),
+        },
+        one_way_noise_std=ev.one_way_std,
+        two_way_noise_std=ev.two_way_std,
+        selection_rounds=ev.rounds,
+        round_epsilon=ev.round_epsilon,
+        cliques=[list(p) for p in mp.selected],
+        fit={"estimator": "mbi MirrorDescent", "iterations": mp.iterations, "total": mp.estimated_total},
+        sampling="mbi's synthetic_data (randomized rounding of the model's marginals) on the compressed codes (a "
+        "column's cells whose noisy one-way count is below 3 stds merged into one); a merged code becomes one of "
+        "its codes, uniformly; a numeric code becomes a value uniform inside its bin",
+    )
+
+
+def _shared_fields(plan, mp: "MarginalsPlan") -> dict:
+    """The manifest fields every selection states alike."""
+    return dict(
+        name="marginals",
+        mode=plan.mode,
+        selection=mp.selection,
+        num_classes=plan.num_classes,
+        samples_total=mp.samples_total,
+        dataset_size_dp=int(sum(plan.dp_class_sizes)) if plan.dp_class_sizes else None,
+        bins=mp.domain.bins,
+        columns={n: s for n, s in zip(mp.domain.names, mp.domain.sizes)},
+        rho=mp.rho,
+    )
+
+
+def _aim_section(plan, mp: "MarginalsPlan"):
+    from dpcda.schemas.manifest import MarginalsMechanism
+
+    rec = mp.aim or {}
+    rounds = rec.get("rounds", [])
+    first = rounds[0] if rounds else {}
+    return MarginalsMechanism(
+        **_shared_fields(plan, mp),
+        rho_split={
+            "one_way": rec.get("rho_one_way", 0.0),
+            "selection": rec.get("rho_selection", 0.0),
+            "two_way": rec.get("rho_measurement", 0.0),
+            "unspent": mp.rho - rec.get("rho_spent", 0.0),
+        },
+        one_way_noise_std=rec.get("one_way_noise_std", 0.0),
+        two_way_noise_std=first.get("noise_std", 0.0),
+        selection_rounds=len(rounds),
+        round_epsilon=first.get("epsilon", 0.0),
+        cliques=[list(c) for c in mp.selected],
+        fit={
+            "estimator": "mbi MirrorDescent",
+            "iterations": mp.iterations,
+            "round_estimator": "dpcda.mechanisms.pgm (mbi's mirror descent, junction tree and model size in numpy)",
+            "round_iterations": rec.get("round_iterations"),
+            "round_tolerance": rec.get("round_tolerance"),
+            "total": mp.estimated_total,
+        },
+        sampling="mbi's synthetic_data (randomized rounding of the model's marginals); a numeric code becomes a "
+        "value uniform inside its bin",
+        aim={
+            "workload": "every pair of columns (the label's pair with every column among them), weighted as AIM's "
+            "compile_workload; candidates: those pairs and every column (the workload's downward closure; no "
+            "clique larger than a pair)",
+            "max_model_size_cells": mp.max_model_size,
+            **{k: v for k, v in rec.items() if k != "max_model_size_cells"},
+        },
+    )
