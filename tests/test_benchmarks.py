@@ -161,8 +161,9 @@ def test_paper_label_term_costs_feature_noise_and_noises_the_labels():
     comb = FirstPassCombiner((0.0, 1.0))
     first = comb.add(comb.create(), x, y)
     common = dict(eps="10", l=1, seed=3, device="cpu")
-    _, lab0, plan0 = synthesize(x, y, first, calibration="paper", **common)
-    _, lab1, plan1 = synthesize(x, y, first, calibration="paper_sy1", **common)
+    _, lab0, release0 = synthesize(x, y, first, calibration="paper", **common)
+    _, lab1, release1 = synthesize(x, y, first, calibration="paper_sy1", **common)
+    plan0, plan1 = release0.synthesis, release1.synthesis  # DP-CDA's own plans: their sigmas and rows per class
     assert plan0.sigma_y == 0 and plan1.sigma_y == pytest.approx(plan1.sigma_x)
     # Theorem 1 depends on sigma only through 2/sigma_x^2 + 1/sigma_y^2: with sigma_y = sigma_x that is 3/sigma_x^2,
     # equal to the label-free 2/sigma0^2 at sigma_x = sqrt(1.5) sigma0 (up to the calibration's bisection tolerance)
@@ -598,9 +599,9 @@ def test_tabular_offers_one_marginals_method_per_selection_the_config_accepts():
     import typing
 
     from benchmarks.reproduce import tabular_table
-    from dpcda.schemas.config import ReleaseConfig
+    from dpcda.schemas.mechanism_params import MarginalsParams
 
-    selections = typing.get_args(ReleaseConfig.model_fields["marginals_selection"].annotation)
+    selections = typing.get_args(MarginalsParams.model_fields["selection"].annotation)
     assert "mst-label" in selections
     for s in selections:
         assert tabular_table.METHODS[f"marginals {s}"]["marginals_selection"] == s

@@ -137,7 +137,7 @@ def test_randproj_release_is_p_dimensional_and_its_projection_is_public(tmp_path
 @pytest.mark.parametrize(
     "bad,needle",
     [
-        ({"mechanism": "local", "mode": "poisson", "num_classes": 3}, "only mode fixed"),
+        ({"mechanism": "local", "mode": "poisson", "num_classes": 3}, "offers mode fixed only"),
         ({"mechanism": "local", "samples": 10}, "exactly one row per record"),
         ({"mechanism": "local", "mixing_order": 4}, "does not mix"),
         ({"mechanism": "dpmix"}, "num_classes: required with dpmix"),

@@ -506,9 +506,12 @@ def test_non_finite_statistics_or_rows_are_never_published():
     with pytest.raises(PlanError, match="below 1e-12"):
         check_statistics(np.zeros(2), np.array([1e-45, 1.0]), (0.0, 1.0), 1.0)
 
-    class Plan:  # rows that are not finite (here: no noise on infinite records) are refused, not written
-        num_classes, mode, mixing_order, samples_per_class, sampling_rates = 1, "fixed", 1, (3,), [1]
+    class Mix:  # the mechanism's own plan (mechanisms.dpcda.DpcdaPlan)
+        mixing_order, samples_per_class, sampling_rates = 1, (3,), [1]
         sigma_x, sigma_y, lowpass, denoise_spec = 0.0, 0.0, None, None
+
+    class Plan:  # rows that are not finite (here: no noise on infinite records) are refused, not written
+        num_classes, mode, synthesis = 1, "fixed", Mix
 
     fn = _MixFn("cpu", 16, "features", "label")
     fn.setup()

@@ -141,12 +141,9 @@ def release_and_train(
     feats, labels, plan, scores = release_in_process(x, y, cfg.core, key_from_test_seed(seed), first=first)
     test = normalize(tx, plan.mean, plan.std, plan.clip, plan.bounds)
     model = None
-    if plan.projection is not None:
-        from dpcda.mechanisms.randproj import projection_matrix
-
-        test = (test.astype(np.float64) @ projection_matrix(x.shape[1], plan.projection[0], plan.projection[1])).astype(
-            np.float32
-        )
+    projection = plan.synthesis.projection_matrix(x.shape[1])  # randproj's public R, applied to the test rows too
+    if projection is not None:
+        test = (test.astype(np.float64) @ projection).astype(np.float32)
         model = "mlp"
     res = train_and_score(
         feats,
@@ -163,7 +160,7 @@ def release_and_train(
         recipe=RECIPES[recipe] if isinstance(recipe, str) else recipe,
         track_test=track_test,
     )
-    return res, plan.sigma_x
+    return res, plan.synthesis.sigma_x
 
 
 def main(argv=None) -> None:

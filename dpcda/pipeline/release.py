@@ -93,7 +93,7 @@ def build_pipeline(
 ):
     # The key is drawn on a worker and reaches the others as a side input: the runner keeps it for the job's
     # lifetime (docs/operations.md says where, and how to protect it).
-    mech = registry.get(cfg.mechanism)
+    mech = registry.get(cfg.mechanism.name)
     key = p | "NoiseKey" >> beam.Create([cfg.seed]) | "DrawKey" >> beam.Map(_noise_key)
     blocks = p | "ReadShards" >> ReadShards(
         files,
@@ -116,12 +116,13 @@ def build_pipeline(
         if mech.mixes and cfg.mixing_path != "memory"
         else None
     )
-    basis = blocks | "ComputeDpBasis" >> ComputeDpBasis(plan, key, expected_build=build) if cfg.pca_components else None
+    dp_pca = cfg.mechanism.pca_components is not None
+    basis = blocks | "ComputeDpBasis" >> ComputeDpBasis(plan, key, expected_build=build) if dp_pca else None
     synthesis = synthesis_transform(mech)(plan, key, cfg, basis, common)
     synthetic = blocks | "Synthesize" >> synthesis
     if joined is not None:
         synthetic = (synthetic, joined) | "BothPaths" >> beam.Flatten()
-    out_dim = mech.output_dim(cfg.mechanism_params, dim)
+    out_dim = mech.output_dim(cfg.mechanism, dim)
     if cfg.table is not None:  # post-processing: back to the input's columns and types
         synthetic = synthetic | "DecodeTable" >> DecodeTable(
             plan, key, cfg.table, arrow_schema, cfg.features_column, cfg.label_column, expected_build=build
@@ -356,9 +357,9 @@ def run_release(
     run = new_run_id()
     request = {
         "run": run,
-        "mechanism": cfg.mechanism,
+        "mechanism": cfg.mechanism.name,
         "mode": cfg.mode,
-        "relation": relation_key(cfg.mechanism, cfg.mode),
+        "relation": relation_key(cfg.mechanism.name, cfg.mode),
         "epsilon": cfg.epsilon,
         "delta": cfg.delta,
         "output": publish.check_output_path(cfg.output),  # one spelling, whatever the working directory
@@ -438,11 +439,11 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
         if eval_dim != dim:
             raise InputError(f"{eval_input}: test rows have width {eval_dim}, the input has {dim}")
         check_finite_files(eval_files, "auto", cfg.features_column, cfg.label_column)  # NaN/inf: before work
-    if cfg.pca_components is not None:  # fixed-shape per-record arithmetic, checked on public stand-ins (rowwise)
+    if cfg.mechanism.pca_components is not None:  # fixed-shape per-record arithmetic, checked on public stand-ins
         from dpcda.mechanisms.dppca import check_projection
 
-        check_projection(dim, cfg.pca_components)
-    registry.get(cfg.mechanism).check_before_work(cfg.core, dim)
+        check_projection(dim, cfg.mechanism.pca_components)
+    registry.get(cfg.mechanism.name).check_before_work(cfg.core, dim)
     if _is_dataflow(options):
         local = [p for p in (cfg.input, cfg.output, eval_input, cfg.normalization_file) if p and not is_remote(p)]
         if local:
@@ -460,7 +461,7 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
                 **cfg.table.model_dump(mode="json"),
                 # the output's schema is the input's (treated as public, docs/tables.md): stated here
                 "arrow_schema": [{"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in arrow_schema],
-                "label_decoding": label_decoding(cfg.table, scores=registry.get(cfg.mechanism).label_scores),
+                "label_decoding": label_decoding(cfg.table, scores=registry.get(cfg.mechanism.name).label_scores),
             }
             if cfg.table is not None
             else None
@@ -472,7 +473,7 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
         fmt,
         dim,
         cfg.mode,
-        cfg.mixing_order,
+        cfg.mechanism.mixing_order,
         target.workdir,
     )
     try:

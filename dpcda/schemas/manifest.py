@@ -67,7 +67,15 @@ class PostProcessing(_Frozen):
     )
 
 
-class DpcdaMechanism(_Frozen):
+class _RowsSection(_Frozen):
+    """A mechanism section whose rows carry Gaussian noise of std ``sigma_x``."""
+
+    def headline(self) -> dict:
+        """The release's headline noise (``dpcda release`` prints it; the audit plays at it)."""
+        return {"sigma_x": self.sigma_x}
+
+
+class DpcdaMechanism(_RowsSection):
     """DP-CDA (seed 000): class-centric mixing."""
 
     name: Literal["dpcda"] = "dpcda"
@@ -108,7 +116,7 @@ class DpcdaMechanism(_Frozen):
     )
 
 
-class DpmixMechanism(_Frozen):
+class DpmixMechanism(_RowsSection):
     """DPMix (seed 001): mixing across the whole dataset, features and one-hot labels, noise on both."""
 
     name: Literal["dpmix"]
@@ -140,7 +148,7 @@ class DpmixMechanism(_Frozen):
     )
 
 
-class LocalMechanism(_Frozen):
+class LocalMechanism(_RowsSection):
     """Local perturbation: every record plus Gaussian noise, once, with its label."""
 
     name: Literal["local"]
@@ -154,7 +162,7 @@ class LocalMechanism(_Frozen):
     postprocessing: Optional[PostProcessing] = None
 
 
-class RandprojMechanism(_Frozen):
+class RandprojMechanism(_RowsSection):
     """Random projection: every record projected by a public random matrix, plus noise, once, with its label."""
 
     name: Literal["randproj"]
@@ -198,6 +206,10 @@ class P3gmMechanism(_Frozen):
     )
     sampling: str = Field(description="how the released rows are drawn from the fitted model (post-processing)")
 
+    def headline(self) -> dict:
+        """The release's headline noise: DP-SGD's noise multiplier."""
+        return {"noise_multiplier": self.dp_sgd["noise_multiplier"]}
+
 
 class MarginalsMechanism(_Frozen):
     """Marginals (MST): noisy one- and two-way counts on public bins, a graphical model (mbi) fitted and sampled."""
@@ -238,6 +250,10 @@ class MarginalsMechanism(_Frozen):
         "the cap rho (privacy.aim: a zCDP filter; the release is accounted at the cap)",
     )
 
+    def headline(self) -> dict:
+        """The release's headline noise: the zCDP rho of its measurements."""
+        return {"rho": self.rho}
+
 
 def _mechanism_name(value) -> str:
     """The union's tag; manifests written before the mechanism family have none and are DP-CDA."""
@@ -266,7 +282,11 @@ class Normalization(_Frozen):
     min_std: float
     noise_std: Optional[float] = None
     epsilon_share: Optional[float] = None
-    statistics_file: str = "normalization.json"
+    statistics_file: Optional[str] = Field(
+        "normalization.json",
+        description="the z-score statistics and clip the rows were normalised with, relative to OUTPUT (null: the "
+        "rows were not z-scored, method none)",
+    )
 
 
 class Noise(_Frozen):

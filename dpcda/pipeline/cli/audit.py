@@ -5,15 +5,22 @@ from __future__ import annotations
 
 def register(sub) -> dict:
     """Adds this module's subcommand parsers to ``sub``; returns their handlers by name."""
-    from dpcda.schemas.config import AUDIT_MAX_TRIALS, MECHANISM_NAMES, ReleaseConfig
+    from dpcda.schemas.config import AUDIT_MAX_TRIALS, ReleaseConfig, mechanism_names
+    from dpcda.schemas.config_keys import DEFAULT_MECHANISM
+    from dpcda.schemas.mechanism_params import DpmixParams, MechanismParams
 
     defaults = {
         name: field.get_default() for name, field in ReleaseConfig.model_fields.items() if not field.is_required()
     }  # the release's defaults
+    defaults.update(
+        mechanism=DEFAULT_MECHANISM,
+        mixing_order=MechanismParams.model_fields["mixing_order"].default,
+        label_noise_ratio=DpmixParams.model_fields["label_noise_ratio"].default,
+    )
     au = sub.add_parser("audit", allow_abbrev=False, help="empirical lower bound on epsilon for a configuration")
     au.add_argument(
         "--mechanism",
-        choices=MECHANISM_NAMES,
+        choices=mechanism_names(),
         default=defaults["mechanism"],
         help="p3gm: its DP-SGD step (--mixing-order is the expected batch, --samples-per-class the steps)",
     )
