@@ -6,7 +6,8 @@
 The release is the one ``benchmarks.reproduce.reproduce_table3`` draws for that cell (release 0 is the l-search
 release, seed ``crc32(dataset/mechanism/variant/eps) % 10^6 + l + 1000 r``), built by the same code
 (``reproduce_table3.release_and_train``) and trained with the same training seed unless
-``--training-seed`` is given. Prints one line per recipe: real-test accuracy, the linear probe's, and per epoch the
+``--training-seed`` is given. Prints one line per recipe: real-test accuracy of the recipe's model, of the network
+alone and of the linear probe, the stack's weights, the same models on the synthetic hold-out, and per epoch the
 training loss, the synthetic hold-out's score and the real-test accuracy (informational: it picks nothing). The
 thread count (``OMP_NUM_THREADS``) is printed, because the training's floating-point sums depend on it.
 """
@@ -98,7 +99,7 @@ def main(argv=None) -> None:
         if got is None:
             raise SystemExit(f"{args.variant} does not apply to {args.dataset}'s rows")
         res = got[0]
-        c = res["curves"][0]
+        c, net = res["curves"][0], res["real_test_accuracy"]["network"]
         print(
             json.dumps(
                 {
@@ -108,8 +109,14 @@ def main(argv=None) -> None:
                     "training_seed": res["seeds"][0],
                     "recipe": name + "".join(f" {k}={v}" for k, v in changes.items()),
                     "accuracy": round(res["accuracy_mean"], 4),
+                    "accuracy_of": res["accuracy_of"],
+                    "network_alone": round(net["accuracy_mean"], 4) if net else None,
                     "selected_epoch": c["selected_epoch"],
                     "probe": round(res["probe"]["accuracy"], 4),
+                    "stack_weights": (res["real_test_accuracy"].get("stacked") or {}).get("weights"),
+                    "synthetic_holdout_accuracy": {
+                        k: round(v, 4) for k, v in res["synthetic_holdout_accuracy"].items() if isinstance(v, float)
+                    },
                     "train_loss": [round(v, 5) for v in c["train_loss"]],
                     "val_score": [round(v, 5) for v in c["val_score"]],
                     "test_accuracy": [round(v, 4) for v in c["test_accuracy"]],

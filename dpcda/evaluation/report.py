@@ -17,6 +17,13 @@ SAMPLES = "samples.png"
 CURVES = "curves.png"
 
 
+def named_headline(report: dict) -> dict:
+    """What a printed summary puts beside ``accuracy``: which model that figure is (``accuracy_of``: stacked, network
+    or probed) and the one labelled line naming the network alone and the probe alone (``summary``), where the report
+    has them (a table release's does not)."""
+    return {k: report[k] for k in ("accuracy_of", "summary") if k in report}
+
+
 def _pyplot():
     import matplotlib
 

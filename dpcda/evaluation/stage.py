@@ -2,9 +2,10 @@
 
 The real test rows get exactly the transform the release applied to its training rows (``normalization.json``:
 DP z-score then L2 clip, ``mechanisms.plan.normalize``); the synthetic rows are used as written. No real test
-data takes part in any training choice (see ``evaluation.train``). Beside the CNN, every report holds a linear probe
-(``evaluation.probe``) fitted to the same released targets and tested on the same rows, and a one-line summary that
-says when the CNN falls below it. Beam is not needed for local paths.
+data takes part in any training choice (see ``evaluation.train``). Every report names three figures on the real test
+rows: the network alone, the linear probe alone (``evaluation.probe``, fitted to the same released targets) and the
+model the recipe names (by default the two stacked, with their weights), and the same models on the synthetic
+hold-out, labelled as such; a one-line summary says which is the headline. Beam is not needed for local paths.
 """
 
 from __future__ import annotations
@@ -196,15 +197,35 @@ def run_evaluation(
         if remote:
             shutil.rmtree(local_dir, ignore_errors=True)
     log.info(
-        "stage=evaluate accuracy=%.4f+-%.4f probe=%.4f device=%s seconds=%.1f",
-        result["accuracy_mean"],
-        result["accuracy_std"],
-        result["probe"]["accuracy"] if result.get("probe") else float("nan"),
+        "stage=evaluate real_test_accuracy %s device=%s seconds=%.1f",
+        _fields(result),
         result["device"],
         result["wall_seconds"],
     )
+    log.info("stage=evaluate synthetic_holdout_accuracy %s", _fields(result, holdout=True))
     log.info("stage=evaluate summary=%s", result["summary"])
     return {**result, **extra, "path": _join(out_dir, report_mod.REPORT)}
+
+
+def _fields(result: dict, holdout: bool = False) -> str:
+    """``stacked=0.7190+-0.0011 cnn=0.7193 probe=0.6957 cnn_weight=0.69``: the recipe's figure first, then the network
+    alone and the probe alone, each named (on the synthetic hold-out with ``holdout``, and its row count)."""
+    real = result["real_test_accuracy"]
+    kind, net = real["headline"], real.get("network")
+    name = (net or {}).get("name", "network").lower()
+    if holdout:
+        h = result["synthetic_holdout_accuracy"]
+        keys = [(kind, kind)] + [(k, label) for k, label in (("network", name), ("probe", "probe")) if k != kind]
+        return " ".join(f"{label}={h[k]:.4f}" for k, label in keys if k in h) + f" rows={h['rows']}"
+    parts = [f"{kind if kind != 'network' else name}={result['accuracy_mean']:.4f}+-{result['accuracy_std']:.4f}"]
+    if net is not None and kind != "network":
+        parts.append(f"{name}={net['accuracy_mean']:.4f}")
+    if real.get("probe"):
+        parts.append(f"probe={real['probe']['accuracy']:.4f}")
+    weights = (real.get("stacked") or {}).get("weights")
+    if weights:
+        parts.append(f"{name}_weight={weights['network']:.2f}")
+    return " ".join(parts)
 
 
 TEST_DATA_NOTE = (
@@ -246,7 +267,13 @@ def evaluate_release(
         "runs": rep["runs"],
         "epochs": rep["epochs"],
         "device": rep["device"],
+        "accuracy_of": rep["accuracy_of"],
+        "network_accuracy": (rep["real_test_accuracy"]["network"] or {}).get("accuracy_mean"),
         "probe_accuracy": rep["probe"]["accuracy"] if rep.get("probe") else None,
+        "stack_weights": (rep["real_test_accuracy"].get("stacked") or {}).get("weights"),
+        "synthetic_holdout_accuracy": {
+            k: v for k, v in rep["synthetic_holdout_accuracy"].items() if k not in ("measured_on", "headline")
+        },
         "recipe": rep["recipe_name"],
         "summary": rep["summary"],
         "report": f"{manifest['output'].get('prefix', '')}{EVAL_DIR}/{report_mod.REPORT}",

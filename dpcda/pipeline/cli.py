@@ -203,6 +203,8 @@ def cmd_release(args, beam_args) -> int:
     published = run_release(
         cfg, beam_args, release_stages(cfg), eval_input=cfg.eval_input, protect=(args.config,) if args.config else ()
     )
+    from dpcda.evaluation.report import named_headline as named
+
     manifest = published.model_dump(mode="json")  # the summary reads what manifest.json holds
     p = manifest["privacy"]
     print(
@@ -219,7 +221,11 @@ def cmd_release(args, beam_args) -> int:
                     if p.get("reproducible_seed")
                     else {}
                 ),
-                **({"accuracy": manifest["utility"]["accuracy_mean"]} if manifest.get("utility") else {}),
+                **(
+                    {"accuracy": manifest["utility"]["accuracy_mean"], **named(manifest["utility"])}
+                    if manifest.get("utility")
+                    else {}
+                ),
             }
         )
     )
@@ -485,6 +491,7 @@ def _evaluation_out(args) -> str:
 
 
 def cmd_evaluate(args, _beam_args) -> int:
+    from dpcda.evaluation.report import named_headline as named
     from dpcda.evaluation.standalone import evaluate_standalone
 
     out = _evaluation_out(args)
@@ -494,6 +501,7 @@ def cmd_evaluate(args, _beam_args) -> int:
             {
                 "accuracy_mean": report["accuracy_mean"],
                 "accuracy_std": report["accuracy_std"],
+                **named(report),
                 "report": report.get("path"),
             }
         )
