@@ -550,25 +550,25 @@ def plot(rows, path: str) -> None:
         pos = np.arange(len(names)) + 0.4 * j
         vals = [float(c["mean"]) if c else np.nan for c in cells]
         errs = [float(c["std"]) if c else 0.0 for c in cells]
-        bars = ax.bar(pos, vals, 0.4, yerr=errs, label=f"eps {eps}: the recipe's model (stacked)")
+        ax.bar(pos, vals, 0.4, yerr=errs, label=f"eps {eps}: the recipe's model (bars)")
         nets = [np.mean(network_accuracies(c)) if c and network_accuracies(c) else np.nan for c in cells]
         probes = [float(c["probe"]) if c and c.get("probe") not in ("", None) else np.nan for c in cells]
-        color = bars.patches[0].get_facecolor() if bars.patches else None
         ax.plot(
             pos,
             nets,
             "o",
             color="black",
-            markerfacecolor=color,
+            markerfacecolor="white",
             markersize=5,
-            label=f"eps {eps}: network alone" if j == 0 else None,
+            label="network alone (CNN; MLP for projections)" if j == 0 else None,
         )
-        ax.plot(pos, probes, "x", color="black", markersize=6, label="probe alone" if j == 0 else None)
+        ax.plot(pos, probes, "x", color="black", markersize=6, label="linear probe alone" if j == 0 else None)
     ticks = ["\n".join([m, *v.replace("+", "+ ").split()]) for m, v in names]  # "fixed+lowpass" on two lines
     ax.set_xticks(np.arange(len(names)) + 0.2, ticks, fontsize=7)
     ax.axhline(0.1, color="grey", lw=0.8, ls="--")
     ax.set_ylabel("accuracy on the real test rows")
-    ax.legend(fontsize=7, loc="lower left")
+    ax.set_ylim(0, 1.12)
+    ax.legend(fontsize=7, loc="upper center", ncol=4, framealpha=0.9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -111,6 +111,26 @@ def _find_normalization(release_dir: str, manifest: Optional[dict] = None) -> st
     )
 
 
+def class_names(manifest: Optional[dict], test_glob: str, num_classes: int) -> tuple[Optional[list], Optional[str]]:
+    """(names, where from) for the sample grid's rows: the release's label decoding where its manifest has one (a
+    table release's ``input.table.label.categories``, class k at k), else the class names ``dpcda prepare`` recorded
+    beside the test split's shards (``storage.prepared.label_names``: Fashion-MNIST's ten), else (None, None). Names
+    of another length than the release's classes are not used."""
+    from dpcda.storage import prepared
+
+    label = (((manifest or {}).get("input") or {}).get("table") or {}).get("label") or {}
+    cats = label.get("categories")
+    if isinstance(cats, list) and len(cats) == num_classes:
+        return [str(c) for c in cats], "the release's label decoding (input.table.label.categories)"
+    files = [] if is_remote(test_glob) else expand_glob(test_glob)
+    dirs = {os.path.dirname(f) for f in files}
+    if len(dirs) == 1:
+        names = prepared.label_names(dirs.pop())
+        if names is not None and len(names) == num_classes:
+            return names, f"the class names dpcda prepare recorded beside the test split ({prepared.MARKER})"
+    return None, None
+
+
 def _release_info(manifest: Optional[dict]) -> dict:
     if not manifest:
         return {}
@@ -176,7 +196,10 @@ def run_evaluation(
         soft_labels=soft,
         model="mlp" if projection is not None else None,
     )
+    names, names_from = class_names(manifest, test_glob, num_classes)
     extra = {"synthetic_rows": int(len(syn.labels)), "test_glob": test_glob, **_release_info(manifest)}
+    if names is not None:
+        extra.update(class_names=names, class_names_from=names_from)
     remote = is_remote(out_dir)
     local_dir = tempfile.mkdtemp(prefix="dpcda-eval-") if remote else out_dir
     try:
@@ -188,6 +211,7 @@ def run_evaluation(
             input_shape=result["input_shape"],
             extra=extra,
             norm=norm if projection is None else None,  # projected rows have no input units to show
+            class_names=names,
         )
         if remote:
             for p in paths.values():
