@@ -231,7 +231,14 @@ def main(argv=None) -> None:
         help="with --resume: also take the cells of these tables (runs split by --eps/--variants, e.g. one per core, "
         "under another --out)",
     )
+    ap.add_argument(
+        "--no-run",
+        action="store_true",
+        help="with --resume: write the (merged) table and measure no cell (cells still missing stay as they are)",
+    )
     args = ap.parse_args(argv)
+    if args.no_run and not args.resume:
+        ap.error("--no-run writes the table kept by --resume: give --resume too")
     if args.merge and not args.resume:
         ap.error("--merge takes the cells of other tables into this one: give --resume too")
     command = command_line(argv)
@@ -248,6 +255,8 @@ def main(argv=None) -> None:
         rows = list(kept.values())
         if rows:  # the merged table (and the md in today's layout) before any new cell
             write(rows, stem, dataset, command if args.merge else None)
+        if args.no_run:
+            continue
         for eps in args.eps:
             for mech, variant, fields in VARIANTS:
                 if args.variants and f"{mech}/{variant}" not in args.variants:
@@ -440,29 +449,32 @@ def _cell(value, std=None) -> str:
     return f"{float(value):.4f}" + ("" if std in ("", None) else f" +- {float(std):.4f}")
 
 
-def provenance(rows, dataset: str, merge: str | None) -> list:
-    """The header's lines: the command that regenerates the file. Where its cells came from runs split off (one per
-    core, each with its own ``--out``), those commands and the merge that joined them; every row's own command is in
-    the CSV's ``command`` column."""
+def provenance(rows, merge: str | None) -> list:
+    """The header's lines: the commands that regenerate the file. Each row holds the command of the run that measured
+    it (the CSV's ``command`` column; runs split off, e.g. one per core, each with its own ``--out`` and per-cell flags
+    such as ``--variants``, ``--eps`` and ``--ls``), and ``merge`` is the run that joined them (``--resume
+    --merge``)."""
     commands = list(dict.fromkeys(r.get("command") or "" for r in rows))
     known = [c for c in commands if c]
-    one = f"python -m benchmarks.reproduce.reproduce_table3 --datasets {dataset}"
-    lines = [
-        f"Regenerate: `{one}` (every cell: one release per l in `--ls`, default 4 16 64, for the mixing mechanisms, "
-        f"the l with the best real-test accuracy then given three releases in all; `OMP_NUM_THREADS` as below gives "
-        f"the same digits)."
-    ]
-    if known and (len(known) > 1 or merge):
+    kept = sum(1 for r in rows if not r.get("command"))
+    if not known:
+        return ["Regenerate: no command recorded for these cells (measured before commands were recorded)."]
+    if len(known) == 1 and not merge:
+        lines = [f"Regenerate: `{known[0]}`."]
+    else:
+        lines = [
+            "Regenerate: "
+            + "; ".join(f"`{c}`" for c in known)
+            + (f"; then `{merge}`" if merge else "")
+            + ". Each command measures the cells its flags name (`--eps`, `--variants`, `--ls`: l fixed where it "
+            "names one value, searched where it names several) into its `--out`; they may run in parallel, and the "
+            "merge joins them. The CSV's `command` column names each row's."
+        ]
+    if kept:
         lines.append(
-            "This file was made by "
-            + " and ".join(f"`{c}`" for c in known)
-            + " in parallel"
-            + (f", then `{merge}`" if merge else "")
-            + ("; cells without a recorded command were kept from earlier runs" if "" in commands else "")
-            + "."
+            f"{kept} of {len(rows)} cells were kept from earlier runs that recorded no command and no network-alone "
+            f"figure (`-` below); `--resume` re-measures them."
         )
-    elif known:
-        lines.append(f"This file was made by `{known[0]}`.")
     return lines
 
 
@@ -475,9 +487,10 @@ def write(rows, stem: str, dataset: str, merge: str | None = None) -> None:
         f"# {dataset}: every mechanism at eps 20 and 10 (delta 1e-5), accuracy of the evaluation model trained on "
         f"the release and tested on the real test split",
         "",
-        *provenance(rows, dataset, merge),
+        *provenance(rows, merge),
         "",
-        "l chosen on real-test accuracy over the searched grid (shown), as the seeds chose l*; `l by hold-out` is the "
+        "l chosen on real-test accuracy over the searched grid (shown; a single l where the command fixed it at the "
+        "l an earlier search on real-test accuracy chose), as the seeds chose l*; `l by hold-out` is the "
         "l the synthetic hold-out would have picked (the recipe's model's accuracy on the held-out 10 % of the "
         "synthetic rows, no real row), with that search release's real-test accuracy. `paper` is the seeds' number "
         "for the same algorithm, with the dataset it was measured on (MNIST where they report no Fashion-MNIST "
