@@ -203,6 +203,23 @@ def release_and_train(
     return res, plan.sigma_x
 
 
+def cell_release(data, dataset: str, variant: str, eps: str, l: int, release: int, epochs=None, **kw):
+    """(``release_and_train``'s answer or None, the release's seed, l) for release ``release`` of the cell
+    ``variant`` ("mechanism/variant") at ``eps``, as the table draws it: seed ``crc32(dataset/mechanism/variant/eps)
+    % 10^6 + l + 1000 release`` (release 0 is the l-search release), l 1 for the mechanisms that do not mix, Table 3's
+    epochs unless given. ``data``: ``(x, y, tx, ty, first, lowpass)``; ``kw`` goes to ``release_and_train``."""
+    x, y, tx, ty, first, lowpass = data
+    mech, name = variant.split("/")
+    fields = next(f for m, v, f in VARIANTS if (m, v) == (mech, name))
+    l = l if mech in ("dpcda", "dpmix") else 1
+    seed = zlib.crc32(f"{dataset}/{mech}/{name}/{eps}".encode()) % 1_000_000 + l + 1000 * release
+    epochs = epochs or (5 if dataset == "fashion-mnist" else 20)
+    got = release_and_train(
+        x, y, tx, ty, first, dict(fields), eps=eps, l=l, seed=seed, epochs=epochs, num_classes=10, lowpass=lowpass, **kw
+    )
+    return got, seed, l
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--datasets", nargs="+", default=["fashion-mnist", "digits"], choices=["fashion-mnist", "digits"])

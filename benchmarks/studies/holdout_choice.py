@@ -18,13 +18,12 @@ import argparse
 import os
 import shlex
 import sys
-import zlib
 
 import numpy as np
 import torch
 
 from benchmarks.files import RESULTS, write_csv, write_text
-from benchmarks.reproduce.reproduce_table3 import VARIANTS, load, release_and_train
+from benchmarks.reproduce.reproduce_table3 import VARIANTS, cell_release, load
 from dpcda.mechanisms.inprocess import first_pass
 from dpcda.pipeline.prepare import FASHION_MNIST_DIR
 
@@ -34,24 +33,8 @@ FIELDS = ("dataset", "cell", "l", "release", "seed", "network_weight") + tuple(
 )
 
 
-def measure(x, y, tx, ty, first, args, fields, lowpass, release: int) -> dict:
-    mech, variant = args.variant.split("/")
-    l = args.l if mech in ("dpcda", "dpmix") else 1
-    seed = zlib.crc32(f"{args.dataset}/{mech}/{variant}/{args.eps}".encode()) % 1_000_000 + l + 1000 * release
-    got = release_and_train(
-        x,
-        y,
-        tx,
-        ty,
-        first,
-        dict(fields),
-        eps=args.eps,
-        l=l,
-        seed=seed,
-        epochs=args.epochs or (5 if args.dataset == "fashion-mnist" else 20),
-        num_classes=10,
-        lowpass=lowpass,
-    )
+def measure(data, args, release: int) -> dict:
+    got, seed, l = cell_release(data, args.dataset, args.variant, args.eps, args.l, release, args.epochs)
     if got is None:
         raise SystemExit(f"{args.variant} does not apply to {args.dataset}'s rows")
     res = got[0]
@@ -120,14 +103,12 @@ def main(argv=None) -> None:
     flags = shlex.join(sys.argv[1:] if argv is None else list(argv))
     command = f"OMP_NUM_THREADS={torch.get_num_threads()} python -m benchmarks.studies.holdout_choice {flags}".strip()
     x, y, tx, ty, lowpass = load(args.dataset, args.source)
-    mech, variant = args.variant.split("/")
-    fields = next(f for m, v, f in VARIANTS if (m, v) == (mech, variant))
-    first = first_pass(x, y)
+    data = (x, y, tx, ty, first_pass(x, y), lowpass)
     rows = []
     os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, f"holdout_choice_{args.dataset.replace('-', '_')}")
     for r in range(args.releases):
-        rows.append(measure(x, y, tx, ty, first, args, fields, lowpass, r))
+        rows.append(measure(data, args, r))
         print({k: round(v, 4) if isinstance(v, float) else v for k, v in rows[-1].items()}, flush=True)
         write_csv(stem + ".csv", FIELDS, rows)
         write_text(stem + ".md", report(rows, command))

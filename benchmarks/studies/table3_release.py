@@ -18,11 +18,10 @@ import argparse
 import dataclasses
 import json
 import time
-import zlib
 
 import torch
 
-from benchmarks.reproduce.reproduce_table3 import VARIANTS, load, release_and_train
+from benchmarks.reproduce.reproduce_table3 import VARIANTS, cell_release, load
 from dpcda.evaluation.train import RECIPES, Recipe
 from dpcda.mechanisms.inprocess import first_pass
 from dpcda.pipeline.prepare import FASHION_MNIST_DIR
@@ -71,27 +70,18 @@ def main(argv=None) -> None:
     ap.add_argument("--source", default=FASHION_MNIST_DIR)
     args = ap.parse_args(argv)
     x, y, tx, ty, lowpass = load(args.dataset, args.source)
-    mech, variant = args.variant.split("/")
-    fields = next(f for m, v, f in VARIANTS if (m, v) == (mech, variant))
-    l = args.l if mech in ("dpcda", "dpmix") else 1
-    seed = zlib.crc32(f"{args.dataset}/{mech}/{variant}/{args.eps}".encode()) % 1_000_000 + l + 1000 * args.release
-    first = first_pass(x, y)
+    data = (x, y, tx, ty, first_pass(x, y), lowpass)
     changes = recipe_changes(args.set)
     for name in args.recipes:
         t0 = time.time()
-        got = release_and_train(
-            x,
-            y,
-            tx,
-            ty,
-            first,
-            dict(fields),
-            eps=args.eps,
-            l=l,
-            seed=seed,
-            epochs=args.epochs or (5 if args.dataset == "fashion-mnist" else 20),
-            num_classes=10,
-            lowpass=lowpass,
+        got, seed, l = cell_release(
+            data,
+            args.dataset,
+            args.variant,
+            args.eps,
+            args.l,
+            args.release,
+            args.epochs,
             recipe=dataclasses.replace(RECIPES[name], **changes),
             training_seed=args.training_seed,
             track_test=True,

@@ -21,23 +21,21 @@ from dpcda.evaluation.targets import target_loss
 
 
 @torch.no_grad()
-def predict(model: nn.Module, x: torch.Tensor, batch: int, autocast: bool) -> torch.Tensor:
-    model.eval()
-    out = []
-    for i in range(0, len(x), batch):
-        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
-            out.append(model(x[i : i + batch]).float().argmax(dim=1))
-    return torch.cat(out) if out else torch.empty(0, dtype=torch.long, device=x.device)
-
-
-@torch.no_grad()
 def predict_logits(model: nn.Module, x: torch.Tensor, batch: int, autocast: bool) -> torch.Tensor:
+    """The model's outputs (float32) on ``x``, ``batch`` rows at a time, in eval mode."""
     model.eval()
     out = []
     for i in range(0, len(x), batch):
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
             out.append(model(x[i : i + batch]).float())
     return torch.cat(out) if out else torch.empty(0, device=x.device)
+
+
+def predict(model: nn.Module, x: torch.Tensor, batch: int, autocast: bool) -> torch.Tensor:
+    """The predicted class of each row of ``x`` (the argmax of ``predict_logits``)."""
+    if not len(x):
+        return torch.empty(0, dtype=torch.long, device=x.device)
+    return predict_logits(model, x, batch, autocast).argmax(dim=1)
 
 
 class _EMA:
