@@ -47,6 +47,7 @@ def _evaluation_out(args) -> str:
 
 
 def cmd_evaluate(args, _beam_args) -> int:
+    from dpcda.evaluation.report import named_headline as named
     from dpcda.evaluation.standalone import evaluate_standalone
     from dpcda.schemas.config import EVAL_EPOCHS_MAX, EVAL_RUNS_MAX
     from dpcda.storage.publish import PublishError
@@ -69,6 +70,7 @@ def cmd_evaluate(args, _beam_args) -> int:
             {
                 "accuracy_mean": report["accuracy_mean"],
                 "accuracy_std": report["accuracy_std"],
+                **named(report),
                 "report": report.get("path"),
             }
         )

@@ -24,7 +24,13 @@ def register(sub) -> dict:
 
 
 def cmd_prepare(args, _beam_args) -> int:
-    from dpcda.pipeline.prepare import PrepareError, prepare_digits, prepare_fashion_mnist, prepare_rdataset
+    from dpcda.pipeline.prepare import (
+        LABEL_NAMES,
+        PrepareError,
+        prepare_digits,
+        prepare_fashion_mnist,
+        prepare_rdataset,
+    )
     from dpcda.storage import prepared
     from dpcda.storage.publish import MANIFEST
 
@@ -50,6 +56,7 @@ def cmd_prepare(args, _beam_args) -> int:
         counts = prepare_digits(args.out, args.format, args.shards, args.limit)
     else:  # fashion-mnist (KNOWN)
         counts = prepare_fashion_mnist(args.out, args.format, args.shards, args.source, args.limit)
-    prepared.record(args.out, previous, dict.fromkeys(prepared.SPLITS, prepared.shard_names(args.shards, fmt)))
+    names = LABEL_NAMES.get(args.dataset)  # public class names, for the evaluation's pictures
+    prepared.record(args.out, previous, dict.fromkeys(prepared.SPLITS, prepared.shard_names(args.shards, fmt)), names)
     print(json.dumps({"out": args.out, **counts}))
     return 0

@@ -196,6 +196,8 @@ def cmd_release(args, beam_args) -> int:
     published = run_release(
         cfg, beam_args, release_stages(cfg), eval_input=cfg.eval_input, protect=(args.config,) if args.config else ()
     )
+    from dpcda.evaluation.report import named_headline as named
+
     manifest = published.model_dump(mode="json")  # the summary reads what manifest.json holds
     p = manifest["privacy"]
     print(
@@ -212,7 +214,11 @@ def cmd_release(args, beam_args) -> int:
                     if p.get("reproducible_seed")
                     else {}
                 ),
-                **({"accuracy": manifest["utility"]["accuracy_mean"]} if manifest.get("utility") else {}),
+                **(
+                    {"accuracy": manifest["utility"]["accuracy_mean"], **named(manifest["utility"])}
+                    if manifest.get("utility")
+                    else {}
+                ),
             }
         )
     )
