@@ -69,6 +69,9 @@ class Mechanism(abc.ABC):
         "parallel over classes (a record meets only its own class's rows); sequential with the statistics releases"
     )
     normalizes: ClassVar[bool] = True  # its rows are z-scored (False: no statistics are computed or spent)
+    # poisson mode: a DP class histogram chooses its rows per class (False: no histogram is drawn or spent; marginals
+    # takes its row count from its fitted model's total, post-processing of its own noisy counts)
+    class_histogram: ClassVar[bool] = True
     accountant: ClassVar[str] = ""  # the accountant of its events where not the mode's ('rdp': zCDP events)
 
     # ---------------------------------------------------------------- privacy

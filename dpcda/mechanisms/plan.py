@@ -78,7 +78,7 @@ class ReleasePlan:
     sigma_x: float
     sigma_y: float
     samples_per_class: tuple[int, ...]  # dpcda: T_k of each class; dpmix, local, randproj, p3gm: () (not per class)
-    samples_total: int
+    samples_total: Optional[int]  # None until a synthesis that sets its own rows has run (marginals)
     class_rows: tuple[int, ...]  # exact N_k: private in poisson mode, for the synthesis only
     sampling_rates: tuple[
         Fraction, ...
@@ -326,7 +326,7 @@ def budget_shares(privacy: PrivacyParams, params: MechanismParams, dim: int) -> 
     mode = privacy.mode
     mech = registry.get(params.name)
     shares = []
-    if mode == "poisson":
+    if mode == "poisson" and mech.class_histogram:
         shares.append(
             Share("class_histogram", privacy.histogram_budget_share, dp_stats.HISTOGRAM_SENSITIVITY, adaptive=True)
         )
@@ -413,6 +413,8 @@ def build_plan(
         sizes, n_public = counts, float(rows)
         dp_sizes = None
         caveats.append(Caveat(CaveatCode.FIXED_CLASS_SIZES, mechanism=mech.name))
+    elif hist is None:  # no class sizes needed (Mechanism.class_histogram): nothing drawn, no row count here
+        paths, sizes, n_public, dp_sizes = (), [], None, None
     else:
         # The histogram's output chooses q_k, T_k and sigma_x: the planner accounted it alone, at its own share of
         # epsilon and delta, and left the rest for what follows (adaptive composition; privacy.accounting).
@@ -467,10 +469,10 @@ def build_plan(
         if bound * 2.0 ** (2 * dp_stats.COV_QUANTUM_BITS) >= dp_stats.COV_MAX_SUM:  # decided on public counts
             raise PlanError("projection: the DP-PCA covariance takes at most 2^30 rows (exact int64 sums)")
         pca_std = planned.get("pca_covariance").noise_std
-    N = rows if mode == "fixed" else int(n_public)
-    T = params.samples or N
-    cap = MAX_SAMPLES_PER_INPUT_ROW * max(int(n_public), 1)
-    if T > cap:  # fixed: n_public is the exact row count (public there); poisson: the DP total
+    N = rows if mode == "fixed" else int(n_public) if n_public is not None else None
+    T = params.samples or N  # None: the mechanism's synthesis sets the rows (marginals: its model's total)
+    cap = MAX_SAMPLES_PER_INPUT_ROW * max(int(n_public or 0), 1)
+    if T is not None and n_public is not None and T > cap:  # fixed: the exact row count (public); poisson: DP
         raise PlanError(
             f"samples: T={T} is more than {MAX_SAMPLES_PER_INPUT_ROW} times the input's rows; lower --samples"
         )
@@ -509,15 +511,16 @@ def build_plan(
     sigma_y = mech.sigma_y(params, sigma_x)
     out_dim = projection[0] if projection else dim
     mixed_dim = components or out_dim  # with a DP-PCA projection the noise is drawn in K dimensions
+    drawn = T_total or 0  # rows drawn with noise of their own (None: the synthesis sets its rows, noise-free)
     gaussian_draws = (
-        T_total * mixed_dim * (sigma_x > 0)
+        drawn * mixed_dim * (sigma_x > 0)
         + dim * (dim + 1) // 2 * (pca_std is not None)
-        + T_total * K * (sigma_y > 0)
+        + drawn * K * (sigma_y > 0)
         + 2 * dim * (normalization == "dp")
-        + K * (mode == "poisson")
+        + K * (hist is not None)
         + mech.extra_draws(calibrated, dim=dim, num_classes=K)
     )
-    binomial_draws = T_total * (mode == "poisson")
+    binomial_draws = drawn * (hist is not None)
     acc = account(
         ReleaseEvents(
             mode,
@@ -561,7 +564,7 @@ def build_plan(
         histogram_noise_std=hist.noise_std if hist else None,
         normalization_share=privacy.normalization_budget_share if normalization == "dp" else None,
         accounting=acc,
-        records_public=max(int(n_public), l),
+        records_public=max(int(n_public or 0), l),
         end_to_end_dp=end_to_end,
         target_epsilon=privacy.epsilon,
         caveats=tuple(caveats),

@@ -96,4 +96,6 @@ from dpcda.mechanisms.marginals.selection import (  # noqa: F401
 from dpcda.mechanisms.marginals.synthesis import (  # noqa: F401
     fit_and_sample,
     integer_columns,
+    rows_of_total,
+    stated_release_plan,
 )

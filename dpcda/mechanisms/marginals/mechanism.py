@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from dpcda.mechanisms.base import Calibrated, InProcess, Mechanism, PlanError
 from dpcda.mechanisms.marginals.counting import MarginalCounter
 from dpcda.mechanisms.marginals.domain import codes_of, domain_of
 from dpcda.mechanisms.marginals.plan import AIM, AIM_MAX_MODEL_SIZE, MarginalsPlan
 from dpcda.mechanisms.marginals.selection import label_pairs
-from dpcda.mechanisms.marginals.synthesis import fit_and_sample, integer_columns
+from dpcda.mechanisms.marginals.synthesis import fit_and_sample, integer_columns, stated_release_plan
 
 MAX_CELLS = 1 << 26  # cells of every one-way and two-way count array a release holds (int64: 512 MiB)
 
@@ -20,8 +18,8 @@ class Marginals(Mechanism):
     name = "marginals"
     composition = (
         "sequential: the one-way counts, the selection rounds and the selected pairs' counts (one zCDP budget; "
-        "selection aim: adaptive rounds under a zCDP filter capped at that budget), after the class histogram "
-        "(adaptive)"
+        "selection aim: adaptive rounds under a zCDP filter capped at that budget); no class histogram: the row "
+        "count is the fitted model's total (post-processing)"
     )
     summary = "marginals (MST or AIM): noisy one- and two-way counts on public bins, a graphical model (mbi) sampled"
     modes = ("poisson",)
@@ -30,11 +28,12 @@ class Marginals(Mechanism):
     audit_game = "marginal-counts"  # no canary game yet: the config refuses --audit
     fits_model = True
     normalizes = False
+    class_histogram = False  # the row count is the fitted model's total (``synthesis.rows_of_total``)
     accountant = "rdp"
 
     def calibrate(self, events, budget, *, params, data, **_) -> Calibrated:
         """rho calibrated so that the whole release (its events, RDP) spends what the budget planner
-        (``privacy.budget.BudgetPlan``) left after the histogram."""
+        (``privacy.budget.BudgetPlan``) left (no class histogram: the whole synthesis budget)."""
         from dpcda.privacy.marginals import calibrate
 
         dom = domain_of(data.table, params.bins)
@@ -56,6 +55,7 @@ class Marginals(Mechanism):
                 rho=aim_event.rho,
                 event=aim_event,
                 max_model_size=params.max_model_size or AIM_MAX_MODEL_SIZE,
+                rows=params.samples,
             )
             return Calibrated(sigma_x=0.0, per_group=(aim_event,), marginals=plan)
         event = calibrate(
@@ -68,7 +68,12 @@ class Marginals(Mechanism):
             stated_delta=budget.delta,
         )
         plan = MarginalsPlan(
-            selection=params.selection, domain=dom, iterations=params.iters, rho=event.rho, event=event
+            selection=params.selection,
+            domain=dom,
+            iterations=params.iters,
+            rho=event.rho,
+            event=event,
+            rows=params.samples,
         )
         return Calibrated(sigma_x=0.0, per_group=(event,), marginals=plan)
 
@@ -100,7 +105,8 @@ class Marginals(Mechanism):
     def label_caveat(self) -> str:
         return (
             "marginals: the rows and labels are sampled from a graphical model fitted to noisy one- and two-way counts "
-            "on the schema's public bins (sampling is post-processing); the row count is a DP estimate."
+            "on the schema's public bins (sampling is post-processing); the row count is the fitted model's total, "
+            "rounded (post-processing of the same noisy counts), unless samples is given."
         )
 
     def synthesize(self, ctx: InProcess):
@@ -110,7 +116,7 @@ class Marginals(Mechanism):
         acc = counter.add(counter.create(), codes_of(ctx.x, ctx.y, schema, mp.domain.bins))
         chunk_rows, integers = ctx.core.execution.chunk_rows, integer_columns(ctx.core.data.source, schema)
         stated, chunks = fit_and_sample(acc, plan, schema, ctx.key, chunk_rows, integers)
-        ctx.stated_plan = dataclasses.replace(plan, marginals=stated)  # the picks, as the Beam path states them
+        ctx.stated_plan = stated_release_plan(plan, stated)  # the picks and the rows, as the Beam path states them
         for x, y in chunks:
             yield x, y, None
 
@@ -149,6 +155,7 @@ class Marginals(Mechanism):
             num_classes=plan.num_classes,
             samples_total=plan.samples_total,
             dataset_size_dp=int(sum(plan.dp_class_sizes)) if plan.dp_class_sizes else None,
+            row_count=None if mp.rows_from_model is None else "model_total" if mp.rows_from_model else "samples",
             bins=mp.domain.bins,
             columns={n: s for n, s in zip(mp.domain.names, mp.domain.sizes)},
             rho=mp.rho,
@@ -177,9 +184,11 @@ class Marginals(Mechanism):
             fit={
                 "estimator": "mbi MirrorDescent",
                 "iterations": mp.iterations,
-                "round_estimator": "dpcda.mechanisms.pgm (mbi's mirror descent, junction tree and model size in numpy)",
+                "round_estimator": "dpcda.mechanisms.pgm (accelerated mirror descent with restarts on mbi's "
+                "junction tree, warm-started; mbi's model size; in numpy)",
                 "round_iterations": rec.get("round_iterations"),
                 "round_tolerance": rec.get("round_tolerance"),
+                "round_watch": rec.get("round_watch"),
                 "total": mp.estimated_total,
             },
             sampling="mbi's synthetic_data (randomized rounding of the model's marginals); a numeric code becomes a "

@@ -31,6 +31,8 @@ class MarginalsPlan:
     estimated_total: Optional[float] = None
     fit_seconds: Optional[float] = None
     max_model_size: Optional[int] = None  # aim: the model's size cap in cells
+    rows: Optional[int] = None  # rows to sample: the config's samples (public), or None: the fitted model's total
+    rows_from_model: Optional[bool] = None  # stated once sampled: whether ``rows`` is the model's total, rounded
     aim: Optional[dict] = None  # aim: the rounds as run (DP: chosen from public inputs and DP outputs)
 
     def noise_stds(self) -> dict:

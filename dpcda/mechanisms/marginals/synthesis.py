@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from typing import Iterator
 
 import numpy as np
 
+from dpcda.mechanisms.base import PlanError
 from dpcda.mechanisms.marginals.counting import MarginalCounter
 from dpcda.mechanisms.marginals.domain import rows_of
 from dpcda.mechanisms.marginals.estimation import SAMPLE_ROWS, decompress, fit, sample_codes
@@ -32,24 +34,41 @@ def fit_and_sample(
     del acc  # from here on only noisy counts
     model = fit(measured, mp)
     names = mp.domain.names
+    rows = mp.rows if mp.rows is not None else rows_of_total(float(model.total))
     stated = dataclasses.replace(
         mp,
         selected=tuple(tuple(names[i] for i in cl) for cl in measured.pairs),
         aim=measured.record,
         estimated_total=float(model.total),
         fit_seconds=round(time.time() - start, 2),
+        rows=rows,
+        rows_from_model=mp.rows is None,
     )
     log.info("stage=marginals fitted cliques=%d seconds=%.1f", len(measured.pairs), time.time() - start)
     values, spread = NoiseStream(key, "marginals", "values"), NoiseStream(key, "marginals", "decompress")
     block_rows = max(1, SAMPLE_ROWS // chunk_rows) * chunk_rows  # blocks cut where the chunks are cut
 
     def chunks():  # lazy: the rows are drawn block by block as the writer takes them
-        for codes in sample_codes(model, plan.samples_total, mp, key, block_rows):
+        for codes in sample_codes(model, rows, mp, key, block_rows):
             codes = decompress(codes, measured.mapping, spread)
             for lo in range(0, len(codes), chunk_rows):
                 yield rows_of(codes[lo : lo + chunk_rows], schema, mp.domain.bins, values, integers)
 
     return stated, chunks()
+
+
+def rows_of_total(total: float) -> int:
+    """The released row count from the fitted model's total (mbi's minimum-variance combination of every noisy
+    count's sum: DP, post-processing), rounded to the nearest integer, at least 1."""
+    if not math.isfinite(total):  # the model is DP: refusing on it says nothing about the records
+        raise PlanError("marginals: the fitted model's total is not finite; nothing was published")
+    return max(1, int(round(total)))
+
+
+def stated_release_plan(plan, stated: MarginalsPlan):
+    """The release plan as the manifest states it once the synthesis has run: its marginals plan completed with the
+    picks and the fit, and its row count the rows sampled."""
+    return dataclasses.replace(plan, marginals=stated, samples_total=stated.rows)
 
 
 def integer_columns(source: str, table) -> frozenset:
