@@ -405,7 +405,7 @@ def test_a_good_marginals_config_defaults_to_add_remove():
 
 
 def test_too_many_cells_are_refused_before_work(monkeypatch):
-    monkeypatch.setattr(mg.mechanism, "MAX_CELLS", 100)
+    monkeypatch.setattr(mg.limits, "MAX_CELLS", 100)
     with pytest.raises(PlanError, match="^marginals: the one- and two-way counts of this table take"):
         mg.Marginals().check_before_work(_cfg(table=SCHEMA).core, 0)
 

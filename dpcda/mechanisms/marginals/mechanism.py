@@ -5,11 +5,10 @@ from __future__ import annotations
 from dpcda.mechanisms.base import Calibrated, InProcess, Mechanism, PlanError
 from dpcda.mechanisms.marginals.counting import MarginalCounter
 from dpcda.mechanisms.marginals.domain import codes_of, domain_of
+from dpcda.mechanisms.marginals.limits import footprint, refusal
 from dpcda.mechanisms.marginals.plan import AIM, AIM_MAX_MODEL_SIZE, MarginalsPlan
 from dpcda.mechanisms.marginals.selection import label_pairs
 from dpcda.mechanisms.marginals.synthesis import fit_and_sample, integer_columns, stated_release_plan
-
-MAX_CELLS = 1 << 26  # cells of every one-way and two-way count array a release holds (int64: 512 MiB)
 
 
 class Marginals(Mechanism):
@@ -95,12 +94,15 @@ class Marginals(Mechanism):
         return sum(dom.sizes) + sum(pair_cells[: n - 1]) + label * (label_pairs(calibrated.marginals.selection, n) > 0)
 
     def check_before_work(self, core, dim: int) -> None:
-        dom = domain_of(core.data.table, core.params.bins)
-        if dom.cells > MAX_CELLS:
-            raise PlanError(
-                f"marginals: the one- and two-way counts of this table take {dom.cells} cells at "
-                f"marginals_bins={core.params.bins}, more than {MAX_CELLS}; lower --marginals-bins or drop columns"
-            )
+        """The table's size against ``limits``' bounds (columns, count cells, model cells, the footprint in memory),
+        from the public schema, before any row is read."""
+        params, table = core.params, core.data.table
+        dom = domain_of(table, params.bins)
+        model_cap = (params.max_model_size or AIM_MAX_MODEL_SIZE) if params.selection == AIM else None
+        fp = footprint(dom, table.encoded_width, params.selection, model_cap, core.execution.chunk_rows)
+        why = refusal(fp, params.bins, params.selection)
+        if why:
+            raise PlanError(why)
 
     def label_caveat(self) -> str:
         return (

@@ -13,7 +13,8 @@ import numpy as np
 from dpcda.mechanisms.base import PlanError
 from dpcda.mechanisms.marginals.counting import MarginalCounter
 from dpcda.mechanisms.marginals.domain import rows_of
-from dpcda.mechanisms.marginals.estimation import SAMPLE_ROWS, decompress, fit, sample_codes
+from dpcda.mechanisms.marginals.estimation import decompress, fit, sample_codes
+from dpcda.mechanisms.marginals.limits import sample_block_rows
 from dpcda.mechanisms.marginals.plan import MarginalsPlan
 from dpcda.mechanisms.marginals.selection import measure
 from dpcda.privacy.noise import NoiseStream
@@ -46,7 +47,7 @@ def fit_and_sample(
     )
     log.info("stage=marginals fitted cliques=%d seconds=%.1f", len(measured.pairs), time.time() - start)
     values, spread = NoiseStream(key, "marginals", "values"), NoiseStream(key, "marginals", "decompress")
-    block_rows = max(1, SAMPLE_ROWS // chunk_rows) * chunk_rows  # blocks cut where the chunks are cut
+    block_rows = sample_block_rows(len(mp.domain.sizes), chunk_rows)  # cut where the chunks are cut
 
     def chunks():  # lazy: the rows are drawn block by block as the writer takes them
         for codes in sample_codes(model, rows, mp, key, block_rows):
