@@ -267,7 +267,7 @@ def test_an_aim_releases_rounds_recompute_to_at_most_its_epsilon(aim_release):
     aim = mech["aim"]
     assert mech["selection"] == "aim" and aim["rounds_run"] == len(aim["rounds"]) == mech["selection_rounds"] >= 1
     assert aim["annealing_steps"] == sum(r["annealed"] for r in aim["rounds"])
-    assert aim["max_model_size_cells"] == mg.AIM_MAX_MODEL_SIZE == 80 * 2**20 // 8
+    assert aim["max_model_size_cells"] == mg.AIM_MAX_MODEL_SIZE == 1 << 16  # stated in the manifest
     n = len(mech["columns"])
     delta = privacy["delta_breakdown"]["accountant"]
     acc = rdp.RdpAccountant(RDP_ORDERS, dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)

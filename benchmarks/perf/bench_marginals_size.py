@@ -30,7 +30,7 @@ from benchmarks.files import RESULTS, write_text
 from benchmarks.perf.bench_table_scale import measured_run
 
 OUT = os.path.join(RESULTS, "bench_marginals_size.md")
-CASES = ["10x20", "25x20", "50x20", "100x20", "11nx64", "11nx256", "11nx512", "11nx1024", "200x20"]
+CASES = ["10x20", "25x20", "50x20", "100x20", "127x20", "200x20", "11nx64", "11nx256", "11nx512", "11nx768", "11nx1024"]
 KINDS = ("numeric", "categorical5", "boolean", "categorical3")
 
 

@@ -14,7 +14,11 @@ SELECTIONS = ("mst", "mst-label", "aim")  # mst-label: MST's tree, and the label
 
 AIM = "aim"  # AIM's adaptive rounds (McKenna, Mullins, Sheldon, Miklau 2022), budget in privacy.aim
 
-AIM_MAX_MODEL_SIZE = 80 * (1 << 20) // 8  # cells: AIM's default max_model_size, 80 MB of float64
+# cells: the model's size cap of AIM's rounds. AIM's paper takes 80 MB of float64 (10,485,760 cells); a refit's step
+# costs about one pass over the model's cells, and on wa_churn at eps 10 a cap of 65,536 ran 99 rounds in 91 CPU s with
+# all-pair TVD 0.0140 where 262,144 ran 120 rounds in 224 s (0.0126); at the paper's cap the rounds ran for hours
+# (benchmarks/results/README.md). --marginals-max-model-size raises it; the manifest states it.
+AIM_MAX_MODEL_SIZE = 1 << 16
 
 
 @dataclasses.dataclass(frozen=True)
