@@ -4,13 +4,10 @@ one-line refusals, exit 2, nothing published, the input unchanged; the footprint
 
 from __future__ import annotations
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from benchmarks.perf.bench_marginals_size import schema_of
+from benchmarks.perf.bench_marginals_size import schema_of, write_table
 from dpcda.mechanisms import marginals as mg
 from dpcda.mechanisms.base import PlanError
 from dpcda.pipeline.cli import EXIT_BAD_INPUT, main
@@ -20,24 +17,13 @@ from tests.test_bad_input import assert_nothing_published, assert_one_line_error
 
 
 def _release_files(tmp_path, columns: int, numeric: bool, rows: int = 20):
-    """A table of ``rows`` rows matching ``bench_marginals_size.schema_of`` and its config file."""
+    """A table of ``rows`` rows of ``bench_marginals_size.schema_of`` (written as the benchmark writes it) and its
+    config file: (input glob, config path, input folder)."""
     schema = schema_of(columns, numeric)
-    rng = np.random.default_rng(0)
-    data = {}
-    for col in schema["columns"]:
-        if col["kind"] == "numeric":
-            data[col["name"]] = pa.array(rng.random(rows))
-        elif col["kind"] == "boolean":
-            data[col["name"]] = pa.array(rng.random(rows) < 0.5)
-        else:
-            data[col["name"]] = pa.array(rng.choice(col["categories"], rows).tolist(), type=pa.string())
-    data["y"] = pa.array(rng.choice(["a", "b"], rows).tolist(), type=pa.string())
-    inp = tmp_path / "in"
-    inp.mkdir()
-    pq.write_table(pa.table(data), inp / "part-0.parquet")
+    inp = write_table(str(tmp_path / "in"), schema, rows)
     cfg = tmp_path / "config.yaml"
     cfg.write_text(yaml.safe_dump({"mechanism": "marginals", "table": schema}))
-    return str(inp / "*.parquet"), str(cfg), inp
+    return inp, str(cfg), tmp_path / "in"
 
 
 @pytest.mark.parametrize(
