@@ -37,8 +37,13 @@ class Column(BaseModel):
 
     name: str = Field(min_length=1)
     kind: Literal["numeric", "categorical", "boolean"]
-    lower: Optional[float] = Field(None, description="numeric: public lower bound (values below are clipped)")
-    upper: Optional[float] = Field(None, description="numeric: public upper bound (values above are clipped)")
+    # strict: a number (an integer is one), never true/false or a string, which pydantic would read as 1.0 or 72
+    lower: Optional[float] = Field(
+        None, strict=True, description="numeric: public lower bound (values below are clipped)"
+    )
+    upper: Optional[float] = Field(
+        None, strict=True, description="numeric: public upper bound (values above are clipped)"
+    )
     categories: Optional[list[Category]] = Field(None, description="categorical: every value the column may hold")
     nullable: bool = Field(False, description="the column may hold nulls (encoded as an indicator)")
 
@@ -163,8 +168,8 @@ class TableSchema(BaseModel):
                     raise SchemaError(f"{where}: column '{c.name}': declared category {v!r} does not fit type {t}")
 
 
-def _check_type(kind: str, t: pa.DataType, where: str) -> None:
-    ok = {
+def _fits(kind: str, t: pa.DataType) -> bool:
+    return {
         "numeric": pa.types.is_integer(t) or pa.types.is_floating(t),
         "boolean": pa.types.is_boolean(t) or pa.types.is_integer(t),
         "categorical": pa.types.is_string(t)
@@ -173,7 +178,10 @@ def _check_type(kind: str, t: pa.DataType, where: str) -> None:
         or pa.types.is_boolean(t)
         or pa.types.is_dictionary(t),
     }[kind]
-    if not ok:
+
+
+def _check_type(kind: str, t: pa.DataType, where: str) -> None:
+    if not _fits(kind, t):
         raise SchemaError(f"{where}: declared {kind}, but its type is {t}")
 
 
@@ -233,6 +241,14 @@ def infer_draft(arrow_schema: pa.Schema, label: Optional[str], null_counts: Opti
     ``nullable: false``, so that a release from the draft does not invent nulls the table never had.
     """
     columns = []
+    unreleasable = [f for f in arrow_schema if f.name != label and not _has_a_kind(f.type)]
+    if unreleasable:  # the release refuses an undeclared column, and no kind takes these: drafting one would mislead
+        f = unreleasable[0]
+        raise SchemaError(
+            f"column '{f.name}' has type {str(f.type)[:80]}, which no kind releases (numeric, boolean, categorical: "
+            f"numbers, booleans, strings, dictionaries); {len(unreleasable)} such column(s) "
+            f"({', '.join(u.name for u in unreleasable[:5])}): drop them from the input, or flatten them first"
+        )
     for f in arrow_schema:
         if f.name == label:
             continue
@@ -248,3 +264,8 @@ def infer_draft(arrow_schema: pa.Schema, label: Optional[str], null_counts: Opti
             col["nullable"] = False  # the footers' statistics: no file holds a null in this column
         columns.append(col)
     return {"label": {"name": label or "CHOOSE_THE_LABEL_COLUMN", "categories": []}, "columns": columns}
+
+
+def _has_a_kind(t: pa.DataType) -> bool:
+    """Whether a column of Arrow type ``t`` can be declared with some kind (``check_against``'s rule)."""
+    return any(_fits(kind, t) for kind in ("numeric", "boolean", "categorical"))

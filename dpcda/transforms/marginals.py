@@ -8,17 +8,12 @@ completed with the picks (DP), which the manifest states.
 
 from __future__ import annotations
 
+import dataclasses
+
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from dpcda.mechanisms.marginals import (
-    MarginalCounter,
-    codes_of,
-    domain_of,
-    fit_and_sample,
-    integer_columns,
-    stated_release_plan,
-)
+from dpcda.mechanisms.marginals import MarginalCounter, codes_of, domain_of, fit_and_sample, integer_columns
 from dpcda.storage.build import check_build
 from dpcda.transforms.mix import finite_table
 from dpcda.transforms.synthesize import _Synthesis
@@ -57,7 +52,7 @@ class _FitFn(beam.DoFn):
 
     def process(self, counts, plan, key):
         stated, chunks = fit_and_sample(counts, plan, self.schema, key, self.chunk_rows, self.integers)
-        yield beam.pvalue.TaggedOutput(self.STATED, stated_release_plan(plan, stated))
+        yield beam.pvalue.TaggedOutput(self.STATED, dataclasses.replace(plan, synthesis=stated))
         for i, (x, y) in enumerate(chunks):
             self.rows_written.inc(len(y))
             yield finite_table(x, y, self.fc, self.lc, soft=False, where=f"marginals chunk {i}")
@@ -69,7 +64,7 @@ class FitAndSampleMarginals(_Synthesis):
 
     def expand(self, blocks):
         cfg, common = self.cfg, self.common
-        counts = blocks | "CountMarginals" >> beam.CombineGlobally(_CountFn(cfg.table, cfg.marginals_bins))
+        counts = blocks | "CountMarginals" >> beam.CombineGlobally(_CountFn(cfg.table, cfg.mechanism.bins))
         out = counts | "FitMarginals" >> beam.ParDo(
             _FitFn(
                 cfg.table,

@@ -91,11 +91,11 @@ from dpcda.mechanisms.marginals.plan import (  # noqa: F401
     SELECTIONS,
     MarginalsPlan,
     Measurements,
+    label_pairs,
 )
 from dpcda.mechanisms.marginals.selection import (  # noqa: F401
     _DisjointSet,
     independence_scores,
-    label_pairs,
     measure,
     select_mst,
 )
@@ -103,5 +103,4 @@ from dpcda.mechanisms.marginals.synthesis import (  # noqa: F401
     fit_and_sample,
     integer_columns,
     rows_of_total,
-    stated_release_plan,
 )

@@ -25,25 +25,26 @@ log = logging.getLogger(__name__)
 def fit_and_sample(
     acc: np.ndarray, plan, schema, key: bytes, chunk_rows: int, integers: frozenset = frozenset()
 ) -> tuple[MarginalsPlan, Iterator[tuple[np.ndarray, np.ndarray]]]:
-    """The stated ``MarginalsPlan`` (picked pairs, the model's total) and (encoded rows, labels) chunks of the plan's
-    ``samples_total`` rows, from the exact counts ``acc`` (``MarginalCounter``). ``integers``: the numeric columns
-    whose Arrow type is an integer (their values are drawn among the integers of their bin)."""
-    mp: MarginalsPlan = plan.marginals
+    """The stated ``MarginalsPlan`` (picked pairs, the model's total, the rows sampled) and (encoded rows, labels)
+    chunks of the plan's ``samples_total`` rows (None: the fitted model's total, rounded), from the exact counts
+    ``acc`` (``MarginalCounter``). ``integers``: the numeric columns whose Arrow type is an integer (their values are
+    drawn among the integers of their bin)."""
+    mp: MarginalsPlan = plan.synthesis
     counter = MarginalCounter(mp.domain)
     start = time.time()
     measured = measure(counter, acc, mp, key)
     del acc  # from here on only noisy counts
     model = fit(measured, mp)
     names = mp.domain.names
-    rows = mp.rows if mp.rows is not None else rows_of_total(float(model.total))
+    rows = mp.samples_total if mp.samples_total is not None else rows_of_total(float(model.total))
     stated = dataclasses.replace(
         mp,
         selected=tuple(tuple(names[i] for i in cl) for cl in measured.pairs),
         aim=measured.record,
         estimated_total=float(model.total),
         fit_seconds=round(time.time() - start, 2),
-        rows=rows,
-        rows_from_model=mp.rows is None,
+        samples_total=rows,
+        rows_from_model=mp.samples_total is None,
     )
     log.info("stage=marginals fitted cliques=%d seconds=%.1f", len(measured.pairs), time.time() - start)
     values, spread = NoiseStream(key, "marginals", "values"), NoiseStream(key, "marginals", "decompress")
@@ -64,12 +65,6 @@ def rows_of_total(total: float) -> int:
     if not math.isfinite(total):  # the model is DP: refusing on it says nothing about the records
         raise PlanError("marginals: the fitted model's total is not finite; nothing was published")
     return max(1, int(round(total)))
-
-
-def stated_release_plan(plan, stated: MarginalsPlan):
-    """The release plan as the manifest states it once the synthesis has run: its marginals plan completed with the
-    picks and the fit, and its row count the rows sampled."""
-    return dataclasses.replace(plan, marginals=stated, samples_total=stated.rows)
 
 
 def integer_columns(source: str, table) -> frozenset:
