@@ -23,6 +23,7 @@ import resource
 import shutil
 import sys
 import tempfile
+from pathlib import Path
 
 import numpy as np
 
@@ -94,8 +95,7 @@ def run_case(case: str, rows: int, work: str, timeout: float) -> str:
     shutil.rmtree(folder, ignore_errors=True)
     inp = write_table(os.path.join(folder, "in"), schema, rows)
     cfg = os.path.join(folder, "config.yaml")
-    with open(cfg, "w") as fh:
-        yaml.safe_dump({"mechanism": "marginals", "table": schema}, fh)
+    Path(cfg).write_text(yaml.safe_dump({"mechanism": "marginals", "table": schema}))  # in the temporary folder
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     r = measured_run(
         [sys.executable, "-m", "dpcda.pipeline.cli", "release", "--config", cfg, "--input", inp, "--output",
