@@ -10,6 +10,7 @@ import numpy as np
 from dpcda.mechanisms import pgm
 from dpcda.mechanisms.marginals.counting import compressed_domain
 from dpcda.mechanisms.marginals.domain import Domain
+from dpcda.mechanisms.marginals.limits import SAMPLE_ROWS
 from dpcda.mechanisms.marginals.plan import MarginalsPlan, Measurements
 from dpcda.privacy.noise import NoiseStream
 
@@ -67,9 +68,6 @@ def warm_start(model, dom: Domain):
     domain = mbi.Domain(list(dom.names), list(dom.sizes))
     tables = {cl: mbi.Factor(domain.project(cl), jnp.asarray(v)) for cl, v in model.potentials_for(dom.names).items()}
     return mbi.CliqueVector(domain, list(tables), tables)
-
-
-SAMPLE_ROWS = 1 << 18  # rows mbi draws in one call: the sampling holds this many rows, not the release's
 
 
 def sample_codes(model, rows: int, plan: MarginalsPlan, key: bytes, block_rows: int = SAMPLE_ROWS):
