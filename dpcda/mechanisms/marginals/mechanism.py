@@ -8,6 +8,7 @@ from dpcda.mechanisms.base import Grouping, InProcess, Mechanism, PlanError, Pub
 from dpcda.mechanisms.marginals.counting import MarginalCounter
 from dpcda.mechanisms.marginals.domain import codes_of, domain_of
 from dpcda.mechanisms.marginals.plan import AIM, AIM_MAX_MODEL_SIZE, MarginalsPlan, label_pairs
+from dpcda.mechanisms.marginals.rules import kept_rules
 from dpcda.mechanisms.marginals.synthesis import fit_and_sample, integer_columns
 from dpcda.schemas.mechanism_params import MarginalsParams
 
@@ -84,6 +85,7 @@ class Marginals(Mechanism):
                 f"marginals: the one- and two-way counts of this table take {dom.cells} cells at "
                 f"marginals_bins={core.params.bins}, more than {MAX_CELLS}; lower --marginals-bins or drop columns"
             )
+        kept_rules(core.data.table, dom)  # the rules' tables on these codes: too large a group is refused here
 
     def label_caveat(self) -> str:
         return (

@@ -13,6 +13,7 @@ from dpcda.mechanisms.marginals.counting import MarginalCounter
 from dpcda.mechanisms.marginals.domain import rows_of
 from dpcda.mechanisms.marginals.estimation import SAMPLE_ROWS, decompress, fit, sample_codes
 from dpcda.mechanisms.marginals.plan import MarginalsPlan
+from dpcda.mechanisms.marginals.rules import kept_rules
 from dpcda.mechanisms.marginals.selection import measure
 from dpcda.privacy.noise import NoiseStream
 
@@ -30,7 +31,8 @@ def fit_and_sample(
     start = time.time()
     measured = measure(counter, acc, mp, key)
     del acc  # from here on only noisy counts
-    model = fit(measured, mp)
+    kept = kept_rules(schema, mp.domain, integers)  # the table's public rules (None: it declares none)
+    model = fit(measured, mp, kept)
     names = mp.domain.names
     stated = dataclasses.replace(
         mp,
@@ -43,11 +45,19 @@ def fit_and_sample(
     values, spread = NoiseStream(key, "marginals", "values"), NoiseStream(key, "marginals", "decompress")
     block_rows = max(1, SAMPLE_ROWS // chunk_rows) * chunk_rows  # blocks cut where the chunks are cut
 
+    if kept:
+        again, rule_draws = kept.resampler(model, key, measured.mapping), NoiseStream(key, "marginals", "rules")
+
     def chunks():  # lazy: the rows are drawn block by block as the writer takes them
         for codes in sample_codes(model, plan.samples_total, mp, key, block_rows):
             codes = decompress(codes, measured.mapping, spread)
+            if kept:
+                codes = kept.keep_codes(codes, measured.mapping, again, rule_draws)
             for lo in range(0, len(codes), chunk_rows):
-                yield rows_of(codes[lo : lo + chunk_rows], schema, mp.domain.bins, values, integers)
+                x, y = rows_of(codes[lo : lo + chunk_rows], schema, mp.domain.bins, values, integers)
+                yield (kept.keep_values(x, codes[lo : lo + chunk_rows], rule_draws) if kept else x), y
+        if kept:
+            log.info("stage=marginals rules kept=%s", kept.stated)
 
     return stated, chunks()
 
