@@ -214,22 +214,15 @@ def test_codes_and_values_outside_the_rules_are_brought_inside_without_touching_
     assert kept.stated["resampled_rows"] > 0 and kept.stated["repaired_rows"] >= 0
     # values: uniform inside bins breaks total >= monthly where the bins overlap; redrawn rows keep their bins
     x, _ = rows_of(out, schema, 20, NoiseStream(key_from_test_seed(6), "test", "values"), frozenset({"tenure"}))
-    table = decode_rows(
-        x.astype(np.float64),
-        out[:, -1],
-        schema,
-        churn_like(1).schema,
-        uniforms=np.full((3000, draws_per_row(schema)), 0.5),
-    )
+
+    def decoded(x):
+        half = np.full((3000, draws_per_row(schema)), 0.5)
+        return decode_rows(x.astype(np.float64), out[:, -1], schema, churn_like(1).schema, uniforms=half)
+
+    table = decoded(x)
     assert not rule_holds(table, schema)[:, -2].all()  # the test below means something
     x = kept.keep_values(x, out, stream)
-    table = decode_rows(
-        x.astype(np.float64),
-        out[:, -1],
-        schema,
-        churn_like(1).schema,
-        uniforms=np.full((3000, draws_per_row(schema)), 0.5),
-    )
+    table = decoded(x)
     assert rule_holds(table, schema).all()
     from dpcda.mechanisms.marginals.domain import codes_of
 
