@@ -9,6 +9,7 @@ from dpcda.mechanisms.marginals.counting import MarginalCounter
 from dpcda.mechanisms.marginals.domain import codes_of, domain_of
 from dpcda.mechanisms.marginals.limits import footprint, refusal
 from dpcda.mechanisms.marginals.plan import AIM, AIM_MAX_MODEL_SIZE, MarginalsPlan, label_pairs
+from dpcda.mechanisms.marginals.rules import kept_rules
 from dpcda.mechanisms.marginals.synthesis import fit_and_sample, integer_columns
 from dpcda.schemas.mechanism_params import MarginalsParams
 
@@ -88,6 +89,7 @@ class Marginals(Mechanism):
         why = refusal(fp, params.bins, params.selection)
         if why:
             raise PlanError(why)
+        kept_rules(table, dom)  # the rules' tables on these codes: too large a group is refused here
 
     def label_caveat(self) -> str:
         return (

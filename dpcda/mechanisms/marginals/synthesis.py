@@ -17,6 +17,7 @@ from dpcda.mechanisms.marginals.estimation import decompress, fit, sample_codes
 from dpcda.mechanisms.marginals.limits import sample_block_rows
 from dpcda.mechanisms.marginals.noisy import noisy_summary
 from dpcda.mechanisms.marginals.plan import MarginalsPlan
+from dpcda.mechanisms.marginals.rules import kept_rules
 from dpcda.mechanisms.marginals.selection import measure
 from dpcda.privacy.noise import NoiseStream
 
@@ -35,7 +36,8 @@ def fit_and_sample(
     start = time.time()
     measured = measure(counter, acc, mp, key)
     del acc  # from here on only noisy counts
-    model = fit(measured, mp)
+    kept = kept_rules(schema, mp.domain, integers)  # the table's public rules (None: it declares none)
+    model = fit(measured, mp, kept)
     names = mp.domain.names
     rows = mp.samples_total if mp.samples_total is not None else rows_of_total(float(model.total))
     stated = dataclasses.replace(
@@ -52,11 +54,19 @@ def fit_and_sample(
     values, spread = NoiseStream(key, "marginals", "values"), NoiseStream(key, "marginals", "decompress")
     block_rows = sample_block_rows(len(mp.domain.sizes), chunk_rows)  # cut where the chunks are cut
 
+    if kept:
+        again, rule_draws = kept.resampler(model, key, measured.mapping), NoiseStream(key, "marginals", "rules")
+
     def chunks():  # lazy: the rows are drawn block by block as the writer takes them
         for codes in sample_codes(model, rows, mp, key, block_rows):
             codes = decompress(codes, measured.mapping, spread)
+            if kept:
+                codes = kept.keep_codes(codes, measured.mapping, again, rule_draws)
             for lo in range(0, len(codes), chunk_rows):
-                yield rows_of(codes[lo : lo + chunk_rows], schema, mp.domain.bins, values, integers)
+                x, y = rows_of(codes[lo : lo + chunk_rows], schema, mp.domain.bins, values, integers)
+                yield (kept.keep_values(x, codes[lo : lo + chunk_rows], rule_draws) if kept else x), y
+        if kept:
+            log.info("stage=marginals rules kept=%s", kept.stated)
 
     return stated, chunks()
 
