@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Iterator
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 
@@ -20,17 +20,26 @@ log = logging.getLogger(__name__)
 
 
 def fit_and_sample(
-    acc: np.ndarray, plan, schema, key: bytes, chunk_rows: int, integers: frozenset = frozenset()
+    acc: np.ndarray,
+    plan,
+    schema,
+    key: bytes,
+    chunk_rows: int,
+    integers: frozenset = frozenset(),
+    on_fit: Optional[Callable] = None,
 ) -> tuple[MarginalsPlan, Iterator[tuple[np.ndarray, np.ndarray]]]:
     """The stated ``MarginalsPlan`` (picked pairs, the model's total) and (encoded rows, labels) chunks of the plan's
     ``samples_total`` rows, from the exact counts ``acc`` (``MarginalCounter``). ``integers``: the numeric columns
-    whose Arrow type is an integer (their values are drawn among the integers of their bin)."""
+    whose Arrow type is an integer (their values are drawn among the integers of their bin). ``on_fit``: called with
+    the noisy measurements and the fitted model once the fit is done (the release keeps them: ``marginals.model``)."""
     mp: MarginalsPlan = plan.synthesis
     counter = MarginalCounter(mp.domain)
     start = time.time()
     measured = measure(counter, acc, mp, key)
     del acc  # from here on only noisy counts
     model = fit(measured, mp)
+    if on_fit is not None:
+        on_fit(measured, model)
     names = mp.domain.names
     stated = dataclasses.replace(
         mp,
