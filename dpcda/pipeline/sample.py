@@ -50,6 +50,7 @@ class ReleaseModel:
     manifest_sha256: str
     model: FittedModel
     files: tuple  # schemas.manifest.ModelFile of each model file read
+    _mbi: dict = dataclasses.field(default_factory=dict, compare=False)  # mbi's model, made on the first sample
 
     def __repr__(self) -> str:
         p = self.manifest["privacy"]
@@ -60,8 +61,13 @@ class ReleaseModel:
         budget). ``seed``: the same seed gives the same rows; without it, fresh randomness."""
         import pyarrow as pa
 
+        from dpcda.mechanisms.marginals.model import mbi_model
+
         rows = check_rows(n, "n")
-        tables = list(sample_tables(self.model, rows, sample_key(check_seed(seed, "seed")), PART_ROWS))
+        key = sample_key(check_seed(seed, "seed"))
+        if "model" not in self._mbi:
+            self._mbi["model"] = mbi_model(self.model)
+        tables = list(sample_tables(self.model, rows, key, PART_ROWS, self._mbi["model"]))
         return pa.concat_tables(tables)
 
     def one_way_measurements(self) -> dict:

@@ -337,18 +337,18 @@ def mbi_model(fm: FittedModel):
     return mbi.MarkovRandomField(potentials=potentials, marginals=marginals, total=fm.total)
 
 
-def sample_tables(fm: FittedModel, rows: int, key: bytes, part_rows: int) -> Iterator:
+def sample_tables(fm: FittedModel, rows: int, key: bytes, part_rows: int, model=None) -> Iterator:
     """pyarrow Tables of ``rows`` rows in all (at most ``part_rows`` each) drawn from the model, with the release's
     Arrow schema: mbi's randomized rounding block by block (``estimation.sample_codes``), MST's decompression, values
     inside their bins (``domain.rows_of``) and the release's decoding (``storage.tables.decode_rows``). Every draw is
-    from a ``privacy.noise`` stream under ``key``."""
+    from a ``privacy.noise`` stream under ``key``. ``model``: ``mbi_model(fm)``, where the caller keeps one."""
     from dpcda.mechanisms.marginals.domain import rows_of
     from dpcda.mechanisms.marginals.estimation import decompress, sample_codes
     from dpcda.privacy.noise import NoiseStream
     from dpcda.storage.tables import decode_rows, decode_uniforms
 
     schema = fm.schema
-    model = mbi_model(fm)
+    model = mbi_model(fm) if model is None else model  # ``model``: ``mbi_model(fm)``, made once by the caller
     values, spread = NoiseStream(key, "model-sample", "values"), NoiseStream(key, "model-sample", "decompress")
     integers = frozenset(fm.integers)
     arrow = fm.arrow_schema
