@@ -204,6 +204,7 @@ def write_sample(
 
     from dpcda.pipeline.manifest import software
     from dpcda.privacy import noise
+    from dpcda.progress import track
     from dpcda.schemas.manifest import Output, OutputFile
     from dpcda.schemas.sample_manifest import SampleDraw, SampleManifest, SamplePrivacy, SampleSource
     from dpcda.storage import publish
@@ -216,11 +217,14 @@ def write_sample(
         parts = -(-n // PART_ROWS)
         os.mkdir(os.path.join(target.workdir, "synthetic"))
         files = []
-        for k, table in enumerate(sample_tables(release.model, n, sample_key(seed), PART_ROWS)):
-            rel = f"synthetic/part-{k:05d}-of-{parts:05d}.parquet"
-            path = os.path.join(target.workdir, rel)
-            pq.write_table(table, path)
-            files.append(OutputFile(path=rel, rows=table.num_rows, sha256=_sha256(path), bytes=os.path.getsize(path)))
+        with track("sample rows drawn", n, unit="rows") as bar:
+            for k, table in enumerate(sample_tables(release.model, n, sample_key(seed), PART_ROWS)):
+                rel = f"synthetic/part-{k:05d}-of-{parts:05d}.parquet"
+                path = os.path.join(target.workdir, rel)
+                pq.write_table(table, path)
+                size = os.path.getsize(path)
+                files.append(OutputFile(path=rel, rows=table.num_rows, sha256=_sha256(path), bytes=size))
+                bar.update(table.num_rows)
         m, p = release.manifest, release.manifest["privacy"]
         manifest = SampleManifest(
             created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
