@@ -55,12 +55,19 @@ class WriteSynthetic(beam.PTransform):
         )
 
 
-def _sha256_rows_bytes(path: str) -> tuple[str, int, int]:
-    """Read back from storage: what a reader will get."""
-    digest, size = _sha256_bytes(path)
+def _sha256_rows_bytes(path: str, rows: bool = True) -> tuple[str, int, int]:
+    """Read back from storage: what a reader will get (``rows``: a Parquet part's, from its footer; else 0)."""
+    h = hashlib.sha256()
+    size = 0
     with FileSystems.open(path) as fh:
-        rows = pq.ParquetFile(fh, pre_buffer=False).metadata.num_rows  # the footer only (storage.shards.parquet_file)
-    return digest, rows, size
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+            size += len(chunk)
+    if not rows:
+        return h.hexdigest(), 0, size
+    with FileSystems.open(path) as fh:
+        n = pq.ParquetFile(fh, pre_buffer=False).metadata.num_rows  # the footer only (storage.shards.parquet_file)
+    return h.hexdigest(), n, size
 
 
 def _write_text(path: str, text: str) -> None:
@@ -101,19 +108,9 @@ def _model_section(directory: str, prefix: str):
         raise OSError(f"{missing[0]}: the model was written in part; nothing was published")
     files = []
     for name, path in zip(model.MODEL_FILES, paths):
-        digest, size = _sha256_bytes(path)
+        digest, _, size = _sha256_rows_bytes(path, rows=False)
         files.append(ModelFile(path=f"{prefix}{model.MODEL_DIR}/{name}", sha256=digest, bytes=size))
     return ReleaseModel(format=model.FORMAT, version=model.VERSION, files=files, contents=model.describe())
-
-
-def _sha256_bytes(path: str) -> tuple[str, int]:
-    h = hashlib.sha256()
-    size = 0
-    with FileSystems.open(path) as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-            size += len(chunk)
-    return h.hexdigest(), size
 
 
 class WriteDraftManifest(beam.PTransform):
