@@ -213,6 +213,7 @@ def test_tabular_smartnoise_past_its_time_limit_is_stated_and_resume_measures_sh
 
 
 def test_tabular_keeps_each_finished_release_and_resume_measures_only_the_missing_ones(tmp_path, monkeypatch):
+    from benchmarks.process import Measured
     from benchmarks.reproduce import tabular_table
 
     calls, budget = [], {"left": 1}
@@ -225,7 +226,7 @@ def test_tabular_keeps_each_finished_release_and_resume_measures_only_the_missin
         acc = 0.5 + 0.1 * len(calls)
         figs = {"accuracy": acc, "roc_auc": 0.6, "models": {"logistic_regression": {"accuracy": acc}},
                 "column_distance_mean": 0.2, "correlation_gap": 0.1}  # fmt: skip
-        return figs, None, ""
+        return figs, "", Measured(0, 1.0, 100.0, "", "")
 
     monkeypatch.setattr(tabular_table, "smartnoise_venv", lambda path: "python")
     monkeypatch.setattr(tabular_table, "smartnoise_release", fake_release)  # the reference rows are real (5 s)
@@ -562,7 +563,8 @@ def test_tabular_release_log_of_fewer_columns_is_rewritten_with_the_new_header(t
     from benchmarks.reproduce import tabular_table
 
     log = tmp_path / "tabular_wa_churn_releases.csv"
-    old = tabular_table.RELEASE_FIELDS[: -len(tabular_table.ANALYST)]  # a log written before the analyst's columns
+    # a log written before the peak RSS and the analyst's columns
+    old = [f for f in tabular_table.RELEASE_FIELDS[: -len(tabular_table.ANALYST)] if f != "peak_rss_mb"]
     with open(log, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=old)
         w.writeheader()
@@ -571,13 +573,15 @@ def test_tabular_release_log_of_fewer_columns_is_rewritten_with_the_new_header(t
             "models": {"logistic_regression": {"accuracy": 0.7}}, "column_distance_mean": 0.2, "correlation_gap": 0.1,
             "marginals": {"one_way_tvd_mean": 0.01, "two_way_tvd_label_mean": 0.02, "two_way_tvd_mean": 0.03,
                           "base_rate": {"max_gap": 0.004}}}  # fmt: skip
-    tabular_table.append_release(str(log), tabular_table.release_record("marginals mst", "1", 0, figs, "", 2.0))
+    rec = tabular_table.release_record("marginals mst", "1", 0, figs, "", 2.0, 300.0)
+    tabular_table.append_release(str(log), rec)
     got = tabular_table.read_releases(str(log))
     assert got[("dpmix", "1", 0)]["roc_auc"] == 0.5 and got[("dpmix", "1", 0)]["label_pair_tvd"] == ""
     new = got[("marginals mst", "1", 0)]
     assert (new["balanced_accuracy"], new["one_way_tvd"], new["label_pair_tvd"]) == (0.6, 0.01, 0.02)
+    assert new["peak_rss_mb"] == 300.0 and tabular_table.cell_row("wa_churn", [new])["peak_rss_mb"] == 300.0
     row = tabular_table.cell_row("wa_churn", [got[("dpmix", "1", 0)]])  # an old cell: its new columns blank
-    assert row["roc_auc"] == 0.5 and row["all_pair_tvd"] == ""
+    assert row["roc_auc"] == 0.5 and row["all_pair_tvd"] == "" and row["peak_rss_mb"] == ""
 
 
 def test_tabular_smartnoise_python_runs_the_given_interpreter_and_installs_nothing(tmp_path, monkeypatch):
@@ -672,7 +676,7 @@ def test_tabular_merge_gathers_releases_and_cells_measured_under_other_folders(t
                           "base_rate": {"max_gap": 0.004}}}  # fmt: skip
 
     def rec(method, r, acc):
-        return tabular_table.release_record(method, "1", r, {**figs, "accuracy": acc}, "", 2.0)
+        return tabular_table.release_record(method, "1", r, {**figs, "accuracy": acc}, "", 2.0, 100.0)
 
     for r, acc in ((0, 0.6), (1, 0.7)):
         tabular_table.append_release(tabular_table.releases_path(str(main), "t"), rec("marginals mst", r, acc))
@@ -720,3 +724,56 @@ def test_table3_release_recipe_changes_parse_fields_by_type_and_refuse_bad_ones(
     for bad, needle in ((["foo=1"], "FIELD=VALUE"), (["lr"], "FIELD=VALUE"), (["batch_size=big"], "not a int")):
         with pytest.raises(SystemExit, match=needle):
             recipe_changes(bad)
+
+
+def test_a_measured_process_reports_its_own_peak_memory_and_is_stopped_at_its_time_limit():
+    import sys
+    import time
+
+    from benchmarks.process import TimedOut, run_measured
+
+    small = run_measured([sys.executable, "-c", "print('ok')"])
+    big = run_measured([sys.executable, "-c", "b = bytearray(300 * 2**20); b[::4096] = b'x' * len(b[::4096])"])
+    assert small.returncode == 0 and small.stdout == "ok\n" and small.peak_rss_mb < 100
+    assert big.returncode == 0 and big.peak_rss_mb >= 300 > small.peak_rss_mb  # the child's own peak, not ours
+    assert run_measured([sys.executable, "-c", "import sys; sys.exit(3)"]).returncode == 3
+    t0 = time.time()
+    with pytest.raises(TimedOut):
+        run_measured(["sleep", "30"], timeout=0.5)
+    assert time.time() - t0 < 5
+
+
+def test_table_targets_read_the_readme_and_state_each_target_met_or_not(tmp_path):
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from benchmarks.checks import table_targets as tt
+    from dpcda.pipeline.prepare import load_rdataset
+
+    cmds = tt.readme_commands(open(os.path.join(tt.ROOT, "README.md")).read())
+    assert any(" release " in c and "--epsilon 10" in c and "--output" in c for c in cmds)
+    real = load_rdataset("modeldata/wa_churn")[0].slice(0, 400)
+    schema = tt.table_schema("wa_churn")
+    labels = real.column("churn").to_pylist()
+    counts = [labels.count("No"), labels.count("Yes")]
+    manifest = {"privacy": {"dataset_size_dp": None}, "mechanism": {"name": "marginals", "mode": "poisson"}}
+    rows = tt.readme_figures(real, real, manifest, schema)
+    assert [r[3] for r in rows] == ["met"] * 4 and "0.0% off" in rows[0][2] and "0 of 400" in rows[2][2]
+    # a synthetic table with tenure squeezed, every customer churning, a rule broken; the class sizes in the manifest
+    n = real.num_rows
+    synth = real.set_column(real.schema.get_field_index("tenure"), "tenure", pc.add(pc.divide(real["tenure"], 10), 30))
+    synth = synth.set_column(synth.schema.get_field_index("churn"), "churn", pa.array(["Yes"] * n))
+    lines = ["No phone service"] + synth.column("multiple_lines").to_pylist()[1:]
+    phone = [1] + synth.column("phone_service").to_pylist()[1:]
+    synth = synth.set_column(synth.schema.get_field_index("multiple_lines"), "multiple_lines", pa.array(lines))
+    field = synth.schema.field("phone_service")
+    synth = synth.set_column(synth.schema.get_field_index("phone_service"), field, pa.array(phone, field.type))
+    leaky = {**manifest, "mechanism": {**manifest["mechanism"], "class_sizes": {"No": counts[0], "Yes": counts[1]}}}
+    rows = tt.readme_figures(real, synth, leaky, schema)
+    assert [r[3] for r in rows] == ["NOT met"] * 4
+    assert "/mechanism/class_sizes" in rows[3][2] and "1 of 400" in rows[2][2]
+    found = tt.exact_count_fields({"a": [counts[1], counts[0]], "b": {"c": counts[0]}, "d": [1, 2]}, counts)
+    assert {"/a", f"/b/c = {counts[0]}"} <= set(found) and not any(f.startswith("/d") for f in found)
+    # one-way TVD on the real column's range: the same table is 0, a shifted numeric column is not
+    assert max(tt.one_way_tvd(real, real, schema).values()) == 0.0
+    assert tt.one_way_tvd(real, synth, schema)["tenure"] > 0.5

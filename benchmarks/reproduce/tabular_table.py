@@ -52,6 +52,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from benchmarks.files import RESULTS, ROOT, write_csv, write_text
+from benchmarks.process import TimedOut, run_measured
 from dpcda.evaluation.table_metrics import table_metrics
 from dpcda.evaluation.tabular import evaluate_tables, train_on_synthetic
 from dpcda.mechanisms import registry
@@ -92,11 +93,18 @@ MARGINALS_SELECTIONS = typing.get_args(MarginalsParams.model_fields["selection"]
 METHODS.update(
     {f"marginals {s}": dict(mechanism="marginals", mode="poisson", marginals_selection=s) for s in MARGINALS_SELECTIONS}
 )
+# the product's command as a user runs it (``dpcda release``: Beam, DirectRunner), on the training table's Parquet
+# file: with the table's example config (its mode, domain and rules) and ``--mechanism marginals``, a table's default
+# mechanism, named so that a config that names another still runs it; and with ``--label`` only (no config: the DP
+# domain step derives the domain, then a table's defaults)
+CONFIGURED = "dpcda release --config (marginals)"
+NO_CONFIG = "dpcda release --label (no config)"
+METHODS.update({CONFIGURED: dict(cli="config"), NO_CONFIG: dict(cli="label")})
 # the analyst's figures (evaluation.table_metrics against the real test table) and balanced accuracy, beside the older
 # columns; files written before these columns existed read as blank there
 ANALYST = ("balanced_accuracy", "one_way_tvd", "label_pair_tvd", "all_pair_tvd", "base_rate_gap")
 FIELDS = ("table", "method", "epsilon", "l", "runs", "accuracy", "accuracy_std", "roc_auc", "lr_accuracy",
-          "column_distance", "correlation_gap", "seconds", *ANALYST, "note")  # fmt: skip
+          "column_distance", "correlation_gap", "seconds", "peak_rss_mb", *ANALYST, "note")  # fmt: skip
 NUMBERS = FIELDS[5:-1]
 
 
@@ -148,6 +156,63 @@ def one_release(train, test, conf: dict, method: dict, eps: float, seed: int, re
         return evaluate_tables(synth, test, schema, seed), plan, "" if method["mechanism"] == "marginals" else l
 
 
+def child_env() -> dict:
+    """The environment of a release's process: this tree first on the path."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+
+
+def read_synthetic(folder: str):
+    """The synthetic table of a release folder (its shards in order)."""
+    import glob
+
+    import pyarrow as pa
+
+    return pa.concat_tables(pq.read_table(p) for p in sorted(glob.glob(os.path.join(folder, "synthetic", "*.parquet"))))
+
+
+def child_release(spec: str) -> None:
+    """The process of one in-process release (``--child``): its synthetic table written to ``spec``'s ``out``."""
+    a = json.loads(spec)
+    train, test, conf = load(a["table"])
+    pq.write_table(
+        one_release(train, test, conf, METHODS[a["method"]], a["eps"], a["seed"], return_table=True), a["out"]
+    )
+
+
+def measured_release(name: str, train, test, conf: dict, method: str, eps: float, seed: int, timeout=None):
+    """One release of ``method`` in a process of its own, then its evaluation here: (``evaluate_tables``'s figures,
+    l, ``process.Measured``: the process's wall seconds and peak RSS, interpreter start and imports included).
+
+    The product's command (``CONFIGURED``, ``NO_CONFIG``) reads the training table from a Parquet file; the in-process
+    methods load it in their process as ``one_release`` does here. Every method is scored on ``conf``'s schema."""
+    spec = METHODS[method]
+    with tempfile.TemporaryDirectory() as tmp:
+        if "cli" in spec:
+            os.makedirs(os.path.join(tmp, "train"))
+            pq.write_table(train, os.path.join(tmp, "train", "part-00000.parquet"))
+            cmd = [sys.executable, "-m", "dpcda.pipeline.cli", "release", "--input",
+                   os.path.join(tmp, "train", "*.parquet"), "--output", os.path.join(tmp, "release"),
+                   "--epsilon", f"{eps:g}", "--seed", str(seed)]  # fmt: skip
+            if spec["cli"] == "config":
+                cmd += ["--config", os.path.join(ROOT, "examples", f"{name}.yaml"), "--mechanism", "marginals"]
+            else:
+                cmd += ["--label", conf["table"]["label"]["name"]]
+        else:
+            out = os.path.join(tmp, "synthetic.parquet")
+            job = dict(table=name, method=method, eps=eps, seed=seed, out=out)
+            cmd = [sys.executable, "-m", "benchmarks.reproduce.tabular_table", "--child", json.dumps(job)]
+        m = run_measured(cmd, timeout, env=child_env())
+        if m.returncode:
+            raise RuntimeError(f"{method} failed: {m.stderr[-2000:]}")
+        synth = read_synthetic(os.path.join(tmp, "release")) if "cli" in spec else pq.read_table(out)
+    mixes = "mechanism" in spec and registry.get(spec["mechanism"]).mixes
+    return (
+        evaluate_tables(synth, test, parse_table_schema(conf["table"]), seed),
+        conf.get("mixing_order", 4) if mixes else "",
+        m,
+    )
+
+
 SMARTNOISE = ("mst", "aim")
 
 
@@ -167,8 +232,9 @@ class DidNotFinish(Exception):
 
 
 def smartnoise_release(python: str, train, test, conf: dict, synth: str, eps: float, seed: int, timeout=None):
+    """smartnoise-synth's ``synth`` in a process of its own (its venv's interpreter), scored as ``measured_release``
+    scores ours: (figures, l, ``process.Measured``)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     schema = parse_table_schema(conf["table"])
     with tempfile.TemporaryDirectory() as tmp:
@@ -176,16 +242,16 @@ def smartnoise_release(python: str, train, test, conf: dict, synth: str, eps: fl
         with open(os.path.join(tmp, "schema.json"), "w") as fh:
             json.dump(schema.model_dump(mode="json"), fh)
         try:
-            res = subprocess.run(
+            m = run_measured(
                 [python, os.path.join(HERE, "smartnoise_runner.py"), "--train", os.path.join(tmp, "train.parquet"),
                  "--schema", os.path.join(tmp, "schema.json"), "--synth", synth, "--epsilon", str(eps),
                  "--out", os.path.join(tmp, "out.parquet")],
-                capture_output=True, text=True, timeout=timeout,
+                timeout,
             )  # fmt: skip
-        except subprocess.TimeoutExpired:
+        except TimedOut:
             raise DidNotFinish(f"smartnoise {synth} did not finish in {timeout:g} s") from None
-        if res.returncode:
-            raise RuntimeError(f"smartnoise {synth} failed: {res.stderr[-2000:]}")
+        if m.returncode:
+            raise RuntimeError(f"smartnoise {synth} failed: {m.stderr[-2000:]}")
         out = pq.read_table(os.path.join(tmp, "out.parquet")).replace_schema_metadata(None)
     cols = []
     for f in train.schema:
@@ -195,7 +261,7 @@ def smartnoise_release(python: str, train, test, conf: dict, synth: str, eps: fl
             col = pa.array(np.round(col), from_pandas=True).cast(f.type)
         cols.append(col.cast(f.type))
     synth_table = pa.Table.from_arrays(cols, schema=train.schema)
-    return evaluate_tables(synth_table, test, schema, seed), None, ""
+    return evaluate_tables(synth_table, test, schema, seed), "", m
 
 
 def reference_rows(name, train, test, conf):
@@ -227,7 +293,7 @@ def analyst(m: dict) -> dict:
 
 
 RELEASE_FIELDS = ("method", "epsilon", "release", "l", "accuracy", "roc_auc", "lr_accuracy", "column_distance",
-                  "correlation_gap", "seconds", *ANALYST)  # fmt: skip
+                  "correlation_gap", "seconds", "peak_rss_mb", *ANALYST)  # fmt: skip
 
 
 def releases_path(out: str, name: str) -> str:
@@ -267,7 +333,7 @@ def append_release(path: str, rec: dict) -> None:
         os.fsync(fh.fileno())
 
 
-def release_record(method: str, eps: str, release: int, figs: dict, l, seconds: float) -> dict:
+def release_record(method: str, eps: str, release: int, figs: dict, l, seconds: float, rss_mb: float) -> dict:
     return {
         "method": method,
         "epsilon": eps,
@@ -279,6 +345,7 @@ def release_record(method: str, eps: str, release: int, figs: dict, l, seconds: 
         "column_distance": figs["column_distance_mean"],
         "correlation_gap": figs["correlation_gap"],
         "seconds": seconds,
+        "peak_rss_mb": rss_mb,
         "balanced_accuracy": figs.get("balanced_accuracy", ""),
         **(analyst(figs["marginals"]) if "marginals" in figs else dict.fromkeys(ANALYST[1:], "")),
     }
@@ -305,6 +372,7 @@ def cell_row(name: str, recs: list[dict]) -> dict:
         "roc_auc": float(np.mean(aucs)) if aucs else "",
         **{k: float(np.mean([r[k] for r in recs])) for k in ("lr_accuracy", "column_distance", "correlation_gap")},
         "seconds": float(np.mean([r["seconds"] for r in recs])),
+        "peak_rss_mb": mean_of(recs, "peak_rss_mb"),
         **{k: mean_of(recs, k) for k in ANALYST},
         "note": "",
     }
@@ -340,14 +408,63 @@ def stem_of(out: str, name: str) -> str:
     return os.path.join(out, f"tabular_{name}")
 
 
+def commands_path(out: str, name: str) -> str:
+    return stem_of(out, name) + "_commands.jsonl"
+
+
+def note_command(out: str, name: str, argv: list[str], started: float) -> None:
+    """This invocation in the table's log of commands (its exact command line, the 1-minute load average when it
+    started and now), rewritten as it goes: the result file opens with every command that measured a cell in it."""
+    path = commands_path(out, name)
+    log = [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+    entry = {"command": " ".join(["python -m benchmarks.reproduce.tabular_table", *argv]), "started": started,
+             "load_start": log[-1]["load_start"] if log and log[-1]["started"] == started else os.getloadavg()[0],
+             "load_now": os.getloadavg()[0]}  # fmt: skip
+    log = [e for e in log if e["started"] != started] + [entry]
+    write_text(path, "".join(json.dumps(e) + "\n" for e in log))
+
+
+def gather_commands(out: str, name: str, others: list[str]) -> None:
+    """The commands logged under ``others`` (runs side by side) added to ``out``'s log, in the order they started."""
+    log = {}
+    for folder in [out, *others]:
+        path = commands_path(folder, name)
+        for e in map(json.loads, open(path)) if os.path.exists(path) else []:
+            log.setdefault(e["started"], e)
+    write_text(commands_path(out, name), "".join(json.dumps(log[k]) + "\n" for k in sorted(log)))
+
+
+def commands_of(out: str, name: str) -> list[str]:
+    path = commands_path(out, name)
+    if not os.path.exists(path):
+        return [f"`python -m benchmarks.reproduce.tabular_table --tables {name}`"]
+    return [
+        f"`{e['command']}` (1-minute load average {e['load_start']:.1f} when it started, {e['load_now']:.1f} at its "
+        "last release)"
+        for e in map(json.loads, open(path))
+    ]
+
+
 def write(name: str, rows: list[dict], out: str, quiet: bool = False) -> None:
     stem = stem_of(out, name)
     write_csv(stem + ".csv", FIELDS, rows)
+    header = (
+        "| method | eps | l | runs | ROC AUC | balanced accuracy | one-way TVD | label-pair TVD | all-pair TVD | "
+        "base-rate gap | accuracy | lr accuracy | column distance | correlation gap | s | peak RSS MB |"
+    )
+    columns = header.count("|") - 1
     lines = [
         f"# {name}: train on synthetic, test on real",
         "",
-        f"`python -m benchmarks.reproduce.tabular_table --tables {name}` (3 releases per cell unless `runs` says "
-        "otherwise). "
+        "Commands, in the order they ran, on 2 CPU cores shared with other work (`nice -n 10`):",
+        "",
+        *(f"- {c}" for c in commands_of(out, name)),
+        "",
+        f"Releases per cell: `runs`. `{CONFIGURED}`: the product's command with examples/{name}.yaml and "
+        "`--mechanism marginals`; "
+        f"`{NO_CONFIG}`: the product's command with `--label` only (the DP domain step derives the domain). "
+        "s and peak RSS MB: per release, the wall seconds and the peak resident memory (ru_maxrss) of the release's "
+        "own process (interpreter start and imports included; the evaluation runs outside it). "
         "ROC AUC, balanced accuracy and accuracy: gradient boosting trained on the synthetic table, tested on the "
         "real test table (accuracy is kept, not headlined: on this skewed label it rewards the majority); lr: "
         "logistic regression's accuracy. The TVDs and the base-rate gap are `evaluation.table_metrics`'s against the "
@@ -355,25 +472,25 @@ def write(name: str, rows: list[dict], out: str, quiet: bool = False) -> None:
         "columns, label pairs the mean over the label's pairs, all pairs over every pair, base-rate gap the largest "
         "difference of the label's class frequencies (for `real`: the training table against the test table). "
         "Column distance: mean over columns of TV (categories) or KS (numbers); correlation gap: mean |corr "
-        "difference| of the encoded columns. Blank: a cell measured before its column existed. Figures on the real "
-        "test table are outside the guarantee (docs/tables.md).",
+        "difference| of the encoded columns. Every method is scored on the example config's schema. Figures on the "
+        "real test table are outside the guarantee (docs/tables.md).",
         "",
-        "| method | eps | l | runs | ROC AUC | balanced accuracy | one-way TVD | label-pair TVD | all-pair TVD | "
-        "base-rate gap | accuracy | lr accuracy | column distance | correlation gap | s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        header,
+        "|" + "---|" * columns,
     ]
     for r in rows:
         if r["runs"] == 0:
             stopped = f"did not finish in {r['seconds']:.0f} s"
-            lines.append(f"| {r['method']} | {r['epsilon']} |  | 0 | {stopped} |" + " |" * 10)
+            lines.append(f"| {r['method']} | {r['epsilon']} |  | 0 | {stopped} |" + " |" * (columns - 5))
             continue
         auc = fmt(r["roc_auc"]) + (f" ({r['note']})" if r["note"] else "")
         acc = fmt(r["accuracy"]) + (f" +- {r['accuracy_std']:.4f}" if r["runs"] != 1 else "")
+        rss = f"{r['peak_rss_mb']:.0f}" if isinstance(r.get("peak_rss_mb"), float) else ""
         lines.append(
             f"| {r['method']} | {r['epsilon']} | {r['l']} | {r['runs']} | {auc} | "
             + " | ".join(fmt(r[k]) for k in ANALYST)
             + f" | {acc} | {fmt(r['lr_accuracy'])} | {fmt(r['column_distance'])} | {fmt(r['correlation_gap'])} | "
-            f"{fmt(r['seconds'], 1)} |"
+            f"{fmt(r['seconds'], 1)} | {rss} |"
         )
     lines += against_targets(rows, read_releases(releases_path(out, name)))
     write_text(stem + ".md", "\n".join(lines) + "\n")
@@ -543,6 +660,7 @@ def merge(name: str, out: str, others: list[str], reference: list[dict]) -> list
 
 
 def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tables", nargs="+", default=list(TABLES), choices=list(TABLES))
     ap.add_argument("--eps", type=float, nargs="+", default=[1.0, 10.0])
@@ -572,7 +690,12 @@ def main(argv=None) -> None:
         help="measure nothing: add the releases and cells that runs side by side wrote under these --out folders to "
         "--out's files (each cell the mean of its logged releases), and write the tables again",
     )
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)  # one in-process release's own process
     args = ap.parse_args(argv)
+    if args.child:
+        child_release(args.child)
+        return
+    started = time.time()
     if args.merge:
         for name in args.tables:
             # the reference rows as the first of the folders has them with today's columns (the same models on the
@@ -584,6 +707,7 @@ def main(argv=None) -> None:
                     break
             else:
                 ref = reference_rows(name, *load(name))
+            gather_commands(args.out, name, args.merge)
             write(name, merge(name, args.out, args.merge, ref), args.out)
         return
     if args.smartnoise_venv and args.smartnoise_python:
@@ -623,16 +747,16 @@ def main(argv=None) -> None:
                             recs.append(cached[(*cell, r)])
                             continue
                         seed = zlib.crc32(f"{name}/{method}/{eps}/{r}".encode()) % 1_000_000
-                        t0 = time.time()
                         if method.startswith("smartnoise "):
                             synth = method.split()[1]
-                            got, plan, l = smartnoise_release(
+                            got, l, m = smartnoise_release(
                                 python, train, test, conf, synth, eps, seed, timeout=args.smartnoise_timeout
                             )
                         else:
-                            got, plan, l = one_release(train, test, conf, METHODS[method], eps, seed)
-                        recs.append(release_record(method, cell[1], r, got, l, time.time() - t0))
+                            got, l, m = measured_release(name, train, test, conf, method, eps, seed)
+                        recs.append(release_record(method, cell[1], r, got, l, m.seconds, m.peak_rss_mb))
                         append_release(log, recs[-1])
+                        note_command(args.out, name, argv, started)
                         put_row(rows, cell_row(name, recs))
                         write(name, rows, args.out, quiet=True)  # after every release: a run cut short keeps it
                 except DidNotFinish as e:  # measured again by --resume (the finished releases are kept)
