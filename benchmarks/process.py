@@ -23,7 +23,7 @@ LAUNCHER = (
     "import os, sys\n"
     "pid = os.posix_spawnp(sys.argv[2], sys.argv[2:], os.environ)\n"
     "_, status, usage = os.wait4(pid, 0)\n"
-    "open(sys.argv[1], 'w').write(str(usage.ru_maxrss))\n"
+    "open(sys.argv[1], 'x').write(str(usage.ru_maxrss))\n"
     "sys.exit(os.waitstatus_to_exitcode(status) % 256)\n"
 )
 
