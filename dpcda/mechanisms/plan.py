@@ -29,7 +29,7 @@ from dpcda.mechanisms.combiners import FirstPass
 from dpcda.mechanisms.p3gm import P3gmPlan
 from dpcda.privacy import dp_stats
 from dpcda.privacy.accounting import Accounting, ReleaseEvents, account
-from dpcda.privacy.budget import REFERENCE_EPSILON, BudgetPlan, Share, plan_budget
+from dpcda.privacy.budget import REFERENCE_EPSILON, BudgetPlan, RhoShare, Share, plan_budget
 from dpcda.privacy.events import CLIP_MARGIN
 from dpcda.privacy.noise import NoiseStream
 from dpcda.schemas.mechanism_params import MAX_SAMPLES_PER_INPUT_ROW, MechanismParams
@@ -319,10 +319,13 @@ def group_events(
     return events
 
 
-def budget_shares(privacy: PrivacyParams, params: MechanismParams, dim: int) -> list[Share]:
+def budget_shares(
+    privacy: PrivacyParams, params: MechanismParams, dim: int, table=None, domain: Optional[RhoShare] = None
+) -> list:
     """The shares of the budget a release spends before its synthesis, for rows of width ``dim``: the class histogram
     in poisson mode (adaptive), the normalisation moments with ``normalization: dp``, the DP-PCA covariance when a
-    projection or the mechanism uses it, and the mechanism's own (``Mechanism.budget_shares``: p3gm's DP-EM)."""
+    projection or the mechanism uses it, the mechanism's own (``Mechanism.budget_shares``: p3gm's DP-EM), and a
+    table's DP domain step (``domain`` to plan it; once it ran, the event its ``table.domain`` records)."""
     mode = privacy.mode
     mech = registry.get(params.name)
     shares = []
@@ -337,15 +340,20 @@ def budget_shares(privacy: PrivacyParams, params: MechanismParams, dim: int) -> 
     if params.pca_components is not None:
         shares.append(Share("pca_covariance", privacy.pca_budget_share, dp_stats.covariance_sensitivity(dim, mode)))
     shares.extend(mech.budget_shares(privacy, params))
+    if domain is not None:
+        shares.append(domain)
+    elif table is not None and table.domain is not None:
+        shares.append(RhoShare("domain", table.domain.share, event=table.domain.to_event()))
     return shares
 
 
-def release_budget(privacy: PrivacyParams, params: MechanismParams, dim: int) -> BudgetPlan:
+def release_budget(
+    privacy: PrivacyParams, params: MechanismParams, dim: int, table=None, domain: Optional[RhoShare] = None
+) -> BudgetPlan:
     """The budget planner (``privacy.budget.plan_budget``) run on what a release with these parameters spends: what
     the release, ``dpcda account`` and ``dpcda audit`` calibrate with."""
-    return plan_budget(
-        privacy.mode, epsilon=privacy.epsilon, delta=privacy.delta, shares=budget_shares(privacy, params, dim)
-    )
+    shares = budget_shares(privacy, params, dim, table, domain)
+    return plan_budget(privacy.mode, epsilon=privacy.epsilon, delta=privacy.delta, shares=shares)
 
 
 def build_plan(
@@ -401,7 +409,7 @@ def build_plan(
             )
     # Every share of the budget (histogram, statistics, DP-PCA, the mechanism's own) and what is left for the
     # synthesis, calibrated before anything is drawn (privacy.budget).
-    planned = release_budget(privacy, params, dim)
+    planned = release_budget(privacy, params, dim, data.table)
     hist = planned.get("class_histogram")
     if mode == "fixed":
         groups = [rows] if mech.groups == "dataset" else counts
@@ -516,6 +524,7 @@ def build_plan(
         + 2 * dim * (normalization == "dp")
         + K * (mode == "poisson")
         + mech.extra_draws(calibrated, dim=dim, num_classes=K)
+        + sum(getattr(s.event, "gaussian_draws", 0) for s in planned.shares)  # the DP domain step's
     )
     binomial_draws = T_total * (mode == "poisson")
     acc = account(

@@ -20,7 +20,7 @@ from dpcda.privacy.errors import DpcdaError
 from dpcda.schemas import strict_yaml
 from dpcda.schemas.mechanism_params import OWNER, PARAMS, MechanismParams, flat_fields
 from dpcda.schemas.settings import CoreSettings, DataParams, ExecutionParams, PostprocessParams, PrivacyParams
-from dpcda.schemas.table import TableSchema
+from dpcda.schemas.table import TableSchema, table_fields
 
 MAX_CLASSES = 1 << 16
 
@@ -36,12 +36,12 @@ class ConfigError(DpcdaError, ValueError):
 SECTIONS: dict[str, tuple[str, ...]] = {
     "input": (
         "input", "input_format", "features_column", "label_column", "num_classes", "feature_bounds", "out_of_bounds",
-        "table",
+        "table", "label", "drop_columns",
     ),
     "privacy": (
         "epsilon", "delta", "sigma_x", "mode", "clip", "normalization", "normalization_file",
         "allow_exact_normalization", "normalization_budget_share", "histogram_budget_share", "pca_budget_share",
-        "min_std", "seed",
+        "domain_budget_share", "min_std", "seed",
     ),
     "mechanism": ("mechanism", *flat_fields()),
     "postprocess": ("soft_labels", "lowpass", "image_shape", "denoise"),
@@ -224,6 +224,21 @@ class _ReleaseConfig(BaseModel):
             "(docs/tables.md)"
         ),
     )
+    label: Optional[str] = Field(
+        None,
+        description="the label column of a table input: with it and no table: section, every column's domain is "
+        "derived by the DP domain step and the mechanism is marginals (docs/tables.md)",
+    )
+    drop_columns: Optional[list[str]] = Field(
+        None, description="a table's input columns left out of the release (comma-separated; they are not read)"
+    )
+    domain_budget_share: float = Field(
+        0.3,
+        gt=0,
+        lt=1,
+        description="share of the zCDP budget (and of delta) for the DP domain step of the table columns nobody "
+        "declared",
+    )
 
     @field_validator("max_class_bytes", mode="before")
     @classmethod
@@ -240,6 +255,8 @@ class _ReleaseConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _defaults_for_mechanism(cls, data):
+        if isinstance(data, dict):
+            data = table_fields(data)
         if isinstance(data, dict):
             name = data.get("mechanism", cls.model_fields["mechanism"].get_default())
             if isinstance(name, str) and name in PARAMS:  # anything else: the field reports it
@@ -360,7 +377,7 @@ class _ReleaseConfig(BaseModel):
                 "holds only for a budget fixed in advance: give --epsilon (sigma_x 0 is allowed: no "
                 "privacy)"
             )
-        if self.mode == "poisson" and self.num_classes is None:
+        if self.mode == "poisson" and self.num_classes is None and not self.derives_label:
             raise ValueError("num_classes: required in poisson mode (which labels occur is private)")
         if self.normalization == "public" and not self.normalization_file:
             raise ValueError("normalization_file: required with normalization=public")
@@ -436,10 +453,24 @@ class _ReleaseConfig(BaseModel):
             raise ValueError("out_of_bounds: a table's numeric columns are clipped to their declared bounds")
         if tuple(self.feature_bounds) != (0.0, 1.0):
             raise ValueError("feature_bounds: set per column in the table schema (encoded values lie in [0, 1])")
+        if not self.table.complete and not self.mechanism_params.derives_domain:
+            raise ValueError(
+                f"table: the label's categories and every column's domain must be declared for {self.mechanism} (the "
+                "DP domain step feeds --mechanism marginals)"
+            )
+        if self.derives_label:
+            if self.num_classes is not None:
+                raise ValueError("num_classes: the label's categories are derived by the DP domain step")
+            return
         if self.num_classes != self.table.num_classes:
             raise ValueError(
                 f"num_classes: {self.num_classes}, but the table's label declares {self.table.num_classes} categories"
             )
+
+    @property
+    def derives_label(self) -> bool:
+        """A table input whose label's categories the DP domain step derives."""
+        return self.table is not None and self.table.label.categories is None
 
     @property
     def reproducible(self) -> bool:
