@@ -1,0 +1,129 @@
+"""One command, no hand-written domain: ``dpcda release --input GLOB --label COLUMN --epsilon E --output OUT`` on a
+Parquet table of integers, floats, booleans, strings, dates and nulls (the DP domain step, then marginals under
+add/remove), and its refusals: one ``dpcda: error:`` line, exit 2, nothing published."""
+
+from __future__ import annotations
+
+import datetime
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dpcda.pipeline.cli import EXIT_BAD_INPUT, main
+from tests.conftest import BEAM_ARGS
+from tests.test_bad_input import assert_nothing_published, assert_one_line_error
+
+N = 1500
+
+
+def _write(folder, extra: dict | None = None, n: int = N):
+    rng = np.random.default_rng(11)
+    folder.mkdir(parents=True, exist_ok=True)
+    term = rng.choice([12, 24, 36, 48, 60], n, p=[0.1, 0.2, 0.3, 0.2, 0.2])
+    amount = np.round(rng.lognormal(7, 0.6, n), 2)
+    amount[rng.random(n) < 0.3] = 0.0
+    cols = {
+        "term": pa.array(term, pa.int64()),
+        "amount": pa.array(np.where(rng.random(n) < 0.05, np.nan, amount), pa.float64(), from_pandas=True),
+        "city": pa.array(rng.choice(["north", "south", "east"], n, p=[0.5, 0.3, 0.2])),
+        "flag": pa.array(rng.random(n) < 0.4),
+        "day": pa.array(
+            [datetime.date(2020, 1, 1) + datetime.timedelta(days=int(d)) for d in rng.integers(0, 300, n)], pa.date32()
+        ),
+        "status": pa.array(rng.choice(["bad", "good"], n, p=[0.3, 0.7])),
+        **(extra or {}),
+    }
+    table = pa.table(cols)
+    half = n // 2
+    pq.write_table(table.slice(0, half), folder / "part-0.parquet")
+    pq.write_table(table.slice(half), folder / "part-1.parquet")
+    return str(folder / "*.parquet"), table
+
+
+BASE = ["--label", "status", "--epsilon", "8", "--seed", "3", "--marginals-iters", "100"]
+
+
+def test_one_command_releases_a_table_with_its_arrow_schema(tmp_path, capsys):
+    glob, table = _write(tmp_path / "in")
+    out = tmp_path / "out"
+    rc = main(["release", "--input", glob, "--output", str(out), *BASE, *BEAM_ARGS])
+    assert rc == 0, capsys.readouterr().err[-3000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    synth = pq.read_table(sorted((out / "synthetic").glob("*.parquet")))
+    assert synth.schema == table.schema  # names, types and nullability of the input
+    # integers stay integers and the loan terms come back as themselves; dates are dates; no invented category
+    term = synth.column("term").drop_null().to_numpy()
+    spiked = np.isin(term, [12, 24, 36, 48, 60]).mean()
+    assert spiked > 0.9, spiked  # the rest: the bins' noisy share, drawn as integers of the DP range
+    assert term.min() >= 8 and term.max() <= 63
+    assert all(isinstance(d, datetime.date) for d in synth.column("day").drop_null().to_pylist())
+    assert set(synth.column("city").drop_null().to_pylist()) <= {"north", "south", "east", "(other)"}
+    amount = synth.column("amount").drop_null().to_numpy()
+    assert (amount == 0.0).mean() > 0.15  # the zero spike of a float column comes back exactly
+    # marginals under add/remove; the domain step's share stated, its cost composed
+    mech, priv, inp = manifest["mechanism"], manifest["privacy"], manifest["input"]["table"]
+    assert mech["name"] == "marginals" and mech["mode"] == "poisson"
+    assert priv["epsilon"] <= 8 and "domain" in priv["components"]
+    assert priv["delta_breakdown"]["domain_thresholds"] > 0 and sum(priv["delta_breakdown"].values()) <= 1e-5
+    assert inp["domain"]["share"] == 0.3 and inp["domain"]["derived"] == ["term", "amount", "city", "day", "status"]
+    assert inp["label"]["categories"] == ["bad", "good"] and inp["label"]["unlisted"] == "drop"
+    assert [c["name"] for c in inp["columns"]] == ["term", "amount", "city", "flag", "day"]
+    assert {e["type"] for e in priv["events"]["shared"]} == {"DomainEvent"}
+    assert "public_class_sizes" not in json.dumps(mech) or mech.get("public_class_sizes") is None
+
+
+def test_drop_columns_leaves_a_column_out_and_unread(tmp_path, capsys):
+    glob, table = _write(tmp_path / "in", {"note": pa.array([b"\x00"] * N, pa.binary())})
+    out = tmp_path / "out"
+    rc = main(["release", "--input", glob, "--output", str(out), *BASE, "--drop-columns", "note,flag", *BEAM_ARGS])
+    assert rc == 0, capsys.readouterr().err[-3000:]
+    synth = pq.read_table(sorted((out / "synthetic").glob("*.parquet")))
+    assert synth.column_names == ["term", "amount", "city", "day", "status"]
+    assert json.loads((out / "manifest.json").read_text())["input"]["table"]["drop"] == ["note", "flag"]
+
+
+def _ids(n=N):
+    return pa.array([f"C-{i:08d}-{(i * 7919) % 100003:06d}" for i in range(n)])
+
+
+@pytest.mark.parametrize(
+    "extra,args,needles",
+    [
+        ({"blob": pa.array([b"x"] * N, pa.binary())}, [], ["column 'blob': type binary", "--drop-columns blob"]),
+        ({"customer_id": _ids()}, [], ["column 'customer_id': near-unique values", "--drop-columns customer_id"]),
+        ({}, ["--mechanism", "dpcda"], ["the DP domain step feeds --mechanism marginals"]),
+    ],
+    ids=["binary", "near-unique", "mixing-mechanism"],
+)
+def test_refusals_before_any_row_is_read(tmp_path, capsys, extra, args, needles):
+    glob, _ = _write(tmp_path / "in", extra)
+    out = tmp_path / "out"
+    base = BASE[:-2] if "--mechanism" in args else BASE  # without --marginals-iters
+    rc = main(["release", "--input", glob, "--output", str(out), *base, *args, *BEAM_ARGS])
+    err = capsys.readouterr().err
+    assert rc == EXIT_BAD_INPUT, err[-3000:]
+    assert_one_line_error(err, *needles)
+    assert_nothing_published(out)
+
+
+def test_a_float_label_is_refused(tmp_path, capsys):
+    glob, _ = _write(tmp_path / "in")
+    out = tmp_path / "out"
+    args = [a if a != "status" else "amount" for a in BASE]
+    rc = main(["release", "--input", glob, "--output", str(out), *args, *BEAM_ARGS])
+    err = capsys.readouterr().err
+    assert rc == EXIT_BAD_INPUT, err[-3000:]
+    assert_one_line_error(err, "label 'amount': type double")
+    assert_nothing_published(out)
+
+
+def test_a_config_cannot_declare_the_domain_steps_record(tmp_path, capsys):
+    glob, _ = _write(tmp_path / "in")
+    conf = tmp_path / "c.yaml"
+    conf.write_text("table:\n  label: {name: status}\n  domain: {share: 0.5, event: {}, derived: []}\n")
+    rc = main(["release", "--config", str(conf), "--input", glob, "--output", str(tmp_path / "o"), "--epsilon", "1"])
+    assert rc == EXIT_BAD_INPUT
+    assert_one_line_error(capsys.readouterr().err, "table.domain: written by a release's DP domain step")
