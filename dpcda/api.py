@@ -179,6 +179,10 @@ def account(
     normalization_budget_share: Optional[float] = None,
     histogram_budget_share: Optional[float] = None,
     pca_budget_share: Optional[float] = None,
+    table_columns: Optional[int] = None,
+    derived_numeric: int = 0,
+    derived_categorical: int = 0,
+    domain_budget_share: Optional[float] = None,
     **p3gm_knobs,
 ) -> dict:
     """Calibrates (``epsilon``) or accounts (``sigma_x``) one group's synthesis of ``mechanism`` without data, after
@@ -216,9 +220,21 @@ def account(
     from dpcda.schemas.mechanism_params import PARAMS
 
     if PARAMS[entry.name].needs_table:
-        raise CalibrationError(
-            f"{mechanism}: its budget is split over the table's columns and bins; dpcda account does not plan it "
-            "(a release states its split in the manifest)"
+        if table_columns is None:
+            raise CalibrationError(
+                f"{mechanism}: its budget is split over the table's columns; give --table-columns (and, for the DP "
+                "domain step, --derived-numeric and --derived-categorical)"
+            )
+        from dpcda.pipeline.domain import account_table
+
+        return account_table(
+            epsilon=epsilon,
+            delta=delta,
+            columns=table_columns,
+            numeric=derived_numeric,
+            categorical=derived_categorical,
+            share=domain_budget_share,
+            histogram_budget_share=histogram_budget_share,
         )
     if entry.fits_model:
         return _account_model(

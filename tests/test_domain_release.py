@@ -127,3 +127,35 @@ def test_a_config_cannot_declare_the_domain_steps_record(tmp_path, capsys):
     rc = main(["release", "--config", str(conf), "--input", glob, "--output", str(tmp_path / "o"), "--epsilon", "1"])
     assert rc == EXIT_BAD_INPUT
     assert_one_line_error(capsys.readouterr().err, "table.domain: written by a release's DP domain step")
+
+
+def test_schema_infer_drafts_marginals_under_add_remove_and_a_shortened_draft_runs_it(tmp_path, capsys):
+    import yaml
+
+    from dpcda.schemas.config import load_config
+
+    glob, _ = _write(tmp_path / "in")
+    out = tmp_path / "table.yaml"
+    assert main(["schema", "infer", "--input", glob, "--label", "status", "--out", str(out)]) == 0
+    draft = yaml.safe_load(out.read_text())
+    assert draft["mechanism"] == "marginals" and draft["mode"] == "poisson"
+    # the user keeps what they know (a boolean) and deletes the rest: the release derives it
+    draft["table"]["columns"] = [c for c in draft["table"]["columns"] if c["name"] == "flag"]
+    del draft["table"]["label"]["categories"]
+    conf = tmp_path / "c.yaml"
+    conf.write_text(yaml.safe_dump(draft))
+    cfg = load_config(str(conf), {"input": glob, "output": str(tmp_path / "o"), "epsilon": 1.0})
+    assert cfg.mechanism == "marginals" and cfg.mode == "poisson" and cfg.derives_label
+
+
+def test_account_states_the_domain_steps_share_like_a_release(capsys):
+    from dpcda.api import account
+
+    out = account("marginals", class_size=1, epsilon=1.0, table_columns=6, derived_numeric=3, derived_categorical=2,
+                  domain_budget_share=0.3)  # fmt: skip
+    dom = out["shares"]["domain"]
+    assert dom["share"] == 0.3 and dom["reserved_delta"] == pytest.approx(3e-6)
+    assert out["epsilon"] <= 1.0 and "domain" in out["components"]
+    assert dom["rho"] / (dom["rho"] + out["marginals_rho"]) == pytest.approx(0.3, rel=0.05)
+    assert main(["account", "--mechanism", "marginals", "--class-size", "1", "--epsilon", "1"]) == EXIT_BAD_INPUT
+    assert "--table-columns" in capsys.readouterr().err

@@ -63,6 +63,19 @@ def register(sub) -> dict:
     )
     for share in ("normalization_budget_share", "histogram_budget_share", "pca_budget_share"):
         acc.add_argument("--" + share.replace("_", "-"), type=float, default=defaults[share])
+    acc.add_argument(
+        "--table-columns", type=int, default=None, help="marginals: the table's columns, the label included"
+    )
+    acc.add_argument(
+        "--derived-numeric", type=int, default=0, help="marginals: numeric columns whose domain the DP step derives"
+    )
+    acc.add_argument(
+        "--derived-categorical",
+        type=int,
+        default=0,
+        help="marginals: string columns (and the label) whose categories the DP domain step derives",
+    )
+    acc.add_argument("--domain-budget-share", type=float, default=defaults["domain_budget_share"])
     acc.add_argument("--epsilon", type=float)
     acc.add_argument("--sigma-x", type=float)
     acc.add_argument("--delta", type=float, default=defaults["delta"])
