@@ -43,11 +43,7 @@ class _FlatCounter:
         return np.zeros(self.offsets[-1], np.int64)
 
     def merge(self, accs) -> np.ndarray:
-        accs = iter(accs)
-        out = np.array(next(accs), np.int64, copy=True)
-        for a in accs:
-            out += a
-        return out
+        return np.sum([np.asarray(a, np.int64) for a in accs], axis=0, dtype=np.int64)
 
     def column(self, acc: np.ndarray, j: int) -> np.ndarray:
         return acc[self.offsets[j] : self.offsets[j + 1]]
