@@ -119,6 +119,19 @@ def test_request_derives_by_type_and_keeps_declared_columns(tmp_path):
     assert [c.name for c in req.booleans] == ["flag"]
 
 
+def test_a_loose_numeric_column_is_derived_inside_its_limits(tmp_path):
+    t = _table()
+    declared = TableSchema(
+        label={"name": "y", "categories": ["no", "yes"]},
+        columns=[{"name": "amount", "kind": "numeric", "lower": 0, "upper": 1e6, "loose": True, "nullable": True}],
+    )
+    req = _request(t, tmp_path, declared)
+    amount = next(d for d in req.derive if d.name == "amount")
+    assert amount.coarse.limits == (0.0, 1e6)
+    assert amount.coarse.range_of(0, amount.coarse.cells - 1) == (0.0, 1e6)
+    assert not declared.complete
+
+
 def test_request_refuses_a_type_it_cannot_synthesise_by_name(tmp_path):
     t = _table().append_column("blob", pa.array([b"x"] * 3000, pa.binary()))
     with pytest.raises(SchemaError, match=r"column 'blob': type binary cannot be synthesised.*--drop-columns blob"):

@@ -75,14 +75,18 @@ def test_one_command_releases_a_table_with_its_arrow_schema(tmp_path, capsys):
     assert "public_class_sizes" not in json.dumps(mech) or mech.get("public_class_sizes") is None
 
 
-def test_drop_columns_leaves_a_column_out_and_unread(tmp_path, capsys):
+def test_drop_columns_leaves_a_column_out_and_unread_and_the_evaluation_reads_the_derived_schema(tmp_path, capsys):
     glob, table = _write(tmp_path / "in", {"note": pa.array([b"\x00"] * N, pa.binary())})
+    test, _ = _write(tmp_path / "test", {"note": pa.array([b"\x01"] * 400, pa.binary())}, n=400)
     out = tmp_path / "out"
-    rc = main(["release", "--input", glob, "--output", str(out), *BASE, "--drop-columns", "note,flag", *BEAM_ARGS])
+    args = ["--drop-columns", "note,flag", "--eval-input", test]
+    rc = main(["release", "--input", glob, "--output", str(out), *BASE, *args, *BEAM_ARGS])
     assert rc == 0, capsys.readouterr().err[-3000:]
     synth = pq.read_table(sorted((out / "synthetic").glob("*.parquet")))
     assert synth.column_names == ["term", "amount", "city", "day", "status"]
-    assert json.loads((out / "manifest.json").read_text())["input"]["table"]["drop"] == ["note", "flag"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["input"]["table"]["drop"] == ["note", "flag"]
+    assert 0.0 <= manifest["utility"]["roc_auc"] <= 1.0
 
 
 def _ids(n=N):
@@ -159,3 +163,21 @@ def test_account_states_the_domain_steps_share_like_a_release(capsys):
     assert dom["rho"] / (dom["rho"] + out["marginals_rho"]) == pytest.approx(0.3, rel=0.05)
     assert main(["account", "--mechanism", "marginals", "--class-size", "1", "--epsilon", "1"]) == EXIT_BAD_INPUT
     assert "--table-columns" in capsys.readouterr().err
+
+
+def test_a_table_whose_undeclared_columns_are_booleans_needs_no_measurement(tmp_path, capsys):
+    """With the label's categories declared and only booleans left, the schema is completed without a DP step."""
+    from dpcda.mechanisms.domain.derive import assemble
+    from dpcda.mechanisms.domain.request import request
+    from dpcda.schemas.table import TableSchema
+
+    glob, table = _write(tmp_path / "in")
+    declared = TableSchema(
+        label={"name": "status", "categories": ["bad", "good"]},
+        columns=[c for c in [{"name": "term", "kind": "numeric", "lower": 0, "upper": 72}]],
+        drop=["amount", "city", "day"],
+    )
+    req = request(declared, table.schema, {})
+    assert not req.derive and [c.name for c in req.booleans] == ["flag"]
+    schema = assemble(req, {})
+    assert [c.name for c in schema.columns] == ["term", "flag"] and schema.domain is None and schema.complete

@@ -14,6 +14,7 @@ from typing import Optional
 import apache_beam as beam
 import pyarrow as pa
 
+from dpcda.mechanisms.domain.derive import assemble  # noqa: F401 - the launcher completes public-only tables with it
 from dpcda.mechanisms.domain.request import DomainRequest, request
 from dpcda.mechanisms.plan import release_budget
 from dpcda.privacy.budget import RhoShare

@@ -450,7 +450,12 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
         from dpcda.mechanisms.dppca import check_projection
 
         check_projection(dim, cfg.pca_components)
-    domain_event = domain.plan_domain(cfg, request) if request is not None else None  # before any row is read
+    domain_event = None
+    if request is not None and not request.derive:  # the undeclared columns are booleans: public, nothing to measure
+        cfg, request = domain.with_schema(cfg, domain.assemble(request, {})), None
+        dim = cfg.table.encoded_width
+    elif request is not None:
+        domain_event = domain.plan_domain(cfg, request)  # before any row is read
     if request is None:
         registry.get(cfg.mechanism).check_before_work(cfg.core, dim)
     if _is_dataflow(options):

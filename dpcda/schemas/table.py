@@ -371,16 +371,24 @@ def table_fields(data: dict) -> dict:
         return data
     if table is None:
         table = {"label": {"name": label}}
-    name = table.label.name if isinstance(table, TableSchema) else (table.get("label") or {}).get("name")
+    if isinstance(table, TableSchema):
+        name, cats, dropped = table.label.name, table.label.categories, table.drop
+    elif (
+        isinstance(table, dict) and isinstance(table.get("label", {}), dict) and isinstance(table.get("drop", []), list)
+    ):
+        name, cats, dropped = (
+            table.get("label", {}).get("name"),
+            table.get("label", {}).get("categories"),
+            table.get("drop", []),
+        )
+    else:
+        return data  # not a section: the model says what is wrong with it
     if label is not None and isinstance(name, str) and name != label:
         raise ValueError(f"label: {label}, but the table: section's label is {name}")
-    if drop:
-        if isinstance(table, TableSchema):
-            table = table.model_copy(update={"drop": [*table.drop, *(d for d in drop if d not in table.drop)]})
-        elif isinstance(table, dict):
-            table = {**table, "drop": [*table.get("drop", []), *(d for d in drop if d not in table.get("drop", []))]}
+    if isinstance(drop, list) and drop:
+        more = [*dropped, *(d for d in drop if d not in dropped)]
+        table = table.model_copy(update={"drop": more}) if isinstance(table, TableSchema) else {**table, "drop": more}
     data = {**data, "table": table}
-    cats = table.label.categories if isinstance(table, TableSchema) else (table.get("label") or {}).get("categories")
     if data.get("mechanism") is None and (label is not None or cats is None):
         data = {**data, "mechanism": "marginals"}
     return data

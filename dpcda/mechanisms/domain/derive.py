@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Optional
 
 import numpy as np
 
@@ -240,6 +241,15 @@ def complete(
                     "epsilon or --domain-budget-share"
                 )
             label = Label(name=d.name, categories=cats, unlisted="drop")
+    step = DomainStep(share=share, event=dataclasses.asdict(event), derived=[d.name for d in request.derive])
+    return assemble(request, derived, label, step)
+
+
+def assemble(request: DomainRequest, derived: dict, label: Optional[Label] = None, step=None) -> TableSchema:
+    """The complete schema from the declared columns, the undeclared booleans (and a boolean label: its categories are
+    public), and the ``derived`` ones, in the input's order; without a derived column, no DP step: ``assemble(request,
+    {})`` completes a table whose undeclared columns are all public."""
+    label = label or request.declared.label
     if request.label_categories is not None:
         label = Label(name=label.name, categories=request.label_categories, unlisted="drop")
     declared = {c.name: c for c in request.declared.columns}
@@ -248,11 +258,6 @@ def complete(
     columns = [derived.get(n) or booleans.get(n) or declared[n] for n in order]
     if not columns:
         raise PlanError("table: the input has no column besides the label")
-    step = DomainStep(share=share, event=dataclasses.asdict(event), derived=[d.name for d in request.derive])
     return TableSchema(
-        label=label,
-        columns=columns,
-        drop=list(request.declared.drop),
-        domain=step if request.derive else None,
-        decoding=request.declared.decoding,
+        label=label, columns=columns, drop=list(request.declared.drop), domain=step, decoding=request.declared.decoding
     )
