@@ -24,7 +24,7 @@ from typing import Literal, Optional
 
 import numpy as np
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from dpcda.privacy.errors import DpcdaError
 
@@ -35,6 +35,18 @@ MAX_ENCODED_WIDTH = 1 << 16
 
 class SchemaError(DpcdaError, ValueError):
     """A table schema that cannot be used: the message names the column."""
+
+
+def _without_unset(handler, model, fields: tuple[str, ...]) -> dict:
+    """The model's dump without ``fields`` that hold their defaults (a declared schema's JSON, and so a manifest's
+    ``input.table``, reads as it did before those fields existed)."""
+    out = handler(model)
+    for name in fields:
+        if name in out and getattr(model, name) == type(model).model_fields[name].get_default(
+            call_default_factory=True
+        ):
+            del out[name]
+    return out
 
 
 class Column(BaseModel):
@@ -117,6 +129,10 @@ class Column(BaseModel):
         if len(e) < 2 or e[0] != self.lower or e[-1] != self.upper or any(b <= a for a, b in zip(e, e[1:])):
             raise ValueError(f"{where}: edges must increase from lower to upper")
 
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        return _without_unset(handler, self, ("loose", "edges", "spikes", "other"))
+
     @property
     def derived(self) -> bool:
         """The DP domain step still has to derive this column's range, bins and spikes (``loose``)."""
@@ -152,6 +168,10 @@ class Label(BaseModel):
         description="a record whose label is null or not a category: refused while reading (refuse), or left out of "
         "the synthesis (drop: the DP domain step's labels, which need not list every value)",
     )
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        return _without_unset(handler, self, ("unlisted",))
 
     @model_validator(mode="after")
     def _check(self):
@@ -223,6 +243,10 @@ class TableSchema(BaseModel):
         if self.encoded_width > MAX_ENCODED_WIDTH:
             raise ValueError(f"the encoded width {self.encoded_width} exceeds {MAX_ENCODED_WIDTH}")
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        return _without_unset(handler, self, ("drop", "domain"))
 
     @property
     def encoded_width(self) -> int:
