@@ -296,8 +296,15 @@ def _derived_schema():
         label={"name": "y", "categories": ["no", "yes"], "unlisted": "drop"},
         columns=[
             Column(name="term", kind="numeric", lower=0, upper=63, edges=[], spikes=[12, 24, 36]),
-            Column(name="amount", kind="numeric", lower=0, upper=4096, edges=[0, 100, 1000, 4096], spikes=[0, 45.3],
-                   nullable=True),  # fmt: skip
+            Column(
+                name="amount",
+                kind="numeric",
+                lower=0,
+                upper=4096,
+                edges=[0, 100, 1000, 4096],
+                spikes=[0, 45.3],
+                nullable=True,
+            ),  # fmt: skip
             Column(name="city", kind="categorical", categories=["a", "b"], other="(other)"),
             Column(name="day", kind="numeric", lower=18262, upper=18700, edges=[18262, 18400, 18700]),
         ],
@@ -310,8 +317,9 @@ def _rows():
             "term": pa.array([12, 24, 36, 13], pa.int64()),
             "amount": pa.array([0.0, 45.3, 500.0, None]),
             "city": pa.array(["a", "zzz", "b", "a"]),
-            "day": pa.array([datetime.date(2020, 1, 1), datetime.date(2020, 6, 1), None, datetime.date(2021, 1, 1)],
-                            pa.date32()).fill_null(datetime.date(2020, 2, 2)),  # fmt: skip
+            "day": pa.array(
+                [datetime.date(2020, 1, 1), datetime.date(2020, 6, 1), None, datetime.date(2021, 1, 1)], pa.date32()
+            ).fill_null(datetime.date(2020, 2, 2)),  # fmt: skip
             "y": pa.array(["no", "maybe", "yes", None]),
         }
     )

@@ -9,7 +9,7 @@ import dp_accounting
 import numpy as np
 import pytest
 
-from dpcda.privacy.accounting import ReleaseEvents, account, epsilon_of
+from dpcda.privacy.accounting import ReleaseEvents, account
 from dpcda.privacy.budget import RhoShare, Share, plan_budget
 from dpcda.privacy.composition import event_from_json, event_to_json
 from dpcda.privacy.domain import DomainEvent, normal_tail, split_domain, threshold_delta, value_threshold
@@ -138,9 +138,7 @@ def test_a_domain_share_needs_a_target_epsilon():
     from dpcda.privacy.calibration import CalibrationError
 
     with pytest.raises(CalibrationError, match="needs a target epsilon"):
-        plan_budget(
-            "poisson", epsilon=None, delta=DELTA, shares=[RhoShare("domain", 0.3, event_of=lambda *a: None)]
-        )
+        plan_budget("poisson", epsilon=None, delta=DELTA, shares=[RhoShare("domain", 0.3, event_of=lambda *a: None)])
 
 
 def test_the_thresholds_release_a_value_of_one_record_at_most_at_the_rate_the_delta_allows():
