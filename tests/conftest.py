@@ -131,7 +131,6 @@ def valid_manifest(sigma_x=1.0, mode="fixed") -> dict:
         "input": {
             "pattern": "x",
             "format": "parquet",
-            "files": 1,
             "features_column": "x",
             "label_column": "y",
             "feature_dim": 4,

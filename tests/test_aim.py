@@ -232,7 +232,7 @@ def _in_process(selection, **kw):
 def test_the_in_process_path_states_its_picks(selection):
     """The in-process plan carries the measured cliques (it dropped them before), as the Beam path's stated plan."""
     feats, labels, plan, _ = _in_process(selection)
-    mp = plan.marginals
+    mp = plan.synthesis
     assert len(feats) == len(labels) > 0
     assert mp.selected and all(set(c) <= set(mp.domain.names) for c in mp.selected)
     assert mp.estimated_total is not None and mp.fit_seconds is not None
@@ -335,5 +335,5 @@ def test_bad_aim_configs_are_one_line_errors(fields, needle):
 
 def test_a_good_aim_config():
     cfg = _cfg(table=SCHEMA, marginals_selection="aim", marginals_max_model_size=5000)
-    assert cfg.marginals_selection == "aim" and cfg.marginals_max_model_size == 5000
-    assert _cfg(table=SCHEMA, marginals_selection="aim").marginals_max_model_size is None
+    assert cfg.mechanism.selection == "aim" and cfg.mechanism.max_model_size == 5000
+    assert _cfg(table=SCHEMA, marginals_selection="aim").mechanism.max_model_size is None

@@ -466,10 +466,7 @@ def test_mix_dofn_retry_after_partial_output_is_identical(tmp_path, monkeypatch,
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(12, DIM)).astype(np.float32)
-    plan = types.SimpleNamespace(
-        feature_dim=DIM,
-        num_classes=K,
-        mode=mode,
+    mix = types.SimpleNamespace(  # the mechanism's own plan (mechanisms.dpcda.DpcdaPlan)
         mixing_order=3,
         sigma_x=0.5,
         samples_per_class=(10,) * K,
@@ -478,6 +475,7 @@ def test_mix_dofn_retry_after_partial_output_is_identical(tmp_path, monkeypatch,
         lowpass=None,
         denoise_spec=None,
     )
+    plan = types.SimpleNamespace(feature_dim=DIM, num_classes=K, mode=mode, synthesis=mix)
     key = key_from_test_seed(5)
     element = (1, x)
     fn = _MixFn("cpu", 4, "features", "label")

@@ -6,14 +6,16 @@ import json
 
 import pytest
 
-from dpcda.schemas.config import ConfigError, ReleaseConfig, load_config
+from dpcda.schemas.config import ConfigError, load_config
+from dpcda.schemas.mechanism_params import owner_of
+from tests.plan_record import TABLE
 
 
 def test_yaml_file_with_flag_overrides(tmp_path):
     path = tmp_path / "release.yaml"
     path.write_text("input: 'in/*.parquet'\noutput: out\nmixing-order: 8\nepsilon: 4\nfeature_bounds: [-1, 1]\n")
     cfg = load_config(str(path), {"epsilon": 6.0, "mode": None})
-    assert (cfg.mixing_order, cfg.epsilon, cfg.feature_bounds, cfg.mode) == (8, 6.0, (-1.0, 1.0), "fixed")
+    assert (cfg.mechanism.mixing_order, cfg.epsilon, cfg.feature_bounds, cfg.mode) == (8, 6.0, (-1.0, 1.0), "fixed")
 
 
 def test_json_file(tmp_path):
@@ -87,16 +89,20 @@ def test_a_poisson_release_below_the_pld_accountants_delta_floor_is_refused_befo
 
 
 def test_every_config_field_is_in_one_section_and_help_shows_them_grouped():
+    from dpcda.pipeline.cli.release import HELP_GROUPS
     from dpcda.schemas.config import SECTIONS, ReleaseConfig
     from tests.conftest import run_cli
 
     placed = [name for names in SECTIONS.values() for name in names]
     assert sorted(placed) == sorted(ReleaseConfig.model_fields), "each field in exactly one section"
+    grouped = [s for sections in HELP_GROUPS.values() for s in sections]
+    assert sorted(grouped) == sorted(SECTIONS), "each section in exactly one group of the help"
     text = run_cli("release", "--help").stdout
     heads = [line[: -len(" options:")] for line in text.splitlines() if line.endswith(" options:") and line[0] != " "]
-    assert heads == list(SECTIONS), heads
-    body = text[text.index("input options:") :]  # after the usage line, which lists every flag
+    assert heads == list(HELP_GROUPS), heads
+    body = text[text.index("input options:") :]
     assert body.index("  --epsilon") > body.index("privacy options:") > body.index("  --label-column")
+    assert body.index("  --p3gm-epochs") > body.index("  --mechanism") > body.index("mechanism options:")
 
 
 SECTIONED = """
@@ -128,7 +134,7 @@ def test_a_config_file_grouped_by_section_is_the_flat_one(tmp_path):
     (tmp_path / "f.yaml").write_text(FLAT)
     sectioned, flat = load_config(str(tmp_path / "s.yaml"), {}), load_config(str(tmp_path / "f.yaml"), {})
     assert sectioned == flat
-    assert sectioned.p3gm_epochs == 3.0 and sectioned.mechanism_params.latent_dim == 8
+    assert sectioned.mechanism.epochs == 3.0 and sectioned.mechanism.latent_dim == 8
     assert sectioned.model_fields_set == flat.model_fields_set
 
 
@@ -166,7 +172,8 @@ def test_a_parameter_of_another_mechanism_is_refused(overrides, needle):
     with pytest.raises(ConfigError, match=needle):
         load_config(None, {"input": "x", "output": "y", "epsilon": 1.0, "num_classes": 3, **overrides})
     # its default value is no choice, so it passes (flags and older files name defaults)
-    default = {k: ReleaseConfig.model_fields[k].default for k in overrides if k != "mechanism"}
+    owners = {k: owner_of(k) for k in overrides if k != "mechanism"}
+    default = {k: model.model_fields[field].default for k, (model, field) in owners.items()}
     load_config(None, {"input": "x", "output": "y", "epsilon": 1.0, "num_classes": 3, **overrides, **default})
 
 
@@ -177,4 +184,69 @@ def test_the_sectioned_example_in_the_operations_guide_loads(tmp_path):
     block = text.split("## The config file", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
     (tmp_path / "c.yaml").write_text(block)
     cfg = load_config(str(tmp_path / "c.yaml"), {})
-    assert (cfg.mechanism, cfg.p3gm_epochs, cfg.mode, cfg.output) == ("p3gm", 20.0, "poisson", "releases/p3gm-eps2")
+    expected = ("p3gm", 20.0, "poisson", "releases/p3gm-eps2")
+    assert (cfg.mechanism.name, cfg.mechanism.epochs, cfg.mode, cfg.output) == expected
+
+
+def test_the_config_holds_each_parameter_once_and_the_mechanism_nested():
+    """ReleaseConfig has at most 45 fields; a mechanism's parameters are its model's (``mechanism``), whatever their
+    spelling: a nested mapping, flat keys (older files, flags, the API's keywords) or the file's mechanism section."""
+    from dpcda.schemas.config import ReleaseConfig, mechanism_keys
+
+    assert len(ReleaseConfig.model_fields) <= 45
+    assert not set(ReleaseConfig.model_fields) & (set(mechanism_keys()) - {"mechanism"})
+    base = {"input": "x", "output": "o/r", "epsilon": 1.0, "num_classes": 3}
+    nested = load_config(None, {**base, "mechanism": {"name": "marginals", "selection": "aim"}, "table": TABLE})
+    flat = load_config(None, {**base, "mechanism": "marginals", "marginals_selection": "aim", "table": TABLE})
+    built = ReleaseConfig(**base, mechanism="marginals", marginals_selection="aim", table=TABLE)
+    assert nested == flat == built and nested.mechanism.selection == "aim" and nested.mode == "poisson"
+    # a flag over the same parameter in the file's mechanism section: the flag wins, as over any other field
+    over = load_config(None, {**base, "mechanism": {"name": "dpcda", "mixing_order": 8}, "mixing_order": "16"})
+    assert over.mechanism.mixing_order == 16
+
+
+def test_a_table_defaults_to_marginals_under_add_remove_and_rows_to_dpcda(tmp_path):
+    """Which mechanism a config without one takes is ``config_keys.default_mechanism``'s answer on the raw config: a
+    table (a table: section, or the one-command path's label) takes marginals, whose only mode is poisson (no exact
+    class size published); image and vector rows take dpcda, fixed. A mechanism named wins."""
+    from dpcda.schemas import config_keys
+
+    base = {"input": "x", "output": "o/r", "epsilon": 1.0}
+    assert (
+        config_keys.default_mechanism({"table": TABLE}) == "marginals" == config_keys.default_mechanism({"label": "y"})
+    )
+    rows = load_config(None, {**base, "num_classes": 3})
+    assert (rows.mechanism.name, rows.mode) == ("dpcda", "fixed")
+    table = load_config(None, {**base, "table": TABLE})
+    assert (table.mechanism.name, table.mode) == ("marginals", "poisson")
+    mixed = load_config(None, {**base, "table": TABLE, "mechanism": "dpcda"})
+    assert (mixed.mechanism.name, mixed.mode) == ("dpcda", "fixed")
+    # the one-command path: --label (and --drop-columns) become the table: section, in a file's input section too
+    one = load_config(None, {**base, "label": "y", "drop_columns": "a, b"})
+    assert (one.mechanism.name, one.mode) == ("marginals", "poisson") and one.derives_label
+    assert one.table.label.name == "y" and one.table.drop == ["a", "b"] and one.num_classes is None
+    conf = tmp_path / "c.yaml"
+    conf.write_text("input: {path: x, label: y, drop_columns: [a]}\noutput: o/r\nprivacy: {epsilon: 1}\n")
+    assert load_config(str(conf), {}).table.drop == ["a"]
+    with pytest.raises(ConfigError, match="^label: z, but the table: section's label is"):
+        load_config(None, {**base, "table": TABLE, "label": "z"})
+    with pytest.raises(ConfigError, match="^table: the label's categories and every column's domain must be declared"):
+        load_config(None, {**base, "label": "y", "mechanism": "dpcda"})
+
+
+def test_release_help_is_grouped_short_and_in_plain_words():
+    """Issue 53.6: groups a newcomer can scan, the Beam runner named, no paper numbers, one default per option."""
+    import re
+
+    from tests.conftest import run_cli
+
+    text = run_cli("release", "--help", env={"COLUMNS": "80"}).stdout
+    lines = text.splitlines()
+    assert len(lines) < 270, len(lines)  # the flat list it replaces had 270 lines at 80 columns
+    assert len(lines[0]) < 130  # a usage line, not every flag again
+    for words in ("--runner", "DirectRunner", "DataflowRunner", "Beam pipeline option"):
+        assert words in text, words
+    assert not re.search(r"seed 00\d", text)
+    options = re.split(r"\n  (?=-)", text[text.index("input options:") :])
+    for option in options:
+        assert len(re.findall(r"default", option, re.IGNORECASE)) <= 1, option

@@ -149,7 +149,7 @@ def test_schema_infer_drafts_marginals_under_add_remove_and_a_shortened_draft_ru
     conf = tmp_path / "c.yaml"
     conf.write_text(yaml.safe_dump(draft))
     cfg = load_config(str(conf), {"input": glob, "output": str(tmp_path / "o"), "epsilon": 1.0})
-    assert cfg.mechanism == "marginals" and cfg.mode == "poisson" and cfg.derives_label
+    assert cfg.mechanism.name == "marginals" and cfg.mode == "poisson" and cfg.derives_label
 
 
 def test_account_states_the_domain_steps_share_like_a_release(capsys):
@@ -160,7 +160,7 @@ def test_account_states_the_domain_steps_share_like_a_release(capsys):
     dom = out["shares"]["domain"]
     assert dom["share"] == 0.3 and dom["reserved_delta"] == pytest.approx(3e-6)
     assert out["epsilon"] <= 1.0 and "domain" in out["components"]
-    assert dom["rho"] / (dom["rho"] + out["marginals_rho"]) == pytest.approx(0.3, rel=0.05)
+    assert dom["rho"] / (dom["rho"] + out["rho"]) == pytest.approx(0.3, rel=0.05)
     assert main(["account", "--mechanism", "marginals", "--class-size", "1", "--epsilon", "1"]) == EXIT_BAD_INPUT
     assert "--table-columns" in capsys.readouterr().err
 

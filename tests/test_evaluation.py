@@ -167,8 +167,11 @@ def test_evaluate_standalone_writes_report_and_pngs(image_release):
     from PIL import Image
 
     from dpcda.evaluation.standalone import evaluate_standalone
+    from dpcda.storage import prepared
 
     release, test_glob, n_test = image_release
+    names = ["circle", "square", "star", "moon"]  # what dpcda prepare records beside a split's shards
+    Path(os.path.dirname(test_glob), prepared.MARKER).write_text(json.dumps({"files": [], "label_names": names}))
     rep = evaluate_standalone(str(release), test_glob, runs=1, epochs=3)
     out = release / "evaluation"
     assert rep["path"] == str(out / "report.json")
@@ -177,6 +180,7 @@ def test_evaluate_standalone_writes_report_and_pngs(image_release):
     assert saved["test_rows"] == n_test and np.asarray(saved["confusion_matrix"]).sum() == n_test
     assert saved["synthetic_rows"] == 400 and saved["accuracy_mean"] == rep["accuracy_mean"]
     assert rep["accuracy_mean"] > 0.6  # 4 classes: chance is 0.25
+    assert saved["class_names"] == names and "dpcda prepare" in saved["class_names_from"]
     for name, min_size in (("samples.png", 150), ("curves.png", 300)):
         with Image.open(out / name) as img:
             img.verify()
@@ -207,6 +211,41 @@ def test_test_rows_get_the_release_normalization(image_release):
     norm = json.loads((release / "normalization.json").read_text())
     x, y = load_test(test_glob, norm, 64)
     assert x.dtype == np.float32 and np.all(np.linalg.norm(x, axis=1) <= norm["clip"] + 1e-5)
+
+
+def test_sample_rows_take_the_class_names_of_the_label_decoding(tmp_path):
+    """A table release's manifest decodes its labels; an image release's rows are named by what dpcda prepare
+    recorded beside the test split (Fashion-MNIST's class names); names of another length, or none: numbers."""
+    from dpcda.evaluation.stage import class_names
+    from dpcda.pipeline.prepare import LABEL_NAMES
+    from dpcda.storage import prepared
+
+    table = {"input": {"table": {"label": {"name": "churn", "categories": ["no", "yes"]}}}}
+    assert class_names(table, "unused", 2)[0] == ["no", "yes"] and class_names(table, "unused", 3) == (None, None)
+    assert LABEL_NAMES["fashion-mnist"][0] == "T-shirt/top" and len(LABEL_NAMES["fashion-mnist"]) == 10
+    proc = run_cli("prepare", "digits", "--out", tmp_path / "digits", "--shards", 1)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    glob_ = str(tmp_path / "digits" / "test" / "*.parquet")
+    assert class_names(None, glob_, 10) == (LABEL_NAMES["digits"], class_names(None, glob_, 10)[1])
+    assert class_names(None, glob_, 3) == (None, None)
+    (tmp_path / "digits" / "test" / prepared.MARKER).write_text('{"files": [], "label_names": "not a list"}')
+    assert class_names(None, glob_, 10) == (None, None) and prepared.label_names(str(tmp_path)) is None
+
+
+def test_curves_name_the_real_test_and_the_synthetic_hold_out_figures(tmp_path):
+    from PIL import Image
+
+    from dpcda.evaluation.report import real_test_line, write_curves
+
+    x, y = make_dataset(n_per_class=60, num_classes=3, dim=64, seed=1)
+    res = train_and_score(x, y, x[:30], y[:30], num_classes=3, epochs=2, device="cpu", progress=False)
+    line = real_test_line(res)
+    real = res["real_test_accuracy"]
+    assert line.startswith(f"real test rows: stacked (probe + CNN) {res['accuracy_mean']:.4f}")
+    assert f"CNN alone {real['network']['accuracy_mean']:.4f}" in line and "probe alone" in line
+    assert "weights probe" in line
+    with Image.open(write_curves(str(tmp_path / "c.png"), res["curves"], res)) as img:
+        assert img.size[0] > 600 and img.size[1] > 300
 
 
 def test_samples_grid_for_flat_rows(tmp_path):
@@ -307,4 +346,13 @@ def test_release_cli_with_evaluation_fills_manifest_utility(tmp_path):
     report = json.loads((out / util["report"]).read_text())
     assert report["accuracy_mean"] == util["accuracy_mean"]
     assert (out / "evaluation" / "samples.png").exists() and (out / "evaluation" / "curves.png").exists()
-    assert json.loads(proc.stdout.strip().splitlines()[-1])["accuracy"] == util["accuracy_mean"]
+    printed = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert printed["accuracy"] == util["accuracy_mean"]
+    # the figure is named: which model it is, and the network alone and the probe alone beside it
+    assert printed["accuracy_of"] == util["accuracy_of"] == "stacked" and printed["summary"] == util["summary"]
+    assert util["summary"].startswith("stacked: ") and util["network_accuracy"] == pytest.approx(
+        report["real_test_accuracy"]["network"]["accuracy_mean"]
+    )
+    assert set(util["stack_weights"]) == {"probe", "network"} and util["synthetic_holdout_accuracy"]["rows"] > 0
+    assert "stage=evaluate real_test_accuracy stacked=" in proc.stderr and " probe=" in proc.stderr
+    assert "stage=evaluate synthetic_holdout_accuracy stacked=" in proc.stderr

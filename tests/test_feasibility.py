@@ -701,3 +701,50 @@ def test_sample_boolean_refuses_a_temp_file_swapped_for_a_link_before_the_rename
             _sample(cli, private_csv, tmp_path / "s.csv")
     assert victim.read_text() == "PRIVATE" and not (tmp_path / "s.csv.json").exists()
     assert not (tmp_path / "s.csv").exists()  # nothing published by halves
+
+
+def _race_sample(cli, src, out, seed, barriers, results):
+    """One sample-boolean run (a forked process) that waits for the other at the start and again just before its
+    renames, when both have found OUTPUT absent and written their temporary files: the race, every time."""
+    from dpcda.pipeline.cli import sampling as sampling_cli
+
+    check_ours, waited = sampling_cli._check_ours, []
+
+    def both_at_the_rename(tmp, inode):
+        if not waited:
+            waited.append(True)
+            barriers[1].wait(timeout=60)
+        check_ours(tmp, inode)
+
+    sampling_cli._check_ours = both_at_the_rename  # this process only
+    barriers[0].wait()
+    try:
+        results.put((seed, cli("sample-boolean", "--input", src, "--output", out, "--epsilon", 1, "--synthetic-size",
+                               10, "--allow-not-dp", "--seed", seed)))  # fmt: skip
+    except PrivateSamplingError as err:
+        results.put((seed, str(err)))
+
+
+def test_two_sample_boolean_runs_racing_to_one_output_write_it_once(cli, private_csv, tmp_path):
+    """Nothing stands at OUTPUT, so nothing may be replaced: of two runs that both found it absent and rename at once,
+    exactly one writes it (its table and its sidecar, which agree) and the other refuses in one line (its rename is
+    renameat2's no-replace). With a plain os.replace both would report success, the loser's table silently gone."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    for attempt in range(4):
+        out = tmp_path / f"s{attempt}.csv"
+        barriers, results = (ctx.Barrier(2), ctx.Barrier(2)), ctx.Queue()
+        procs = [ctx.Process(target=_race_sample, args=(cli, private_csv, out, s, barriers, results)) for s in (1, 2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(120)
+        outcomes = dict(results.get(timeout=5) for _ in procs)
+        winners = [seed for seed, said in outcomes.items() if said == 0]
+        assert len(winners) == 1, outcomes
+        loser = next(said for seed, said in outcomes.items() if seed != winners[0])
+        assert "appeared while it was written" in loser, loser
+        sidecar = json.loads((tmp_path / f"s{attempt}.csv.json").read_text())
+        assert sidecar["table_sha256"] == hashlib.sha256(out.read_bytes()).hexdigest()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temp file left

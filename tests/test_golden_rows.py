@@ -31,6 +31,9 @@ def expected(case: str, recorded: dict) -> dict:
     p["caveats"][-1] = TEST_SEED_CAVEAT
     assert "words" not in p["noise"]  # the manifest now says where the noise words were computed
     p["noise"]["words"] = noise.WORDS
+    # the input's file count is no longer stated: a writer that splits shards by size makes it follow the number of
+    # records, a private count no guarantee covers
+    assert m["input"].pop("files") == 2
     if case.startswith("dpcda"):  # the rows per class are stated: equal (T/K, image releases' default), per class
         mech = m["mechanism"]
         assert "class_rows" not in mech and "rows_per_class" not in mech

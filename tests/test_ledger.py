@@ -27,6 +27,7 @@ from dpcda.privacy.composition import (
 )
 from dpcda.privacy.events import DpmixEvent, GaussianStatsEvent, MixingEvent, NonPrivateEvent, PerturbEvent
 from dpcda.storage.ledger import SqliteLedger, open_ledger, resolve, summary
+from dpcda.storage.ledger_entries import releases_of, stored_cap
 from tests.conftest import make_dataset, run_cli, write_dataset
 
 DELTA = 1e-5
@@ -158,19 +159,24 @@ def _manifest(events: ReleaseEvents, eps=None) -> dict:
     }
 
 
+def _releases(ledger, dataset_id):
+    """The dataset's release entries (without its stored cap)."""
+    return [e for e in ledger.entries(dataset_id) if e["state"] != "cap"]
+
+
 def _store_life_cycle(ledger):
     ledger.reserve("ds", _request("r1"), cap=10.0)
     ledger.reserve("other", _request("o1", eps=9.0), cap=10.0)  # another dataset id has its own budget
-    assert [e["state"] for e in ledger.entries("ds")] == ["pending"]
+    assert [e["state"] for e in _releases(ledger, "ds")] == ["pending"]
     ledger.record("ds", "r1", _manifest(fixed_events(sizes=(70,))))
     ledger.reserve("ds", _request("r2"), cap=10.0)
     ledger.cancel("ds", "r2")  # a failed run leaves nothing
-    entries = ledger.entries("ds")
+    entries = _releases(ledger, "ds")
     assert [(e["run"], e["state"]) for e in entries] == [("r1", "published")]
     assert entries[0]["events"]["per_class"][0]["class_size"] == 70
     with pytest.raises(LedgerError, match="over the budget cap"):
         ledger.reserve("ds", _request("r3", eps=7.0), cap=10.0)
-    assert [e["run"] for e in ledger.entries("ds")] == ["r1"]
+    assert [e["run"] for e in _releases(ledger, "ds")] == ["r1"]
     with pytest.raises(LedgerError, match="do not compose"):
         ledger.reserve("ds", _request("p1", eps=1.0, mode="poisson"), cap=None)
     # idempotent: a reserve or record retried after a lost response changes nothing twice
@@ -178,13 +184,16 @@ def _store_life_cycle(ledger):
     ledger.reserve("ds", _request("r4", eps=1.0), cap=10.0)
     ledger.record("ds", "r4", _manifest(fixed_events(sizes=(70,))))
     ledger.record("ds", "r4", _manifest(fixed_events(sizes=(70,))))
-    assert [(e["run"], e["state"]) for e in ledger.entries("ds")] == [("r1", "published"), ("r4", "published")]
+    assert [(e["run"], e["state"]) for e in _releases(ledger, "ds")] == [("r1", "published"), ("r4", "published")]
     ledger.cancel("ds", "r4")  # never removes a published entry
-    assert len(ledger.entries("ds")) == 2
-    # a stored cap: a release's --budget-cap can lower it, never raise it
+    assert len(_releases(ledger, "ds")) == 2
+    # the first release's cap was stored; ledger cap changes it; a release that gives another cap is refused
+    assert summary(ledger, "other")[0]["budget_cap"] == 10.0
     ledger.set_cap("other", 9.5)
-    with pytest.raises(LedgerError, match="over the budget cap 9.5"):
+    with pytest.raises(LedgerError, match="budget cap 9.5 stored, and this release gives --budget-cap 100"):
         ledger.reserve("other", _request("o2", eps=1.0), cap=100.0)
+    with pytest.raises(LedgerError, match="over the budget cap 9.5"):
+        ledger.reserve("other", _request("o2", eps=1.0), cap=None)
     with pytest.raises(LedgerError, match="positive"):
         ledger.set_cap("other", -1.0)
     (other,) = summary(ledger, "other")
@@ -238,9 +247,156 @@ def test_sqlite_race_only_one_of_two_passes_a_cap_that_fits_one(tmp_path):
             p.join(60)
         outcomes = sorted(results.get(timeout=5)[1] for _ in runs)
         assert outcomes == ["ok", "refused", "refused", "refused"]
-        passed = [e for e in SqliteLedger(path).entries("ds")]
+        passed = _releases(SqliteLedger(path), "ds")
         assert len(passed) == 1
         SqliteLedger(path).cancel("ds", passed[0]["run"])
+
+
+def test_a_cap_given_on_a_first_release_is_stored_and_later_releases_answer_to_it(tmp_path, capsys):
+    """A scheduler's first run passes --budget-cap 8; two eps 3 releases fit, and a third without the flag is refused
+    by the stored cap (it went through, to eps 9, when only ``ledger cap`` stored a cap)."""
+    from dpcda.pipeline.cli import main
+
+    path = str(tmp_path / "ledger.db")
+    ledger = open_ledger(path, create=True)
+    ledger.reserve("ds", _request("r1", eps=3.0), cap=8.0)
+    assert summary(ledger, "ds")[0]["budget_cap"] == 8.0
+    ledger.reserve("ds", _request("r2", eps=3.0), cap=None)
+    with pytest.raises(LedgerError, match="over the budget cap 8"):
+        ledger.reserve("ds", _request("r3", eps=3.0), cap=None)
+    # another cap on a release is refused, whether higher or lower, and the message says how to change it
+    for other in (100.0, 7.0):
+        with pytest.raises(
+            LedgerError,
+            match=re.escape(
+                f"--budget-cap {other:g}; a stored cap changes only with 'dpcda "
+                f"ledger cap --ledger {path} --dataset-id ds --epsilon E'"
+            ),
+        ):
+            ledger.reserve("ds", _request("r3", eps=0.5), cap=other)
+    assert [e["run"] for e in ledger.entries("ds") if e["state"] == "pending"] == ["r1", "r2"]
+    ledger.reserve("ds", _request("r3", eps=0.5), cap=8.0)  # the same cap again is the stored one
+    ledger.set_cap("ds", 12.0)  # changed the one way there is
+    ledger.reserve("ds", _request("r4", eps=3.0), cap=None)
+    ledger.reserve("ds", _request("r5", eps=0.5), cap=12.0)
+    # a first release refused for the budget stores the cap it gives, and no reservation
+    with pytest.raises(LedgerError, match="over the budget cap 2"):
+        ledger.reserve("fresh", _request("f1", eps=3.0), cap=2.0)
+    assert stored_cap(ledger.entries("fresh")) == 2.0 and releases_of(ledger.entries("fresh")) == []
+    # and a release refused without a cap to store writes nothing
+    with pytest.raises(LedgerError, match="over the budget cap 2"):
+        ledger.reserve("fresh", _request("f2", eps=3.0), cap=None)
+    assert len(ledger.entries("fresh")) == 1
+
+    assert main(["ledger", "show", "--ledger", path, "--dataset-id", "ds"]) == 0
+    assert "dataset ds: 5 release(s), budget cap 12" in capsys.readouterr().out
+    assert main(["ledger", "show", "--ledger", path, "--dataset-id", "ds", "--json"]) == 0
+    (shown,) = json.loads(capsys.readouterr().out)
+    assert shown["budget_cap"] == 12.0 and len(shown["releases"]) == 5
+
+
+def test_a_cap_given_on_a_release_refused_for_the_budget_still_holds_for_the_next_runs(tmp_path):
+    """Two eps 3 releases without a cap, then one with --budget-cap 8 that would reach 9: refused; the next run
+    without the flag answers to the cap that was given (it went through to eps 9 when the refusal stored nothing)."""
+    ledger = open_ledger(str(tmp_path / "ledger.db"), create=True)
+    ledger.reserve("ds", _request("r1", eps=3.0), cap=None)
+    ledger.reserve("ds", _request("r2", eps=3.0), cap=None)
+    with pytest.raises(LedgerError, match="over the budget cap 8"):
+        ledger.reserve("ds", _request("r3", eps=3.0), cap=8.0)
+    with pytest.raises(LedgerError, match="over the budget cap 8"):
+        ledger.reserve("ds", _request("r3", eps=3.0), cap=None)
+    assert [e["run"] for e in releases_of(ledger.entries("ds"))] == ["r1", "r2"]
+    ledger.reserve("ds", _request("r3", eps=1.0), cap=None)  # what fits under the cap still goes through
+
+
+def test_a_dataset_id_with_a_trailing_newline_is_refused(tmp_path):
+    ledger = open_ledger(str(tmp_path / "ledger.db"), create=True)
+    with pytest.raises(LedgerError, match="dataset_id"):
+        ledger.set_cap("ds\n", 1.0)
+    with pytest.raises(LedgerError, match="dataset_id"):
+        ledger.reserve("ds\n", _request("r1", eps=1.0), cap=None)
+
+
+def _cap_race_worker(path, dataset_id, run, cap, barrier, results):
+    ledger = SqliteLedger(path)
+    barrier.wait()
+    try:
+        ledger.reserve(dataset_id, _request(run, eps=1.0), cap=cap)
+        results.put((cap, "ok"))
+    except LedgerError as err:
+        results.put((cap, str(err)))
+
+
+def test_two_first_releases_with_different_caps_store_exactly_one(tmp_path):
+    """The cap is stored in the transaction that writes the reservation: of first releases racing with different
+    caps, one cap is stored, and every release that gave another is refused in one line naming ``ledger cap``."""
+    path = str(tmp_path / "ledger.db")
+    SqliteLedger(path, create=True)
+    ctx = multiprocessing.get_context("fork")
+    for attempt in range(3):
+        ds, caps = f"ds{attempt}", [5.0, 6.0, 7.0, 8.0]
+        barrier, results = ctx.Barrier(len(caps)), ctx.Queue()
+        procs = [
+            ctx.Process(target=_cap_race_worker, args=(path, ds, f"r{cap:g}", cap, barrier, results)) for cap in caps
+        ]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+        outcomes = dict(results.get(timeout=5) for _ in caps)
+        winners = [cap for cap, said in outcomes.items() if said == "ok"]
+        assert len(winners) == 1, outcomes
+        for cap, said in outcomes.items():
+            if cap != winners[0]:
+                assert f"has budget cap {winners[0]:g} stored" in said and "dpcda ledger cap" in said, said
+        (shown,) = summary(SqliteLedger(path), ds)
+        assert shown["budget_cap"] == winners[0] and [e["run"] for e in shown["releases"]] == [f"r{winners[0]:g}"]
+
+
+def _hold_lock(path, seconds):
+    """Another process that takes an exclusive lock on the SQLite ledger and keeps it ``seconds``."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
+        "c.execute('BEGIN EXCLUSIVE'); print('locked', flush=True); time.sleep(float(sys.argv[2]))"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code, path, str(seconds)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    return holder
+
+
+def test_a_locked_ledger_is_busy_not_invalid_and_the_wait_is_bounded_and_said(tmp_path, monkeypatch, capsys, caplog):
+    """Bad-input case M8: a ledger another process holds locked was called 'not a ledger SQLite file (database is
+    locked)' after 120 silent seconds; a user told that may recreate it and lose the budget history."""
+    from dpcda.pipeline.cli import main
+    from dpcda.storage import ledger as ledger_mod
+
+    path = str(tmp_path / "ledger.db")
+    open_ledger(path, create=True).reserve("ds", _request("r1", eps=1.0), cap=None)
+    monkeypatch.setattr(ledger_mod, "LOCK_WAIT_SECONDS", 2)
+    holder = _hold_lock(path, 30)
+    try:
+        with caplog.at_level("WARNING", logger="dpcda.ledger"):
+            assert main(["ledger", "show", "--ledger", path]) == 2
+        (line,) = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert line.startswith(f"dpcda: error: ledger {path}: busy: another process ({holder.pid}) holds its lock")
+        assert "within 2 s" in line and "not a ledger" not in line and "not damaged" in line
+        assert f"ledger {path} is busy (its lock is held by process {holder.pid}); waiting up to 2 s" in caplog.text
+        with pytest.raises(LedgerError, match="busy"):
+            SqliteLedger(path).reserve("ds", _request("r2", eps=1.0), cap=None)
+    finally:
+        holder.kill()
+        holder.wait()
+    # a holder that lets go within the wait: the release goes on
+    monkeypatch.setattr(ledger_mod, "LOCK_WAIT_SECONDS", 30)
+    holder = _hold_lock(path, 1.5)
+    try:
+        SqliteLedger(path).reserve("ds", _request("r2", eps=1.0), cap=None)
+    finally:
+        holder.wait()
+    assert [e["run"] for e in _releases(SqliteLedger(path), "ds")] == ["r1", "r2"]
 
 
 @pytest.mark.gcs
@@ -267,7 +423,7 @@ def test_gcs_life_cycle_and_race(gcs):
     for t in threads:
         t.join(120)
     assert sorted(outcomes) == ["ok", "refused", "refused", "refused"]
-    assert len(open_ledger(uri).entries("ds")) == 1
+    assert len(_releases(open_ledger(uri), "ds")) == 1
 
 
 def test_resolve_records_a_published_run_and_drops_a_dead_one(tmp_path):
@@ -476,7 +632,8 @@ def test_resolve_never_drops_on_ambiguity_and_waits_for_a_live_run(tmp_path):
     import fcntl
     import os
 
-    from dpcda.storage.publish import _lock_path, check_output_path
+    from dpcda.storage.locks import lock_path
+    from dpcda.storage.publish import check_output_path
 
     ledger = open_ledger(str(tmp_path / "ledger.db"), create=True)
     out = tmp_path / "rel"
@@ -487,7 +644,7 @@ def test_resolve_never_drops_on_ambiguity_and_waits_for_a_live_run(tmp_path):
     (out / "manifest.json").write_text(json.dumps(later))
     with pytest.raises(LedgerError, match="--drop"):  # published and then replaced? it cannot tell: it refuses
         resolve(ledger, "ds", "old", force=True)
-    fd = os.open(_lock_path(str(out)), os.O_CREAT | os.O_RDWR)
+    fd = os.open(lock_path(str(out)), os.O_CREAT | os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
         with pytest.raises(LedgerError, match="holds its lock"):

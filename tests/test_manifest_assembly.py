@@ -189,3 +189,20 @@ def test_a_release_whose_stage_returns_a_malformed_section_publishes_nothing(tmp
     assert reached and "synthetic" in reached[0]  # it failed after the pipeline had written the parts
     assert _tree(out) == before
     assert not list(tmp_path.glob("out.tmp-*")) and not list(tmp_path.glob("out.old-*"))
+
+
+@pytest.mark.parametrize("files, ours", [(3, True), (0, True), ("x", False), ({}, False), (None, False), (-5, False),
+                                         (True, False)])  # fmt: skip
+def test_an_older_manifests_file_count_is_read_only_as_a_count(files, ours):
+    """Manifests written before the input's file count was dropped state ``input.files``: such a release is still
+    ours (validates, so ``--overwrite`` replaces it), but only where the field is what we wrote, a count."""
+    from dpcda.schemas.manifest import Manifest
+    from tests.conftest import valid_manifest
+
+    data = valid_manifest()
+    data["input"] = {**data["input"], "files": files}
+    if ours:
+        assert "files" not in Manifest.model_validate(data).model_dump()["input"]
+    else:
+        with pytest.raises(pydantic.ValidationError, match="files"):
+            Manifest.model_validate(data)

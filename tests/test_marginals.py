@@ -376,7 +376,7 @@ def _cfg(**kw):
     "fields, needle",
     [
         ({"table": None}, "table: marginals counts a table's columns"),
-        ({"table": SCHEMA, "mode": "fixed"}, "mode: marginals is accounted under add/remove only"),
+        ({"table": SCHEMA, "mode": "fixed"}, "mode: marginals offers mode poisson only (its counts are accounted"),
         ({"table": SCHEMA, "epsilon": None, "sigma_x": 0.0}, "epsilon: marginals calibrates"),
         ({"table": SCHEMA, "normalization": "public", "normalization_file": "n.json"}, "normalization: marginals"),
         ({"table": SCHEMA, "mixing_path": "join"}, "mixing_path: marginals does not mix"),
@@ -401,7 +401,7 @@ def test_bad_marginals_configs_are_one_line_errors(fields, needle):
 
 def test_a_good_marginals_config_defaults_to_add_remove():
     cfg = _cfg(table=SCHEMA)
-    assert cfg.mode == "poisson" and cfg.marginals_selection == "mst-label" and cfg.marginals_bins == 20
+    assert cfg.mode == "poisson" and cfg.mechanism.selection == "mst-label" and cfg.mechanism.bins == 20
 
 
 def test_too_many_cells_are_refused_before_work(monkeypatch):
@@ -459,3 +459,16 @@ def test_the_manifest_states_the_selection_and_its_epsilon_recomputes(released):
     assert sum(privacy["delta_breakdown"].values()) <= privacy["delta"]
     assert privacy["delta_breakdown"]["pld_roundoff"] > 0  # the histogram's PLD reads at 99.9 % of its delta
     assert "row count is private" in privacy["neighbouring_relation"]
+
+
+def test_a_marginals_release_states_only_what_it_has(released):
+    """No mixing furniture (issue 53.7): no normalization.json (its rows are codes on public bins, never z-scored),
+    no statistics file in the manifest, no poisson caveat about q_k, T_k and sigma_x, no sigma_x anywhere."""
+    import os
+
+    _, rel = released
+    assert not os.path.exists(os.path.join(rel.directory, "normalization.json"))
+    assert rel.manifest["normalization"]["statistics_file"] is None
+    caveats = " ".join(rel.manifest["privacy"]["caveats"])
+    assert "q_k" not in caveats and "sigma_x" not in caveats
+    assert "sigma_x" not in rel.manifest["mechanism"] and "features" not in rel.manifest["privacy"]["noise"]["grids"]

@@ -12,13 +12,13 @@ import pytest
 from dpcda.mechanisms import registry
 from dpcda.schemas.config import ConfigError, ReleaseConfig, load_config
 from dpcda.schemas.mechanism_params import (
-    MECHANISM_PARAMS,
     PARAMS,
     DpcdaParams,
     MarginalsParams,
     MechanismParams,
     P3gmParams,
     RandprojParams,
+    parse,
 )
 from dpcda.schemas.settings import CoreSettings, DataParams, ExecutionParams, PostprocessParams, PrivacyParams
 from tests.conftest import ROOT
@@ -35,18 +35,22 @@ NEEDS = {"marginals": {"table": TABLE}}
 # ---------------------------------------------------------------- the models
 
 
-def test_the_union_picks_each_mechanisms_model_by_name():
+def test_the_name_picks_each_mechanisms_model():
     for name, cls in PARAMS.items():
-        params = MECHANISM_PARAMS.validate_python({"name": name})
+        params = parse({"name": name})
         assert type(params) is cls and params.name == name
-    assert isinstance(MECHANISM_PARAMS.validate_python({"name": "p3gm", "epochs": 3}), P3gmParams)
+    assert isinstance(parse({"name": "p3gm", "epochs": 3}), P3gmParams)
+
+
+@pytest.mark.parametrize("data", [{"name": "dpcdaa"}, {"mixing_order": 4}])
+def test_a_name_no_model_has_is_one_line(data):
+    with pytest.raises(ValueError, match=r"^mechanism: Input should be 'dpcda', 'dpmix'"):
+        parse(data)
 
 
 @pytest.mark.parametrize(
     "data,needle",
     [
-        ({"name": "dpcdaa"}, "union_tag_invalid"),
-        ({"mixing_order": 4}, "union_tag_not_found"),
         ({"name": "p3gm", "bogus": 1}, "extra_forbidden"),
         ({"name": "dpcda", "epochs": 2}, "extra_forbidden"),  # another mechanism's parameter
         ({"name": "p3gm", "p3gm_epochs": 2}, "extra_forbidden"),  # the flat name is the config's, not the model's
@@ -60,7 +64,7 @@ def test_the_union_picks_each_mechanisms_model_by_name():
 )
 def test_a_bad_mechanism_model_is_refused(data, needle):
     with pytest.raises(pydantic.ValidationError) as err:
-        MECHANISM_PARAMS.validate_python(data)
+        parse(data)
     assert needle in repr(err.value.errors()) or needle in str(err.value)
 
 
@@ -71,32 +75,36 @@ def test_the_models_are_frozen():
 
 
 @pytest.mark.parametrize("name", sorted(PARAMS))
-def test_the_configs_flat_fields_are_the_models(name):
-    """One declaration per parameter: the flat field has the model's default, bounds and help text."""
+def test_each_parameter_is_declared_once_in_its_model(name):
+    """No mechanism parameter is a config field; its flag is the model's field itself (default, bounds, help)."""
+    from dpcda.pipeline.cli.release import release_flags
+
     cls = PARAMS[name]
+    flags = release_flags()
     for field in (*cls.own(), "mixing_order", "samples", "projection"):
-        flat = ReleaseConfig.model_fields[cls.flat_name(field) if field in cls.own() else field]
-        mine = cls.model_fields[field]
-        assert (flat.default, flat.description, flat.metadata) == (mine.default, mine.description, mine.metadata)
+        own = field in cls.own()
+        key = cls.flat_name(field) if own else field
+        assert key not in ReleaseConfig.model_fields
+        assert flags["--" + key.replace("_", "-")] == (key, (cls if own else MechanismParams).model_fields[field])
 
 
 @pytest.mark.parametrize("name", sorted(PARAMS))
-def test_a_configs_mechanism_params_are_its_flat_values(name):
-    cfg = load_config(None, {**BASE, "mechanism": name, **NEEDS.get(name, {})})
-    params = cfg.mechanism_params
-    assert type(params) is PARAMS[name] and params.name == name
+def test_a_configs_mechanism_is_its_model_with_the_flat_values(name):
+    flat = {cls.flat_name(f): cls.model_fields[f].default for cls in [PARAMS[name]] for f in PARAMS[name].own()}
+    cfg = load_config(None, {**BASE, "mechanism": name, **NEEDS.get(name, {}), **flat})
+    params = cfg.mechanism
+    assert type(params) is PARAMS[name] and params.name == name and cfg.core.params is params
     for field in params.own():
-        assert getattr(params, field) == getattr(cfg, params.flat_name(field))
-    assert (params.mixing_order, params.samples, params.projection) == (cfg.mixing_order, cfg.samples, cfg.projection)
+        assert getattr(params, field) == flat[params.flat_name(field)]
 
 
 def test_flags_and_sections_reach_the_model():
     cfg = load_config(None, {**BASE, "mechanism": "p3gm", "mode": "poisson", "p3gm_epochs": "3", "p3gm_hidden": 64})
-    assert cfg.mechanism_params == P3gmParams(epochs=3.0, hidden=64, mixing_order=1)
+    assert cfg.mechanism == P3gmParams(epochs=3.0, hidden=64, mixing_order=1)
     cfg = load_config(None, {**BASE, "mechanism": "randproj", "projection_dim": "7"})
-    assert cfg.mechanism_params == RandprojParams(projection_dim=7, mixing_order=1)
+    assert cfg.mechanism == RandprojParams(projection_dim=7, mixing_order=1)
     cfg = load_config(None, {**BASE, "sigma_y": 0.5, "mixing_order": 8})
-    assert cfg.mechanism_params == DpcdaParams(sigma_y=0.5, mixing_order=8)
+    assert cfg.mechanism == DpcdaParams(sigma_y=0.5, mixing_order=8)
 
 
 @pytest.mark.parametrize(
@@ -125,8 +133,8 @@ def test_a_bad_mechanism_section_is_one_line(tmp_path, text, needle):
 def test_a_mechanism_that_does_not_mix_refuses_a_mixing_order(name):
     """Refused, not ignored: a given mixing order other than 1 (the order such a mechanism has)."""
     fields = {**BASE, "mechanism": name, **NEEDS.get(name, {})}
-    assert load_config(None, fields).mixing_order == 1
-    assert load_config(None, {**fields, "mixing_order": 1}).mechanism_params.mixing_order == 1
+    assert load_config(None, fields).mechanism.mixing_order == 1
+    assert load_config(None, {**fields, "mixing_order": 1}).mechanism.mixing_order == 1
     with pytest.raises(ConfigError, match=rf"^mixing_order: {name} does not mix records \(leave it out\)$"):
         load_config(None, {**fields, "mixing_order": 4})
 
@@ -137,21 +145,23 @@ def test_marginals_refuses_a_mixing_order_from_a_config_file(tmp_path):
     with pytest.raises(ConfigError, match="^mixing_order: marginals does not mix records"):
         load_config(str(tmp_path / "c.yaml"), over)
     # the examples name no mixing order, so they run with any mechanism (docs/tables.md runs wa_churn with marginals)
-    cfg = load_config(str(ROOT / "examples" / "wa_churn.yaml"), {"input": "x", "output": "o/r", "epsilon": 1.0})
-    assert cfg.mixing_order == 4 and "mixing_order" not in cfg.model_fields_set
+    cfg = load_config(
+        str(ROOT / "examples" / "wa_churn.yaml"), {"input": "x", "output": "o/r", "epsilon": 1.0, "mechanism": "dpcda"}
+    )
+    assert cfg.mechanism.mixing_order == 4 and "mixing_order" not in cfg.mechanism.model_fields_set
     marginals = load_config(
         str(ROOT / "examples" / "wa_churn.yaml"),
         {"input": "x", "output": "o/r", "epsilon": 1.0, "mechanism": "marginals"},
     )
-    assert marginals.mixing_order == 1
+    assert marginals.mechanism.mixing_order == 1
 
 
 @pytest.mark.parametrize("name", ["p3gm", "marginals"])
 def test_the_generative_mechanisms_take_samples(name):
     """They sample T rows from a fitted model: samples is theirs (local and randproj release one row per record)."""
     cfg = load_config(None, {**BASE, "mechanism": name, "samples": 50, **NEEDS.get(name, {})})
-    assert cfg.mechanism_params.samples == 50
-    assert isinstance(cfg.mechanism_params, (P3gmParams, MarginalsParams))
+    assert cfg.mechanism.samples == 50
+    assert isinstance(cfg.mechanism, (P3gmParams, MarginalsParams))
 
 
 # ---------------------------------------------------------------- what the cores receive
@@ -160,7 +170,7 @@ def test_the_generative_mechanisms_take_samples(name):
 def test_the_core_settings_hold_only_privacy_mechanism_and_execution_fields():
     cfg = load_config(None, {**BASE, "chunk_rows": 64, "seed": 3, "mixing_order": 2})
     core = cfg.core
-    assert isinstance(core, CoreSettings) and core.params == cfg.mechanism_params
+    assert isinstance(core, CoreSettings) and core.params == cfg.mechanism
     assert core.privacy == cfg.privacy and core.privacy.reproducible and core.execution.chunk_rows == 64
     launcher_only = {
         "output", "input_format", "features_column", "out_of_bounds", "ledger", "dataset_id", "budget_cap",
@@ -198,10 +208,7 @@ def test_no_core_module_reaches_the_release_config():
 # a Mechanism method that reads settings -> the parameters it may take besides its data
 SETTINGS_METHODS = {
     "budget_shares": {"privacy", "params"},
-    "calibrate": {"events", "budget", "privacy", "params", "data", "clip", "dim", "num_classes", "records", "_"},
-    "label_noise_ratio": {"params"},
-    "sigma_y": {"params", "sigma_x"},
-    "projection": {"params", "dim"},
+    "plan": {"public"},  # mechanisms.base.Public: the core settings and public facts, no record
     "check_before_work": {"core", "dim"},
     "output_dim": {"params", "dim"},
 }
@@ -231,7 +238,7 @@ def test_the_plan_and_the_in_process_release_take_core_settings_not_the_config()
     plan = build_plan(first_pass(x, y), cfg.core, key)
     assert plan.mechanism == "dpcda" and plan.samples_total == 60
     feats, labels, plan2, _ = release_in_process(x, y, cfg.core, key)
-    assert feats.shape == (60, 4) and plan2.sigma_x == plan.sigma_x
+    assert feats.shape == (60, 4) and plan2.synthesis.sigma_x == plan.synthesis.sigma_x
     with pytest.raises(AttributeError):  # the config is not a stand-in for the core settings
         build_plan(first_pass(x, y), cfg, key)
 

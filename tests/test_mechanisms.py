@@ -137,7 +137,7 @@ def test_randproj_release_is_p_dimensional_and_its_projection_is_public(tmp_path
 @pytest.mark.parametrize(
     "bad,needle",
     [
-        ({"mechanism": "local", "mode": "poisson", "num_classes": 3}, "only mode fixed"),
+        ({"mechanism": "local", "mode": "poisson", "num_classes": 3}, "offers mode fixed only"),
         ({"mechanism": "local", "samples": 10}, "exactly one row per record"),
         ({"mechanism": "local", "mixing_order": 4}, "does not mix"),
         ({"mechanism": "dpmix"}, "num_classes: required with dpmix"),
@@ -149,25 +149,22 @@ def test_mechanism_options_that_do_not_apply_are_refused(bad, needle):
         load_config(None, {"input": "x", "output": "y", "epsilon": 5.0, **bad})
 
 
+def _noise_free(tmp_path, dim: int, **overrides):
+    """(train glob, test glob, noise-free release folder with exact statistics) of a three-class dataset of width
+    ``dim``; ``overrides``: the release's settings (mechanism, mixing order, ...)."""
+    x, y = make_dataset(n_per_class=80, num_classes=3, dim=dim, seed=6)
+    xt, yt = make_dataset(n_per_class=20, num_classes=3, dim=dim, seed=7)
+    train_glob = write_dataset(tmp_path / "train", x, y)
+    test_glob = write_dataset(tmp_path / "test", xt, yt)
+    exact = dict(sigma_x=0.0, seed=1, normalization="exact", allow_exact_normalization=True)
+    out, _ = release(tmp_path, train_glob, **{**exact, **overrides})
+    return train_glob, test_glob, out
+
+
 def test_evaluation_trains_on_dpmix_soft_labels_and_randproj_projections(tmp_path):
     from dpcda.evaluation.standalone import evaluate_standalone
 
-    x, y = make_dataset(n_per_class=80, num_classes=3, dim=16, seed=6)
-    xt, yt = make_dataset(n_per_class=20, num_classes=3, dim=16, seed=7)
-    train_glob = write_dataset(tmp_path / "train", x, y)
-    test_glob = write_dataset(tmp_path / "test", xt, yt)
-    out, _ = release(
-        tmp_path,
-        train_glob,
-        name="mix",
-        mechanism="dpmix",
-        sigma_x=0.0,
-        num_classes=3,
-        mixing_order=1,
-        seed=1,
-        normalization="exact",
-        allow_exact_normalization=True,
-    )
+    train_glob, test_glob, out = _noise_free(tmp_path, 16, name="mix", mechanism="dpmix", num_classes=3, mixing_order=1)
     rep = evaluate_standalone(str(out), test_glob, runs=1, epochs=3)
     assert rep["soft_labels"] and rep["accuracy_mean"] > 0.7  # l = 1, no noise: the data itself
     out, _ = release(
@@ -183,3 +180,33 @@ def test_evaluation_trains_on_dpmix_soft_labels_and_randproj_projections(tmp_pat
     )
     rep = evaluate_standalone(str(out), test_glob, runs=1, epochs=3)
     assert rep["model"] == "TabularMLP" and rep["accuracy_mean"] > 0.6
+
+
+def test_a_soft_label_dpmix_report_names_its_three_figures(tmp_path):
+    """report.json of a DPMix release (label scores): the network alone, the linear probe alone and the stack, each
+    present and named; the headline is the recipe's (stacked), with its weights; the synthetic hold-out's figures
+    stand apart, labelled."""
+    from pathlib import Path
+
+    from dpcda.evaluation.standalone import evaluate_standalone
+
+    _, test_glob, out = _noise_free(tmp_path, 64, mechanism="dpmix", num_classes=3, mixing_order=2)
+    rep = evaluate_standalone(str(out), test_glob, runs=1, epochs=2)
+    saved = json.loads(Path(rep["path"]).read_text())
+    assert saved["soft_labels"] and saved["accuracy_of"] == "stacked"
+    real = saved["real_test_accuracy"]
+    assert real["headline"] == "stacked" and real["measured_on"].startswith("real test rows")
+    net, probe, stacked = real["network"], real["probe"], real["stacked"]
+    assert (net["name"], net["model"]) == ("CNN", "TableOneCNN") and probe["name"] == "linear probe"
+    assert probe["accuracy"] == saved["probe"]["accuracy"] and stacked["accuracy_mean"] == saved["accuracy_mean"]
+    assert all(0.0 <= v <= 1.0 for v in (net["accuracy_mean"], probe["accuracy"], stacked["accuracy_mean"]))
+    weights = stacked["weights"]
+    assert set(weights) == {"probe", "network"} and weights["probe"] + weights["network"] == pytest.approx(1.0)
+    assert stacked["probe_dominated"] == (weights["network"] < 0.1) and len(stacked["coefficients"]) == 1
+    assert saved["summary"].startswith(
+        f"stacked: {stacked['accuracy_mean']:.4f} = CNN {net['accuracy_mean']:.4f}, probe {probe['accuracy']:.4f}, "
+        f"weights probe {weights['probe']:.2f} / CNN {weights['network']:.2f}"
+    )
+    holdout = saved["synthetic_holdout_accuracy"]
+    assert "SYNTHETIC" in holdout["measured_on"] and holdout["rows"] == saved["val_rows"] > 0
+    assert {"stacked", "network", "probe"} <= set(holdout)

@@ -1,4 +1,4 @@
-"""The secure noise module (privacy/noise.py): exact samplers, their precision argument, and the float32 attack.
+"""The secure noise package (privacy/noise/): exact samplers, their precision argument, and the float32 attack.
 
 Statistical tests state their false-failure rate; every generator is keyed by a fixed test seed.
 """
@@ -20,12 +20,17 @@ from scipy import stats
 from dpcda.privacy import noise
 from dpcda.privacy.noise import (
     NoiseStream,
+    binomial,
+    exact,
+    gaussian,
     grid_for,
     key_from_test_seed,
     normal_cdf_decimal,
+    pool,
     sampler_delta,
     upper_quantile,
 )
+from dpcda.privacy.noise import stream as noise_stream
 
 KEY = key_from_test_seed(11)
 mpmath.mp.prec = 320
@@ -58,7 +63,7 @@ def test_decimal_normal_cdf_matches_mpmath_in_the_tails_and_centre():
         ref = mpmath.ncdf(mpmath.mpf(w.numerator) / w.denominator)
         assert abs(ours - ref) <= mpmath.mpf(10) ** -100  # what the exact decisions need (u resolution is 2^-192)
     with mpmath.workdps(130):
-        assert str(noise._decimal_pi(100))[:100] == mpmath.nstr(mpmath.pi, 110, strip_zeros=False)[:100]
+        assert str(exact._decimal_pi(100))[:100] == mpmath.nstr(mpmath.pi, 110, strip_zeros=False)[:100]
 
 
 def test_grid_is_a_power_of_two_between_2_to_minus_13_and_minus_12_of_sigma():
@@ -83,7 +88,7 @@ def _reference_value(center: float, sigma: float, u_int: int) -> float:
 def _run(center, sigma, u_ints):
     mask = (1 << 64) - 1
     words = np.array([[(u >> 128) & mask, (u >> 64) & mask, u & mask] for u in u_ints], np.uint64).T.copy()
-    return noise._rounded_gaussian(np.asarray(center, np.float64), sigma, grid_for(sigma), words)
+    return gaussian.rounded_gaussian(np.asarray(center, np.float64), sigma, grid_for(sigma), words)
 
 
 def test_random_uniforms_give_exactly_the_ideal_cells():
@@ -218,8 +223,10 @@ def test_a_stream_cannot_be_copied_or_pickled(monkeypatch):
     """A copy would draw the same noise as the original (and a pickle would hold the stream's subkey): copying,
     deep-copying and pickling a stream raise, before or after any draw, on one thread or several, and so does
     copying anything that holds one. Workers make their streams from the key and path where they draw."""
-    monkeypatch.setattr(noise, "_TASK_WORDS", 1 << 10)
-    monkeypatch.setattr(noise, "_TASK_BLOCKS", 1)
+    monkeypatch.setattr(noise_stream, "_TASK_WORDS", 1 << 10)
+    monkeypatch.setattr(noise_stream, "_TASK_BLOCKS", 1)
+    spread, executor = [], pool.executor
+    monkeypatch.setattr(pool, "executor", lambda n: spread.append(n) or executor(n))
     fresh, drawn, threaded = (NoiseStream(KEY, "copy", i) for i in range(3))
     on_device = NoiseStream(KEY, "copy", 3, device="cpu")
     drawn.words(3)
@@ -230,6 +237,7 @@ def test_a_stream_cannot_be_copied_or_pickled(monkeypatch):
         threaded.gaussian(np.zeros(20_000), 1.0)
     finally:
         noise.set_threads(None)
+    assert spread == [2, 2]  # both draws ran on the noise threads
     copiers = (
         copy.copy,
         copy.deepcopy,
@@ -281,14 +289,14 @@ def test_streams_and_bits_made_before_a_fork_refuse_even_where_the_pid_is_the_sa
     ``Bits`` reader, whose buffered words a child would hand out again, refuses too, and cannot be copied."""
     from dpcda.privacy.exponential import Bits
 
-    monkeypatch.setattr(noise, "_FORKS", noise._FORKS)
-    monkeypatch.setattr(noise, "_POOL_LOCK", noise._POOL_LOCK)
+    monkeypatch.setattr(pool, "_FORKS", pool._FORKS)
+    monkeypatch.setattr(pool, "_POOL_LOCK", pool._POOL_LOCK)
     s, bits = NoiseStream(KEY, "fork-gen"), Bits(NoiseStream(KEY, "fork-bits"))
     bits.word()
     for copier in (copy.copy, copy.deepcopy, pickle.dumps):
         with pytest.raises(TypeError, match="cannot be copied"):
             copier(bits)
-    noise._after_fork_in_child()  # what a forked child runs, here in the same process (same pid)
+    pool._after_fork_in_child()  # what a forked child runs, here in the same process (same pid)
     for draw in (lambda: s.words(1), lambda: s.gaussian(np.zeros(2), 1.0), bits.word, lambda: bits.below(5)):
         with pytest.raises(RuntimeError, match="fork"):
             draw()
@@ -387,7 +395,7 @@ def test_dense_sampler_takes_the_smallest_keys_in_key_order_and_redraws_ties():
 
 def test_binomial_table_matches_the_pmf_and_draws_fit_it():
     n, q = 6000, Fraction(8, 6000)
-    th = noise._binomial_thresholds(n, q.numerator, q.denominator)
+    th = binomial.binomial_thresholds(n, q.numerator, q.denominator)
     q_mp = mpmath.mpf(q.numerator) / q.denominator
     exact = mpmath.mpf(0)
     for j, (w0, w1, w2) in enumerate(th.tolist()):
@@ -413,7 +421,7 @@ def test_binomial_tables_never_wrap_at_2_to_192(n_hat):
     have the binomial's mean and P(m = 0)."""
     for l in (4, 8, 16):
         q = Fraction(l, n_hat)
-        th = noise._binomial_thresholds(6000, q.numerator, q.denominator)
+        th = binomial.binomial_thresholds(6000, q.numerator, q.denominator)
         values = [(a << 128) | (b << 64) | c for a, b, c in th.tolist()]
         assert values == sorted(values) and values[0] > 0 and values[-1] < 1 << 192
     m = NoiseStream(KEY, "sweep", n_hat).binomial(6000, Fraction(8, n_hat), 200_000)
@@ -428,3 +436,23 @@ def test_sampler_delta_is_negligible_at_eps_10_and_refuses_huge_eps():
     assert 0 < d < 1e-20
     assert sampler_delta(10.0, gaussian_draws=0) == 0.0
     assert math.isinf(sampler_delta(800.0, gaussian_draws=1))
+
+
+@pytest.mark.parametrize("draw", ["fill", "binomial", "fill-short"])
+def test_a_negative_or_malformed_draw_is_refused_and_never_moves_the_stream_back(draw):
+    """A negative count once moved the position back, so a later draw (on other threads, or the device's) read words
+    already released; a refusal now leaves the position and the next words as they were."""
+
+    from dpcda.privacy.noise import SLACK_WORDS
+
+    s, twin = (NoiseStream(key_from_test_seed(7), "rewind") for _ in range(2))
+    s.words(8), twin.words(8)
+    with pytest.raises(ValueError):
+        if draw == "fill":
+            s.fill(np.empty(16 + SLACK_WORDS, np.uint64), -8)
+        elif draw == "binomial":
+            s.binomial(100, Fraction(1, 3), -1)
+        else:
+            s.fill(np.empty(4, np.uint64), 8)  # no room for OpenSSL's slack
+    assert s.position == twin.position == 8
+    assert np.array_equal(s.words(4), twin.words(4))

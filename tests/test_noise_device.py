@@ -1,4 +1,4 @@
-"""The noise module on a torch device (privacy/noise_device.py) and on several host threads: the same words and the
+"""The noise package on a torch device (privacy/noise/device/) and on several host threads: the same words and the
 same outputs as the host reference, element for element.
 
 The identity is the contract: CPU tensors here, CUDA under the ``gpu`` marker. Compiled kernels (``torch.compile``)
@@ -20,8 +20,13 @@ import pytest
 import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
-from dpcda.privacy import noise, noise_device
-from dpcda.privacy.noise import NoiseStream, grid_for, key_from_test_seed
+from dpcda.privacy import noise
+from dpcda.privacy.noise import NoiseStream, binomial, gaussian, grid_for, key_from_test_seed, keystream, pool
+from dpcda.privacy.noise import device as noise_device
+from dpcda.privacy.noise import stream as noise_stream
+from dpcda.privacy.noise.constants import BLOCK
+from dpcda.privacy.noise.device import chacha, kernels
+from dpcda.privacy.noise.device import gaussian as device_gaussian
 
 KEY = key_from_test_seed(34)
 CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA")])
@@ -54,7 +59,7 @@ def _same_bits(got, want) -> None:
 
 
 def _block_bytes(key: bytes, nonce: bytes, counter: int, device: str, compiled: bool = False) -> bytes:
-    fn = noise_device._kernel("chacha", noise_device.chacha20_blocks, compiled)
+    fn = kernels.kernel("chacha", noise_device.chacha20_blocks, compiled)
     out = fn(
         torch.tensor(_words32(key), dtype=torch.int64, device=device),
         torch.tensor(_words32(nonce), dtype=torch.int64, device=device),
@@ -136,7 +141,7 @@ def test_words_at_single_positions_match_openssl():
     last = noise.MAX_STREAM_WORDS - 1
     pos = np.r_[np.arange(24), rng.integers(0, last, 200), last - np.arange(17)]
     want = [np.frombuffer(_openssl(sk, p // 8, bytes(12), 64), np.uint64)[p % 8] for p in pos.tolist()]
-    np.testing.assert_array_equal(noise_device._words_at(sk, pos), np.array(want, np.uint64))
+    np.testing.assert_array_equal(chacha.words_at(sk, pos), np.array(want, np.uint64))
 
 
 def test_host_seek_equals_reading_through():
@@ -229,7 +234,7 @@ def test_near_boundary_cells_are_handed_to_the_host_and_decided_exactly(device):
     n = len(u_ints)
     words = _block_words(u_ints).reshape(n, 3).T.reshape(-1).copy()  # the block layout: n top, n middle, n low
     centers = np.full(n, center)
-    ref = noise._rounded_gaussian(centers, sigma, g, words.reshape(3, n))
+    ref = gaussian.rounded_gaussian(centers, sigma, g, words.reshape(3, n))
     np.testing.assert_array_equal(np.rint(ref[: len(cells)] / g).astype(int), cells)
     for source in ("host words", "device words"):
         if source == "host words":
@@ -238,7 +243,7 @@ def test_near_boundary_cells_are_handed_to_the_host_and_decided_exactly(device):
             )
         else:  # the same uniforms through the torch path's halves: feed the sampler directly
             w = torch.from_numpy(words.view(np.int64)).to(device)
-            k, host, _ = noise_device._sampler64(
+            k, host, _ = device_gaussian._sampler64(
                 w[:n], w[n : 2 * n], torch.from_numpy(centers).to(device), *_scalars(sigma, device)
             )
             decided = int(host.sum())
@@ -276,16 +281,16 @@ def test_device_refuses_a_block_where_the_host_decides_no_element(device):
     """One centre so large (0.15 g 2^50) that its block's error bound passes 1/8, placed so that its scaled value is
     an integer: no element is near a cell boundary, so the device decides every element itself, and must refuse."""
     sigma, g, n = 1.0, grid_for(1.0), 1000
-    flip, p = noise._tail_p(NoiseStream(KEY, "whole").words(3 * n).reshape(3, n))
+    flip, p = gaussian.tail_p(NoiseStream(KEY, "whole").words(3 * n).reshape(3, n))
     z0 = float(np.where(flip, 1.0, -1.0)[0] * noise.upper_quantile(p)[0])
     c = np.zeros(n)
     c[0] = g * np.round((0.15 * g * 2.0**50 + sigma * z0) / g) - sigma * z0
     with pytest.raises(ArithmeticError, match="too small") as host_err:
         NoiseStream(KEY, "whole").gaussian(c, sigma)
     flags = []  # elements the device hands to the host, among the n real ones (the padding is flagged, U = 0)
-    real = noise_device._sampler
+    real = device_gaussian._sampler
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(noise_device, "_sampler", lambda *a: (lambda r: flags.append(int(r[1][:n].sum())) or r)(real(*a)))
+        mp.setattr(device_gaussian, "_sampler", lambda *a: (lambda r: flags.append(int(r[1][:n].sum())) or r)(real(*a)))
         with pytest.raises(ArithmeticError) as dev_err:
             noise_device.rounded_gaussian(
                 torch.from_numpy(c).to(device), sigma, subkey=noise.subkey(KEY, ("whole",)), start=0, compiled=False
@@ -306,7 +311,7 @@ def test_every_zero_is_plus_zero_on_the_host_and_the_device(device):
     words = _block_words([1 << 191, u_zero]).reshape(2, 3).T.copy()
     for big in (0.0, 2.0**30):  # 2^30 beside it: the element goes to the exact path on the host, not on the device
         centers = np.array([big, 0.0])
-        ref = noise._rounded_gaussian(centers, sigma, g, words.copy())
+        ref = gaussian.rounded_gaussian(centers, sigma, g, words.copy())
         assert ref[1] == 0 and not np.signbit(ref[1])
         out, _ = noise_device.rounded_gaussian(
             torch.from_numpy(centers).to(device),
@@ -349,7 +354,7 @@ def test_elements_the_host_decides_read_the_same_words_when_the_device_makes_the
 def _crafted_blocks(monkeypatch, crafted: dict):
     """The device's ChaCha20 blocks with some stream words replaced (``crafted``: word position -> uint64 value, read
     at each call, so the caller may change it), wherever a block holding one is made (in bulk or one by one)."""
-    real = noise_device._blocks
+    real = chacha.stream_blocks
 
     def blocks(subkey, counters, compiled):
         out = real(subkey, counters, compiled).clone()
@@ -359,7 +364,7 @@ def _crafted_blocks(monkeypatch, crafted: dict):
                 out[r, 2 * (w % 8)], out[r, 2 * (w % 8) + 1] = v & 0xFFFFFFFF, v >> 32
         return out
 
-    monkeypatch.setattr(noise_device, "_blocks", blocks)
+    monkeypatch.setattr(chacha, "stream_blocks", blocks)
 
 
 @pytest.mark.parametrize(
@@ -373,7 +378,7 @@ def test_the_low_word_reaches_the_host_when_the_device_makes_the_words(start, to
     crafted words the device path equals the host's sampler on the same words, output and refusal alike, at every
     start offset within a ChaCha20 block, in whole and last blocks."""
     sigma, g, sk = 1.0, grid_for(1.0), noise.subkey(KEY, ("crafted",))
-    blk = noise._BLOCK
+    blk = BLOCK
     b, j = divmod(element, blk)
     top = start + 3 * blk * b + j
     mid, low = top + min(blk, total - b * blk), top + 2 * min(blk, total - b * blk)
@@ -383,7 +388,7 @@ def test_the_low_word_reaches_the_host_when_the_device_makes_the_words(start, to
         out = np.empty(total)
         for b0 in range(0, total, blk):
             n = min(blk, total - b0)
-            out[b0 : b0 + n] = noise._rounded_gaussian(
+            out[b0 : b0 + n] = gaussian.rounded_gaussian(
                 c[b0 : b0 + n], sigma, g, words[3 * b0 : 3 * (b0 + n)].reshape(3, n)
             )
         return out
@@ -434,7 +439,7 @@ def test_device_refusal_counts_low_precision_uniforms_like_the_host(device):
     centers = np.array([big, 0.0])
     words = _block_words([1 << 191, 0]).reshape(2, 3).T.copy()
     with pytest.raises(ArithmeticError) as host_err:
-        noise._rounded_gaussian(centers, sigma, g, words.copy())
+        gaussian.rounded_gaussian(centers, sigma, g, words.copy())
     with pytest.raises(ArithmeticError) as dev_err:
         noise_device.rounded_gaussian(
             torch.from_numpy(centers).to(device),
@@ -492,6 +497,7 @@ def _meeting(fn, parties: int = 2):
     barrier, calls = threading.Barrier(parties, timeout=10), itertools.count()
 
     def wrapped(*args):
+        wrapped.calls += 1
         if next(calls) < parties:
             try:
                 barrier.wait()
@@ -499,6 +505,7 @@ def _meeting(fn, parties: int = 2):
                 pass
         return fn(*args)
 
+    wrapped.calls = 0  # how many calls went through it: the draws reached it
     return wrapped
 
 
@@ -516,14 +523,15 @@ _DRAWS = {  # sizes against spans of 2^10 words and 8192 Gaussians: "on threads"
 def test_two_threads_drawing_from_one_stream_read_disjoint_words(kind, monkeypatch):
     """One stream, two threads, one draw each: the two outputs are the stream's first and second draws (in either
     order), never the same words twice."""
-    monkeypatch.setattr(noise, "_TASK_WORDS", 1 << 10)
-    monkeypatch.setattr(noise, "_TASK_BLOCKS", 1)
+    monkeypatch.setattr(noise_stream, "_TASK_WORDS", 1 << 10)
+    monkeypatch.setattr(noise_stream, "_TASK_BLOCKS", 1)
     noise.set_threads(2)
     device, draw = _DRAWS[kind]
     ref = NoiseStream(KEY, "shared", kind, device=device)
     first, second = draw(ref), draw(ref)
-    monkeypatch.setattr(noise, "_encryptor", _meeting(noise._encryptor))
-    monkeypatch.setattr(noise, "_pool", _meeting(noise._pool))
+    opened, spread = _meeting(keystream.encryptor), _meeting(pool.executor)
+    monkeypatch.setattr(keystream, "encryptor", opened)
+    monkeypatch.setattr(pool, "executor", spread)
     s = NoiseStream(KEY, "shared", kind, device=device)
     got = {}
     workers = [threading.Thread(target=lambda name=name: got.update({name: draw(s)})) for name in "ab"]
@@ -537,16 +545,17 @@ def test_two_threads_drawing_from_one_stream_read_disjoint_words(kind, monkeypat
 
     assert {bits(got["a"]), bits(got["b"])} == {bits(first), bits(second)}
     assert s.position == ref.position
+    assert opened.calls >= 2 and (spread.calls >= 2 or not kind.endswith("on threads"))  # both draws met there
 
 
 def test_a_draw_interrupted_part_way_leaves_its_words_unused(monkeypatch):
     """A draw that fails after reading part of its words (a cancellation between two pieces): the next draws start
     after the failed draw's words, on one thread or on several, so no released word is ever released again."""
-    monkeypatch.setattr(noise, "_ZEROS", memoryview(bytes(4096)))  # pieces of 512 words
-    monkeypatch.setattr(noise, "_TASK_WORDS", 1 << 10)
+    monkeypatch.setattr(keystream, "_ZEROS", memoryview(bytes(4096)))  # pieces of 512 words
+    monkeypatch.setattr(noise_stream, "_TASK_WORDS", 1 << 10)
     noise.set_threads(2)
     ref = NoiseStream(KEY, "interrupted").words(20_000)
-    opened = noise._encryptor
+    opened = keystream.encryptor
 
     class _Interrupted:  # the OpenSSL stream of the first draw: its second piece fails
         def __init__(self, enc):
@@ -562,7 +571,7 @@ def test_a_draw_interrupted_part_way_leaves_its_words_unused(monkeypatch):
             return self.enc.update_into(data, buf)
 
     monkeypatch.setattr(
-        noise, "_encryptor", lambda key, word: _Interrupted(opened(key, word)) if word == 0 else opened(key, word)
+        keystream, "encryptor", lambda key, word: _Interrupted(opened(key, word)) if word == 0 else opened(key, word)
     )
     s = NoiseStream(KEY, "interrupted")
     with pytest.raises(RuntimeError, match="cancelled"):
@@ -720,21 +729,64 @@ def test_mixing_with_its_indices_drawn_by_the_device_sampler_releases_the_same_r
         _same_bits(l2, l1)
 
 
-def test_noise_benchmark_prints_every_path_beside_the_references(capsys, tmp_path):
-    from benchmarks.perf.bench_noise import main as bench_noise
+def test_noise_benchmark_runs_each_row_in_its_own_process_in_alternating_order(capsys, tmp_path):
+    """One run: every row in a process of its own (none is this one), each timed once per repeat, forwards in even
+    repeats and backwards in odd ones; the report names the CPU, its vector flags and the load before and after, and
+    gives the secure sampler's ratios to numpy's default_rng and legacy generators."""
+    from benchmarks.perf import bench_noise
 
-    out = tmp_path / "bench_noise.md"
-    bench_noise(["--n", "20000", "--repeat", "1", "--no-compile", "--threads", "1", "--out", str(out)])
+    args = ["--n", "20000", "--repeat", "3", "--host-only", "--threads", "1", "--out", str(tmp_path / "b.md")]
+    rows = []
+    real = bench_noise.run_rows
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bench_noise, "run_rows", lambda r, *a: (rows.extend(r), real(r, *a)))
+        bench_noise.main(args)
     text = capsys.readouterr().out
-    for row in (
-        "numpy standard_normal",
-        "torch.randn",
-        "host exact Gaussian",
-        "host keystream",
-        "device words (eager)",
-    ):
-        assert row in text
-    assert out.read_text().startswith("Generated by `python -m benchmarks.perf.bench_noise --n 20000")
+    assert not [r.error for r in rows if r.error]
+    pids = {r.info["pid"] for r in rows}
+    assert len(pids) == len(rows) >= 7 and os.getpid() not in pids
+    assert all(len(r.times) == len(r.starts) == 3 for r in rows)
+    for i, forwards in enumerate((True, False, True)):
+        starts = [r.starts[i] for r in rows]
+        assert starts == sorted(starts, reverse=not forwards)
+    for name in (bench_noise.NUMPY, bench_noise.LEGACY, bench_noise.RANDN, bench_noise.HOST_NUMPY, "host keystream"):
+        assert name in text
+    host = next(line for line in text.splitlines() if line.startswith(f"| {bench_noise.HOST_NUMPY} | 1 |"))
+    assert host.count("x (") == 3  # paired ratios (median and range) to default_rng, legacy and torch.randn
+    for word in ("CPU:", "avx2", "avx512f", "avx512_bf16", "amx_tile", "load average", "before", "after"):
+        assert word in text
+    assert (tmp_path / "b.md").read_text().startswith(f"Generated by `python -m benchmarks.perf.bench_noise {args[0]}")
+
+
+@pytest.mark.parametrize("kind", ["torch-host-words", "torch-device-words", "torch-keystream"])
+def test_noise_benchmark_torch_rows_draw(kind, monkeypatch):
+    """The torch rows' calls (run in this process here; the benchmark runs each in its own)."""
+    from benchmarks.perf.noise_rows import build
+    from dpcda.privacy.noise import pool
+
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # this process's torch threads stay as they are
+    monkeypatch.setattr(pool, "_THREADS", pool._THREADS)  # build() sets the noise threads: restored for later tests
+    call, info = build(kind, 1, 1000, "cpu")
+    out = call()
+    assert info["backend"] == "eager" and (out[0] if isinstance(out, tuple) else out).numel() >= 1000
+
+
+def test_the_noise_benchmark_uses_public_names_of_dpcda_only():
+    """bench_noise and its row processes reach the noise package through public names: no ``_name`` imported from
+    dpcda, no ``x._name`` attribute (the files use none of their own either), no module path with a ``_`` part."""
+    import ast
+
+    from tests.conftest import ROOT
+
+    for name in ("bench_noise.py", "noise_rows.py"):
+        tree = ast.parse((ROOT / "benchmarks" / "perf" / name).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dpcda"):
+                parts = node.module.split(".") + [a.name for a in node.names]
+                assert not [p for p in parts if p.startswith("_")], (name, node.module, parts)
+            elif isinstance(node, ast.Attribute):
+                private = node.attr.startswith("_") and not node.attr.startswith("__")
+                assert not private, (name, node.lineno, node.attr)
 
 
 def test_noise_benchmark_speed_up_is_the_median_of_paired_ratios():
@@ -777,7 +829,7 @@ def test_binomial_on_the_device_equals_the_host(device):
 def test_binomial_uniforms_at_a_threshold_are_counted_exactly(device):
     """U equal to a threshold C_j, one below and one above (differing in the lowest piece or the highest): the count
     of thresholds <= U is exact."""
-    th = noise._binomial_thresholds(6000, 8, 5950)
+    th = binomial.binomial_thresholds(6000, 8, 5950)
     values = [(int(a) << 128) | (int(b) << 64) | int(c) for a, b, c in th.tolist()]
     us = [0, (1 << 192) - 1]
     for v in values[:6] + values[-3:]:

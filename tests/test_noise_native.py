@@ -1,4 +1,4 @@
-"""The host's compiled Gaussian sampler (privacy/noise_native.py): the numpy sampler's output, bit for bit, whatever
+"""The host's compiled Gaussian sampler (privacy/noise/native.py): the numpy sampler's output, bit for bit, whatever
 the thread count, the span and group sizes, and the cells (near a boundary, p's low-precision case, both tails); and
 the numpy sampler where no kernel can be built.
 
@@ -19,11 +19,24 @@ import mpmath
 import numpy as np
 import pytest
 
-from dpcda.privacy import noise, noise_native
-from dpcda.privacy.noise import NoiseStream, grid_for, key_from_test_seed
+from dpcda.privacy import noise
+from dpcda.privacy.noise import (
+    NoiseStream,
+    exact,
+    gaussian,
+    grid_for,
+    host_draw,
+    key_from_test_seed,
+    keystream,
+    native_sampler,
+    public_key,
+)
+from dpcda.privacy.noise import native as noise_native
+from dpcda.privacy.noise import stream as noise_stream
+from dpcda.privacy.noise.constants import BLOCK, SLACK_WORDS, STATS_PER_BLOCK
 
 KEY = key_from_test_seed(56)
-BLK = noise._BLOCK
+BLK = BLOCK
 HAS_CC = any(shutil.which(c) for c in ("cc", "gcc", "clang"))
 
 
@@ -41,6 +54,7 @@ def _same_bits(got, want) -> None:
 
 def _numpy_only(monkeypatch) -> None:
     monkeypatch.setattr(noise_native, "_LIB", False)
+    assert noise.native_kernel() is None  # the draws' own way to the kernel finds none: numpy samples
 
 
 def _layout_z(words: np.ndarray, total: int) -> np.ndarray:
@@ -49,7 +63,7 @@ def _layout_z(words: np.ndarray, total: int) -> np.ndarray:
     for s in range(0, total, BLK):
         n = min(BLK, total - s)
         u = words[3 * s : 3 * s + 3 * n].reshape(3, n)
-        flip, p = noise._tail_p(u)
+        flip, p = gaussian.tail_p(u)
         t = noise.upper_quantile(p)
         z[s : s + n] = np.where(flip, t, -t)
     return z
@@ -71,26 +85,26 @@ def _boundary_centres(path: tuple, total: int, sigma: float, cells: int, seed: i
 def _counting_kernel_calls(monkeypatch) -> list:
     """Every span on the kernel (none left to numpy for being short), and a record of the calls."""
     calls = []
-    kernel = noise._call_kernel
+    kernel = native_sampler.call_kernel
 
     def counted(*args):
         calls.append(args[1])
         return kernel(*args)
 
-    monkeypatch.setattr(noise, "_call_kernel", counted)
-    monkeypatch.setattr(noise, "_NATIVE_MIN", 0)
+    monkeypatch.setattr(native_sampler, "call_kernel", counted)
+    monkeypatch.setattr(host_draw, "_NATIVE_MIN", 0)
     return calls
 
 
 def _counting_exact_cells(monkeypatch) -> list:
     calls = []
-    exact = noise._exact_cell
+    real = exact.exact_cell
 
     def counted(*args):
         calls.append(args)
-        return exact(*args)
+        return real(*args)
 
-    monkeypatch.setattr(noise, "_exact_cell", counted)
+    monkeypatch.setattr(exact, "exact_cell", counted)
     return calls
 
 
@@ -105,6 +119,7 @@ def test_a_million_draws_are_identical_across_backends_threads_and_span_sizes(mo
     """10^6 + 3 draws (a short last block), 150 of them forced onto cell boundaries: the numpy sampler on one thread
     is the reference; the kernel on 1 and 2 threads, with groups of 1, 3 and 4 blocks, tasks of 1, 3 and 16 blocks,
     low words skipped or read, gives the same bits and decides the same boundary cells exactly."""
+    assert noise.native_kernel() is not None, noise_native.status()  # built and checked before calls are counted
     sigma, total = 0.0695, 1_000_003
     path = ("native", "million")
     c, forced = _boundary_centres(path, total, sigma, 150, 1)
@@ -117,7 +132,11 @@ def test_a_million_draws_are_identical_across_backends_threads_and_span_sizes(mo
         after = s.words(5)
     decided = {round(a[0], 12) for a in calls}
     kernel_calls = _counting_kernel_calls(monkeypatch)
+    opened = []  # the OpenSSL streams the draw opens
+    encryptor = keystream.encryptor
+    monkeypatch.setattr(keystream, "encryptor", lambda key, word: opened.append(word) or encryptor(key, word))
     assert len(calls) >= 150 and {round(x, 12) for x in c[forced]} <= decided  # every forced cell decided exactly
+    blocks = -(-total // BLK)
     for threads, group, task, skip in (
         (1, 4, 16, True),
         (2, 4, 16, True),
@@ -125,22 +144,27 @@ def test_a_million_draws_are_identical_across_backends_threads_and_span_sizes(mo
         (1, 1, 16, False),
         (2, 3, 1, True),
     ):
-        monkeypatch.setattr(noise, "_SKIP_LOW_WORDS", skip)
-        monkeypatch.setattr(noise, "_NATIVE_GROUP", group)
-        monkeypatch.setattr(noise, "_TASK_BLOCKS", task)
+        monkeypatch.setattr(host_draw, "_SKIP_LOW_WORDS", skip)
+        monkeypatch.setattr(host_draw, "_NATIVE_GROUP", group)
+        monkeypatch.setattr(noise_stream, "_TASK_BLOCKS", task)
         noise.set_threads(threads)
         calls.clear()
         kernel_calls.clear()
+        opened.clear()
         s = NoiseStream(KEY, *path)
         _same_bits(s.gaussian(c, sigma), ref)
-        assert sum(kernel_calls) == -(-total // BLK)  # every block through the kernel
+        assert sum(kernel_calls) == blocks  # every block through the kernel
+        # the settings reached the draw: blocks per kernel call (a thread's task caps them), a stream per block
+        # where the low words are skipped, one per task where they are read
+        assert max(kernel_calls) == (group if threads == 1 else min(group, task))
+        assert (len(opened) >= blocks) == skip
         assert {round(a[0], 12) for a in calls} >= {round(x, 12) for x in c[forced]}
         assert s.position == 3 * total
         np.testing.assert_array_equal(s.words(5), after)  # the next draw reads the words after the draw's
 
 
 class _Scripted:
-    """An OpenSSL stream stand-in over fixed words (``noise._encryptor`` replaced): drives chosen uniforms through
+    """An OpenSSL stream stand-in over fixed words (``keystream.encryptor`` replaced): drives chosen uniforms through
     both samplers, in the stream layout, with the real code around them."""
 
     def __init__(self, words: np.ndarray, word: int):
@@ -174,6 +198,7 @@ def test_chosen_uniforms_near_boundaries_in_the_tails_and_with_low_precision_p(m
     """Blocks holding U beside cell boundaries (decided exactly, the low word read only for them), U = 0 and other
     top words below 2^11 (the block goes through the numpy sampler whole), U at both ends and at 1/2: the kernel's
     output is the numpy sampler's, and the boundary cells are the exact ones."""
+    assert noise.native_kernel() is not None, noise_native.status()  # built on real words, before calls are counted
     sigma, center = 0.0695, 0.123456789
     g = grid_for(sigma)
     total = 3 * BLK + 777
@@ -198,20 +223,24 @@ def test_chosen_uniforms_near_boundaries_in_the_tails_and_with_low_precision_p(m
     put(3 * BLK + 1, (1 << 192) - 1)
     put(3 * BLK + 2, 1 << 191)
     put(3 * BLK + 3, (1 << 191) - 1)
-    monkeypatch.setattr(noise, "_encryptor", lambda key, word: _Scripted(words, word))
+    opened = []  # the word each OpenSSL stream is opened at
+    monkeypatch.setattr(keystream, "encryptor", lambda key, word: opened.append(word) or _Scripted(words, word))
     c = np.full(total, center)
     with monkeypatch.context() as m:
         _numpy_only(m)
         ref = NoiseStream(KEY, "scripted").gaussian(c, sigma)
     np.testing.assert_array_equal(np.rint(ref[spots] / g).astype(int), cells)
-    monkeypatch.setattr(noise, "_TASK_BLOCKS", 1)
-    monkeypatch.setattr(noise, "_SKIP_LOW_WORDS", skip)
+    monkeypatch.setattr(noise_stream, "_TASK_BLOCKS", 1)
+    monkeypatch.setattr(host_draw, "_SKIP_LOW_WORDS", skip)
     noise.set_threads(threads)
     calls = _counting_exact_cells(monkeypatch)
     kernel_calls = _counting_kernel_calls(monkeypatch)
+    opened.clear()
     _same_bits(NoiseStream(KEY, "scripted").gaussian(c, sigma), ref)
     assert sum(kernel_calls) == 4
     assert len(calls) >= 20  # at least the 2 x 2 nearest U of each boundary
+    # skipping, every block and every low word an exact decision reads opens its own stream; else one per task
+    assert (len(opened) > 20) == skip and (max(kernel_calls) == 1 or threads == 1)
 
 
 @pytest.mark.skipif(not HAS_CC, reason="no C compiler")
@@ -284,7 +313,7 @@ def test_the_load_check_fails_a_kernel_that_differs_in_the_far_tail_or_the_sign_
     the load check names a difference (it compares a far-tail block, and zeros reached from below)."""
     source = noise_native.SOURCE.replace(old, new) if old else noise_native.SOURCE
     assert source != noise_native.SOURCE or flags
-    assert noise._check_native(_compiled(monkeypatch, source, noise_native._FLAGS + flags)) != "", what
+    assert native_sampler.check_native(_compiled(monkeypatch, source, noise_native._FLAGS + flags)) != "", what
 
 
 @pytest.mark.skipif(not HAS_CC, reason="no C compiler")
@@ -300,19 +329,32 @@ def test_the_value_safety_flags_come_last_and_undo_a_value_unsafe_flag_before_th
     tail = cmd[cmd.index("-o") - len(noise_native.SAFE_FLAGS) : cmd.index("-o")]
     assert tail == noise_native.SAFE_FLAGS and "-fsigned-zeros" in tail and "-fno-fast-math" in tail
     unsafe = noise_native._FLAGS + ["-ffast-math", "-fno-signed-zeros"] + noise_native.SAFE_FLAGS
-    assert noise._check_native(_compiled(monkeypatch, noise_native.SOURCE, unsafe)) == ""
+    assert native_sampler.check_native(_compiled(monkeypatch, noise_native.SOURCE, unsafe)) == ""
 
 
 @pytest.mark.skipif(not HAS_CC, reason="no C compiler")
 def test_the_load_check_makes_exact_decisions_and_reaches_the_far_tail(monkeypatch):
     """The check decides cells exactly at every sigma, and compares a block whose uniforms are in the far tail."""
     calls = _counting_exact_cells(monkeypatch)
-    words, sizes = noise._check_words()
+    words, sizes = native_sampler.check_words()
     u = words[3 * BLK : 6 * BLK].reshape(3, BLK)
-    _, p = noise._tail_p(u)
+    _, p = gaussian.tail_p(u)
     assert (np.sqrt(-np.log(p)) > 5.0).mean() > 0.9 and p.min() >= 2.0**-53  # far tail, none with w0 < 2^11
-    assert noise._check_native(noise.native_kernel()) == ""
+    assert native_sampler.check_native(noise.native_kernel()) == ""
     assert len({a[1] for a in calls}) == 3 and len(calls) >= 30
+
+
+def test_the_load_checks_words_are_the_public_check_streams():
+    """The load check reads its uniforms from the keystream itself (the kernel's glue holds no stream): the words of
+    ``NoiseStream(public_key("native-check", 0), "words")`` from its start, but for block 1's top words (set to the far
+    tail) and the short block of extremes after them."""
+    flat, sizes = native_sampler.check_words()
+    want = NoiseStream(public_key("native-check", 0), "words").words(9 * BLK).reshape(3, 3, BLK)
+    got = flat[: 9 * BLK].reshape(3, 3, BLK)
+    assert sizes == [BLK, BLK, BLK, 8] and flat.size == 9 * BLK + 3 * 8 + SLACK_WORDS
+    for block, row in ((b, r) for b in range(3) for r in range(3) if (b, r) != (1, 0)):
+        np.testing.assert_array_equal(got[block, row], want[block, row])
+    assert (got[1, 0] != want[1, 0]).mean() > 0.99
 
 
 @pytest.mark.skipif(not HAS_CC, reason="no C compiler")
@@ -328,12 +370,12 @@ def test_far_tail_uniforms_in_a_block_without_low_precision_p_kernel_equals_nump
     u[0] = np.where(rng.integers(0, 2, BLK).astype(bool), ~w0, w0)
     g = grid_for(sigma)
     c = rng.normal(size=BLK) * 5
-    want = noise._rounded_gaussian(c, sigma, g, u)
+    want = gaussian.rounded_gaussian(c, sigma, g, u)
     top = np.ascontiguousarray(u[:2]).reshape(-1)
-    out, dist, st = np.empty(BLK), np.empty(BLK), np.empty((1, noise.STATS_PER_BLOCK))
-    noise._call_kernel(fn, 1, BLK, u.reshape(-1).copy(), 0, 3 * BLK, c, out, dist, st, sigma, g)
+    out, dist, st = np.empty(BLK), np.empty(BLK), np.empty((1, STATS_PER_BLOCK))
+    native_sampler.call_kernel(fn, 1, BLK, u.reshape(-1).copy(), 0, 3 * BLK, c, out, dist, st, sigma, g)
     assert st[0, 0] > 7.0 and st[0, 4] == 0  # far tail reached, no w0 < 2^11
-    assert noise._finish_block(st[0], dist, c, out, top, lambda i: int(u[2, i]), sigma, g)
+    assert native_sampler.finish_block(st[0], dist, c, out, top, lambda i: int(u[2, i]), sigma, g)
     _same_bits(out, want)
 
 

@@ -165,7 +165,7 @@ def test_an_output_that_appears_during_the_run_is_not_replaced(tmp_path):
     manifest = _fake_run_dir(target)
     out.mkdir()  # someone else's directory, created while the job ran
     (out / "theirs.txt").write_text("theirs")
-    with pytest.raises(publish.PublishError, match="already exists"):
+    with pytest.raises(publish.PublishError, match="a folder that is not a release of ours"):
         publish.publish(target, _typed(manifest))
     publish.abandon(target)
     assert snapshot(out) == {"theirs.txt": b"theirs"} and leftovers(out) == []
@@ -506,9 +506,12 @@ def test_non_finite_statistics_or_rows_are_never_published():
     with pytest.raises(PlanError, match="below 1e-12"):
         check_statistics(np.zeros(2), np.array([1e-45, 1.0]), (0.0, 1.0), 1.0)
 
-    class Plan:  # rows that are not finite (here: no noise on infinite records) are refused, not written
-        num_classes, mode, mixing_order, samples_per_class, sampling_rates = 1, "fixed", 1, (3,), [1]
+    class Mix:  # the mechanism's own plan (mechanisms.dpcda.DpcdaPlan)
+        mixing_order, samples_per_class, sampling_rates = 1, (3,), [1]
         sigma_x, sigma_y, lowpass, denoise_spec = 0.0, 0.0, None, None
+
+    class Plan:  # rows that are not finite (here: no noise on infinite records) are refused, not written
+        num_classes, mode, synthesis = 1, "fixed", Mix
 
     fn = _MixFn("cpu", 16, "features", "label")
     fn.setup()
@@ -793,10 +796,11 @@ def test_noise_threads_reach_the_workers(monkeypatch):
     which the launcher's own set_threads never reaches); without it a worker uses its own cores."""
     from dpcda.pipeline import __version__, build_commit
     from dpcda.privacy import noise
+    from dpcda.privacy.noise import pool
     from dpcda.storage.build import WorkerBuild
     from dpcda.transforms.mix import _MixFn
 
-    monkeypatch.setattr(noise, "_THREADS", None)
+    monkeypatch.setattr(pool, "_THREADS", None)  # restored after the test
     fn = _MixFn("cpu", 64, "features", "label", expected_build=WorkerBuild(__version__, build_commit(), 3))
     fn.setup()
     assert noise.threads() == 3
@@ -892,3 +896,48 @@ def test_parquet_readers_do_not_read_ahead(tmp_path, monkeypatch):
     assert next(iter(read_shard(path, "parquet", "features", "label", batch_rows=1))).features.shape[1] == X.shape[1]
     arrow_schema_of(path)
     assert len(seen) == 2 and not any(seen), seen
+
+
+@pytest.mark.gcs
+def test_gcs_stale_runs_are_swept_only_past_the_clock_skew_margin(gcs):
+    """The 72 h sweep has a clock-skew margin: a sweeper whose clock runs up to CLOCK_SKEW_HOURS ahead of the run's
+    launcher must not remove a run younger than STALE_RUN_HOURS by that launcher's clock; it sweeps past the sum."""
+    import datetime
+
+    bucket = publish.gcs_client().bucket("lake")
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def run_aged(hours: float, tag: str) -> str:
+        stamp = (now - datetime.timedelta(hours=hours)).strftime("%Y%m%dT%H%M%SZ")
+        name = f"rel/runs/{stamp}-{tag}/synthetic/p.parquet"
+        bucket.blob(name).upload_from_string(b"x")
+        return name
+
+    skew = publish.CLOCK_SKEW_HOURS
+    young = run_aged(publish.STALE_RUN_HOURS - 1, "0000000a")
+    skewed = run_aged(publish.STALE_RUN_HOURS + skew - 1, "0000000b")  # 72 h old to us, under 72 h to its launcher
+    old = run_aged(publish.STALE_RUN_HOURS + skew + 1, "0000000c")
+    target = publish.prepare(f"{gcs}/rel", overwrite=False, inputs=[])
+    names = set(_gcs_objects(f"{gcs}/rel"))
+    assert young in names and skewed in names and old not in names
+    publish.abandon(target)
+
+
+def test_a_probe_of_the_output_lock_does_not_refuse_a_run_that_takes_it(tmp_path):
+    """``locks.held`` (ledger resolve's check) takes the lock for an instant; a run taking it then retries briefly
+    rather than reporting another release."""
+    import fcntl
+    import threading
+
+    from dpcda.storage import locks
+
+    out = str(tmp_path / "rel")
+    fd = locks.take(out)
+    os.close(fd)  # an unlocked lock file stays, as a killed run leaves it
+    probe = os.open(locks.lock_path(out), os.O_RDONLY)
+    fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a probe holding it for a moment
+    threading.Timer(0.1, lambda: (fcntl.flock(probe, fcntl.LOCK_UN), os.close(probe))).start()
+    fd = locks.take(out)  # refused with BlockingIOError before the retries
+    assert locks.held(out)  # flock is per open file: another open of it finds it held
+    locks.unlock(type("Target", (), {"lock_fd": fd, "output": out})())
+    assert not os.path.exists(locks.lock_path(out)) and not locks.held(out)

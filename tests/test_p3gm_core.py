@@ -140,7 +140,7 @@ def test_dp_em_noise_is_the_keyed_stream_and_deterministic():
     xhat, _ = two_clusters()
     s = spec(em_noise_std=3.0, em_iterations=1)
     one = p3gm.fit_prior(xhat, s, KEY)
-    start = p3gm._public_start(2, 2)
+    start = p3gm.public_start(2, 2)
     stats = p3gm.em_statistics(xhat, start)
     assert stats.size == s.components * (1 + 2 * s.latent_dim)  # the plan's EM draw count per iteration
     noisy = NoiseStream(KEY, "p3gm-em", 0).gaussian(stats, 3.0)
@@ -218,10 +218,12 @@ def test_dp_sgd_runs_at_fewer_threads_where_the_blas_fails_the_position_check(mo
         return real(fn, trials, what=what)
 
     monkeypatch.setattr(rowwise, "check_position_invariance", shaky)
-    monkeypatch.setattr(p3gm, "_CHECKED_SGD", set())
+    monkeypatch.setattr(p3gm.training, "_CHECKED_SGD", set())
     seen = []  # the thread count of every DP-SGD step's blocks
     clipped = p3gm.ghost_clipped_sum
-    monkeypatch.setattr(p3gm, "ghost_clipped_sum", lambda *a: seen.append(torch.get_num_threads()) or clipped(*a))
+    monkeypatch.setattr(
+        p3gm.training, "ghost_clipped_sum", lambda *a: seen.append(torch.get_num_threads()) or clipped(*a)
+    )
     with p3gm._torch_threads(4):
         got = p3gm.train_vae(x, y, xhat, prior, spec(), KEY, "cpu", clip=1.0, basis=basis)
         assert torch.get_num_threads() == 4
@@ -242,10 +244,10 @@ def test_dp_sgd_runs_at_fewer_threads_where_the_blas_fails_the_position_check(mo
         other = []
 
         def try_lock():
-            got = p3gm._THREADS_LOCK.acquire(blocking=False)
+            got = p3gm.training._THREADS_LOCK.acquire(blocking=False)
             other.append(got)
             if got:
-                p3gm._THREADS_LOCK.release()
+                p3gm.training._THREADS_LOCK.release()
 
         t = threading.Thread(target=try_lock)
         t.start()
@@ -253,7 +255,7 @@ def test_dp_sgd_runs_at_fewer_threads_where_the_blas_fails_the_position_check(mo
         assert other == [False]
 
     monkeypatch.setattr(rowwise, "check_position_invariance", refuse)
-    monkeypatch.setattr(p3gm, "_CHECKED_SGD", set())
+    monkeypatch.setattr(p3gm.training, "_CHECKED_SGD", set())
     with p3gm._torch_threads(4), pytest.raises(rowwise.RowDependenceError, match="every thread count"):
         p3gm.train_vae(x, y, xhat, prior, spec(), KEY, "cpu", clip=1.0, basis=basis)
     assert len(seen) == spec().steps  # no step ran

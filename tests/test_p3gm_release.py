@@ -58,7 +58,7 @@ def test_p3gm_defaults_to_the_add_remove_relation():
     from dpcda.schemas.config import load_config
 
     cfg = load_config(None, {"input": "i", "output": "o", "epsilon": 1.0, "mechanism": "p3gm", "num_classes": 10})
-    assert cfg.mode == "poisson" and cfg.mixing_order == 1 and cfg.pca_components == 10
+    assert cfg.mode == "poisson" and cfg.mechanism.mixing_order == 1 and cfg.mechanism.pca_components == 10
 
 
 @pytest.mark.parametrize("weight, expected", [(None, math.sqrt(12)), (5.0, 5.0)])
@@ -73,7 +73,7 @@ def test_the_label_weight_reaches_the_fit(weight, expected):
     fields = {"input": "i", "output": "o", "epsilon": 2.0, "mechanism": "p3gm", "num_classes": 3, **SMALL}
     cfg = load_config(None, {**fields, **({} if weight is None else {"p3gm_label_weight": weight})})
     plan = build_plan(first_pass(x, y), cfg.core, key_from_test_seed(0))
-    assert plan.p3gm.label_weight == pytest.approx(expected)
+    assert plan.synthesis.label_weight == pytest.approx(expected)
     assert spec_from_plan(plan).label_weight == pytest.approx(expected)
 
 
@@ -90,12 +90,12 @@ def test_replan_runs_the_changed_plan():
     key = key_from_test_seed(0)
 
     def quiet(plan):
-        return dataclasses.replace(plan, p3gm=dataclasses.replace(plan.p3gm, noise_multiplier=0.0))
+        return dataclasses.replace(plan, synthesis=dataclasses.replace(plan.synthesis, noise_multiplier=0.0))
 
     f0, _, p0, _ = release_in_process(x, y, cfg.core, key)
     f1, _, p1, _ = release_in_process(x, y, cfg.core, key, replan=quiet)
-    assert p0.p3gm.noise_multiplier > 0 and p1.p3gm.noise_multiplier == 0.0
-    assert p1.p3gm.grad_clip == p0.p3gm.grad_clip  # clipping kept
+    assert p0.synthesis.noise_multiplier > 0 and p1.synthesis.noise_multiplier == 0.0
+    assert p1.synthesis.grad_clip == p0.synthesis.grad_clip  # clipping kept
     assert p0.accounting.epsilon <= 2.0 and p1.accounting.epsilon == math.inf and not p1.end_to_end_dp
     assert not np.array_equal(f0, f1)
     # public statistics, as the launcher reads them from normalization_file

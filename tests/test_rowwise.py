@@ -101,7 +101,7 @@ def test_a_records_projection_has_the_same_bits_in_any_dataset(k):
 def test_em_statistics_add_one_record_exactly():
     """stats(D + r) - stats(D) is exactly stats({r}), and with r at every kind of position (block edges included)."""
     xhat = unit_rows(p3gm.EM_BLOCK_ROWS + 40, 10, seed=2) * 0.9
-    prior = p3gm._public_start(3, 10)
+    prior = p3gm.public_start(3, 10)
     r = xhat[-1:]
     alone = p3gm.em_statistics(r, prior)
     for n in (0, 1, 5, p3gm.EM_BLOCK_ROWS - 1, p3gm.EM_BLOCK_ROWS):
@@ -127,7 +127,7 @@ def _network(d, hidden, latent, classes):
         num_classes=classes,
     )
     params = {k: torch.tensor(v, requires_grad=True) for k, v in p3gm.init_state(d, s).items()}
-    prior_t = p3gm._prior_tensors(p3gm._public_start(3, latent), latent, "cpu")
+    prior_t = p3gm._prior_tensors(p3gm.public_start(3, latent), latent, "cpu")
     return s, params, prior_t
 
 
@@ -211,8 +211,8 @@ def _with_position_dependent_bits(monkeypatch, which: str):
             grads = [torch.where(at[:, None], bumped, grads[0])] + grads[1:]
         return loss, acts, grads, norms
 
-    monkeypatch.setattr(p3gm, "_block_terms", moved)
-    monkeypatch.setattr(p3gm, "_CHECKED_SGD", set())
+    monkeypatch.setattr(p3gm.training, "_block_terms", moved)
+    monkeypatch.setattr(p3gm.training, "_CHECKED_SGD", set())
 
 
 @pytest.mark.parametrize("which", ["norms-ulp", "f32-bit"])
@@ -243,7 +243,7 @@ def test_the_norms_no_longer_use_a_reduction_kernel(monkeypatch):
 
     monkeypatch.setattr(torch.linalg, "vecdot", shaky(torch.linalg.vecdot))
     monkeypatch.setattr(torch.linalg, "vector_norm", shaky(torch.linalg.vector_norm))
-    monkeypatch.setattr(p3gm, "_CHECKED_SGD", set())
+    monkeypatch.setattr(p3gm.training, "_CHECKED_SGD", set())
     p3gm.check_sgd_block(params, 23, s, prior_t)
 
 
@@ -259,7 +259,7 @@ def test_a_release_refuses_shapes_that_fail_the_check_before_reading_rows(tmp_pa
     def refuse(*a, **k):
         raise rowwise.RowDependenceError("p3gm DP-SGD: refused for the test")
 
-    monkeypatch.setattr(p3gm, "check_shapes", refuse)
+    monkeypatch.setattr(p3gm.mechanism, "check_shapes", refuse)
     cfg = load_config(
         None,
         {
@@ -354,7 +354,7 @@ def test_p3gm_on_the_fixed_order_path_passes_where_the_device_kernels_are_positi
             return moved(out) if t.dim() == 2 and (a[:1] == (1,) or k.get("dim") == 1) else out
 
         monkeypatch.setattr(torch.Tensor, "sum", shaky_sum)
-    monkeypatch.setattr(p3gm, "_CHECKED_SGD", set())
+    monkeypatch.setattr(p3gm.training, "_CHECKED_SGD", set())
     with pytest.raises(rowwise.RowDependenceError, match="depends on its position"):
         p3gm.check_sgd_block(params, 23, s, prior_t)
     monkeypatch.setattr(rowwise, "fixed_order_for", lambda device: True)

@@ -82,11 +82,11 @@ def _cfg(**kw):
 
 def test_class_rows_defaults_to_proportional_for_dpcda_tables_only():
     table = parse_table_schema(SCHEMA)
-    assert _cfg().class_rows == "equal"
-    assert _cfg(table=table).class_rows == "proportional"
-    assert _cfg(table=table, class_rows="equal").class_rows == "equal"
-    assert _cfg(table=table, mechanism="dpmix", num_classes=2).class_rows == "equal"
-    assert _cfg(class_rows="proportional").class_rows == "proportional"  # an image release may ask for it
+    assert _cfg().mechanism.class_rows == "equal"
+    assert _cfg(table=table).mechanism.class_rows == "proportional"
+    assert _cfg(table=table, class_rows="equal").mechanism.class_rows == "equal"
+    assert "class_rows" not in _cfg(table=table, mechanism="dpmix", num_classes=2).mechanism.model_fields  # dpcda's
+    assert _cfg(class_rows="proportional").mechanism.class_rows == "proportional"  # an image release may ask for it
 
 
 @pytest.mark.parametrize(
@@ -162,14 +162,15 @@ def test_dpcda_proportional_rows_keep_a_20_percent_minority(mode):
     table = minority_table(2000)
     fields = dict(epsilon=10.0, mode=mode, mixing_order=4, num_classes=2)
     _, plan, rate = _release({**fields, "table": SCHEMA}, table)
-    assert plan.class_rows_rule == "proportional"
+    mix = plan.synthesis
+    assert mix.class_rows == "proportional"
     if mode == "fixed":
-        assert plan.samples_per_class == (1600, 400) and rate == 0.2
+        assert mix.samples_per_class == (1600, 400) and rate == 0.2
     else:  # T_k from the DP histogram (its share is 1 % of eps 10: a noise std near 100 on each count)
-        assert abs(rate - 0.2) < 0.05 and sum(plan.samples_per_class) == plan.samples_total
+        assert abs(rate - 0.2) < 0.05 and sum(mix.samples_per_class) == plan.samples_total
     assert plan.accounting.epsilon <= 10.0
     _, plan_eq, rate_eq = _release({**fields, "class_rows": "equal", "table": SCHEMA}, table)
-    assert rate_eq == 0.5 and len(set(plan_eq.samples_per_class)) == 1
+    assert rate_eq == 0.5 and len(set(plan_eq.synthesis.samples_per_class)) == 1
 
 
 def test_dpmix_sampled_labels_follow_the_base_rate_where_argmax_erases_the_minority():

@@ -8,7 +8,7 @@
 
 Gathered bytes = T_k * l * d * 8 (each selected record read once per synthetic row, float64). The ceiling is a
 device-to-device copy measured on the same card (bytes read + written). The indices and the noise are drawn where a
-release draws them (``mechanisms.device.stream_device``: on a CUDA worker both on the card, ``privacy.noise_device``;
+release draws them (``mechanisms.device.stream_device``: on a CUDA worker both on the card, ``privacy.noise.device``;
 on a CPU worker on the host's cores). The index and noise columns time the same chunks' draws alone (same streams,
 same shapes) and give their shares of the mixing time. The chunks are a release's mixing step
 (``mechanisms.dpcda.mixed_features``), each finished into ordinary host memory; the release's labels,

@@ -39,7 +39,8 @@ def one_run(steps: int, threads: int) -> float:
         em_noise_std=1.0, sampling_rate=Fraction(300, n), steps=steps, noise_multiplier=1.4, expected_batch=300
     )
     xhat = p3gm.project_rows(x, basis, 1.0)
-    prior = p3gm._public_start(spec.components, spec.latent_dim)
+    k, dl = spec.components, spec.latent_dim  # any fixed prior will do for timing the steps (public names only)
+    prior = p3gm.MogPrior(weights=np.full(k, 1.0 / k), means=np.zeros((k, dl)), variances=np.full((k, dl), 1.0 / dl))
     p3gm.train_vae(x, y, xhat, prior, spec, bytes(32), "cpu", clip=1.0, basis=basis)  # warm-up (and checks)
     t0 = time.perf_counter()
     p3gm.train_vae(x, y, xhat, prior, spec, bytes(range(32)), "cpu", clip=1.0, basis=basis)

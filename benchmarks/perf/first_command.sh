@@ -17,7 +17,7 @@ for i in $(seq 1 "$RUNS"); do
   bash scripts/release_fashion_mnist.sh > "$WORK/run$i.log" 2>&1 || { tail -5 "$WORK/run$i.log" >&2; exit 1; }
   wall=$(echo "$(date +%s.%N) - $start" | bc)
   rel=$(grep -o 'stage=pipeline .*seconds=[0-9.]*' "$WORK/run$i.log" | grep -o '[0-9.]*$')
-  ev=$(grep -o 'stage=evaluate accuracy=.*seconds=[0-9.]*' "$WORK/run$i.log" | grep -o '[0-9.]*$')
+  ev=$(grep -o 'stage=evaluate real_test_accuracy .*seconds=[0-9.]*' "$WORK/run$i.log" | grep -o '[0-9.]*$')
   summary=$(tail -2 "$WORK/run$i.log" | grep '^{')
   acc=$(echo "$summary" | python3 -c 'import json, sys; print("%.4f" % json.load(sys.stdin)["accuracy"])')
   eps=$(echo "$summary" | python3 -c 'import json, sys; print("%.3f" % json.load(sys.stdin)["epsilon"])')

@@ -128,7 +128,7 @@ LABELS = {
 
 
 def _sgd_noise_removed(plan):
-    return dataclasses.replace(plan, p3gm=dataclasses.replace(plan.p3gm, noise_multiplier=0.0))
+    return dataclasses.replace(plan, synthesis=dataclasses.replace(plan.synthesis, noise_multiplier=0.0))
 
 
 # Diagnostic cells: the plan is changed after calibration (release_in_process then states epsilon inf)

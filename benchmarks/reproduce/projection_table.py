@@ -73,7 +73,7 @@ def run_cell(name, release, x, y, first, tx, ty, epochs, eps):
         "epsilon": plan.accounting.epsilon,
         "release": release,
         "accuracy": res["accuracy_mean"],
-        "sigma_x": plan.sigma_x,
+        "sigma_x": plan.synthesis.sigma_x,
         "seconds": round(time.time() - t0, 1),
     }
 

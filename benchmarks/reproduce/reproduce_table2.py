@@ -279,7 +279,7 @@ def run_cell(cal, label, eps, l, run_ids, x, y, first, tx, ty, epochs, device, r
         accs.append(res["accuracy_mean"])
         curve = res["curves"][0]
         vals.append(curve["val_accuracy"][curve["selected_epoch"]])
-        sigmas.append(plan.sigma_x)  # poisson: depends on the run's DP class sizes
+        sigmas.append(plan.synthesis.sigma_x)  # poisson: depends on the run's DP class sizes
         dev_name = res.get("device", dev_name)
         print(
             f"    {label} eps={eps} l={l} release {r + 1}: acc={accs[-1]:.4f} "

@@ -59,6 +59,7 @@ from dpcda.mechanisms.inprocess import first_pass, release_in_process
 from dpcda.pipeline.prepare import load_rdataset, split_table
 from dpcda.privacy.noise import key_from_test_seed
 from dpcda.schemas.config import ReleaseConfig
+from dpcda.schemas.mechanism_params import MarginalsParams
 from dpcda.schemas.table import parse_table_schema
 from dpcda.storage.tables import decode_rows, decode_uniforms, encode_batch, label_uniforms
 
@@ -87,7 +88,7 @@ METHODS = {
 }
 # the marginals mechanism on public bins, one method per selection the config accepts (``marginals mst``, ``marginals
 # mst-label``, ...): rows are codes, decoded as they are (no normalisation)
-MARGINALS_SELECTIONS = typing.get_args(ReleaseConfig.model_fields["marginals_selection"].annotation)
+MARGINALS_SELECTIONS = typing.get_args(MarginalsParams.model_fields["selection"].annotation)
 METHODS.update(
     {f"marginals {s}": dict(mechanism="marginals", mode="poisson", marginals_selection=s) for s in MARGINALS_SELECTIONS}
 )
@@ -381,7 +382,7 @@ def write(name: str, rows: list[dict], out: str, quiet: bool = False) -> None:
 
 
 # the marginals mechanism's default selection, the method the targets below are about
-DEFAULT_MARGINALS = f"marginals {ReleaseConfig.model_fields['marginals_selection'].default}"
+DEFAULT_MARGINALS = f"marginals {MarginalsParams.model_fields['selection'].default}"
 ONE_WAY_SLACK = 1.1  # its mean one-way TVD at most 1.1 x smartnoise-synth MST's
 BASE_RATE_GAP = 0.02  # its label's base rate within 0.02 of the real test table's (every class)
 WALL_SHARE = 0.1  # its wall time per release at most 0.1 x smartnoise-synth AIM's (same machine, same run)

@@ -84,7 +84,7 @@ def main(argv=None) -> None:
         num_classes=10,
         mode="fixed",
         mixing_order=args.l,
-        sigma_x=plan.sigma_x,
+        sigma_x=plan.synthesis.sigma_x,
         sigma_y=0.0,
         samples=args.mixtures,
         chunk_rows=4096,
@@ -97,7 +97,7 @@ def main(argv=None) -> None:
         f"# DPMix on Fashion-MNIST, fixed, eps {args.eps}, l = {args.l}: the CNN's recipes against the linear probe",
         "",
         f"`OMP_NUM_THREADS=1 python -m benchmarks.studies.dpmix_recipe --eps {args.eps} --l {args.l} --recipes "
-        f"{' '.join(args.recipes)}` (one release, seed {seed}; sigma_x = sigma_y = {plan.sigma_x:.5f}; "
+        f"{' '.join(args.recipes)}` (one release, seed {seed}; sigma_x = sigma_y = {plan.synthesis.sigma_x:.5f}; "
         f"{args.epochs} epochs; training seed 1).",
         "",
         f"Released label scores: mean top score {scores.max(axis=1).mean():.4f}, "
@@ -176,7 +176,7 @@ def describe(recipe) -> str:
 
 
 def _argmax_agreement(mix_x, mix_t, plan, l) -> float:
-    noisy = NoiseStream(key_from_test_seed(l), "dpmix-recipe-label", 0).gaussian(mix_t, plan.sigma_y)
+    noisy = NoiseStream(key_from_test_seed(l), "dpmix-recipe-label", 0).gaussian(mix_t, plan.synthesis.sigma_y)
     return float((noisy.argmax(axis=1) == mix_t.argmax(axis=1)).mean())
 
 

@@ -78,7 +78,7 @@ def main(argv=None) -> None:
         json.dumps(
             {
                 **vars(a),
-                "sigma_x": plan.sigma_x,
+                "sigma_x": plan.synthesis.sigma_x,
                 "accuracy": res["accuracy_mean"],
                 "synth_s": round(t1 - t, 1),
                 "train_s": round(time.time() - t1, 1),

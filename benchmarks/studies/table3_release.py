@@ -6,7 +6,8 @@
 The release is the one ``benchmarks.reproduce.reproduce_table3`` draws for that cell (release 0 is the l-search
 release, seed ``crc32(dataset/mechanism/variant/eps) % 10^6 + l + 1000 r``), built by the same code
 (``reproduce_table3.release_and_train``) and trained with the same training seed unless
-``--training-seed`` is given. Prints one line per recipe: real-test accuracy, the linear probe's, and per epoch the
+``--training-seed`` is given. Prints one line per recipe: real-test accuracy of the recipe's model, of the network
+alone and of the linear probe, the stack's weights, the same models on the synthetic hold-out, and per epoch the
 training loss, the synthetic hold-out's score and the real-test accuracy (informational: it picks nothing). The
 thread count (``OMP_NUM_THREADS``) is printed, because the training's floating-point sums depend on it.
 """
@@ -17,11 +18,10 @@ import argparse
 import dataclasses
 import json
 import time
-import zlib
 
 import torch
 
-from benchmarks.reproduce.reproduce_table3 import VARIANTS, load, release_and_train
+from benchmarks.reproduce.reproduce_table3 import VARIANTS, cell_release, load
 from dpcda.evaluation.train import RECIPES, Recipe
 from dpcda.mechanisms.inprocess import first_pass
 from dpcda.pipeline.prepare import FASHION_MNIST_DIR
@@ -70,27 +70,18 @@ def main(argv=None) -> None:
     ap.add_argument("--source", default=FASHION_MNIST_DIR)
     args = ap.parse_args(argv)
     x, y, tx, ty, lowpass = load(args.dataset, args.source)
-    mech, variant = args.variant.split("/")
-    fields = next(f for m, v, f in VARIANTS if (m, v) == (mech, variant))
-    l = args.l if mech in ("dpcda", "dpmix") else 1
-    seed = zlib.crc32(f"{args.dataset}/{mech}/{variant}/{args.eps}".encode()) % 1_000_000 + l + 1000 * args.release
-    first = first_pass(x, y)
+    data = (x, y, tx, ty, first_pass(x, y), lowpass)
     changes = recipe_changes(args.set)
     for name in args.recipes:
         t0 = time.time()
-        got = release_and_train(
-            x,
-            y,
-            tx,
-            ty,
-            first,
-            dict(fields),
-            eps=args.eps,
-            l=l,
-            seed=seed,
-            epochs=args.epochs or (5 if args.dataset == "fashion-mnist" else 20),
-            num_classes=10,
-            lowpass=lowpass,
+        got, seed, l = cell_release(
+            data,
+            args.dataset,
+            args.variant,
+            args.eps,
+            args.l,
+            args.release,
+            args.epochs,
             recipe=dataclasses.replace(RECIPES[name], **changes),
             training_seed=args.training_seed,
             track_test=True,
@@ -98,7 +89,7 @@ def main(argv=None) -> None:
         if got is None:
             raise SystemExit(f"{args.variant} does not apply to {args.dataset}'s rows")
         res = got[0]
-        c = res["curves"][0]
+        c, net = res["curves"][0], res["real_test_accuracy"]["network"]
         print(
             json.dumps(
                 {
@@ -108,8 +99,14 @@ def main(argv=None) -> None:
                     "training_seed": res["seeds"][0],
                     "recipe": name + "".join(f" {k}={v}" for k, v in changes.items()),
                     "accuracy": round(res["accuracy_mean"], 4),
+                    "accuracy_of": res["accuracy_of"],
+                    "network_alone": round(net["accuracy_mean"], 4) if net else None,
                     "selected_epoch": c["selected_epoch"],
                     "probe": round(res["probe"]["accuracy"], 4),
+                    "stack_weights": (res["real_test_accuracy"].get("stacked") or {}).get("weights"),
+                    "synthetic_holdout_accuracy": {
+                        k: round(v, 4) for k, v in res["synthetic_holdout_accuracy"].items() if isinstance(v, float)
+                    },
                     "train_loss": [round(v, 5) for v in c["train_loss"]],
                     "val_score": [round(v, 5) for v in c["val_score"]],
                     "test_accuracy": [round(v, 4) for v in c["test_accuracy"]],

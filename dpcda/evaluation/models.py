@@ -61,6 +61,18 @@ class TableOneCNN(nn.Module):
         return self.classifier(self.features(x))
 
 
+class RowScale(nn.Module):
+    """x -> x / rms(x): every row at unit root-mean-square, so noisy and clean rows share one scale."""
+
+    def __init__(self, eps: float = 1e-8):
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.reshape(x.shape[0], -1)
+        return x * torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True) + self.eps)
+
+
 class TabularMLP(nn.Module):
     """Flat features: d -> 256 -> 100 -> K with ReLU, BN and dropout (the CNN's head, without the convs)."""
 

@@ -17,6 +17,13 @@ SAMPLES = "samples.png"
 CURVES = "curves.png"
 
 
+def named_headline(report: dict) -> dict:
+    """What a printed summary puts beside ``accuracy``: which model that figure is (``accuracy_of``: stacked, network
+    or probed) and the one labelled line naming the network alone and the probe alone (``summary``), where the report
+    has them (a table release's does not)."""
+    return {k: report[k] for k in ("accuracy_of", "summary") if k in report}
+
+
 def _pyplot():
     import matplotlib
 
@@ -75,7 +82,8 @@ def write_samples(
     norm: Optional[dict] = None,
 ) -> str:
     """Grid of synthetic rows (seed 000 Fig. 1): one row per class, its mean over all its synthetic rows
-    first (noise averages out there; post-processing of released rows only), then ``per_class`` samples.
+    first (noise averages out there; post-processing of released rows only), then ``per_class`` samples. Each row is
+    labelled "k: name" with ``class_names`` (the release's label decoding), else "class k".
 
     ``norm`` (the release's normalization: mean, std, clip, feature_bounds): rows are drawn in the input's units
     (``to_pixels``) on the bounds' fixed grey scale. Without it each image is drawn as released, z-scored, on its own
@@ -111,38 +119,101 @@ def write_samples(
                 ax.set_title("class mean" if j == 0 else f"sample {j}", fontsize=7)
             if j == 0:
                 ax.set_ylabel(
-                    class_names[k] if class_names else str(k), rotation=0, ha="right", va="center", fontsize=8
+                    f"{k}: {class_names[k]}" if class_names else f"class {k}",
+                    rotation=0,
+                    ha="right",
+                    va="center",
+                    fontsize=8,
                 )
     fig.suptitle(
         "synthetic rows per class" + (" (input units: mean + std x row x sqrt(d) / c)" if norm is not None else ""),
         fontsize=9,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
+    fig.savefig(path, dpi=80, bbox_inches="tight")
     plt.close(fig)
     return path
 
 
-def write_curves(path: str, curves: list[dict]) -> str:
-    """Training loss and held-out synthetic accuracy per epoch, one line per run."""
+def real_test_line(result: dict) -> str:
+    """The real-test figures of a ``train_and_score`` result in a few words, each named: "real test rows: stacked
+    0.7190 = CNN alone 0.7193, probe alone 0.6957; weights probe 0.31 / CNN 0.69"."""
+    real = result.get("real_test_accuracy") or {}
+    kind, net, probe = real.get("headline", "model"), real.get("network"), real.get("probe")
+    name = net["name"] if net else "network"
+    head = {"stacked": "stacked (probe + " + name + ")", "network": name + " alone"}.get(kind, kind)
+    parts = [f"{head} {result['accuracy_mean']:.4f}"]
+    if net and kind != "network":
+        parts.append(f"{name} alone {net['accuracy_mean']:.4f}")
+    if probe:
+        parts.append(f"probe alone {probe['accuracy']:.4f}")
+    text = "real test rows: " + ", ".join(parts)
+    weights = (real.get("stacked") or {}).get("weights")
+    if weights:
+        text += f"; weights probe {weights['probe']:.2f} / {name} {weights['network']:.2f}"
+        if real["stacked"].get("probe_dominated"):
+            text += " (probe-dominated)"
+    return text
+
+
+def write_curves(path: str, curves: list[dict], result: Optional[dict] = None) -> str:
+    """Training loss and the synthetic hold-out's accuracy per epoch, one line per run; with ``result`` (the
+    ``train_and_score`` result) the hold-out's figures of the stack and the probe at the end, and the real-test
+    figures under the plots, each named, so the two are never read for one another."""
     plt = _pyplot()
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(9, 3.5))
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4.2))
+    real = (result or {}).get("real_test_accuracy") or {}
+    name = (real.get("network") or {}).get("name", "network")
     for c in curves:
         epochs = np.arange(1, len(c["train_loss"]) + 1)
         label = f"seed {c.get('seed', '?')}"
         ax_loss.plot(epochs, c["train_loss"], marker="o", label=label)
-        (line,) = ax_acc.plot(epochs, c["val_accuracy"], marker="o", label=label)
+        (line,) = ax_acc.plot(epochs, c["val_accuracy"], marker="o", label=f"{name}, {label}")
         sel = c.get("selected_epoch")
         if sel is not None and 0 <= sel < len(c["val_accuracy"]):
             ax_acc.plot([sel + 1], [c["val_accuracy"][sel]], marker="*", markersize=12, color=line.get_color())
-    ax_loss.set(title="training loss (synthetic)", xlabel="epoch", ylabel="cross-entropy")
-    ax_acc.set(title="accuracy on held-out synthetic rows (* = kept)", xlabel="epoch", ylabel="accuracy")
+        model = (c.get("holdout_accuracy") or {}).get("model")
+        if model is not None and real.get("headline") not in (None, "network") and len(epochs):
+            ax_acc.plot(
+                [epochs[-1] + 0.15],
+                [model],
+                marker="D",
+                color=line.get_color(),
+                linestyle="none",
+                label=f"{real['headline']}, {label} (kept)",
+            )
+    probe_h = ((result or {}).get("synthetic_holdout_accuracy") or {}).get("probe")
+    if probe_h is not None:
+        ax_acc.axhline(probe_h, color="grey", ls="--", lw=1, label="linear probe (hold-out)")
+    ax_loss.set(title="training loss on the synthetic rows", xlabel="epoch", ylabel="loss (the recipe's)")
+    ax_acc.set(
+        title="accuracy on the SYNTHETIC hold-out\n(10 % of the synthetic rows, not the real test rows; * = kept)",
+        xlabel="epoch",
+        ylabel="synthetic hold-out accuracy",
+    )
     for ax in (ax_loss, ax_acc):
         ax.grid(alpha=0.3)
+        ax.xaxis.get_major_locator().set_params(integer=True)
         if len(curves) <= 10:
             ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    ax_loss.title.set_fontsize(10)
+    ax_acc.title.set_fontsize(10)
+    if result is not None and "accuracy_mean" in result:
+        import textwrap
+
+        fig.text(
+            0.5,
+            0.01,
+            "\n".join(textwrap.wrap(real_test_line(result), 120)),
+            ha="center",
+            va="bottom",
+            fontsize=9,
+            fontweight="bold",
+        )
+        fig.tight_layout(rect=(0, 0.07, 1, 1))
+    else:
+        fig.tight_layout()
+    fig.savefig(path, dpi=90, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -156,9 +227,10 @@ def write_all(
     input_shape: Optional[Sequence[int]] = None,
     extra: Optional[dict] = None,
     norm: Optional[dict] = None,
+    class_names: Optional[Sequence[str]] = None,
 ) -> dict:
-    """Writes report.json, samples.png and curves.png into ``out_dir``; returns their paths. ``norm``: as
-    ``write_samples``'s."""
+    """Writes report.json, samples.png and curves.png into ``out_dir``; returns their paths. ``norm`` and
+    ``class_names``: as ``write_samples``'s."""
     os.makedirs(out_dir, exist_ok=True)
     shape = input_shape if input_shape is not None and len(input_shape) == 3 else None
     paths = {
@@ -169,8 +241,9 @@ def write_all(
             num_classes=result["num_classes"],
             input_shape=shape,
             norm=norm,
+            class_names=class_names,
         ),
-        "curves": write_curves(os.path.join(out_dir, CURVES), result["curves"]),
+        "curves": write_curves(os.path.join(out_dir, CURVES), result["curves"], result),
     }
     paths["report"] = write_report(
         out_dir, result, {**(extra or {}), "files": {k: os.path.basename(v) for k, v in paths.items()}}

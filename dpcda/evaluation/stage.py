@@ -2,9 +2,10 @@
 
 The real test rows get exactly the transform the release applied to its training rows (``normalization.json``:
 DP z-score then L2 clip, ``mechanisms.plan.normalize``); the synthetic rows are used as written. No real test
-data takes part in any training choice (see ``evaluation.train``). Beside the CNN, every report holds a linear probe
-(``evaluation.probe``) fitted to the same released targets and tested on the same rows, and a one-line summary that
-says when the CNN falls below it. Beam is not needed for local paths.
+data takes part in any training choice (see ``evaluation.train``). Every report names three figures on the real test
+rows: the network alone, the linear probe alone (``evaluation.probe``, fitted to the same released targets) and the
+model the recipe names (by default the two stacked, with their weights), and the same models on the synthetic
+hold-out, labelled as such; a one-line summary says which is the headline. Beam is not needed for local paths.
 """
 
 from __future__ import annotations
@@ -110,6 +111,26 @@ def _find_normalization(release_dir: str, manifest: Optional[dict] = None) -> st
     )
 
 
+def class_names(manifest: Optional[dict], test_glob: str, num_classes: int) -> tuple[Optional[list], Optional[str]]:
+    """(names, where from) for the sample grid's rows: the release's label decoding where its manifest has one (a
+    table release's ``input.table.label.categories``, class k at k), else the class names ``dpcda prepare`` recorded
+    beside the test split's shards (``storage.prepared.label_names``: Fashion-MNIST's ten), else (None, None). Names
+    of another length than the release's classes are not used."""
+    from dpcda.storage import prepared
+
+    label = (((manifest or {}).get("input") or {}).get("table") or {}).get("label") or {}
+    cats = label.get("categories")
+    if isinstance(cats, list) and len(cats) == num_classes:
+        return [str(c) for c in cats], "the release's label decoding (input.table.label.categories)"
+    files = [] if is_remote(test_glob) else expand_glob(test_glob)
+    dirs = {os.path.dirname(f) for f in files}
+    if len(dirs) == 1:
+        names = prepared.label_names(dirs.pop())
+        if names is not None and len(names) == num_classes:
+            return names, f"the class names dpcda prepare recorded beside the test split ({prepared.MARKER})"
+    return None, None
+
+
 def _release_info(manifest: Optional[dict]) -> dict:
     if not manifest:
         return {}
@@ -175,7 +196,10 @@ def run_evaluation(
         soft_labels=soft,
         model="mlp" if projection is not None else None,
     )
+    names, names_from = class_names(manifest, test_glob, num_classes)
     extra = {"synthetic_rows": int(len(syn.labels)), "test_glob": test_glob, **_release_info(manifest)}
+    if names is not None:
+        extra.update(class_names=names, class_names_from=names_from)
     remote = is_remote(out_dir)
     local_dir = tempfile.mkdtemp(prefix="dpcda-eval-") if remote else out_dir
     try:
@@ -187,6 +211,7 @@ def run_evaluation(
             input_shape=result["input_shape"],
             extra=extra,
             norm=norm if projection is None else None,  # projected rows have no input units to show
+            class_names=names,
         )
         if remote:
             for p in paths.values():
@@ -196,15 +221,35 @@ def run_evaluation(
         if remote:
             shutil.rmtree(local_dir, ignore_errors=True)
     log.info(
-        "stage=evaluate accuracy=%.4f+-%.4f probe=%.4f device=%s seconds=%.1f",
-        result["accuracy_mean"],
-        result["accuracy_std"],
-        result["probe"]["accuracy"] if result.get("probe") else float("nan"),
+        "stage=evaluate real_test_accuracy %s device=%s seconds=%.1f",
+        _fields(result),
         result["device"],
         result["wall_seconds"],
     )
+    log.info("stage=evaluate synthetic_holdout_accuracy %s", _fields(result, holdout=True))
     log.info("stage=evaluate summary=%s", result["summary"])
     return {**result, **extra, "path": _join(out_dir, report_mod.REPORT)}
+
+
+def _fields(result: dict, holdout: bool = False) -> str:
+    """``stacked=0.7190+-0.0011 cnn=0.7193 probe=0.6957 cnn_weight=0.69``: the recipe's figure first, then the network
+    alone and the probe alone, each named (on the synthetic hold-out with ``holdout``, and its row count)."""
+    real = result["real_test_accuracy"]
+    kind, net = real["headline"], real.get("network")
+    name = (net or {}).get("name", "network").lower()
+    if holdout:
+        h = result["synthetic_holdout_accuracy"]
+        keys = [(kind, kind)] + [(k, label) for k, label in (("network", name), ("probe", "probe")) if k != kind]
+        return " ".join(f"{label}={h[k]:.4f}" for k, label in keys if k in h) + f" rows={h['rows']}"
+    parts = [f"{kind if kind != 'network' else name}={result['accuracy_mean']:.4f}+-{result['accuracy_std']:.4f}"]
+    if net is not None and kind != "network":
+        parts.append(f"{name}={net['accuracy_mean']:.4f}")
+    if real.get("probe"):
+        parts.append(f"probe={real['probe']['accuracy']:.4f}")
+    weights = (real.get("stacked") or {}).get("weights")
+    if weights:
+        parts.append(f"{name}_weight={weights['network']:.2f}")
+    return " ".join(parts)
 
 
 TEST_DATA_NOTE = (
@@ -246,7 +291,13 @@ def evaluate_release(
         "runs": rep["runs"],
         "epochs": rep["epochs"],
         "device": rep["device"],
+        "accuracy_of": rep["accuracy_of"],
+        "network_accuracy": (rep["real_test_accuracy"]["network"] or {}).get("accuracy_mean"),
         "probe_accuracy": rep["probe"]["accuracy"] if rep.get("probe") else None,
+        "stack_weights": (rep["real_test_accuracy"].get("stacked") or {}).get("weights"),
+        "synthetic_holdout_accuracy": {
+            k: v for k, v in rep["synthetic_holdout_accuracy"].items() if k not in ("measured_on", "headline")
+        },
         "recipe": rep["recipe_name"],
         "summary": rep["summary"],
         "report": f"{manifest['output'].get('prefix', '')}{EVAL_DIR}/{report_mod.REPORT}",

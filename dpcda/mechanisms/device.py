@@ -27,7 +27,7 @@ def pick_device(preference: str = "auto") -> torch.device:
 
 def stream_device(device: torch.device):
     """The device a mixing chunk's index stream draws on: the card on a CUDA worker (``NoiseStream.distinct`` and
-    ``binomial`` run there with the host's output, element for element: ``privacy.noise_device``), else None (the
+    ``binomial`` run there with the host's output, element for element: ``privacy.noise.device``), else None (the
     host's samplers, on all its cores)."""
     return device if device.type == "cuda" else None
 

@@ -3,7 +3,7 @@
 One class at a time: ``T_k`` synthetic rows in chunks of ``chunk_rows``. Each chunk draws its indices from the
 stream ("mix-index", k, chunk) and its noise from ("mix-noise", k, chunk), so a retried chunk reproduces its rows.
 Rows are gathered and summed with ``embedding_bag`` in float64 (CUDA when present, the same code on the CPU; no
-(rows, l, d) intermediate), then the noise is drawn where the rows are (on CUDA: ``privacy.noise_device``, the same
+(rows, l, d) intermediate), then the noise is drawn where the rows are (on CUDA: ``privacy.noise.device``, the same
 output bit for bit; elsewhere on the host); on CUDA the indices and poisson row sizes are drawn on the card too (the
 same indices, element for element): every released value is
 ``g * round((mean + sigma_x Z) / g)`` (``NoiseStream.gaussian``).
@@ -23,6 +23,7 @@ Optional low-pass post-processing (``lowpass``, ``mechanisms.postprocess``) acts
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from fractions import Fraction
 from typing import Iterator, Optional, Sequence
@@ -30,12 +31,13 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 import torch
 
-from dpcda.mechanisms.base import Calibrated, InProcess, Mechanism, PlanError
+from dpcda.mechanisms.base import Grouping, InProcess, Mechanism, PlanError, Public, noise_for
 from dpcda.mechanisms.device import HostCopy, ahead, lookahead, stream_device
 from dpcda.mechanisms.postprocess import make_postprocess
-from dpcda.privacy.budget import BudgetPlan, calibrate_synthesis
+from dpcda.mechanisms.rows import MixingPlan
 from dpcda.privacy.events import MAX_ROW_RECORDS, MixingEvent
 from dpcda.privacy.noise import NoiseStream
+from dpcda.schemas.mechanism_params import DpcdaParams
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +105,7 @@ def mean_rows(x: torch.Tensor, flat: torch.Tensor, offsets: torch.Tensor, mixing
 
 def start_noisy_rows(means: torch.Tensor, sigma: float, stream: NoiseStream, dtype=np.float64) -> HostCopy:
     """``stream.gaussian(means, sigma)`` as ``dtype`` (float64 or float32), on its way to the host. On a card the
-    noise is drawn where the rows are (``privacy.noise_device``: the same output bit for bit) and cast there (float64
+    noise is drawn where the rows are (``privacy.noise.device``: the same output bit for bit) and cast there (float64
     to float32 rounds to nearest-even on both), then copied out through a page-locked buffer without a wait
     (``device.HostCopy``); elsewhere the host draws it."""
     if means.device.type == "cuda":
@@ -310,19 +312,62 @@ def proportional_rows(total: int, sizes) -> Optional[tuple[int, ...]]:
     return tuple(rows)
 
 
-# ---------------------------------------------------------------- the registry entry
+# ---------------------------------------------------------------- the plan and the registry entry
+
+
+@dataclasses.dataclass(frozen=True)
+class DpcdaPlan(MixingPlan):
+    """DP-CDA's plan: T_k rows per class (``class_rows``: how T was split), each the mean of l records of the class
+    plus N(0, sigma_x^2 I), labels e_k plus N(0, sigma_y^2 I) (sigma_y free within a class)."""
+
+    label_noise: float = 0.0  # sigma_y, the config's
+    class_rows: str = "equal"  # the config's rule: 'equal' or 'proportional'
+    records_public: int = 0  # N as seed 000's Theorem 1 takes it (public or the DP total)
+
+    @property
+    def sigma_y(self) -> float:
+        return self.label_noise
+
+    def paper_theorem(self, plan) -> dict:
+        return dict(
+            sigma_x=self.sigma_x,
+            sigma_y=self.sigma_y,
+            mixing_order=self.mixing_order,
+            clip=plan.clip,
+            num_records=self.records_public,
+            num_samples=self.samples_total,
+            delta=plan.accounting.delta,
+        )
+
+    def manifest_section(self, plan, *, chunk_rows):
+        from dpcda.schemas.manifest import DpcdaMechanism
+
+        return DpcdaMechanism(
+            sampling=Dpcda.SAMPLING_WORDS[plan.mode],
+            mixing_order=self.mixing_order,
+            sigma_y=self.sigma_y,
+            class_rows=self.class_rows,
+            samples_per_class=self.samples_per_class[0] if len(set(self.samples_per_class)) == 1 else None,
+            rows_per_class=list(self.samples_per_class),
+            class_sizes=list(plan.public_class_sizes) if plan.public_class_sizes else None,
+            class_sizes_dp=list(plan.dp_class_sizes) if plan.dp_class_sizes else None,
+            sampling_rates=[float(q) for q in self.sampling_rates],
+            chunk_rows=chunk_rows,
+            postprocessing=self.postprocessing(),
+            mixing_paths=list(self.mixing_paths),
+            projection=self.projection(),
+            **self.common(plan),
+        )
 
 
 class Dpcda(Mechanism):
     """Seed 000: each row averages l records of one class, plus Gaussian noise; T_k rows per class."""
 
     name = "dpcda"
-    summary = "DP-CDA (seed 000): class-centric mixing of l records, Gaussian noise"
-    groups = "class"
-    mixes = True
+    params = DpcdaParams
+    grouping = Grouping.CLASS
     graph = "dpcda.transforms.synthesize:MixClasses"
-    audit_game = "class-mixing"
-    paper_theorem = True  # seed 000's Theorem 1 applies (stated in the manifest, informational)
+    audit_game = "dpcda.evaluation.audit.games:ClassMixing"
     SAMPLING_WORDS = {
         "fixed": "exactly l distinct records of the class, uniformly without replacement",
         "poisson": "each record of the class independently with probability q_k = l / N_k_hat; sum divided by l",
@@ -337,18 +382,36 @@ class Dpcda(Mechanism):
             for s, t in zip(group_sizes, per_class, strict=True)
         ]
 
-    def calibrate(self, events, budget: BudgetPlan, *, privacy, clip: float, **_) -> Calibrated:
+    def plan(self, public: Public) -> DpcdaPlan:
         """sigma_x over EVERY class's event (parallel composition: the worst class sets it). With T_k equal across
         classes the smallest class is the worst (epsilon falls as N_k rises, a tested property), so its search alone
         sets sigma_x and the other classes pass the check; with T_k in proportion to N_k a larger class has more rows
         at a lower rate and no class is assumed worst (``privacy.calibration.calibrate_parallel``)."""
-        if privacy.sigma_x is not None:
-            return super().calibrate(events, budget, privacy=privacy, clip=clip)
-        sigma_x = calibrate_synthesis(budget, events, scale=clip, parallel_first=lambda e: e.class_size)
-        return Calibrated(sigma_x=sigma_x, per_group=tuple(events(sigma_x)))
+        params, mode, clip = public.params, public.mode, public.privacy.clip
+        sizes = list(public.class_sizes)
+        T_k, T_total = self.rows(
+            public.samples,
+            public.num_classes,
+            given=params.samples is not None,
+            where=public.core.data.source,
+            mode=mode,
+            sizes=sizes,
+            class_rows=params.class_rows,
+        )
 
-    def sigma_y(self, params, sigma_x: float) -> float:
-        return float(params.sigma_y)  # seed 000's label noise, given by the user (free within a class)
+        def events(sigma: float) -> list:
+            return self.synthesis_events(
+                mode, group_sizes=sizes, samples=T_k, mixing_order=params.mixing_order, clip=clip, sigma_x=sigma
+            )
+
+        sigma_x = noise_for(events, public.budget, public.privacy, clip, parallel_first=lambda e: e.class_size)
+        return DpcdaPlan(
+            **MixingPlan.fields(public, self.grouping, tuple(events(sigma_x)), sigma_x, T_total),
+            samples_per_class=T_k,
+            label_noise=float(params.sigma_y),  # seed 000's label noise, given by the user (free within a class)
+            class_rows=params.class_rows,
+            records_public=public.records_public,
+        )
 
     def rows(
         self,
@@ -361,6 +424,10 @@ class Dpcda(Mechanism):
         sizes=None,
         class_rows: str = "equal",
     ) -> tuple[tuple[int, ...], int]:
+        """(T_k for each class, rows in all) for T rows (``given``: the config's ``samples``; else its default, the
+        input's row count, which a refusal names by ``where`` and never prints: in poisson mode it is a DP estimate).
+        ``sizes``: the public class sizes (fixed: N_k; poisson: the DP histogram's), for ``class_rows``
+        proportional."""
         # T's default is the input's row count (a DP estimate in poisson mode): never printed
         count = "the DP estimate of the input's row count" if mode == "poisson" else "the input's row count"
         what = f"samples: T={total}" if given else f"{where}: T defaults to {count} (samples unset), which"
@@ -389,6 +456,7 @@ class Dpcda(Mechanism):
 
     def synthesize(self, ctx: InProcess):
         plan, chunk_rows, soft_labels = ctx.plan, ctx.core.execution.chunk_rows, ctx.core.postprocess.soft_labels
+        mix: DpcdaPlan = plan.synthesis
         for k in range(plan.num_classes):
             for _, f, lab in mix_class(
                 ctx.normalized(ctx.x[ctx.y == k]),
@@ -396,37 +464,17 @@ class Dpcda(Mechanism):
                 class_index=k,
                 num_classes=plan.num_classes,
                 mode=plan.mode,
-                mixing_order=plan.mixing_order,
-                sigma_x=plan.sigma_x,
-                samples=plan.samples_per_class[k],
+                mixing_order=mix.mixing_order,
+                sigma_x=mix.sigma_x,
+                samples=mix.samples_per_class[k],
                 chunk_rows=chunk_rows,
-                sampling_rate=plan.sampling_rates[k],
+                sampling_rate=mix.sampling_rates[k],
                 device=ctx.device,
-                sigma_y=plan.sigma_y,
-                lowpass=plan.lowpass,
-                denoise=plan.denoise_spec,
+                sigma_y=mix.sigma_y,
+                lowpass=mix.lowpass,
+                denoise=mix.denoise_spec,
                 soft_labels=soft_labels,
                 basis=ctx.basis,
                 clip=plan.clip,
             ):
                 yield (f, lab.argmax(axis=1), lab) if soft_labels else (f, lab, None)
-
-    def manifest_section(self, plan, *, chunk_rows, common, postprocessing, projection):
-        from dpcda.schemas.manifest import DpcdaMechanism
-
-        return DpcdaMechanism(
-            sampling=self.SAMPLING_WORDS[plan.mode],
-            mixing_order=plan.mixing_order,
-            sigma_y=plan.sigma_y,
-            class_rows=plan.class_rows_rule,
-            samples_per_class=plan.samples_per_class[0] if len(set(plan.samples_per_class)) == 1 else None,
-            rows_per_class=list(plan.samples_per_class),
-            class_sizes=list(plan.public_class_sizes) if plan.public_class_sizes else None,
-            class_sizes_dp=list(plan.dp_class_sizes) if plan.dp_class_sizes else None,
-            sampling_rates=[float(q) for q in plan.sampling_rates],
-            chunk_rows=chunk_rows,
-            postprocessing=postprocessing,
-            mixing_paths=list(plan.mixing_paths),
-            projection=projection,
-            **common,
-        )

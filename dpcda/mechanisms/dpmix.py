@@ -11,18 +11,21 @@ denoising (a Gaussian blur) is post-processing (``mechanisms.postprocess``).
 
 from __future__ import annotations
 
+import dataclasses
 from fractions import Fraction
 from typing import Iterator, Optional, Sequence
 
 import numpy as np
 import torch
 
-from dpcda.mechanisms.base import InProcess, Mechanism
+from dpcda.mechanisms.base import Grouping, InProcess, Mechanism, Public, noise_for
 from dpcda.mechanisms.device import ahead, lookahead, stream_device
 from dpcda.mechanisms.dpcda import canonical_order, mean_rows, sample_index_tensors, start_noisy_rows
 from dpcda.mechanisms.postprocess import make_postprocess
+from dpcda.mechanisms.rows import MixingPlan
 from dpcda.privacy.events import DpmixEvent
 from dpcda.privacy.noise import NoiseStream
+from dpcda.schemas.mechanism_params import DpmixParams
 
 
 def mix_dataset(
@@ -96,7 +99,40 @@ def mix_dataset(
         yield chunk, feats, scores.astype(np.float32)
 
 
-# ---------------------------------------------------------------- the registry entry
+# ---------------------------------------------------------------- the plan and the registry entry
+
+
+@dataclasses.dataclass(frozen=True)
+class DpmixPlan(MixingPlan):
+    """DPMix's plan: T rows of the whole dataset, features and label scores noised (sigma_y = ratio x sigma_x)."""
+
+    label_noise_ratio: float = 1.0
+
+    @property
+    def sigma_y(self) -> float:
+        return self.label_noise_ratio * self.sigma_x
+
+    def own_figures(self) -> dict:
+        return {"sigma_y": self.events[0].sigma_y}
+
+    def manifest_section(self, plan, *, chunk_rows):
+        from dpcda.schemas.manifest import DpmixMechanism
+
+        return DpmixMechanism(
+            name="dpmix",
+            sampling=Dpmix.SAMPLING_WORDS[plan.mode],
+            mixing_order=self.mixing_order,
+            sigma_y=self.sigma_y,
+            label_noise_ratio=self.label_noise_ratio,
+            dataset_size=int(sum(plan.public_class_sizes)) if plan.public_class_sizes else None,
+            dataset_size_dp=int(sum(plan.dp_class_sizes)) if plan.dp_class_sizes else None,
+            sampling_rate=float(self.sampling_rates[0]),
+            chunk_rows=chunk_rows,
+            postprocessing=self.postprocessing(),
+            mixing_paths=list(self.mixing_paths),
+            projection=self.projection(),
+            **self.common(plan),
+        )
 
 
 class Dpmix(Mechanism):
@@ -104,12 +140,11 @@ class Dpmix(Mechanism):
 
     name = "dpmix"
     composition = "one group, the whole dataset (a record may meet any row); sequential with the statistics releases"
-    summary = "DPMix (seed 001): mixing of l records of the whole dataset, features and labels"
-    groups = "dataset"
-    mixes = True
+    params = DpmixParams
+    grouping = Grouping.DATASET
     label_scores = True
     graph = "dpcda.transforms.synthesize:MixWholeDataset"
-    audit_game = "dataset-mixing"
+    audit_game = "dpcda.evaluation.audit.games:DatasetMixing"
     fixed_caveat = (
         "fixed mode: the dataset size is public and stated here; the guarantee covers replacing one record (its "
         "features and label)."
@@ -123,11 +158,25 @@ class Dpmix(Mechanism):
         n, l = int(group_sizes[0]), mixing_order
         return [DpmixEvent(mode, max(n, l), samples, l, clip, sigma_x, label_noise_ratio * sigma_x)]
 
-    def label_noise_ratio(self, params):
-        return params.label_noise_ratio
+    def plan(self, public: Public) -> DpmixPlan:
+        params, mode, clip = public.params, public.mode, public.privacy.clip
+        ratio, T = params.label_noise_ratio, public.samples
 
-    def sigma_y(self, params, sigma_x: float) -> float:
-        return params.label_noise_ratio * sigma_x
+        def events(sigma: float) -> list:
+            return self.synthesis_events(
+                mode,
+                group_sizes=[public.records],
+                samples=T,
+                mixing_order=params.mixing_order,
+                clip=clip,
+                sigma_x=sigma,
+                label_noise_ratio=ratio,
+            )
+
+        sigma_x = noise_for(events, public.budget, public.privacy, clip)
+        return DpmixPlan(
+            **MixingPlan.fields(public, self.grouping, tuple(events(sigma_x)), sigma_x, T), label_noise_ratio=ratio
+        )
 
     def label_caveat(self) -> str:
         return (
@@ -137,41 +186,23 @@ class Dpmix(Mechanism):
 
     def synthesize(self, ctx: InProcess):
         plan = ctx.plan
+        mix: DpmixPlan = plan.synthesis
         for _, f, sc in mix_dataset(
             ctx.normalized(ctx.x),
             ctx.y,
             key=ctx.key,
             num_classes=plan.num_classes,
             mode=plan.mode,
-            mixing_order=plan.mixing_order,
-            sigma_x=plan.sigma_x,
-            sigma_y=plan.sigma_y,
-            samples=plan.samples_total,
+            mixing_order=mix.mixing_order,
+            sigma_x=mix.sigma_x,
+            sigma_y=mix.sigma_y,
+            samples=mix.samples_total,
             chunk_rows=ctx.core.execution.chunk_rows,
-            sampling_rate=plan.sampling_rates[0],
+            sampling_rate=mix.sampling_rates[0],
             device=ctx.device,
-            lowpass=plan.lowpass,
-            denoise=plan.denoise_spec,
+            lowpass=mix.lowpass,
+            denoise=mix.denoise_spec,
             basis=ctx.basis,
             clip=plan.clip,
         ):
             yield f, sc.argmax(axis=1), sc
-
-    def manifest_section(self, plan, *, chunk_rows, common, postprocessing, projection):
-        from dpcda.schemas.manifest import DpmixMechanism
-
-        return DpmixMechanism(
-            name="dpmix",
-            sampling=self.SAMPLING_WORDS[plan.mode],
-            mixing_order=plan.mixing_order,
-            sigma_y=plan.sigma_y,
-            label_noise_ratio=plan.label_noise_ratio,
-            dataset_size=int(sum(plan.public_class_sizes)) if plan.public_class_sizes else None,
-            dataset_size_dp=int(sum(plan.dp_class_sizes)) if plan.dp_class_sizes else None,
-            sampling_rate=float(plan.sampling_rates[0]),
-            chunk_rows=chunk_rows,
-            postprocessing=postprocessing,
-            mixing_paths=list(plan.mixing_paths),
-            projection=projection,
-            **common,
-        )

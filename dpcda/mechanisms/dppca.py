@@ -31,6 +31,25 @@ BLOCK_ROWS = 1 << 16  # rows per exact float64 product: 2^16 rows x 2^32 per pro
 MAX_ROWS = dp_stats.COV_MAX_SUM >> (2 * dp_stats.COV_QUANTUM_BITS)  # rows whose sums stay below 2^62 in int64
 
 
+@dataclasses.dataclass(frozen=True)
+class PcaPlan:
+    """The DP-PCA stage of a release: K components, the covariance's noise std (in units of (clip / 2^16)^2, as its
+    sums are: ``privacy.dp_stats.dp_covariance``) and its share of epsilon."""
+
+    components: int
+    noise_std: float
+    share: float
+
+    def section(self) -> dict:
+        """The manifest's ``projection`` of a mixing release."""
+        return {
+            "method": "dp-pca",
+            "components": self.components,
+            "covariance_noise_std": self.noise_std,
+            "epsilon_share": self.share,
+        }
+
+
 @dataclasses.dataclass
 class CovarianceSum:
     """Accumulator: the exact int64 sum of q q^T over the rows seen (None before the first row)."""

@@ -16,10 +16,10 @@ from typing import Optional
 
 import numpy as np
 
-from dpcda.mechanisms.base import InProcess
+from dpcda.mechanisms.base import Caveat, CaveatCode, InProcess
 from dpcda.mechanisms.combiners import FirstPass, FirstPassCombiner
 from dpcda.mechanisms.local import BLOCK_ROWS
-from dpcda.mechanisms.plan import Caveat, CaveatCode, ReleasePlan, build_plan, normalize_into
+from dpcda.mechanisms.plan import ReleasePlan, build_plan, normalize_into
 from dpcda.schemas.settings import CoreSettings
 
 
@@ -66,7 +66,7 @@ def release_in_process(
         return out
 
     basis = None
-    if plan.pca_components:
+    if plan.pca is not None:
         from dpcda.mechanisms.dppca import CovarianceCombiner, dp_basis
 
         comb = CovarianceCombiner(plan.clip)
@@ -76,9 +76,9 @@ def release_in_process(
         basis = dp_basis(
             acc,
             dim=plan.feature_dim,
-            components=plan.pca_components,
+            components=plan.pca.components,
             clip=plan.clip,
-            noise_std=plan.pca_noise_std,
+            noise_std=plan.pca.noise_std,
             key=key,
         )
 

@@ -34,8 +34,9 @@ from typing import Iterable, Iterator, Optional
 import numpy as np
 
 from dpcda.mechanisms import registry
+from dpcda.mechanisms.base import Grouping
 from dpcda.mechanisms.dpcda import label_scores, noisy_labels, sample_rows
-from dpcda.mechanisms.plan import normalize_into
+from dpcda.mechanisms.normalization import normalize_into
 from dpcda.mechanisms.postprocess import make_postprocess
 from dpcda.privacy.noise import NoiseStream
 
@@ -68,7 +69,7 @@ class Streams:
 
 
 def _one_group(mechanism: str) -> bool:
-    return registry.get(mechanism).groups == "dataset"
+    return registry.get(mechanism).grouping is Grouping.DATASET
 
 
 def groups_of(mechanism: str, labels: np.ndarray) -> np.ndarray:

@@ -9,13 +9,16 @@ redraws the same rows.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Optional
 
 import numpy as np
 
-from dpcda.mechanisms.base import InProcess, Mechanism
+from dpcda.mechanisms.base import Grouping, InProcess, Mechanism, Public, noise_for
+from dpcda.mechanisms.rows import RowsPlan
 from dpcda.privacy.events import PerturbEvent
 from dpcda.privacy.noise import NoiseStream
+from dpcda.schemas.mechanism_params import LocalParams
 
 
 def perturb_block(
@@ -35,9 +38,24 @@ def perturb_block(
     return post(out) if post is not None else out
 
 
-# ---------------------------------------------------------------- the registry entry
+# ---------------------------------------------------------------- the plan and the registry entry
 
 BLOCK_ROWS = 16384  # records per block of an in-process release
+
+
+@dataclasses.dataclass(frozen=True)
+class PerturbPlan(RowsPlan):
+    """Every record once, plus N(0, sigma_x^2 I): one Gaussian per record (the event stands for every record's)."""
+
+    def manifest_section(self, plan, *, chunk_rows):
+        from dpcda.schemas.manifest import LocalMechanism
+
+        return LocalMechanism(
+            name="local",
+            class_sizes=list(plan.public_class_sizes),
+            postprocessing=self.postprocessing(),
+            **self.common(plan),
+        )
 
 
 class Local(Mechanism):
@@ -45,14 +63,24 @@ class Local(Mechanism):
 
     name = "local"
     composition = "parallel over records (each record makes its own row); sequential with the statistics releases"
-    summary = "local perturbation: every record once, plus Gaussian noise"
-    modes = ("fixed",)
-    groups = "record"
+    params = LocalParams
+    grouping = Grouping.RECORD
     graph = "dpcda.transforms.synthesize:PerturbEveryRecord"
-    audit_game = "perturbation"
+    audit_game = "dpcda.evaluation.audit.games:Perturbation"
 
     def synthesis_events(self, mode, *, clip, sigma_x, gain=1.0, **_) -> list:
         return [PerturbEvent(clip, sigma_x, gain)]
+
+    def plan(self, public: Public) -> PerturbPlan:
+        clip = public.privacy.clip
+
+        def events(sigma: float) -> list:
+            return self.synthesis_events(public.mode, clip=clip, sigma_x=sigma)
+
+        sigma_x = noise_for(events, public.budget, public.privacy, clip)
+        return PerturbPlan(
+            events=tuple(events(sigma_x)), samples_total=public.samples, sigma_x=sigma_x, post=public.post
+        )
 
     def label_caveat(self) -> str:
         return (
@@ -60,25 +88,19 @@ class Local(Mechanism):
             f"under the replace-one-within-class relation)."
         )
 
-    def projection_matrix(self, plan) -> Optional[np.ndarray]:
-        return None
-
     def synthesize(self, ctx: InProcess):
-        from dpcda.mechanisms.postprocess import make_postprocess
-
         plan = ctx.plan
-        projection = self.projection_matrix(plan)
-        post = make_postprocess(lowpass=plan.lowpass, denoise=plan.denoise_spec)
+        rows_plan: PerturbPlan = plan.synthesis
+        projection = rows_plan.projection_matrix(plan.feature_dim)
+        post = rows_plan.post.make() if rows_plan.post is not None else None
         for start in range(0, len(ctx.y), BLOCK_ROWS):
             rows = ctx.normalized(ctx.x[start : start + BLOCK_ROWS])
             feats = perturb_block(
-                rows, key=ctx.key, block=("in-process", start), sigma_x=plan.sigma_x, projection=projection, post=post
+                rows,
+                key=ctx.key,
+                block=("in-process", start),
+                sigma_x=rows_plan.sigma_x,
+                projection=projection,
+                post=post,
             )
             yield feats, ctx.y[start : start + BLOCK_ROWS], None
-
-    def manifest_section(self, plan, *, chunk_rows, common, postprocessing, projection):
-        from dpcda.schemas.manifest import LocalMechanism
-
-        return LocalMechanism(
-            name="local", class_sizes=list(plan.public_class_sizes), postprocessing=postprocessing, **common
-        )

@@ -10,10 +10,15 @@ K = 16 keeps 136 of 784 coefficients).
 
 from __future__ import annotations
 
-from typing import Sequence
+import dataclasses
+import math
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
+
+from dpcda.mechanisms.base import PlanError
+from dpcda.schemas.settings import PostprocessParams
 
 
 def dct_matrix(n: int) -> np.ndarray:
@@ -125,3 +130,77 @@ def make_postprocess(*, lowpass=None, denoise=None, device="cpu"):
         return t.cpu().numpy()
 
     return run
+
+
+@dataclasses.dataclass(frozen=True)
+class ImagePost:
+    """The post-processing a release asked for, resolved against its feature dimension d: a low-pass
+    ((image_shape, K)) and/or a blur of std ``denoise`` pixels on ``image_shape`` (None: a square)."""
+
+    dim: int
+    lowpass: Optional[tuple[tuple[int, ...], int]] = None
+    denoise: Optional[float] = None
+    image_shape: Optional[tuple[int, ...]] = None  # of the rows, for the blur
+
+    @property
+    def denoise_spec(self) -> Optional[tuple[tuple[int, ...], float]]:
+        """(image_shape, sigma) for the blur, or None."""
+        if self.denoise is None:
+            return None
+        shape = self.image_shape or (math.isqrt(self.dim),) * 2
+        return shape, self.denoise
+
+    def make(self, device="cpu"):
+        """``make_postprocess`` of these steps."""
+        return make_postprocess(lowpass=self.lowpass, denoise=self.denoise_spec, device=device)
+
+    def section(self):
+        """The manifest's ``postprocessing`` (``schemas.manifest.PostProcessing``)."""
+        from dpcda.schemas.manifest import PostProcessing
+
+        shape = self.lowpass[0] if self.lowpass else self.denoise_spec[0]
+        k = self.lowpass[1] if self.lowpass else None
+        return PostProcessing(
+            lowpass=k,
+            denoise=self.denoise,
+            image_shape=list(shape),
+            kept_coefficients=lowpass_kept(shape, k)[1] if k else None,
+        )
+
+
+def resolve_image_shape(post: PostprocessParams, dim: int) -> tuple[int, ...]:
+    """The rows' image grid for post-processing: --image-shape (checked against d), else a square."""
+    if post.image_shape is not None:
+        shape = tuple(post.image_shape)
+        if math.prod(shape) != dim:
+            raise PlanError(
+                f"image_shape: {','.join(map(str, shape))} has {math.prod(shape)} features, the input has d={dim}"
+            )
+        return shape
+    side = math.isqrt(dim)
+    if side * side != dim:
+        raise PlanError(f"lowpass/denoise: d={dim} is not a square image; give --image-shape H,W or C,H,W")
+    return (side, side)
+
+
+def resolve_lowpass(post: PostprocessParams, dim: int) -> Optional[tuple[tuple[int, ...], int]]:
+    """(image_shape, K) for the low-pass post-processing, checked against the feature dimension d."""
+    if post.lowpass is None:
+        return None
+    shape = resolve_image_shape(post, dim)
+    h, w = shape[-2:]
+    if post.lowpass >= h + w - 1:
+        raise PlanError(
+            f"lowpass: K={post.lowpass} keeps every DCT coefficient of a {h}x{w} image (u + v <= "
+            f"{h + w - 2}); use K < {h + w - 1} or leave --lowpass out"
+        )
+    return shape, int(post.lowpass)
+
+
+def resolve(post: PostprocessParams, dim: int) -> Optional[ImagePost]:
+    """The release's post-processing for rows of width ``dim``, checked (PlanError), or None when none is asked."""
+    lowpass = resolve_lowpass(post, dim)
+    if lowpass is None and post.denoise is None:
+        return None
+    shape = resolve_image_shape(post, dim) if post.denoise else None
+    return ImagePost(dim=dim, lowpass=lowpass, denoise=post.denoise, image_shape=shape)

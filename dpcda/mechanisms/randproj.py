@@ -11,12 +11,15 @@ evaluation trains its MLP on them, as seed 001 did.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
-from dpcda.mechanisms.base import PlanError
-from dpcda.mechanisms.local import Local
+from dpcda.mechanisms.base import PlanError, Public, noise_for
+from dpcda.mechanisms.local import Local, PerturbPlan
 from dpcda.privacy.events import MAX_PROJECTION_ENTRIES, projection_gain
 from dpcda.privacy.noise import NoiseStream, public_key
+from dpcda.schemas.mechanism_params import RandprojParams
 
 
 def projection_matrix(dim: int, p: int, seed: int) -> np.ndarray:
@@ -44,39 +47,67 @@ def matrix_gain(R: np.ndarray) -> float:
     return projection_gain(np.linalg.norm(R, 2))
 
 
-# ---------------------------------------------------------------- the registry entry
+# ---------------------------------------------------------------- the plan and the registry entry
+
+
+@dataclasses.dataclass(frozen=True)
+class RandprojPlan(PerturbPlan):
+    """Every record times the public R (d x p), plus N(0, sigma_x^2 I_p)."""
+
+    projection_dim: int = 1
+    projection_seed: int = 0
+    projection_norm: float = 1.0  # an upper bound on ||R||_2: the sensitivity's gain
+
+    def projection_matrix(self, dim: int) -> np.ndarray:
+        return projection_matrix(dim, self.projection_dim, self.projection_seed)
+
+    def noised_dim(self, dim: int) -> int:
+        return self.projection_dim
+
+    def own_figures(self) -> dict:
+        return {"projection_norm": self.projection_norm}
+
+    def manifest_section(self, plan, *, chunk_rows):
+        from dpcda.schemas.manifest import RandprojMechanism
+
+        return RandprojMechanism(
+            name="randproj",
+            projection_dim=self.projection_dim,
+            projection_seed=self.projection_seed,
+            projection_norm=self.projection_norm,
+            class_sizes=list(plan.public_class_sizes),
+            **self.common(plan),
+        )
 
 
 class Randproj(Local):
     """Every record projected by the public R, plus Gaussian noise (DPPro, seed 001's baseline)."""
 
     name = "randproj"
-    summary = "random projection: every record times a public random R, plus Gaussian noise"
-    projects = True
+    params = RandprojParams
+    audit_game = "dpcda.evaluation.audit.games:Projection"
+    needs_width = "the projection's norm depends on it"
 
-    def projection(self, params, dim: int):
-        R = projection_matrix(dim, params.projection_dim, params.projection_seed)
-        gain = matrix_gain(R)
-        return (params.projection_dim, params.projection_seed, gain), gain
+    def plan(self, public: Public) -> RandprojPlan:
+        params, clip = public.params, public.privacy.clip
+        gain = matrix_gain(projection_matrix(public.dim, params.projection_dim, params.projection_seed))
 
-    def projection_matrix(self, plan) -> np.ndarray:
-        return projection_matrix(plan.feature_dim, plan.projection[0], plan.projection[1])
+        def events(sigma: float) -> list:
+            return self.synthesis_events(public.mode, clip=clip, sigma_x=sigma, gain=gain)
+
+        sigma_x = noise_for(events, public.budget, public.privacy, clip)
+        return RandprojPlan(
+            events=tuple(events(sigma_x)),
+            samples_total=public.samples,
+            sigma_x=sigma_x,
+            post=public.post,
+            projection_dim=params.projection_dim,
+            projection_seed=params.projection_seed,
+            projection_norm=gain,
+        )
 
     def output_dim(self, params, dim: int) -> int:
         return params.projection_dim
-
-    def manifest_section(self, plan, *, chunk_rows, common, postprocessing, projection):
-        from dpcda.schemas.manifest import RandprojMechanism
-
-        p, seed, norm = plan.projection
-        return RandprojMechanism(
-            name="randproj",
-            projection_dim=p,
-            projection_seed=seed,
-            projection_norm=norm,
-            class_sizes=list(plan.public_class_sizes),
-            **common,
-        )
 
     def test_projection(self, manifest: dict) -> np.ndarray:
         mech = manifest["mechanism"]

@@ -19,7 +19,8 @@ from typing import Any, Callable, Optional
 from pydantic import TypeAdapter, ValidationError
 
 from dpcda.mechanisms import registry
-from dpcda.mechanisms.plan import Caveat, CaveatCode
+from dpcda.mechanisms.base import Caveat, CaveatCode
+from dpcda.mechanisms.normalization import NORMALIZATION_FILE
 from dpcda.pipeline import __version__
 from dpcda.pipeline.errors import ReleaseError
 from dpcda.privacy import noise
@@ -31,7 +32,6 @@ from dpcda.schemas.manifest import (
     Noise,
     Normalization,
     Output,
-    PostProcessing,
     Privacy,
     RunInfo,
     Software,
@@ -70,11 +70,7 @@ def caveat_words(caveat: Caveat) -> str:
             f"epsilon={caveat.epsilon:g}; the epsilon below is what the whole release spends."
         )
     if code is CaveatCode.POISSON_ADAPTIVE:
-        return (
-            "poisson mode: q_k, T_k and sigma_x are chosen from the DP class histogram; the histogram is "
-            "accounted alone at its own (epsilon, delta) share and the rest is calibrated to what remains, "
-            "so the guarantee is the sum (adaptive composition)."
-        )
+        return registry.get(caveat.mechanism).adaptive_caveat
     if code is CaveatCode.PUBLIC_NORMALIZATION:
         return "Normalisation statistics were supplied by the user and are assumed public."
     if code is CaveatCode.EXACT_NORMALIZATION:
@@ -115,89 +111,22 @@ def finite(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
-def postprocessing(plan) -> PostProcessing | None:
-    if plan.lowpass is None and plan.denoise is None:
-        return None
-    from dpcda.mechanisms.postprocess import lowpass_kept
-
-    shape = plan.lowpass[0] if plan.lowpass else plan.denoise_spec[0]
-    k = plan.lowpass[1] if plan.lowpass else None
-    return PostProcessing(
-        lowpass=k,
-        denoise=plan.denoise,
-        image_shape=list(shape),
-        kept_coefficients=lowpass_kept(shape, k)[1] if k else None,
-    )
-
-
-def projection_section(plan):
-    if not plan.pca_components:
-        return None
-    return {
-        "method": "dp-pca",
-        "components": plan.pca_components,
-        "covariance_noise_std": plan.pca_noise_std,
-        "epsilon_share": plan.pca_share,
-    }
-
-
-def mechanism_section(cfg, plan):
-    """The manifest's ``mechanism``: one model per mechanism (a discriminated union on ``name``), which the
-    mechanism's registry entry builds (``Mechanism.manifest_section``)."""
-    worst = plan.accounting.worst_class_event
-    z = worst.noise_multiplier if worst else 0.0
-    common = dict(
-        mode=plan.mode,
-        clip=plan.clip,
-        sigma_x=plan.sigma_x,
-        noise_multiplier=z,
-        num_classes=plan.num_classes,
-        samples_total=plan.samples_total,
-    )
-    return plan.mechanism_entry.manifest_section(
-        plan,
-        chunk_rows=cfg.chunk_rows,
-        common=common,
-        postprocessing=postprocessing(plan),
-        projection=projection_section(plan),
-    )
-
-
 def paper_epsilon(plan) -> float | None:
     """Seed 000's Theorem 1 for this release's sigmas, as written: informational, never the guarantee (where the
-    mechanism is seed 000's: ``Mechanism.paper_theorem``)."""
+    mechanism's plan states its arguments: ``SynthesisPlan.paper_theorem``)."""
     from dpcda.evaluation.paper import theorem1_epsilon
 
-    if not plan.mechanism_entry.paper_theorem:
-        return None
-    return theorem1_epsilon(
-        sigma_x=plan.sigma_x,
-        sigma_y=plan.sigma_y,
-        mixing_order=plan.mixing_order,
-        clip=plan.clip,
-        num_records=plan.records_public,
-        num_samples=plan.samples_total,
-        delta=plan.accounting.delta,
-    )
+    args = plan.synthesis.paper_theorem(plan)
+    return theorem1_epsilon(**args) if args is not None else None
 
 
 def noise_section(plan) -> Noise:
+    """The generator, the sampler and the grid of every Gaussian release: the statistics' and the synthesis' own
+    (``SynthesisPlan.noise_stds``)."""
     sigmas = {
-        "features": plan.sigma_x,
-        "labels": plan.sigma_y,
         "normalization": plan.normalization_noise_std,
         "class_histogram": plan.histogram_noise_std,
-        # in units of (clip / 2^16)^2, as the covariance sums are (privacy.dp_stats.dp_covariance)
-        "pca_covariance": plan.pca_noise_std,
-        **(
-            {
-                "dp_em": plan.p3gm.em_noise_std,
-                "dp_sgd": plan.p3gm.noise_multiplier * plan.p3gm.grad_clip if plan.p3gm.noise_multiplier else 0,
-            }
-            if plan.p3gm
-            else {}
-        ),
-        **(plan.marginals.noise_stds() if plan.marginals else {}),
+        **plan.synthesis.noise_stds(),
     }
     return Noise(
         generator=noise.GENERATOR,
@@ -218,7 +147,7 @@ def build_manifest(cfg, input_info: InputInfo, plan, outputs, prefix: str = "") 
         created_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         software=software(),
         input=input_info,
-        mechanism=mechanism_section(cfg, plan),
+        mechanism=plan.synthesis.manifest_section(plan, chunk_rows=cfg.chunk_rows),
         normalization=Normalization(
             method=plan.normalization_method,
             feature_bounds=plan.bounds,
@@ -226,7 +155,8 @@ def build_manifest(cfg, input_info: InputInfo, plan, outputs, prefix: str = "") 
             min_std=cfg.min_std,
             noise_std=plan.normalization_noise_std,
             epsilon_share=plan.normalization_share,
-            statistics_file=f"{prefix}normalization.json",
+            # only a release whose rows were z-scored writes the statistics it used (transforms.write)
+            statistics_file=f"{prefix}{NORMALIZATION_FILE}" if plan.z_scored else None,
         ),
         privacy=Privacy(
             epsilon=finite(plan.guarantee_epsilon),

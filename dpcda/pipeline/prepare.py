@@ -23,6 +23,16 @@ SPLITS = {
 }
 
 
+# The datasets' public class names, class k at k (Fashion-MNIST: Zalando Research's README; digits: the digit itself).
+# ``dpcda prepare`` records them beside the shards (``storage.prepared``), and the evaluation's sample grid reads them.
+LABEL_NAMES = {
+    "fashion-mnist": [
+        "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+    ],
+    "digits": [str(d) for d in range(10)],
+}  # fmt: skip
+
+
 class PrepareError(DpcdaError, RuntimeError):
     pass
 

@@ -93,7 +93,7 @@ def build_pipeline(
 ):
     # The key is drawn on a worker and reaches the others as a side input: the runner keeps it for the job's
     # lifetime (docs/operations.md says where, and how to protect it).
-    mech = registry.get(cfg.mechanism)
+    mech = registry.get(cfg.mechanism.name)
     key = p | "NoiseKey" >> beam.Create([cfg.seed]) | "DrawKey" >> beam.Map(_noise_key)
     blocks = p | "ReadShards" >> ReadShards(
         files,
@@ -116,12 +116,13 @@ def build_pipeline(
         if mech.mixes and cfg.mixing_path != "memory"
         else None
     )
-    basis = blocks | "ComputeDpBasis" >> ComputeDpBasis(plan, key, expected_build=build) if cfg.pca_components else None
+    dp_pca = cfg.mechanism.pca_components is not None
+    basis = blocks | "ComputeDpBasis" >> ComputeDpBasis(plan, key, expected_build=build) if dp_pca else None
     synthesis = synthesis_transform(mech)(plan, key, cfg, basis, common)
     synthetic = blocks | "Synthesize" >> synthesis
     if joined is not None:
         synthetic = (synthetic, joined) | "BothPaths" >> beam.Flatten()
-    out_dim = mech.output_dim(cfg.mechanism_params, dim)
+    out_dim = mech.output_dim(cfg.mechanism, dim)
     if cfg.table is not None:  # post-processing: back to the input's columns and types
         synthetic = synthetic | "DecodeTable" >> DecodeTable(
             plan, key, cfg.table, arrow_schema, cfg.features_column, cfg.label_column, expected_build=build
@@ -333,13 +334,16 @@ def run_release(
     stages: tuple[Stage, ...] = (),
     eval_input: Optional[str] = None,
     protect: tuple[str, ...] = (),
+    input_name: Optional[str] = None,
 ) -> Manifest:
     """Runs the whole release; returns the published manifest (typed). Raises on any failure, leaving OUTPUT as it
     was; a stage whose section does not fit the manifest fails at its own step, named, and nothing is published.
 
     ``protect``: more files the release must never write over (the config file); the input shards, the evaluation
-    set and the normalization file are protected anyway. An exception raised after the release became visible (an
-    interrupt during the old release's clean-up) carries ``published = True``.
+    set and the normalization file are protected anyway. ``input_name``: how the manifest names the input, where
+    ``cfg.input`` is not what the user gave (the Python API's private copy of an in-memory table). An exception
+    raised after the release became visible (an interrupt during the old release's clean-up) carries
+    ``published = True``.
     """
     t0 = time.time()
     options = PipelineOptions(beam_args)
@@ -348,7 +352,7 @@ def run_release(
     set_threads(cfg.noise_threads)  # this process's noise threads; no output depends on the count
     files = _input_files(cfg.input, "input")
     if cfg.ledger is None:
-        return _release(cfg, options, files, stages, eval_input, protect, None, t0)
+        return _release(cfg, options, files, stages, eval_input, protect, None, t0, input_name)
     from dpcda.privacy.accounting import relation_key
     from dpcda.storage.ledger import new_run_id, open_ledger
 
@@ -356,9 +360,9 @@ def run_release(
     run = new_run_id()
     request = {
         "run": run,
-        "mechanism": cfg.mechanism,
+        "mechanism": cfg.mechanism.name,
         "mode": cfg.mode,
-        "relation": relation_key(cfg.mechanism, cfg.mode),
+        "relation": relation_key(cfg.mechanism.name, cfg.mode),
         "epsilon": cfg.epsilon,
         "delta": cfg.delta,
         "output": publish.check_output_path(cfg.output),  # one spelling, whatever the working directory
@@ -366,7 +370,7 @@ def run_release(
     section = ledger.reserve(cfg.dataset_id, request, cfg.budget_cap)  # before any data is read
     guarded = (*protect, cfg.ledger)  # a release never writes over its ledger
     try:
-        manifest = _release(cfg, options, files, stages, eval_input, guarded, section, t0)
+        manifest = _release(cfg, options, files, stages, eval_input, guarded, section, t0, input_name)
     except BaseException as err:
         _settle(ledger, cfg.dataset_id, request, err)
         raise
@@ -386,7 +390,7 @@ def _settle(ledger, dataset_id: str, request: dict, err: BaseException) -> None:
     interrupt can land after the release became visible): recorded if OUTPUT's manifest names the run, removed if
     it does not. Anything that goes wrong here (a second interrupt, an unreachable ledger, an unreadable OUTPUT)
     leaves the reservation, which keeps counting at the target epsilon, and the original error stands."""
-    from dpcda.storage.ledger import published_manifest
+    from dpcda.storage.ledger_resolve import published_manifest
 
     run, output = request["run"], request["output"]
     try:
@@ -412,14 +416,14 @@ def _record(ledger, dataset_id: str, run: str, manifest: Manifest) -> bool:
         return False
 
 
-def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t0) -> Manifest:
+def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t0, input_name=None) -> Manifest:
     fmt = detect_format(files[0], cfg.input_format)
     arrow_schema = request = None
     if cfg.table is not None:  # the schema is checked against the input's Parquet footer: no row is read
         if fmt != "parquet":
             raise InputError(f"{files[0]}: a table input must be Parquet")
         arrow_schema = arrow_schema_of(files[0])
-        if cfg.mechanism_params.derives_domain:  # what the DP domain step derives; a column it cannot, refused
+        if cfg.mechanism.derives_domain:  # what the DP domain step derives; a column it cannot, refused
             request = domain.domain_request(cfg, files, arrow_schema)
         if request is None:
             cfg.table.check_against(arrow_schema, files[0])
@@ -446,10 +450,10 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
         if eval_dim != dim:
             raise InputError(f"{eval_input}: test rows have width {eval_dim}, the input has {dim}")
         check_finite_files(eval_files, "auto", cfg.features_column, cfg.label_column)  # NaN/inf: before work
-    if cfg.pca_components is not None:  # fixed-shape per-record arithmetic, checked on public stand-ins (rowwise)
+    if cfg.mechanism.pca_components is not None:  # fixed-shape per-record arithmetic, checked on public stand-ins
         from dpcda.mechanisms.dppca import check_projection
 
-        check_projection(dim, cfg.pca_components)
+        check_projection(dim, cfg.mechanism.pca_components)
     domain_event = None
     if request is not None and not request.derive:  # the undeclared columns are booleans: public, nothing to measure
         cfg, request = domain.with_schema(cfg, domain.assemble(request, {})), None
@@ -457,7 +461,7 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
     elif request is not None:
         domain_event = domain.plan_domain(cfg, request)  # before any row is read
     if request is None:
-        registry.get(cfg.mechanism).check_before_work(cfg.core, dim)
+        registry.get(cfg.mechanism.name).check_before_work(cfg.core, dim)
     if _is_dataflow(options):
         local = [p for p in (cfg.input, cfg.output, eval_input, cfg.normalization_file) if p and not is_remote(p)]
         if local:
@@ -468,14 +472,13 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
         if request is not None:  # the DP domain step, its own job; the release then runs on its schema
             cfg = _derive(cfg, options, files, request, domain_event, target)
             dim = cfg.table.encoded_width
-            registry.get(cfg.mechanism).check_before_work(cfg.core, dim)
+            registry.get(cfg.mechanism.name).check_before_work(cfg.core, dim)
     except BaseException as err:
         publish.abandon(target, err)
         raise
     info = InputInfo(
-        pattern=cfg.input,
+        pattern=input_name or cfg.input,
         format=fmt,
-        files=len(files),
         features_column="(table)" if cfg.table is not None else cfg.features_column,
         label_column=cfg.table.label.name if cfg.table is not None else cfg.label_column,
         feature_dim=dim,
@@ -484,7 +487,7 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
                 **cfg.table.model_dump(mode="json"),
                 # the output's schema is the input's (treated as public, docs/tables.md): stated here
                 "arrow_schema": [{"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in arrow_schema],
-                "label_decoding": label_decoding(cfg.table, scores=registry.get(cfg.mechanism).label_scores),
+                "label_decoding": label_decoding(cfg.table, scores=registry.get(cfg.mechanism.name).label_scores),
             }
             if cfg.table is not None
             else None
@@ -496,7 +499,7 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
         fmt,
         dim,
         cfg.mode,
-        cfg.mixing_order,
+        cfg.mechanism.mixing_order,
         target.workdir,
     )
     try:

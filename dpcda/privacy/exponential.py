@@ -44,7 +44,7 @@ class Bits:
         self._buf = np.empty(0, np.uint64)
         self._at = 0
         self.words_read = 0
-        self._forks = noise._FORKS
+        self._forks = noise.forks()
 
     def __reduce_ex__(self, protocol):
         raise TypeError(_NO_COPY)

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 SCHEMA_PATH = Path(__file__).with_name("manifest.schema.json")
 
@@ -30,9 +30,11 @@ class Software(_Frozen):
 
 
 class InputInfo(_Frozen):
+    """What was read: the pattern, format and columns the user gave (public). The number of input files is not
+    stated: a writer that splits shards by size makes it follow the number of records, a private count."""
+
     pattern: str
     format: str
-    files: int
     features_column: str
     label_column: str
     feature_dim: int
@@ -41,6 +43,18 @@ class InputInfo(_Frozen):
         description="a table release: the public table schema (label, columns) the rows were encoded and decoded by; "
         "feature_dim is the encoded width",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_older_file_count(cls, data):
+        """A manifest written before the file count was dropped states ``files``: read and left out, so that such a
+        release is still recognised as ours (``--overwrite`` replaces it) and validates."""
+        if isinstance(data, dict) and "files" in data:
+            files = data["files"]
+            if isinstance(files, bool) or not isinstance(files, int) or files < 0:
+                raise ValueError("files: an older manifest's file count is a non-negative integer")
+            data = {k: v for k, v in data.items() if k != "files"}
+        return data
 
 
 class PostProcessing(_Frozen):
@@ -53,7 +67,15 @@ class PostProcessing(_Frozen):
     )
 
 
-class DpcdaMechanism(_Frozen):
+class _RowsSection(_Frozen):
+    """A mechanism section whose rows carry Gaussian noise of std ``sigma_x``."""
+
+    def headline(self) -> dict:
+        """The release's headline noise (``dpcda release`` prints it; the audit plays at it)."""
+        return {"sigma_x": self.sigma_x}
+
+
+class DpcdaMechanism(_RowsSection):
     """DP-CDA (seed 000): class-centric mixing."""
 
     name: Literal["dpcda"] = "dpcda"
@@ -94,7 +116,7 @@ class DpcdaMechanism(_Frozen):
     )
 
 
-class DpmixMechanism(_Frozen):
+class DpmixMechanism(_RowsSection):
     """DPMix (seed 001): mixing across the whole dataset, features and one-hot labels, noise on both."""
 
     name: Literal["dpmix"]
@@ -126,7 +148,7 @@ class DpmixMechanism(_Frozen):
     )
 
 
-class LocalMechanism(_Frozen):
+class LocalMechanism(_RowsSection):
     """Local perturbation: every record plus Gaussian noise, once, with its label."""
 
     name: Literal["local"]
@@ -140,7 +162,7 @@ class LocalMechanism(_Frozen):
     postprocessing: Optional[PostProcessing] = None
 
 
-class RandprojMechanism(_Frozen):
+class RandprojMechanism(_RowsSection):
     """Random projection: every record projected by a public random matrix, plus noise, once, with its label."""
 
     name: Literal["randproj"]
@@ -184,6 +206,10 @@ class P3gmMechanism(_Frozen):
     )
     sampling: str = Field(description="how the released rows are drawn from the fitted model (post-processing)")
 
+    def headline(self) -> dict:
+        """The release's headline noise: DP-SGD's noise multiplier."""
+        return {"noise_multiplier": self.dp_sgd["noise_multiplier"]}
+
 
 class MarginalsMechanism(_Frozen):
     """Marginals (MST): noisy one- and two-way counts on public bins, a graphical model (mbi) fitted and sampled."""
@@ -224,6 +250,10 @@ class MarginalsMechanism(_Frozen):
         "the cap rho (privacy.aim: a zCDP filter; the release is accounted at the cap)",
     )
 
+    def headline(self) -> dict:
+        """The release's headline noise: the zCDP rho of its measurements."""
+        return {"rho": self.rho}
+
 
 def _mechanism_name(value) -> str:
     """The union's tag; manifests written before the mechanism family have none and are DP-CDA."""
@@ -252,7 +282,11 @@ class Normalization(_Frozen):
     min_std: float
     noise_std: Optional[float] = None
     epsilon_share: Optional[float] = None
-    statistics_file: str = "normalization.json"
+    statistics_file: Optional[str] = Field(
+        "normalization.json",
+        description="the z-score statistics and clip the rows were normalised with, relative to OUTPUT (null: the "
+        "rows were not z-scored, method none)",
+    )
 
 
 class Noise(_Frozen):

@@ -1,29 +1,29 @@
-"""Each mechanism's parameters: one frozen pydantic model per mechanism, the config's discriminated union on ``name``.
+"""Each mechanism's parameters: one frozen pydantic model per mechanism, the config's ``mechanism`` (chosen by
+``name``).
 
 A model holds the mechanism's own parameters under their own names (``P3gmParams.epochs``) with their defaults, bounds
 and help text, and says, in class attributes and ``check``, what the mechanism offers (modes, mixing, DP-PCA, tables)
 and the rules the rest of the release config must follow with it, in the config's one-line error words. It is the one
 place a mechanism's parameters are declared:
 
-- ``schemas.config.ReleaseConfig`` takes each of them as a flat field (``flat_fields``: the name with the mechanism's
-  prefix, ``p3gm_epochs``), so flags, flat config files and ``mechanism:`` sections (``epochs``) all keep working;
-  a field of another mechanism given a value is refused;
-- ``ReleaseConfig.mechanism_params`` is the release's model, validated through ``MECHANISM_PARAMS`` (the union,
-  ``Field(discriminator="name")``): what the mechanisms' Beam-free cores receive, beside ``schemas.settings``'
-  privacy parameters, instead of the whole config.
+- ``schemas.config.ReleaseConfig.mechanism`` is the release's model (``{name: p3gm, epochs: 3}``), which is what the
+  mechanisms' Beam-free cores receive, beside ``schemas.settings``' privacy parameters, instead of the whole config;
+- the flat keys of older config files and of the flags (the name with the mechanism's prefix, ``p3gm_epochs``;
+  ``mixing_order``) are this model's fields too: ``schemas.config_keys`` translates them, in one place;
+- ``PARAMS`` holds the models by name (``register`` adds one); ``mechanisms.registry`` has the same names
+  (tests/test_registry.py).
 
 Every model has the mixing parameters (``mixing_order``, ``samples``, ``projection``); a mechanism that does not mix
 has mixing order 1 and refuses another (``check``). Nothing here compares a mechanism's name: the config looks its
-model up in ``PARAMS``. ``mechanisms.registry`` has the same names (tests/test_registry.py).
+model up in ``PARAMS``.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Annotated, ClassVar, Literal, Optional
+from typing import Annotated, ClassVar, Literal, Mapping, Optional
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter
-from pydantic.fields import FieldInfo
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 MAX_MIXING_ORDER = 1 << 14  # keeps a row's summed records below privacy.events.MAX_ROW_RECORDS
 MAX_SAMPLES_PER_INPUT_ROW = 100  # T may be at most this many times the input rows (checked once they are counted)
@@ -51,9 +51,10 @@ class MechanismParams(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    summary: ClassVar[str] = ""  # what the mechanism does, in a few words (the --mechanism help)
     prefix: ClassVar[str] = ""  # an own field's prefix in a flat config (p3gm_), left out in the mechanism section
-    modes: ClassVar[tuple[str, ...]] = ("fixed", "poisson")
-    default_mode: ClassVar[Optional[str]] = None  # None: the config's default
+    modes: ClassVar[tuple[str, ...]] = ("fixed", "poisson")  # the first is the default
+    mode_reason: ClassVar[str] = ""  # why only ``modes`` are offered (where not both)
     mixes: ClassVar[bool] = True  # mixes l records per row (mixing_order, samples, the join path)
     dp_pca: ClassVar[bool] = False  # offers ``projection: dp-pca:K``
     soft_labels_always: ClassVar[bool] = False  # always releases the K label scores
@@ -68,7 +69,7 @@ class MechanismParams(BaseModel):
         4,
         ge=1,
         le=MAX_MIXING_ORDER,
-        description="l: records mixed into each synthetic row (local, randproj, p3gm, marginals: 1, and no other)",
+        description="l: records mixed into each synthetic row (default 4; a mechanism that does not mix: 1, no other)",
     )
     samples: Optional[Int] = Field(
         None,
@@ -103,38 +104,44 @@ class MechanismParams(BaseModel):
         return tuple(cls.flat_name(n) for n in cls.own())
 
     @classmethod
+    def flat_names(cls) -> tuple[str, ...]:
+        """Every parameter of this model as a flat config key (the mixing parameters and its own)."""
+        return (*(n for n in MechanismParams.model_fields if n != "name"), *cls.own_flat())
+
+    # ---------------------------------------------------------------- the modes
+
+    @classmethod
+    def default_mode(cls) -> str:
+        """The mode a release of this mechanism takes when none is given: its first."""
+        return cls.modes[0]
+
+    @classmethod
+    def check_mode(cls, mode: str) -> None:
+        """ValueError (one line) where this mechanism does not offer ``mode``."""
+        if mode not in cls.modes:
+            name = cls.model_fields["name"].default
+            raise ValueError(f"mode: {name} offers mode {' or '.join(cls.modes)} only ({cls.mode_reason})")
+
+    @classmethod
     def section_field(cls, key: str) -> str:
         """The config field a key of the ``mechanism:`` section names (``epochs`` -> ``p3gm_epochs``)."""
         return cls.flat_name(key) if key in cls.own() else key
 
-    @classmethod
-    def from_flat(cls, values) -> "MechanismParams":
-        """The model of a release config (anything with the flat fields), validated."""
-        data = {"name": values.mechanism}
-        data.update({n: getattr(values, n) for n in MechanismParams.model_fields if n != "name"})
-        data.update({n: getattr(values, cls.flat_name(n)) for n in cls.own()})
-        return MECHANISM_PARAMS.validate_python(data)
-
     # ---------------------------------------------------------------- the rules
 
     @classmethod
-    def defaults(cls, data: dict) -> dict:
-        """The raw config with this mechanism's defaults filled in where the user gave none."""
-        if cls.default_mode is not None and data.get("mode") is None:
-            data = {**data, "mode": cls.default_mode}
-        if not cls.mixes and data.get("mixing_order") is None:
-            data = {**data, "mixing_order": 1}
-        return data
+    def defaults(cls, params: dict, config: Mapping) -> dict:
+        """The raw parameters ``params`` with this mechanism's defaults that depend on the rest of the raw ``config``
+        (or on the mechanism itself: a mechanism that does not mix has mixing order 1) filled in where none is given."""
+        if not cls.mixes and params.get("mixing_order") is None:
+            params = {**params, "mixing_order": 1}
+        return params
 
     def check(self, cfg) -> None:
         """ValueError (the config's one-line message) where ``cfg``, the whole release config, breaks this
         mechanism's rules."""
         name = self.name
-        if cfg.mode not in self.modes:
-            raise ValueError(
-                f"mode: {name} releases one row per record, which publishes the count; only mode fixed "
-                f"(replace one record within its class) is offered"
-            )
+        self.check_mode(cfg.mode)
         if not self.mixes:
             if self.samples is not None:
                 raise ValueError(f"samples: {name} releases exactly one row per record")
@@ -146,8 +153,6 @@ class MechanismParams(BaseModel):
             raise ValueError(f"lowpass/denoise: {self.no_image_postprocessing}")
         if self.needs_num_classes and cfg.num_classes is None:
             raise ValueError(f"num_classes: required with {name} ({self.needs_num_classes})")
-        if "sigma_y" not in self.own() and cfg.sigma_y:
-            raise ValueError("sigma_y: dpcda only (dpmix sets it from --label-noise-ratio)")
         if self.projection is not None and not self.dp_pca:
             raise ValueError(f"projection: a DP-PCA basis is for the mixing mechanisms, not {name}")
         if cfg.table is not None and self.no_table:
@@ -165,28 +170,30 @@ class MechanismParams(BaseModel):
 
 class DpcdaParams(MechanismParams):
     name: Literal["dpcda"] = "dpcda"
+    summary: ClassVar[str] = "class-centric mixing: each row the mean of l records of one class, plus noise"
     dp_pca: ClassVar[bool] = True
 
-    sigma_y: Finite = Field(0.0, ge=0, le=1e12, description="label noise std (dpcda, paper-faithful)")
+    sigma_y: Finite = Field(0.0, ge=0, le=1e12, description="dpcda: label noise std (free within a class)")
     class_rows: Literal["equal", "proportional"] = Field(
         "equal",
         description=(
-            "dpcda: rows per class. equal: T_k = floor(T/K) (seed 000); proportional: T_k in proportion to the class "
-            "sizes (public N_k in fixed mode, the DP histogram's in poisson mode), largest-remainder rounding, at "
-            "least one row per non-empty class. Default: proportional with a table schema, else equal"
+            "dpcda: rows per class. equal: T_k = floor(T/K), DP-CDA's own; proportional: T_k in proportion to the "
+            "class sizes (public N_k in fixed mode, the DP histogram's in poisson mode), largest-remainder rounding, "
+            "at least one row per non-empty class. Default: proportional with a table schema, else equal"
         ),
     )
 
     @classmethod
-    def defaults(cls, data: dict) -> dict:
-        data = super().defaults(data)
-        if data.get("class_rows") is None:  # a table keeps its label's base rate; images seed 000's T/K per class
-            data = {**data, "class_rows": "proportional" if data.get("table") is not None else "equal"}
-        return data
+    def defaults(cls, params: dict, config: Mapping) -> dict:
+        params = super().defaults(params, config)
+        if params.get("class_rows") is None:  # a table keeps its label's base rate; images T/K per class
+            params = {**params, "class_rows": "proportional" if config.get("table") is not None else "equal"}
+        return params
 
 
 class DpmixParams(MechanismParams):
     name: Literal["dpmix"] = "dpmix"
+    summary: ClassVar[str] = "DPMix: mixing of l records of the whole dataset, features and labels, both noised"
     dp_pca: ClassVar[bool] = True
     soft_labels_always: ClassVar[bool] = True
     needs_num_classes: ClassVar[str] = "the width of the released label scores"
@@ -200,13 +207,19 @@ class DpmixParams(MechanismParams):
 
 class LocalParams(MechanismParams):
     name: Literal["local"] = "local"
+    summary: ClassVar[str] = "local perturbation: every record once, plus noise"
     modes: ClassVar[tuple[str, ...]] = ("fixed",)
+    mode_reason: ClassVar[str] = (
+        "it releases one row per record, which publishes the count: only replace one record within its class"
+    )
     mixes: ClassVar[bool] = False
 
 
 class RandprojParams(MechanismParams):
     name: Literal["randproj"] = "randproj"
+    summary: ClassVar[str] = "random projection: every record times a public random matrix, plus noise"
     modes: ClassVar[tuple[str, ...]] = ("fixed",)
+    mode_reason: ClassVar[str] = LocalParams.mode_reason
     mixes: ClassVar[bool] = False
     no_image_postprocessing: ClassVar[str] = "randproj rows are projections, not images"
     no_table: ClassVar[str] = "randproj releases projections, which cannot be read back as the table's columns"
@@ -217,9 +230,12 @@ class RandprojParams(MechanismParams):
 
 class P3gmParams(MechanismParams):
     name: Literal["p3gm"] = "p3gm"
+    summary: ClassVar[str] = (
+        "P3GM: a generative model (DP-PCA, a DP-EM mixture prior, a VAE trained with DP-SGD), rows sampled from it"
+    )
     prefix: ClassVar[str] = "p3gm_"
     modes: ClassVar[tuple[str, ...]] = ("poisson",)
-    default_mode: ClassVar[Optional[str]] = "poisson"  # the generative model is accounted under add/remove only
+    mode_reason: ClassVar[str] = "it trains with Poisson-sampled DP-SGD, accounted under add/remove only"
     mixes: ClassVar[bool] = False
 
     latent_dim: int = Field(10, ge=1, le=1000, description="p3gm: d', the DP-PCA dimension of the latent space")
@@ -259,24 +275,20 @@ class P3gmParams(MechanismParams):
 
     def check(self, cfg) -> None:
         """(samples is offered: the rows are sampled from the fitted model.)"""
-        if cfg.mode != "poisson":
-            raise ValueError(
-                "mode: p3gm trains with Poisson-sampled DP-SGD, accounted under add/remove only (mode poisson, the "
-                "default for p3gm)"
-            )
+        self.check_mode(cfg.mode)
         if cfg.epsilon is None and cfg.sigma_x != 0:
             raise ValueError("epsilon: p3gm calibrates its noise to a target epsilon (sigma_x 0: no noise, no privacy)")
         if self.mixing_order != 1:
             raise ValueError("mixing_order: p3gm does not mix records (leave it out)")
-        for name in ("projection", "lowpass", "denoise", "image_shape", "table"):
+        if self.projection is not None:
+            raise ValueError("projection: not available with p3gm")
+        for name in ("lowpass", "denoise", "image_shape", "table"):
             if getattr(cfg, name) is not None:
                 raise ValueError(f"{name}: not available with p3gm")
         if cfg.soft_labels:
             raise ValueError("soft_labels: p3gm generates one label per row (the argmax of its label scores)")
         if cfg.mixing_path == "join":
             raise ValueError("mixing_path: p3gm fits its model on one worker (the in-memory path)")
-        if cfg.sigma_y:
-            raise ValueError("sigma_y: dpcda only")
         if self.hidden < 2 * self.latent_dim:
             raise ValueError(
                 f"p3gm_hidden: at least 2 x p3gm_latent_dim = {2 * self.latent_dim} (the decoder starts as the "
@@ -293,9 +305,12 @@ class P3gmParams(MechanismParams):
 
 class MarginalsParams(MechanismParams):
     name: Literal["marginals"] = "marginals"
+    summary: ClassVar[str] = (
+        "tables only: a graphical model fitted to noisy one- and two-way counts (MST or AIM), rows sampled from it"
+    )
     prefix: ClassVar[str] = "marginals_"
     modes: ClassVar[tuple[str, ...]] = ("poisson",)
-    default_mode: ClassVar[Optional[str]] = "poisson"  # counts under add/remove only: the row count stays private
+    mode_reason: ClassVar[str] = "its counts are accounted under add/remove only: the row count stays private"
     mixes: ClassVar[bool] = False
     needs_table: ClassVar[str] = (
         "marginals counts a table's columns on its public schema; give --label (the DP domain step derives the rest) "
@@ -305,10 +320,9 @@ class MarginalsParams(MechanismParams):
 
     selection: Literal["mst", "mst-label", "aim"] = Field(
         "mst-label",
-        description="marginals: which pairs of columns are measured (mst: a spanning tree picked by the exponential "
-        "mechanism, MST; mst-label, the default: that tree and the label's pair with every column, measured from the "
-        "same share; benchmarks/results/tabular_wa_churn.md; aim: AIM's adaptive rounds over the workload of all "
-        "pairs, benchmarks/results/marginals_wa_churn.md)",
+        description="marginals: which pairs of columns are measured: mst (a spanning tree picked by the exponential "
+        "mechanism, MST), mst-label (the default: that tree and the label's pair with every column, from the same "
+        "share) or aim (AIM's adaptive rounds over every pair)",
     )
     max_model_size: Optional[Int] = Field(
         None,
@@ -324,8 +338,7 @@ class MarginalsParams(MechanismParams):
 
     def check(self, cfg) -> None:
         """(samples is offered: the rows are sampled from the fitted model.)"""
-        if cfg.mode != "poisson":
-            raise ValueError("mode: marginals is accounted under add/remove only (mode poisson, its default)")
+        self.check_mode(cfg.mode)
         if cfg.epsilon is None:
             raise ValueError("epsilon: marginals calibrates its counts' noise to a target epsilon (no --sigma-x)")
         if self.mixing_order != 1:
@@ -336,8 +349,6 @@ class MarginalsParams(MechanismParams):
             raise ValueError(
                 "mixing_path: marginals does not mix records (its counts take the same memory for any rows)"
             )
-        if cfg.sigma_y:
-            raise ValueError("sigma_y: dpcda only")
         if self.projection is not None:
             raise ValueError("projection: not available with marginals")
         if self.max_model_size is not None and self.selection != "aim":
@@ -351,29 +362,44 @@ class MarginalsParams(MechanismParams):
         return 0.0  # no z-score statistics: the normalisation's share is not spent
 
 
-AnyMechanismParams = Annotated[
-    DpcdaParams | DpmixParams | LocalParams | RandprojParams | P3gmParams | MarginalsParams,
-    Field(discriminator="name"),
-]
-MECHANISM_PARAMS: TypeAdapter = TypeAdapter(AnyMechanismParams)  # a mapping with ``name`` -> that mechanism's model
-
-PARAMS: dict[str, type[MechanismParams]] = {
-    cls.model_fields["name"].default: cls
-    for cls in (DpcdaParams, DpmixParams, LocalParams, RandprojParams, P3gmParams, MarginalsParams)
-}
-OWNER: dict[str, str] = {f: name for name, cls in PARAMS.items() for f in cls.own_flat()}  # flat field -> mechanism
+PARAMS: dict[str, type[MechanismParams]] = {}  # the models by mechanism name, in the order ``--help`` lists them
 
 
-def flat_fields() -> dict[str, tuple[object, FieldInfo]]:
-    """The release config's flat fields of the mechanisms' parameters, ``(annotation, FieldInfo)`` by flat name, in
-    the order of the mechanism section: the mixing parameters, then each mechanism's own. Each keeps the model's
-    bounds, validators, default and help text (``schemas.config`` builds ``ReleaseConfig`` with them)."""
-    out: dict[str, tuple[object, FieldInfo]] = {}
-    for cls in (MechanismParams, *PARAMS.values()):
-        names = [n for n in MechanismParams.model_fields if n != "name"] if cls is MechanismParams else cls.own()
-        for name in names:
-            flat, info = cls.flat_name(name), cls.model_fields[name]
-            if flat in out:
-                raise TypeError(f"{cls.__name__}.{name}: {flat} is declared by two mechanisms")
-            out[flat] = (info.annotation, FieldInfo.merge_field_infos(info))
-    return out
+def register(cls: type[MechanismParams]) -> type[MechanismParams]:
+    """Adds a mechanism's parameter model (its name is its ``name`` field's default); its flat keys must be new."""
+    name = cls.model_fields["name"].default
+    taken = {key for other in PARAMS.values() for key in other.own_flat()}
+    if name in PARAMS or set(cls.own_flat()) & taken:
+        raise ValueError(f"mechanism {name!r}: its name or a flat key ({cls.own_flat()}) is taken")
+    PARAMS[name] = cls
+    return cls
+
+
+for _cls in (DpcdaParams, DpmixParams, LocalParams, RandprojParams, P3gmParams, MarginalsParams):
+    register(_cls)
+
+
+def names() -> tuple[str, ...]:
+    return tuple(PARAMS)
+
+
+def parse(data: Mapping) -> MechanismParams:
+    """The model ``data["name"]`` names, validated from ``data`` (pydantic's ValidationError for a bad field);
+    ValueError (one line) for a name no model has."""
+    name = data.get("name")
+    if not isinstance(name, str) or name not in PARAMS:
+        choices = ", ".join(repr(n) for n in PARAMS)
+        raise ValueError(f"mechanism: Input should be {choices} (got {name!r})")
+    return PARAMS[name].model_validate(dict(data))
+
+
+def owner_of(flat: str) -> Optional[tuple[type[MechanismParams], str]]:
+    """(the model, its field) of a flat config key (``p3gm_epochs`` -> (P3gmParams, "epochs"); ``mixing_order`` ->
+    (MechanismParams, "mixing_order")), or None where the key is no mechanism's."""
+    if flat in MechanismParams.model_fields and flat != "name":
+        return MechanismParams, flat
+    for cls in PARAMS.values():
+        for field in cls.own():
+            if cls.flat_name(field) == flat:
+                return cls, field
+    return None

@@ -54,8 +54,13 @@ class Column(BaseModel):
 
     name: str = Field(min_length=1)
     kind: Literal["numeric", "categorical", "boolean"]
-    lower: Optional[float] = Field(None, description="numeric: public lower bound (values below are clipped)")
-    upper: Optional[float] = Field(None, description="numeric: public upper bound (values above are clipped)")
+    # strict: a number (an integer is one), never true/false or a string, which pydantic would read as 1.0 or 72
+    lower: Optional[float] = Field(
+        None, strict=True, description="numeric: public lower bound (values below are clipped)"
+    )
+    upper: Optional[float] = Field(
+        None, strict=True, description="numeric: public upper bound (values above are clipped)"
+    )
     categories: Optional[list[Category]] = Field(None, description="categorical: every value the column may hold")
     nullable: bool = Field(False, description="the column may hold nulls (encoded as an indicator)")
     loose: bool = Field(
@@ -332,8 +337,8 @@ def physical_integer(t: pa.DataType) -> pa.DataType:
     return t
 
 
-def _check_type(kind: str, t: pa.DataType, where: str) -> None:
-    ok = {
+def _fits(kind: str, t: pa.DataType) -> bool:
+    return {
         "numeric": pa.types.is_integer(t) or pa.types.is_floating(t) or is_temporal(t),
         "boolean": pa.types.is_boolean(t) or pa.types.is_integer(t),
         "categorical": pa.types.is_string(t)
@@ -342,7 +347,10 @@ def _check_type(kind: str, t: pa.DataType, where: str) -> None:
         or pa.types.is_boolean(t)
         or pa.types.is_dictionary(t),
     }[kind]
-    if not ok:
+
+
+def _check_type(kind: str, t: pa.DataType, where: str) -> None:
+    if not _fits(kind, t):
         raise SchemaError(f"{where}: declared {kind}, but its type is {t}")
 
 
@@ -380,44 +388,6 @@ def _check_bounds_fit(c: Column, t: pa.DataType, where: str) -> None:
         raise SchemaError(f"{where}: bounds [{c.lower:g}, {c.upper:g}] exceed the range of its type {t}")
 
 
-def table_fields(data: dict) -> dict:
-    """A raw release config's table fields made one: ``label`` (the one-command path) becomes a ``table:`` section
-    with that label and nothing else declared (a section given with it must name the same label), ``drop_columns``
-    (a list or 'a,b') joins the section's ``drop``; a section naming a ``domain`` is refused (the release writes it).
-    Without a mechanism, ``label`` or a label without categories takes marginals (the DP domain step feeds it)."""
-    label, drop, table = data.get("label"), data.get("drop_columns"), data.get("table")
-    if isinstance(drop, str):
-        drop = [p.strip() for p in drop.split(",") if p.strip()]
-        data = {**data, "drop_columns": drop}
-    if isinstance(table, dict) and table.get("domain") is not None:
-        raise ValueError("table.domain: written by a release's DP domain step, never declared")
-    if label is None and table is None:
-        return data
-    if table is None:
-        table = {"label": {"name": label}}
-    if isinstance(table, TableSchema):
-        name, cats, dropped = table.label.name, table.label.categories, table.drop
-    elif (
-        isinstance(table, dict) and isinstance(table.get("label", {}), dict) and isinstance(table.get("drop", []), list)
-    ):
-        name, cats, dropped = (
-            table.get("label", {}).get("name"),
-            table.get("label", {}).get("categories"),
-            table.get("drop", []),
-        )
-    else:
-        return data  # not a section: the model says what is wrong with it
-    if label is not None and isinstance(name, str) and name != label:
-        raise ValueError(f"label: {label}, but the table: section's label is {name}")
-    if isinstance(drop, list) and drop:
-        more = [*dropped, *(d for d in drop if d not in dropped)]
-        table = table.model_copy(update={"drop": more}) if isinstance(table, TableSchema) else {**table, "drop": more}
-    data = {**data, "table": table}
-    if data.get("mechanism") is None and (label is not None or cats is None):
-        data = {**data, "mechanism": "marginals"}
-    return data
-
-
 def parse_table_schema(data: dict, where: str = "table") -> TableSchema:
     from pydantic import ValidationError
 
@@ -441,6 +411,14 @@ def infer_draft(arrow_schema: pa.Schema, label: Optional[str], null_counts: Opti
     ``nullable: false``, so that a release from the draft does not invent nulls the table never had.
     """
     columns = []
+    unreleasable = [f for f in arrow_schema if f.name != label and not _has_a_kind(f.type)]
+    if unreleasable:  # the release refuses an undeclared column, and no kind takes these: drafting one would mislead
+        f = unreleasable[0]
+        raise SchemaError(
+            f"column '{f.name}' has type {str(f.type)[:80]}, which no kind releases (numeric, boolean, categorical: "
+            f"numbers, booleans, strings, dictionaries); {len(unreleasable)} such column(s) "
+            f"({', '.join(u.name for u in unreleasable[:5])}): drop them from the input, or flatten them first"
+        )
     for f in arrow_schema:
         if f.name == label:
             continue
@@ -456,3 +434,8 @@ def infer_draft(arrow_schema: pa.Schema, label: Optional[str], null_counts: Opti
             col["nullable"] = False  # the footers' statistics: no file holds a null in this column
         columns.append(col)
     return {"label": {"name": label or "CHOOSE_THE_LABEL_COLUMN", "categories": []}, "columns": columns}
+
+
+def _has_a_kind(t: pa.DataType) -> bool:
+    """Whether a column of Arrow type ``t`` can be declared with some kind (``check_against``'s rule)."""
+    return any(_fits(kind, t) for kind in ("numeric", "boolean", "categorical"))

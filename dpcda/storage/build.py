@@ -10,7 +10,7 @@ import os
 import subprocess
 from typing import NamedTuple, Optional
 
-VERSION = "0.2.0"
+from dpcda._version import __version__ as VERSION
 
 
 @functools.lru_cache(maxsize=1)

@@ -11,9 +11,10 @@ cancelled but marked ``exposed`` (``publish.exposed_on_gcs``), and counts at its
 marks a dead GCS run ``exposed`` too, unless ``--drop`` says that nothing of it was readable.
 
 A ledger is created once (``dpcda ledger init``): a release or ``ledger show`` refuses a ledger that does not exist,
-so a mistyped path never starts an empty budget. ``dpcda ledger cap`` stores a dataset's cap in the ledger; a
-release's ``--budget-cap`` can only lower it. Writes are idempotent (a retried reserve or record after a lost
-response changes nothing twice).
+so a mistyped path never starts an empty budget. A dataset's cap is stored in the ledger by ``dpcda ledger cap``, or
+by the first release that gives ``--budget-cap`` (with its reservation, in one transaction); every later release
+answers to it, with or without the flag, and one that gives another cap is refused. Writes are idempotent (a retried
+reserve or record after a lost response changes nothing twice).
 
 Races. Two releases racing on one ledger cannot both pass a cap that only one fits: SQLite takes its write lock
 (``BEGIN IMMEDIATE``) before reading the history; on GCS the ledger object is rewritten with ``if_generation_match``
@@ -24,155 +25,49 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import datetime
 import json
 import logging
-import math
 import os
 import random
 import sqlite3
 import time
-import uuid
 from typing import Callable, Optional
 
 from dpcda.privacy.accounting import relation_key
-from dpcda.privacy.composition import (
-    Claim,
-    ClaimError,
-    LedgerError,
-    check_budget,
-    claim_problem,
-    compose,
-    release_events_from_json,
+from dpcda.privacy.composition import ClaimError, LedgerError, check_budget
+from dpcda.storage.ledger_entries import (  # noqa: F401 - the entries' names, as the stores' users know them
+    CAP,
+    CAP_RUN,
+    DATASET_ID_MAX,
+    DATASET_ID_PATTERN,
+    EXPOSED,
+    STATES,
+    _cap_entry,
+    _now,
+    cap_entries,
+    check_cap,
+    check_dataset_id,
+    claim_of,
+    decode_entry,
+    entry_problem,
+    new_run_id,
+    release_cap,
+    releases_of,
+    stored_cap,
 )
+from dpcda.storage.ledger_resolve import published_manifest, resolve, summary  # noqa: F401 - the commands' names
 from dpcda.storage.paths import is_remote
 
 log = logging.getLogger("dpcda.ledger")
 FORMAT = "dpcda-ledger/1"
 GCS_ATTEMPTS = 50
+# A SQLite ledger locked by another process: a release says at once that it waits, and gives up after this long
+# (the lock is held for one reservation or record; a holder that keeps it longer is not a release)
+LOCK_WAIT_SECONDS = 120
+BUSY_PROBE_SECONDS = 0.5
 
 # fn(entries of one dataset id) -> (new entries of that dataset id, result)
 Transaction = Callable[[list[dict]], tuple[list[dict], object]]
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def new_run_id() -> str:
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return f"{stamp}-{uuid.uuid4().hex[:8]}"
-
-
-CAP = "cap"  # the state of the entry that holds a dataset's stored cap (not a release)
-CAP_RUN = "(cap)"  # and its run
-
-
-EXPOSED = "exposed"  # a run that failed on GCS after a part of it may have been readable: counts as pending, forever
-STATES = ("pending", "published", EXPOSED, CAP)
-_NUMBER = (int, float)
-
-
-def entry_problem(entry) -> Optional[str]:
-    """What makes ``entry`` (one decoded ledger row) unusable, or None. A row is refused, never skipped: skipping it
-    would drop a release from the composed budget."""
-    if not isinstance(entry, dict):
-        return f"a JSON {type(entry).__name__}, not an entry"
-    need = {"run": str, "dataset_id": str, "state": str}
-    if entry.get("state") == CAP:
-        need["epsilon"] = _NUMBER
-    elif entry.get("state") in STATES:
-        need.update(mode=str, relation=str, delta=_NUMBER)
-    for field, kind in need.items():
-        if field not in entry:
-            return f"no '{field}'"
-        if not isinstance(entry[field], kind) or isinstance(entry[field], bool):
-            return f"'{field}' is a {type(entry[field]).__name__}"
-    if entry["state"] not in STATES:
-        return f"state '{entry['state'][:40]}' is none of {', '.join(STATES)}"
-    if (entry["state"] == CAP) != (entry["run"] == CAP_RUN):
-        return f"only the cap entry (run '{CAP_RUN}') has state '{CAP}'"
-    eps = entry.get("epsilon")
-    if entry["state"] == CAP:
-        return None if _positive(eps) else "'epsilon' is not a positive finite number"
-    if eps is not None and (not isinstance(eps, _NUMBER) or isinstance(eps, bool)):
-        return f"'epsilon' is a {type(eps).__name__}"
-    if eps is not None and not _positive(eps):  # null: no guarantee (counted as infinite)
-        return "'epsilon' is not a positive finite number"
-    if not (math.isfinite(entry["delta"]) and 0 <= entry["delta"] < 1):
-        return "'delta' is not a finite number in [0, 1)"
-    problem = claim_problem(claim_of(entry))  # known mode, a relation of that mode
-    if problem is not None:
-        return problem
-    if entry["state"] == "published":
-        return _events_problem(entry)
-    return None
-
-
-def _positive(eps) -> bool:
-    return isinstance(eps, _NUMBER) and not isinstance(eps, bool) and math.isfinite(eps) and eps > 0
-
-
-def _events_problem(entry: dict) -> Optional[str]:
-    """A published entry's events must read back and hold at least one event of its own mode: an empty or truncated
-    list would compose to less than the release spent."""
-    try:
-        events = release_events_from_json(entry.get("events"))
-    except (LedgerError, KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError):
-        return "its privacy events do not read back"
-    if events.mode != entry["mode"]:
-        return "its privacy events are of another mode"
-    if not (events.shared or events.per_class):
-        return "it holds no privacy events"
-    return None
-
-
-def decode_entry(raw, uri: str, where: str, dataset_id: Optional[str] = None, run: Optional[str] = None) -> dict:
-    """One stored row as an entry, or a LedgerError naming the ledger and the row (``where``; ``dataset_id`` and
-    ``run``: the row's own columns, where the store has them)."""
-    try:
-        entry = json.loads(raw) if isinstance(raw, (str, bytes)) else raw
-    except ValueError:
-        entry, problem = None, "not valid JSON"
-    else:
-        problem = entry_problem(entry)
-        if problem is None and dataset_id is not None and entry["dataset_id"] != dataset_id:
-            problem = f"its entry names dataset '{entry['dataset_id'][:80]}'"
-    if problem is None:
-        return entry
-    run = entry.get("run") if isinstance(entry, dict) and isinstance(entry.get("run"), str) else run
-    who = f" (run '{run[:80]}')" if isinstance(run, str) else ""
-    raise LedgerError(
-        f"ledger {uri}: {where}{who} is corrupt ({problem}); nothing was read or changed. Restore the ledger from a "
-        f"backup; a row is never skipped, since that would drop a release from the budget"
-    )
-
-
-def releases_of(entries: list[dict]) -> list[dict]:
-    return [e for e in entries if e["state"] != CAP]
-
-
-def stored_cap(entries: list[dict]) -> Optional[float]:
-    caps = [e["epsilon"] for e in entries if e["state"] == CAP]
-    return float(caps[-1]) if caps else None
-
-
-def effective_cap(entries: list[dict], requested: Optional[float]) -> Optional[float]:
-    """The stored cap, lowered (never raised) by the release's --budget-cap."""
-    caps = [c for c in (stored_cap(entries), requested) if c is not None]
-    return min(caps) if caps else None
-
-
-def claim_of(entry: dict) -> Claim:
-    eps = entry.get("epsilon")
-    return Claim(
-        run=entry["run"],
-        mode=entry["mode"],
-        relation=entry["relation"],
-        epsilon=math.inf if eps is None else float(eps),
-        delta=float(entry["delta"]),
-        events=entry.get("events") if entry["state"] == "published" else None,
-    )
 
 
 class Ledger(abc.ABC):
@@ -190,22 +85,36 @@ class Ledger(abc.ABC):
 
     def reserve(self, dataset_id: str, request: dict, cap: Optional[float]) -> dict:
         """Composes the history with ``request`` (run, mechanism, mode, relation, epsilon, delta, output) and writes
-        a reservation if the result fits the cap (the stored one, lowered by ``cap``); returns the manifest's
-        ``ledger`` section. Raises LedgerError. Idempotent: a run already on the ledger is not added again."""
+        a reservation if the result fits the dataset's cap; returns the manifest's ``ledger`` section. The cap is the
+        stored one; where none is stored yet, ``cap`` (the release's ``--budget-cap``) is, in the same transaction
+        as the reservation, so of two first releases with different caps exactly one cap is stored and the other
+        release, finding it, is refused (``ledger_entries.release_cap``). Raises LedgerError, changing nothing but the
+        cap: a release refused for the budget still stores the cap it gives where none was stored.
+        Idempotent: a run already on the ledger is not added again."""
         check_dataset_id(dataset_id)
         check_cap(cap)  # --budget-cap inf is refused, as ledger cap --epsilon inf is
         entry = {**request, "dataset_id": dataset_id, "state": "pending", "reserved_at": _now(), "events": None}
 
         def fn(entries):
             history = [e for e in releases_of(entries) if e["run"] != request["run"]]
-            limit = effective_cap(entries, cap)
-            with self._naming(dataset_id):
-                figures = check_budget(dataset_id, [claim_of(e) for e in history], claim_of(entry), limit)
+            limit = release_cap(entries, cap, self.uri, dataset_id)  # a different cap: refused, nothing stored
+            capped = cap_entries(entries, cap, dataset_id)
+            try:
+                with self._naming(dataset_id):
+                    figures = check_budget(dataset_id, [claim_of(e) for e in history], claim_of(entry), limit)
+            except LedgerError as refused:
+                if capped is entries:
+                    raise  # no cap to store: nothing is written
+                # the cap this release gives is the dataset's from now on, though the release itself is refused: a
+                # scheduler's next run without the flag answers to it (nothing else is written)
+                return capped, refused
             if any(e["run"] == request["run"] for e in entries):
-                return entries, figures  # a retry after a lost response: already reserved
-            return [*entries, entry], figures
+                return capped, figures  # a retry after a lost response: already reserved
+            return [*capped, entry], figures
 
         figures = self._transact(dataset_id, fn)
+        if isinstance(figures, LedgerError):
+            raise figures
         log.info(
             "stage=ledger dataset=%s run=%s reserved epsilon=%s (before %.4g, after at most %.4g, cap %s)",
             dataset_id,
@@ -323,7 +232,8 @@ class Ledger(abc.ABC):
             ) from None
 
     def set_cap(self, dataset_id: str, epsilon: float) -> None:
-        """Stores the dataset's budget cap (``dpcda ledger cap``); a release's --budget-cap can only lower it."""
+        """Stores the dataset's budget cap (``dpcda ledger cap``), replacing a stored one: the only way to change it
+        (a release that gives another cap is refused)."""
         check_dataset_id(dataset_id)
         check_cap(epsilon, "ledger cap")
 
@@ -331,35 +241,6 @@ class Ledger(abc.ABC):
             return [*(e for e in entries if e["state"] != CAP), _cap_entry(dataset_id, epsilon)], None
 
         self._transact(dataset_id, fn)
-
-
-DATASET_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$"  # the release's (schemas.config's dataset_id); a test checks
-DATASET_ID_MAX = 200
-
-
-def check_dataset_id(dataset_id) -> str:
-    """The release's rule for dataset ids, for every ledger command: what a release refuses is never stored."""
-    import re
-
-    if not isinstance(dataset_id, str) or not (
-        0 < len(dataset_id) <= DATASET_ID_MAX and re.match(DATASET_ID_PATTERN, dataset_id)
-    ):
-        raise LedgerError(
-            f"dataset_id {dataset_id!r}: letters, digits and . _ / : - (starting with a letter or digit), at most "
-            f"{DATASET_ID_MAX} characters"
-        )
-    return dataset_id
-
-
-def check_cap(cap: Optional[float], what: str = "budget_cap") -> Optional[float]:
-    """A cap is a positive finite epsilon (inf is no cap: leave the option out instead)."""
-    if cap is not None and not (cap > 0 and math.isfinite(cap)):
-        raise LedgerError(f"{what}: epsilon must be a positive finite number, got {cap}")
-    return cap
-
-
-def _cap_entry(dataset_id: str, epsilon: float) -> dict:
-    return {"run": CAP_RUN, "dataset_id": dataset_id, "state": CAP, "epsilon": float(epsilon), "set_at": _now()}
 
 
 class SqliteLedger(Ledger):
@@ -383,36 +264,62 @@ class SqliteLedger(Ledger):
                 f"ledger {path}: a local ledger is a SQLite file, not JSON; name it e.g. "
                 f"{path[: -len('.json')]}.db (a .json ledger is the one-object form on gs://)"
             )
+
+        def schema(conn):
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if create and tables - {"releases", "sqlite_sequence"}:
+                raise LedgerError(
+                    f"ledger {path}: a SQLite file of something else (tables {', '.join(sorted(tables))}); "
+                    f"refusing to add a ledger to it"
+                )
+            if create:
+                conn.execute(
+                    "CREATE TABLE IF NOT EXISTS releases (seq INTEGER PRIMARY KEY AUTOINCREMENT, dataset_id TEXT "
+                    "NOT NULL, run TEXT NOT NULL, entry TEXT NOT NULL, UNIQUE (dataset_id, run))"
+                )
+            return [r[1] for r in conn.execute("PRAGMA table_info(releases)")]
+
         try:
-            with contextlib.closing(self._connect()) as conn:
-                tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-                if create and tables - {"releases", "sqlite_sequence"}:
-                    raise LedgerError(
-                        f"ledger {path}: a SQLite file of something else (tables {', '.join(sorted(tables))}); "
-                        f"refusing to add a ledger to it"
-                    )
-                if create:
-                    conn.execute(
-                        "CREATE TABLE IF NOT EXISTS releases (seq INTEGER PRIMARY KEY AUTOINCREMENT, dataset_id TEXT "
-                        "NOT NULL, run TEXT NOT NULL, entry TEXT NOT NULL, UNIQUE (dataset_id, run))"
-                    )
-                cols = [r[1] for r in conn.execute("PRAGMA table_info(releases)")]
-        except sqlite3.Error as err:
+            cols = self._waiting(schema)
+        except sqlite3.Error as err:  # a busy ledger is said so (``_waiting``), never called "not a ledger"
             raise LedgerError(f"ledger {path}: not a ledger SQLite file ({err})") from None
         if cols != ["seq", "dataset_id", "run", "entry"]:
             raise LedgerError(f"ledger {path}: holds no ledger ('releases' table with columns {cols})")
 
-    def _connect(self) -> sqlite3.Connection:
-        return sqlite3.connect(self.uri, timeout=120, isolation_level=None)
+    def _waiting(self, op):
+        """``op(connection)``, waiting for the file's lock while another process holds it: at once where it is free;
+        otherwise a log line says the ledger is busy (and who holds it, where the system tells), and the wait goes
+        on up to LOCK_WAIT_SECONDS before a LedgerError that says so. ``op`` is retried whole: a transaction that met
+        the lock was rolled back (``_transact_once``)."""
+        for waited, timeout in enumerate((BUSY_PROBE_SECONDS, LOCK_WAIT_SECONDS)):
+            if waited:
+                who = _lock_holders(self.uri)
+                log.warning(
+                    "stage=ledger ledger %s is busy (its lock is held%s); waiting up to %d s",
+                    self.uri,
+                    f" by process {', '.join(map(str, who))}" if who else "",
+                    LOCK_WAIT_SECONDS,
+                )
+            try:
+                with contextlib.closing(sqlite3.connect(self.uri, timeout=timeout, isolation_level=None)) as conn:
+                    return op(conn)
+            except sqlite3.OperationalError as err:
+                if not _busy(err):
+                    raise
+        who = _lock_holders(self.uri)
+        raise LedgerError(  # busy, not damaged: never worded as a bad ledger
+            f"ledger {self.uri}: busy: another process{' (' + ', '.join(map(str, who)) + ')' if who else ''} holds its "
+            f"lock and did not let go within {LOCK_WAIT_SECONDS} s; nothing was read or changed. The ledger is not "
+            f"damaged: try again once that process has finished"
+        )
 
     def _transact(self, dataset_id: str, fn: Transaction):
         try:
-            return self._transact_once(dataset_id, fn)
-        except sqlite3.Error as err:  # e.g. still locked after the timeout, a read-only file
+            return self._waiting(lambda conn: self._transact_once(conn, dataset_id, fn))
+        except sqlite3.Error as err:  # e.g. a read-only file
             raise LedgerError(f"ledger {self.uri}: {err}") from None
 
-    def _transact_once(self, dataset_id: str, fn: Transaction):
-        conn = self._connect()
+    def _transact_once(self, conn: sqlite3.Connection, dataset_id: str, fn: Transaction):
         try:
             conn.execute("BEGIN IMMEDIATE")  # the write lock first: no other writer reads the history meanwhile
             rows = conn.execute(
@@ -431,22 +338,50 @@ class SqliteLedger(Ledger):
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
-        finally:
-            conn.close()
 
     def entries(self, dataset_id: Optional[str] = None) -> list[dict]:
+        def read(conn):
+            if dataset_id is None:
+                rows = conn.execute("SELECT seq, dataset_id, entry, run FROM releases ORDER BY seq")
+            else:
+                rows = conn.execute(
+                    "SELECT seq, dataset_id, entry, run FROM releases WHERE dataset_id = ? ORDER BY seq", (dataset_id,)
+                )
+            return [decode_entry(r[2], self.uri, f"row {r[0]}", r[1], r[3]) for r in rows]
+
         try:
-            with contextlib.closing(self._connect()) as conn:
-                if dataset_id is None:
-                    rows = conn.execute("SELECT seq, dataset_id, entry, run FROM releases ORDER BY seq")
-                else:
-                    rows = conn.execute(
-                        "SELECT seq, dataset_id, entry, run FROM releases WHERE dataset_id = ? ORDER BY seq",
-                        (dataset_id,),
-                    )
-                return [decode_entry(r[2], self.uri, f"row {r[0]}", r[1], r[3]) for r in rows]
+            return self._waiting(read)
         except sqlite3.Error as err:
             raise LedgerError(f"ledger {self.uri}: {err}") from None
+
+
+# SQLite's result codes for a lock held by another connection
+_SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
+
+
+def _busy(err: sqlite3.OperationalError) -> bool:
+    code = getattr(err, "sqlite_errorcode", None)
+    return (code is not None and code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)) or "database is locked" in str(err)
+
+
+def _lock_holders(path: str) -> list[int]:
+    """The processes that hold a lock on ``path`` (Linux's /proc/locks; SQLite locks the file with fcntl); [] where
+    the system does not say. Never this process."""
+    try:
+        st = os.stat(path)
+        with open("/proc/locks") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return []
+    me = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    found = []
+    for line in lines:
+        parts = line.split()
+        if "->" in parts:  # a waiter, not a holder
+            continue
+        if len(parts) > 5 and parts[5] == me and parts[4].isdigit() and int(parts[4]) != os.getpid():
+            found.append(int(parts[4]))
+    return sorted(set(found))
 
 
 class GcsLedger(Ledger):
@@ -550,100 +485,3 @@ def open_ledger(uri: str, *, create: bool = False) -> Ledger:
             raise LedgerError(f"ledger {uri}: a local SQLite file or gs://bucket/object")
         return GcsLedger(uri, create=create)
     return SqliteLedger(uri, create=create)
-
-
-def summary(ledger: Ledger, dataset_id: Optional[str] = None) -> list[dict]:
-    """Per dataset id: its entries and what they guarantee together (``dpcda ledger show``)."""
-    entries = ledger.entries(dataset_id)
-    out = []
-    for ds in dict.fromkeys(e["dataset_id"] for e in entries):
-        everything = [e for e in entries if e["dataset_id"] == ds]
-        mine = releases_of(everything)
-        try:
-            with ledger._naming(ds):
-                comp = compose([claim_of(e) for e in mine])
-            total = {
-                "epsilon": comp.epsilon,
-                "delta": comp.delta,
-                "sum_epsilon": comp.sum_epsilon,
-                "relation": comp.relation,
-                "method": comp.method,
-            }
-        except LedgerError as err:
-            total = {"error": str(err)}
-        out.append({"dataset_id": ds, "budget_cap": stored_cap(everything), "releases": mine, "composed": total})
-    return out
-
-
-RESOLVE_AFTER_HOURS = 24.0
-
-
-def published_manifest(output: str, run: str) -> tuple[Optional[dict], Optional[dict]]:
-    """(the manifest at OUTPUT if it names ledger run ``run``, else None; whatever manifest is at OUTPUT, or None if
-    there is none). Read errors other than a missing manifest raise (OSError, ValueError)."""
-    from dpcda.storage.paths import join, open_file
-
-    try:
-        with open_file(join(output, "manifest.json")) as fh:
-            current = json.loads(fh.read())
-    except FileNotFoundError:
-        return None, None
-    except Exception as err:  # gs://: google-cloud's NotFound (404) is not a FileNotFoundError
-        if is_remote(output) and getattr(err, "code", None) == 404:
-            return None, None
-        raise
-    ours = current if (current.get("ledger") or {}).get("run") == run else None
-    return ours, current
-
-
-def resolve(ledger: Ledger, dataset_id: str, run: str, *, force: bool = False, drop: bool = False) -> str:
-    """A reservation left by a run that died: 'recorded' if OUTPUT holds the run's release (its manifest names the
-    run); on gs:// 'exposed' otherwise (its parts may have been readable), unless ``drop``; 'dropped' only on
-    evidence that the run published nothing (no manifest at OUTPUT, or one made before the run reserved its budget)
-    or with ``drop``. Refuses while the run may still be going: OUTPUT's lock is held, or
-    the reservation is younger than RESOLVE_AFTER_HOURS (``force`` overrides the age, never the lock)."""
-    from dpcda.storage.publish import output_busy
-
-    found = [e for e in releases_of(ledger.entries(dataset_id)) if e["run"] == run]
-    if not found:
-        raise LedgerError(f"ledger {ledger.uri}: dataset '{dataset_id}' has no run {run}")
-    entry = found[0]
-    if entry["state"] == EXPOSED:
-        raise LedgerError(
-            f"ledger {ledger.uri}: run {run} failed after a part of it may have been readable on GCS; it keeps "
-            f"counting at its target epsilon and cannot be resolved"
-        )
-    if entry["state"] != "pending":
-        raise LedgerError(f"ledger {ledger.uri}: run {run} is already recorded as published")
-    reserved = datetime.datetime.fromisoformat(entry["reserved_at"])
-    age = (datetime.datetime.now(datetime.timezone.utc) - reserved).total_seconds() / 3600
-    if output_busy(entry["output"]):
-        raise LedgerError(f"ledger: a release to {entry['output']} holds its lock: run {run} may still be going")
-    if age < RESOLVE_AFTER_HOURS and not force:
-        raise LedgerError(
-            f"ledger: run {run} reserved {age:.1f} h ago and may still be running; pass --force if it is known to "
-            f"have stopped"
-        )
-    try:
-        ours, current = published_manifest(entry["output"], run)
-    except Exception as err:  # noqa: BLE001 - OSError, bad JSON, google-cloud's Forbidden...: one line, no change
-        why = str(err).splitlines()[0][:200] if str(err) else ""
-        raise LedgerError(
-            f"ledger: cannot read {entry['output']}/manifest.json ({type(err).__name__}{': ' + why if why else ''}); "
-            f"nothing changed"
-        ) from None
-    if ours is not None:
-        ledger.record(dataset_id, run, ours)
-        return "recorded"
-    if is_remote(entry["output"]) and not drop:  # its parts sat under OUTPUT/runs/<run>/, which readers may list
-        ledger.expose(dataset_id, run)
-        return EXPOSED
-    made = (current or {}).get("created_at")
-    older = made is not None and datetime.datetime.fromisoformat(made) < reserved
-    if current is None or older or drop:
-        ledger.cancel(dataset_id, run)
-        return "dropped"
-    raise LedgerError(
-        f"ledger: {entry['output']} holds a release made after run {run} reserved its budget, by another run; run "
-        f"{run} may have been published and then replaced. Pass --drop only if you know it was not published"
-    )

@@ -127,4 +127,9 @@ def check_dir_output(path: str, *, flag: str, inputs: Iterable[str] = ()) -> str
     for src in inputs:
         if not is_remote(src) and os.path.commonpath([real, os.path.realpath(src)]) == real:
             raise PublishError(f"{flag} {path}: holds the input {src}; write somewhere else")
+    existing = real
+    while not os.path.exists(existing):  # the folder, or the nearest folder above it that the command would create
+        existing = os.path.dirname(existing)
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PublishError(f"{flag} {path}: {existing} is not writable")
     return path

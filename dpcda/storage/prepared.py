@@ -54,8 +54,9 @@ def claim(out: str) -> dict:
     return previous
 
 
-def record(out: str, previous: dict, written: dict) -> None:
-    """After a prepare: removes the earlier output's files that the new one does not have, and lists the new ones."""
+def record(out: str, previous: dict, written: dict, label_names: list[str] | None = None) -> None:
+    """After a prepare: removes the earlier output's files that the new one does not have, and lists the new ones.
+    ``label_names``: the dataset's public class names, class k first at k (what reports label rows with)."""
     for split, files in written.items():
         d = os.path.join(out, split)
         for stale in set(previous.get(split, [])) - set(files):
@@ -64,7 +65,14 @@ def record(out: str, previous: dict, written: dict) -> None:
                 os.unlink(path)
         tmp = os.path.join(d, MARKER + ".partial")
         with open(tmp, "w") as fh:
-            json.dump({"tool": "dpcda prepare", "files": sorted(files)}, fh)
+            json.dump(
+                {
+                    "tool": "dpcda prepare",
+                    "files": sorted(files),
+                    **({"label_names": label_names} if label_names else {}),
+                },
+                fh,
+            )
         os.replace(tmp, os.path.join(d, MARKER))
 
 
@@ -72,3 +80,16 @@ def shard_names(shards: int, fmt: str) -> list[str]:
     """The names ``write_shards`` gives (``pipeline.prepare``)."""
     ext = "parquet" if fmt == "parquet" else "tfrecord"
     return [f"part-{i:05d}-of-{shards:05d}.{ext}" for i in range(shards)]
+
+
+def label_names(directory: str) -> list[str] | None:
+    """The class names ``dpcda prepare`` recorded for the split in ``directory`` (its marker's ``label_names``), or
+    None: no marker, not one of ours, or no names in it. Public metadata of the dataset, never read off the rows."""
+    try:
+        with open(os.path.join(directory, MARKER)) as fh:
+            names = json.load(fh).get("label_names")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(names, list) and names and all(isinstance(n, str) for n in names):
+        return names
+    return None

@@ -16,7 +16,7 @@ release, which then sits at the run directory's name and is deleted. A reader of
 complete release or the new complete release, never a mix, never nothing. (Where the kernel or file system lacks
 renameat2, the old release is renamed aside first: OUTPUT is absent for the moment between two renames.) The lock
 is ``flock`` on ``.NAME.dpcda-lock`` beside OUTPUT, held for the whole run, released by the kernel if the process
-dies.
+dies; the run removes the file when done (a dead run's file stays, unlocked, until the next run to OUTPUT).
 
 GCS (``gs://B/P``): the job writes under ``P/runs/<run>/`` (a new prefix per run, never rewritten). ``publish``
 checks that every listed part exists with the size the manifest records (its sha256 was computed from the stored
@@ -24,7 +24,8 @@ object), then writes ``P/manifest.json`` as one object with ``if_generation_matc
 when the run started (0: must not exist). Readers start from ``P/manifest.json``: they see the old manifest, whose
 parts are still in place, or the new one, whose parts were verified before it was written. The previous release's
 objects are deleted only after the new manifest is in place. Run prefixes not referenced by the manifest and
-older than ``STALE_RUN_HOURS`` (by the time in their name) are deleted at the start of the next run.
+older than ``STALE_RUN_HOURS`` plus a clock-skew margin (``CLOCK_SKEW_HOURS``; by the time in their name) are deleted
+at the start of the next run.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ import ctypes
 import dataclasses
 import datetime
 import errno
-import fcntl
 import json
 import logging
 import os
@@ -43,6 +43,7 @@ import uuid
 from typing import TYPE_CHECKING, Optional
 
 from dpcda.privacy.errors import DpcdaError
+from dpcda.storage import locks
 from dpcda.storage.paths import is_remote
 
 if TYPE_CHECKING:
@@ -53,8 +54,10 @@ MANIFEST = "manifest.json"
 DRAFT = "manifest.draft.json"  # what the pipeline writes; only ``publish`` writes MANIFEST
 RUNS = "runs"
 STALE_RUN_HOURS = 72
-# Another launcher's clock may run ahead of ours: to it a run is older than to us, so it may sweep a run we still
-# see as younger than STALE_RUN_HOURS. A failed run counts as possibly swept from STALE_RUN_HOURS - this on.
+# Launchers' clocks differ, by up to this much (assumed). A sweep removes a run prefix only once it is older than
+# STALE_RUN_HOURS + this by the sweeper's clock (so older than STALE_RUN_HOURS by any clock within the margin,
+# the run's own included); a failed run counts as possibly swept from STALE_RUN_HOURS - this on, by its own clock
+# (a sweeper whose clock runs ahead sees it older; one without the margin, of an older version, sweeps at 72 h).
 CLOCK_SKEW_HOURS = 24
 RUN_MARKER = ".dpcda-run"  # written into every local run directory: only such directories are ever swept
 _RUN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{8}")
@@ -185,7 +188,7 @@ def abandon(target: Optional[Target], err: Optional[BaseException] = None) -> No
         elif os.path.isdir(target.workdir):
             shutil.rmtree(target.workdir, ignore_errors=True)
     finally:
-        _unlock(target)
+        locks.unlock(target)
 
 
 def _after_switch(what: str, fn, *args) -> None:
@@ -216,25 +219,10 @@ def _renameat2(src: str, dst: str, flags: int) -> bool:
     raise OSError(err, os.strerror(err), src, None, dst)
 
 
-def _lock_path(out: str) -> str:
-    parent, name = os.path.split(os.path.abspath(out))
-    return os.path.join(parent, f".{name}.dpcda-lock")
-
-
 def output_busy(output: str) -> bool:
     """True while a release to the local OUTPUT holds its lock (a run is under way); False on GCS (no lock)."""
     out = check_output_path(output)
-    if is_remote(out) or not os.path.exists(_lock_path(out)):
-        return False
-    fd = os.open(_lock_path(out), os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
+    return not is_remote(out) and locks.held(out)
 
 
 def _prepare_local(out: str, overwrite: bool) -> Target:
@@ -247,14 +235,11 @@ def _prepare_local(out: str, overwrite: bool) -> Target:
     if os.path.islink(out):
         raise PublishError(f"{out}: is a symbolic link; give the real path")
     try:
-        fd = os.open(_lock_path(out), os.O_CREAT | os.O_RDWR, 0o644)
-    except OSError as err:
-        raise PublishError(f"{out}: cannot create the lock file {_lock_path(out)} ({err.strerror})") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fd = locks.take(out)
     except BlockingIOError:
-        os.close(fd)
         raise PublishError(f"{out}: another release to this output is running; nothing was done") from None
+    except OSError as err:
+        raise PublishError(f"{out}: cannot create the lock file {locks.lock_path(out)} ({err.strerror})") from None
     target = Target(output=out, overwrite=overwrite, run_id=_run_id(), workdir="", prefix="", lock_fd=fd)
     try:
         _remove_stale_local(out)
@@ -264,23 +249,37 @@ def _prepare_local(out: str, overwrite: bool) -> Target:
         with open(os.path.join(target.workdir, RUN_MARKER), "w") as fh:
             fh.write(target.run_id + "\n")
     except BaseException:
-        _unlock(target)
+        locks.unlock(target)
         raise
     return target
 
 
 def _existing_local(out: str, overwrite: bool) -> Optional[dict]:
+    """What stands at OUTPUT: None (nothing), or the manifest of a release of ours that ``overwrite`` allows replacing;
+    PublishError naming what is there otherwise (a file, a folder that is not a release, a release without
+    ``--overwrite``)."""
     if not os.path.lexists(out):
         return None
+    if not os.path.isdir(out):
+        raise PublishError(f"{out}: is a file, not a release; refusing to replace it, choose another --output")
+    path = os.path.join(out, MANIFEST)
+    try:
+        if not os.path.isfile(path):
+            old = validate_manifest(b"", out)
+        else:
+            with open(path, "rb") as fh:
+                old = validate_manifest(fh.read(), out)
+    except PublishError:
+        try:
+            what = "a folder that is not a release of ours" if os.listdir(out) else "an empty folder"
+        except OSError:
+            what = "a folder that is not a release of ours"
+        raise PublishError(
+            f"{out}: {what} (no valid {MANIFEST}); refusing to replace it, move it away or choose another --output"
+        ) from None
     if not overwrite:
         raise PublishError(f"{out}: a release already exists there; pass --overwrite to replace it")
-    if not os.path.isdir(out):
-        raise PublishError(f"{out}: is a file, not a release; refusing to replace it")
-    path = os.path.join(out, MANIFEST)
-    if not os.path.isfile(path):
-        return validate_manifest(b"", out)
-    with open(path, "rb") as fh:
-        return validate_manifest(fh.read(), out)
+    return old
 
 
 def _our_run_dirs(out: str, mark: str) -> list[str]:
@@ -367,7 +366,7 @@ def _publish_local(target: Target, manifest: Manifest, text: str) -> None:
     # the run marker came along (a run that dies before the switch must leave a marked directory to sweep)
     _after_switch("removing the run marker", os.remove, os.path.join(out, RUN_MARKER))
     _after_switch("syncing the output folder", _fsync_dir, os.path.dirname(out))
-    _unlock(target)
+    locks.unlock(target)
 
 
 def _fsync_dir(path: str) -> None:
@@ -381,15 +380,6 @@ def _fsync_dir(path: str) -> None:
         pass
     finally:
         os.close(fd)
-
-
-def _unlock(target: Target) -> None:
-    if target.lock_fd is not None:
-        try:
-            fcntl.flock(target.lock_fd, fcntl.LOCK_UN)
-        finally:
-            os.close(target.lock_fd)
-            target.lock_fd = None
 
 
 # ---------------------------------------------------------------- GCS
@@ -425,9 +415,9 @@ def _prepare_gcs(out: str, overwrite: bool) -> Target:
         generation=int(blob.generation) if blob else 0,
     )
     if blob is not None:
+        target.old_manifest = validate_manifest(blob.download_as_bytes(), out)  # what is there, before --overwrite
         if not overwrite:
             raise PublishError(f"{out}: a release already exists there; pass --overwrite to replace it")
-        target.old_manifest = validate_manifest(blob.download_as_bytes(), out)
     else:
         listing = bucket.list_blobs(prefix=f"{prefix}/", delimiter="/")  # the prefix's own objects and folders
         foreign = [b.name for b in listing]
@@ -454,7 +444,7 @@ def _remove_stale_gcs(bucket, prefix: str, current: Optional[dict]) -> None:
         runs.setdefault(run, []).append(b)
     for run, blobs in runs.items():
         age = _run_age_hours(run)
-        if run != keep and age is not None and age > STALE_RUN_HOURS:
+        if run != keep and age is not None and age > STALE_RUN_HOURS + CLOCK_SKEW_HOURS:
             log.info("stage=publish removing stale run %s (%.0f h old)", run, age)
             for b in blobs:
                 b.delete()

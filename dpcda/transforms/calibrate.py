@@ -17,11 +17,10 @@ def _plan(first, core, key, public_stats=None):
     start = time.time()
     plan = build_plan(first, core, key, public_stats)
     log.info(
-        "stage=calibrate sigma_x=%.6g epsilon=%.4g delta=%g T_k=%s seconds=%.2f",
-        plan.sigma_x,
+        "stage=calibrate %s epsilon=%.4g delta=%g seconds=%.2f",
+        plan.synthesis.summary(),  # what this mechanism's plan has: no sigma_x where it draws none
         plan.accounting.epsilon,
         plan.accounting.delta,
-        ",".join(map(str, plan.samples_per_class)) or "-",
         time.time() - start,
     )
     return plan

@@ -1,5 +1,5 @@
 """GroupByClass: Block -> (k, iterable of raw float32 row blocks) for every class k in range(K) that the plan mixes in
-memory (``plan.mixing_paths``; the join path's classes go to ``transforms.join``), empty classes included.
+memory (``plan.synthesis.mixing_paths``; the join path's classes go to ``transforms.join``), empty classes included.
 GroupDataset: Block -> (0, iterable of (rows, labels)): the whole dataset, for DPMix.
 
 Grouping raw rows (before the z-score) lets the read stage feed the shuffle directly, so the full input crosses a
@@ -16,14 +16,19 @@ import numpy as np
 from dpcda.storage.shards import Block
 
 
+def _in_memory(plan, k: int) -> bool:
+    paths = plan.synthesis.mixing_paths
+    return not paths or paths[k] == "memory"  # join classes never meet on one worker
+
+
 def _split_by_label(block: Block, plan):
     for k in np.unique(block.labels):
-        if not plan.mixing_paths or plan.mixing_paths[int(k)] == "memory":  # join classes never meet on one worker
+        if _in_memory(plan, int(k)):
             yield int(k), block.features[block.labels == k]
 
 
 def _memory_classes(plan):
-    return [(k, None) for k in range(plan.num_classes) if not plan.mixing_paths or plan.mixing_paths[k] == "memory"]
+    return [(k, None) for k in range(plan.num_classes) if _in_memory(plan, k)]
 
 
 def _with_labels(block: Block):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
+from dpcda.mechanisms.base import Grouping
 from dpcda.mechanisms.joinmix import (
     Streams,
     block_counts,
@@ -29,19 +30,20 @@ from dpcda.transforms.mix import finite_table
 
 
 def _chunks(plan, chunk_rows):
-    for g in plan.join_groups:
-        n = plan.group_samples(g)
+    mix = plan.synthesis
+    for g in mix.join_groups:
+        n = mix.group_samples(g)
         for c in range(-(-n // chunk_rows)):
             yield g, c
 
 
 def _counts(block, plan):
-    groups = 1 if plan.one_group else plan.num_classes
+    groups = plan.synthesis.grouping.count(plan.num_classes)
     return (block.source, block.first_row), block_counts(plan.mechanism, block.labels, groups)
 
 
 def _offsets(counts, plan):
-    return record_offsets(counts, 1 if plan.one_group else plan.num_classes)
+    return record_offsets(counts, plan.synthesis.grouping.count(plan.num_classes))
 
 
 class _PiecesFn(beam.DoFn):
@@ -54,8 +56,8 @@ class _PiecesFn(beam.DoFn):
             block.labels,
             offsets[(block.source, block.first_row)],
             mechanism=plan.mechanism,
-            groups=plan.join_groups,
-            block_rows=plan.join_block_rows,
+            groups=plan.synthesis.join_groups,
+            block_rows=plan.synthesis.join_block_rows,
             mean=plan.mean,
             std=plan.std,
             clip=plan.clip,
@@ -75,18 +77,19 @@ class _RequestsFn(beam.DoFn):
 
     def process(self, gc, plan, key):
         g, c = gc
-        rows = min(self.chunk_rows, plan.group_samples(g) - c * self.chunk_rows)
+        mix = plan.synthesis
+        rows = min(self.chunk_rows, mix.group_samples(g) - c * self.chunk_rows)
         for k, req in chunk_requests(
             streams=Streams(plan.mechanism),
             key=key,
             group=g,
             chunk=c,
-            records=plan.group_records(g),
+            records=mix.group_records(plan.class_rows, g),
             mode=plan.mode,
-            mixing_order=plan.mixing_order,
+            mixing_order=mix.mixing_order,
             rows=rows,
-            sampling_rate=plan.sampling_rates[g],
-            block_rows=plan.join_block_rows,
+            sampling_rate=mix.sampling_rates[g],
+            block_rows=mix.join_block_rows,
         ):
             self.pairs.inc(len(req[1]))
             yield k, ("req", req)
@@ -107,7 +110,7 @@ class _PartialsFn(beam.DoFn):
             values,
             dim=plan.feature_dim,
             num_classes=plan.num_classes,
-            with_labels=plan.one_group,
+            with_labels=plan.synthesis.grouping is not Grouping.CLASS,
         ):
             self.bytes.inc(part[2].nbytes + (part[3].nbytes if part[3] is not None else 0))
             yield k, part
@@ -127,8 +130,9 @@ class _FinishFn(beam.DoFn):
         (g, c), partials = element
         partials = [p for p in partials if p is not None]  # one chunk's partial sums: held at once (sorted by block)
         self.held.update(sum(p[2].nbytes + (p[3].nbytes if p[3] is not None else 0) for p in partials))
-        rows = min(self.chunk_rows, plan.group_samples(g) - c * self.chunk_rows)
-        dpmix = plan.one_group
+        mix = plan.synthesis
+        rows = min(self.chunk_rows, mix.group_samples(g) - c * self.chunk_rows)
+        dpmix = mix.grouping is not Grouping.CLASS  # one group, the dataset: label scores released
         feats, labels = finish_chunk(
             partials,
             streams=Streams(plan.mechanism),
@@ -138,12 +142,12 @@ class _FinishFn(beam.DoFn):
             rows=rows,
             dim=plan.feature_dim,
             num_classes=plan.num_classes,
-            mixing_order=plan.mixing_order,
-            sigma_x=plan.sigma_x,
-            sigma_y=plan.sigma_y,
+            mixing_order=mix.mixing_order,
+            sigma_x=mix.sigma_x,
+            sigma_y=mix.sigma_y,
             soft_labels=self.soft_labels,
-            lowpass=plan.lowpass,
-            denoise=plan.denoise_spec,
+            lowpass=mix.lowpass,
+            denoise=mix.denoise_spec,
         )
         self.rows_written.inc(rows)
         where = "dataset" if dpmix else f"class {g}"

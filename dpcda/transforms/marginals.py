@@ -52,7 +52,7 @@ class _FitFn(beam.DoFn):
 
     def process(self, counts, plan, key):
         stated, chunks = fit_and_sample(counts, plan, self.schema, key, self.chunk_rows, self.integers)
-        yield beam.pvalue.TaggedOutput(self.STATED, dataclasses.replace(plan, marginals=stated))
+        yield beam.pvalue.TaggedOutput(self.STATED, dataclasses.replace(plan, synthesis=stated))
         for i, (x, y) in enumerate(chunks):
             self.rows_written.inc(len(y))
             yield finite_table(x, y, self.fc, self.lc, soft=False, where=f"marginals chunk {i}")
@@ -64,7 +64,7 @@ class FitAndSampleMarginals(_Synthesis):
 
     def expand(self, blocks):
         cfg, common = self.cfg, self.common
-        counts = blocks | "CountMarginals" >> beam.CombineGlobally(_CountFn(cfg.table, cfg.marginals_bins))
+        counts = blocks | "CountMarginals" >> beam.CombineGlobally(_CountFn(cfg.table, cfg.mechanism.bins))
         out = counts | "FitMarginals" >> beam.ParDo(
             _FitFn(
                 cfg.table,

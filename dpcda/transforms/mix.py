@@ -49,21 +49,22 @@ class _MixFn(beam.DoFn):
     def process(self, element, plan, key, basis=None):
         k, x = element
         start = time.time()
+        mix = plan.synthesis
         for chunk, feats, labels in mix_class(
             x,
             key=key,
             class_index=k,
             num_classes=plan.num_classes,
             mode=plan.mode,
-            mixing_order=plan.mixing_order,
-            sigma_x=plan.sigma_x,
-            samples=plan.samples_per_class[k],
+            mixing_order=mix.mixing_order,
+            sigma_x=mix.sigma_x,
+            samples=mix.samples_per_class[k],
             chunk_rows=self.chunk_rows,
-            sampling_rate=plan.sampling_rates[k],
-            sigma_y=plan.sigma_y,
+            sampling_rate=mix.sampling_rates[k],
+            sigma_y=mix.sigma_y,
             device=self.device,
-            lowpass=plan.lowpass,
-            denoise=plan.denoise_spec,
+            lowpass=mix.lowpass,
+            denoise=mix.denoise_spec,
             soft_labels=self.soft_labels,
             **_projection(plan, basis),
         ):
@@ -72,7 +73,7 @@ class _MixFn(beam.DoFn):
         log.info(
             "stage=mix class=%d rows=%d device=%s seconds=%.2f",
             k,
-            plan.samples_per_class[k],
+            mix.samples_per_class[k],
             self.device,
             time.time() - start,
         )
@@ -107,21 +108,22 @@ class _MixDatasetFn(beam.DoFn):
 
     def process(self, element, plan, key, basis=None):
         _, (x, y) = element
+        mix = plan.synthesis
         for _, feats, scores in mix_dataset(
             x,
             y,
             key=key,
             num_classes=plan.num_classes,
             mode=plan.mode,
-            mixing_order=plan.mixing_order,
-            sigma_x=plan.sigma_x,
-            sigma_y=plan.sigma_y,
-            samples=plan.samples_total,
+            mixing_order=mix.mixing_order,
+            sigma_x=mix.sigma_x,
+            sigma_y=mix.sigma_y,
+            samples=mix.samples_total,
             chunk_rows=self.chunk_rows,
-            sampling_rate=plan.sampling_rates[0],
+            sampling_rate=mix.sampling_rates[0],
             device=self.device,
-            lowpass=plan.lowpass,
-            denoise=plan.denoise_spec,
+            lowpass=mix.lowpass,
+            denoise=mix.denoise_spec,
             **_projection(plan, basis),
         ):
             self.rows_written.inc(len(scores))
@@ -138,19 +140,18 @@ class _PerturbFn(beam.DoFn):
         self._projection = None
 
     def process(self, block, plan, key):
-        if plan.projection is not None and self._projection is None:
-            from dpcda.mechanisms.randproj import projection_matrix
-
-            self._projection = projection_matrix(plan.feature_dim, plan.projection[0], plan.projection[1])
+        rows = plan.synthesis  # mechanisms.local.PerturbPlan: its public map (randproj's R) and noise
+        if self._projection is None:
+            self._projection = (rows.projection_matrix(plan.feature_dim),)
         x = np.empty(block.features.shape, np.float64)
         normalize_into(x, block.features, plan.mean, plan.std, plan.clip, plan.bounds)
-        post = make_postprocess(lowpass=plan.lowpass, denoise=plan.denoise_spec)
+        post = make_postprocess(lowpass=rows.lowpass, denoise=rows.denoise_spec)
         feats = perturb_block(
             x,
             key=key,
             block=(block.source, block.first_row),
-            sigma_x=plan.sigma_x,
-            projection=self._projection,
+            sigma_x=rows.sigma_x,
+            projection=self._projection[0],
             post=post,
         )
         self.rows_written.inc(len(feats))

@@ -60,7 +60,7 @@ class CovarianceCombineFn(beam.CombineFn):
 
 
 def _normalized_rows(block, plan):
-    if not plan.pca_components or not len(block):
+    if plan.pca is None or not len(block):
         return
     out = np.empty(block.features.shape, np.float64)
     normalize_into(out, block.features, plan.mean, plan.std, plan.clip, plan.bounds)
@@ -68,14 +68,14 @@ def _normalized_rows(block, plan):
 
 
 def _basis(acc, plan, key):
-    if not plan.pca_components:
+    if plan.pca is None:
         return None
     return dp_basis(
         acc,
         dim=plan.feature_dim,
-        components=plan.pca_components,
+        components=plan.pca.components,
         clip=plan.clip,
-        noise_std=plan.pca_noise_std,
+        noise_std=plan.pca.noise_std,
         key=key,
     )
 

@@ -55,7 +55,7 @@ class MixWholeDataset(_Synthesis):
         return (
             blocks
             | "KeepIfInMemory"
-            >> beam.Filter(lambda _b, p: p.mixing_paths[0] == "memory", beam.pvalue.AsSingleton(self.plan))
+            >> beam.Filter(lambda _b, p: p.synthesis.mixing_paths[0] == "memory", beam.pvalue.AsSingleton(self.plan))
             | "GroupDataset" >> GroupDataset()
             | "NormalizeDataset" >> NormalizeDataset(self.plan)
             | "MixDataset"

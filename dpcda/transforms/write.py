@@ -16,13 +16,13 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from dpcda.mechanisms.plan import normalization_record
+from dpcda.mechanisms.normalization import NORMALIZATION_FILE, normalization_record
 from dpcda.storage.paths import is_remote
 from dpcda.storage.publish import DRAFT
 from dpcda.storage.shards import parquet_schema
 
 log = logging.getLogger(__name__)
-NORMALIZATION = "normalization.json"
+NORMALIZATION = NORMALIZATION_FILE
 
 
 class WriteSynthetic(beam.PTransform):
@@ -81,10 +81,8 @@ def _write_manifest(files, plan, directory, prefix, build_manifest):
         digest, rows, size = _sha256_rows_bytes(f)
         rel = f[len(directory.rstrip("/")) + 1 :] if is_remote(f) else posixpath.relpath(f, directory)
         outputs.append(OutputFile(path=prefix + rel, rows=rows, sha256=digest, bytes=size))
-    _write_text(
-        FileSystems.join(directory, NORMALIZATION),
-        json.dumps(normalization_record(plan)) + "\n",
-    )
+    if plan.z_scored:  # a release whose rows were not z-scored has no statistics to state
+        _write_text(FileSystems.join(directory, NORMALIZATION), json.dumps(normalization_record(plan)) + "\n")
     manifest = build_manifest(plan, outputs)
     _write_text(FileSystems.join(directory, DRAFT), manifest.write_json())
     Metrics.counter("dpcda", "rows_written").inc(manifest.output.rows)
@@ -93,7 +91,8 @@ def _write_manifest(files, plan, directory, prefix, build_manifest):
 
 
 class WriteDraftManifest(beam.PTransform):
-    """file names -> rows written; writes normalization.json, then the manifest draft (paths prefixed for OUTPUT)."""
+    """file names -> rows written; writes normalization.json (a release whose rows were z-scored), then the manifest
+    draft (paths prefixed for OUTPUT)."""
 
     def __init__(self, directory, plan_pcoll, build_manifest, prefix=""):
         super().__init__()

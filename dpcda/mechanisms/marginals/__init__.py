@@ -85,11 +85,11 @@ from dpcda.mechanisms.marginals.plan import (  # noqa: F401
     SELECTIONS,
     MarginalsPlan,
     Measurements,
+    label_pairs,
 )
 from dpcda.mechanisms.marginals.selection import (  # noqa: F401
     _DisjointSet,
     independence_scores,
-    label_pairs,
     measure,
     select_mst,
 )

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional
 
+from dpcda.mechanisms.base import Caveat, CaveatCode, SynthesisPlan
 from dpcda.mechanisms.marginals.domain import Domain
 from dpcda.privacy.events import AimEvent, MarginalsEvent
 
@@ -17,10 +19,16 @@ AIM = "aim"  # AIM's adaptive rounds (McKenna, Mullins, Sheldon, Miklau 2022), b
 AIM_MAX_MODEL_SIZE = 80 * (1 << 20) // 8  # cells: AIM's default max_model_size, 80 MB of float64
 
 
+def label_pairs(selection: str, columns: int) -> int:
+    """Two-way marginals measured without selection: the label's pair with every other column (``mst-label``)."""
+    return columns - 1 if selection == "mst-label" else 0
+
+
 @dataclasses.dataclass(frozen=True)
-class MarginalsPlan:
+class MarginalsPlan(SynthesisPlan):
     """What the fit needs (public or DP): the domain, the budget's split, the fit's settings; ``selected`` (the
-    measured pairs) and the fit's figures are filled in once the synthesis has run (the plan the manifest states)."""
+    measured pairs) and the fit's figures are filled in once the synthesis has run (the plan the manifest states).
+    Its manifest section is ``manifest_section``'s."""
 
     selection: str
     domain: Domain
@@ -32,6 +40,36 @@ class MarginalsPlan:
     fit_seconds: Optional[float] = None
     max_model_size: Optional[int] = None  # aim: the model's size cap in cells
     aim: Optional[dict] = None  # aim: the rounds as run (DP: chosen from public inputs and DP outputs)
+    samples_total: int = 0  # T, the rows sampled from the fitted model
+
+    @property
+    def events(self) -> tuple:
+        return (self.event,)
+
+    def summary(self) -> str:
+        return f"selection={self.selection} rho={self.rho:.6g}"
+
+    def caveats(self, epsilon: float, mechanism: str) -> tuple[Caveat, ...]:
+        return () if math.isfinite(epsilon) else (Caveat(CaveatCode.MODEL_WITHOUT_NOISE, mechanism=mechanism),)
+
+    def account_figures(self, clip: float) -> dict:
+        return {"rho": self.rho}
+
+    def gaussian_draws(self, *, dim: int, num_classes: int) -> int:
+        """Every one-way cell, and at most the largest two-way arrays the picks can reach."""
+        dom = self.domain
+        n = len(dom.sizes)
+        if self.selection == AIM:  # at most planned_rounds rounds (privacy.aim.AimSchedule)
+            from dpcda.privacy.aim import ROUNDS_PER_COLUMN
+
+            largest = max(dom.sizes[a] * dom.sizes[b] for a, b in dom.pairs) if n > 1 else max(dom.sizes)
+            return sum(dom.sizes) + ROUNDS_PER_COLUMN * n * largest
+        pair_cells = sorted((dom.sizes[a] * dom.sizes[b] for a, b in dom.pairs), reverse=True)
+        label = sum(dom.sizes[a] * dom.sizes[-1] for a in range(n - 1))
+        return sum(dom.sizes) + sum(pair_cells[: n - 1]) + label * (label_pairs(self.selection, n) > 0)
+
+    def manifest_section(self, plan, *, chunk_rows):
+        return manifest_section(plan, self)
 
     def noise_stds(self) -> dict:
         """Name -> Gaussian noise std of the counts (the manifest states each one's grid); aim: each distinct std its
@@ -57,3 +95,83 @@ class Measurements:
     record: Optional[dict] = None  # aim: the rounds as run
     # mst: the compression (``compression``), the codes the pairs were measured on
     mapping: dict = dataclasses.field(default_factory=dict)
+
+
+def manifest_section(plan, mp: "MarginalsPlan"):
+    """The manifest's ``mechanism`` of a marginals release ``plan`` whose synthesis ran (``mp``: the stated plan)."""
+    from dpcda.schemas.manifest import MarginalsMechanism
+
+    ev = mp.event
+    if mp.selection == AIM:
+        return _aim_section(plan, mp)
+    return MarginalsMechanism(
+        **_shared_fields(plan, mp),
+        rho_split={
+            "one_way": ev.one_way / (2 * ev.one_way_std**2),
+            "selection": ev.rounds * ev.round_rho,
+            "two_way": ev.two_way / (2 * ev.two_way_std**2),
+        },
+        one_way_noise_std=ev.one_way_std,
+        two_way_noise_std=ev.two_way_std,
+        selection_rounds=ev.rounds,
+        round_epsilon=ev.round_epsilon,
+        cliques=[list(p) for p in mp.selected],
+        fit={"estimator": "mbi MirrorDescent", "iterations": mp.iterations, "total": mp.estimated_total},
+        sampling="mbi's synthetic_data (randomized rounding of the model's marginals) on the compressed codes (a "
+        "column's cells whose noisy one-way count is below 3 stds merged into one); a merged code becomes one of "
+        "its codes, uniformly; a numeric code becomes a value uniform inside its bin",
+    )
+
+
+def _shared_fields(plan, mp: "MarginalsPlan") -> dict:
+    """The manifest fields every selection states alike."""
+    return dict(
+        name="marginals",
+        mode=plan.mode,
+        selection=mp.selection,
+        num_classes=plan.num_classes,
+        samples_total=mp.samples_total,
+        dataset_size_dp=int(sum(plan.dp_class_sizes)) if plan.dp_class_sizes else None,
+        bins=mp.domain.bins,
+        columns={n: s for n, s in zip(mp.domain.names, mp.domain.sizes)},
+        rho=mp.rho,
+    )
+
+
+def _aim_section(plan, mp: "MarginalsPlan"):
+    from dpcda.schemas.manifest import MarginalsMechanism
+
+    rec = mp.aim or {}
+    rounds = rec.get("rounds", [])
+    first = rounds[0] if rounds else {}
+    return MarginalsMechanism(
+        **_shared_fields(plan, mp),
+        rho_split={
+            "one_way": rec.get("rho_one_way", 0.0),
+            "selection": rec.get("rho_selection", 0.0),
+            "two_way": rec.get("rho_measurement", 0.0),
+            "unspent": mp.rho - rec.get("rho_spent", 0.0),
+        },
+        one_way_noise_std=rec.get("one_way_noise_std", 0.0),
+        two_way_noise_std=first.get("noise_std", 0.0),
+        selection_rounds=len(rounds),
+        round_epsilon=first.get("epsilon", 0.0),
+        cliques=[list(c) for c in mp.selected],
+        fit={
+            "estimator": "mbi MirrorDescent",
+            "iterations": mp.iterations,
+            "round_estimator": "dpcda.mechanisms.pgm (mbi's mirror descent, junction tree and model size in numpy)",
+            "round_iterations": rec.get("round_iterations"),
+            "round_tolerance": rec.get("round_tolerance"),
+            "total": mp.estimated_total,
+        },
+        sampling="mbi's synthetic_data (randomized rounding of the model's marginals); a numeric code becomes a "
+        "value uniform inside its bin",
+        aim={
+            "workload": "every pair of columns (the label's pair with every column among them), weighted as AIM's "
+            "compile_workload; candidates: those pairs and every column (the workload's downward closure; no "
+            "clique larger than a pair)",
+            "max_model_size_cells": mp.max_model_size,
+            **{k: v for k, v in rec.items() if k != "max_model_size_cells"},
+        },
+    )

@@ -88,8 +88,3 @@ def measure(counter: MarginalCounter, acc: np.ndarray, plan: MarginalsPlan, key:
             stream = NoiseStream(key, "marginals", "label-pair", a)
             two_way.append(stream.gaussian(small.marginal(acc, (a, n - 1)), ev.two_way_std))
     return Measurements(one_way, pairs, two_way, ev.one_way_std, [ev.two_way_std] * len(pairs), mapping=mapping)
-
-
-def label_pairs(selection: str, columns: int) -> int:
-    """Two-way marginals measured without selection: the label's pair with every other column (``mst-label``)."""
-    return columns - 1 if selection == "mst-label" else 0

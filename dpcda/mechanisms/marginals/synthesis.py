@@ -25,7 +25,7 @@ def fit_and_sample(
     """The stated ``MarginalsPlan`` (picked pairs, the model's total) and (encoded rows, labels) chunks of the plan's
     ``samples_total`` rows, from the exact counts ``acc`` (``MarginalCounter``). ``integers``: the numeric columns
     whose Arrow type is an integer (their values are drawn among the integers of their bin)."""
-    mp: MarginalsPlan = plan.marginals
+    mp: MarginalsPlan = plan.synthesis
     counter = MarginalCounter(mp.domain)
     start = time.time()
     measured = measure(counter, acc, mp, key)

@@ -22,7 +22,9 @@ from dpcda.pipeline.cli.base import (
     _join_negative_values,
     _OneLineParser,
     _setup_logging,
+    expanded_glob,
     one_line_error,
+    repeated_option,
 )
 from dpcda.pipeline.cli.release import release_flags
 from dpcda.pipeline.cli.schema import SCHEMA_NOTE, _our_draft
@@ -77,9 +79,19 @@ def _interrupted(err: BaseException) -> bool:
 
 def main(argv=None) -> int:
     parser = build_parser()
-    args, extra = parser.parse_known_args(_join_negative_values(list(sys.argv[1:] if argv is None else argv)))
+    argv = _join_negative_values(list(sys.argv[1:] if argv is None else argv))
+    expanded = expanded_glob(argv)  # before parsing: the extra paths would read as unknown (or Beam) options
+    if expanded is not None:
+        print(f"dpcda: error: {expanded}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    args, extra = parser.parse_known_args(argv)
     if extra and args.command != "release":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    repeated = repeated_option(argv, ("--config",)) if args.command == "release" else None
+    if repeated is not None:  # argparse keeps the last and drops the others without a word (a flag given again
+        # overrides, as documented: a wrapper's defaults, then the user's; two config files are not merged)
+        print(f"dpcda: error: release: {repeated}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     _setup_logging()
     _SIGNAL_SEEN.clear()
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}

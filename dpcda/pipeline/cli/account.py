@@ -5,29 +5,30 @@ from __future__ import annotations
 import json
 import math
 
-P3GM_KNOBS = ("p3gm_latent_dim", "p3gm_components", "p3gm_em_iterations", "p3gm_epochs", "p3gm_batch",
-              "p3gm_hidden", "p3gm_encoder_hidden")  # fmt: skip
+# the release settings account takes, as the release's flags (values reach the config as text: it checks them)
+ACCOUNT_FIELDS = (
+    "epsilon", "sigma_x", "delta", "mode", "clip", "normalization", "normalization_budget_share",
+    "histogram_budget_share", "pca_budget_share", "domain_budget_share",
+)  # fmt: skip
 
 
 def register(sub) -> dict:
     """Adds this module's subcommand parsers to ``sub``; returns their handlers by name."""
-    from dpcda.schemas.config import MECHANISM_NAMES, ReleaseConfig
+    from dpcda.pipeline.cli.release import help_of, release_flags
+    from dpcda.schemas.config import mechanism_keys, mechanism_names
+    from dpcda.schemas.config_keys import DEFAULT_MECHANISM
 
-    defaults = {
-        name: field.get_default() for name, field in ReleaseConfig.model_fields.items() if not field.is_required()
-    }  # account and audit share the release's defaults
     acc = sub.add_parser(
         "account",
         allow_abbrev=False,
         help="calibrate or account one group's synthesis without data, after the shares a release spends first",
     )
-    acc.add_argument("--mechanism", choices=MECHANISM_NAMES, default=defaults["mechanism"])
-    acc.add_argument("--mode", choices=["fixed", "poisson"], default=defaults["mode"])
+    acc.add_argument("--mechanism", choices=mechanism_names(), default=DEFAULT_MECHANISM)
     acc.add_argument(
         "--class-size",
         type=int,
         required=True,
-        help="N_k for dpcda; the dataset size N for dpmix and p3gm; any size for local/randproj",
+        help="N_k for dpcda; the dataset size N for dpmix, p3gm and marginals; any size for local/randproj",
     )
     acc.add_argument(
         "--samples-per-class",
@@ -35,56 +36,31 @@ def register(sub) -> dict:
         default=None,
         help="T_k for dpcda; T, the rows in total, for dpmix (ignored by local/randproj/p3gm)",
     )
-    acc.add_argument("--mixing-order", type=int, default=defaults["mixing_order"])
-    acc.add_argument("--clip", type=float, default=defaults["clip"])
-    acc.add_argument(
-        "--label-noise-ratio", type=float, default=defaults["label_noise_ratio"], help="dpmix: sigma_y / sigma_x"
-    )
-    acc.add_argument("--feature-dim", type=int, default=None, help="randproj, p3gm: d")
-    acc.add_argument("--num-classes", type=int, default=None, help="p3gm: K")
-    for knob in P3GM_KNOBS:
-        kind = float if knob == "p3gm_epochs" else int
-        acc.add_argument(
-            "--" + knob.replace("_", "-"),
-            type=kind,
-            default=None,
-            help=f"p3gm (default {defaults[knob] or 'p3gm_hidden'})",
-        )
-    acc.add_argument("--projection-dim", type=int, default=defaults["projection_dim"])
-    acc.add_argument("--projection-seed", type=int, default=defaults["projection_seed"])
-    acc.add_argument(
-        "--normalization",
-        choices=["dp", "public", "exact"],
-        default=defaults["normalization"],
-        help="as the release's: dp spends normalization_budget_share first; public and exact spend nothing",
-    )
-    acc.add_argument(
-        "--projection", default=None, help="dp-pca:K as the release's: the DP-PCA covariance spends pca_budget_share"
-    )
-    for share in ("normalization_budget_share", "histogram_budget_share", "pca_budget_share"):
-        acc.add_argument("--" + share.replace("_", "-"), type=float, default=defaults[share])
+    acc.add_argument("--feature-dim", type=int, default=None, help="d (with --projection, for randproj and p3gm)")
+    acc.add_argument("--num-classes", type=int, default=None, help="p3gm: K; marginals: the label's categories")
     acc.add_argument(
         "--table-columns", type=int, default=None, help="marginals: the table's columns, the label included"
     )
     acc.add_argument(
-        "--derived-numeric", type=int, default=0, help="marginals: numeric columns whose domain the DP step derives"
+        "--derived-numeric", type=int, default=None, help="marginals: numeric columns the DP domain step derives"
     )
     acc.add_argument(
         "--derived-categorical",
         type=int,
-        default=0,
+        default=None,
         help="marginals: string columns (and the label) whose categories the DP domain step derives",
     )
-    acc.add_argument("--domain-budget-share", type=float, default=defaults["domain_budget_share"])
-    acc.add_argument("--epsilon", type=float)
-    acc.add_argument("--sigma-x", type=float)
-    acc.add_argument("--delta", type=float, default=defaults["delta"])
+    mechanism = set(mechanism_keys()) - {"samples"}  # T is --samples-per-class here
+    for flag, (name, field) in release_flags().items():
+        if name in ACCOUNT_FIELDS or name in mechanism:
+            text, metavar = help_of(field)
+            acc.add_argument(flag, dest=name, default=None, metavar=metavar, help=text)
     acc.add_argument("--json", action="store_true")
     return {"account": cmd_account}
 
 
 def cmd_account(args, _beam_args) -> int:
-    from dpcda.api import account
+    from dpcda.pipeline.accounting import account
 
     fields = {k: v for k, v in vars(args).items() if k not in ("command", "json")}
     out = account(**fields)

@@ -5,15 +5,22 @@ from __future__ import annotations
 
 def register(sub) -> dict:
     """Adds this module's subcommand parsers to ``sub``; returns their handlers by name."""
-    from dpcda.schemas.config import MECHANISM_NAMES, ReleaseConfig
+    from dpcda.schemas.config import AUDIT_MAX_TRIALS, ReleaseConfig, mechanism_names
+    from dpcda.schemas.config_keys import DEFAULT_MECHANISM
+    from dpcda.schemas.mechanism_params import DpmixParams, MechanismParams
 
     defaults = {
         name: field.get_default() for name, field in ReleaseConfig.model_fields.items() if not field.is_required()
     }  # the release's defaults
+    defaults.update(
+        mechanism=DEFAULT_MECHANISM,
+        mixing_order=MechanismParams.model_fields["mixing_order"].default,
+        label_noise_ratio=DpmixParams.model_fields["label_noise_ratio"].default,
+    )
     au = sub.add_parser("audit", allow_abbrev=False, help="empirical lower bound on epsilon for a configuration")
     au.add_argument(
         "--mechanism",
-        choices=MECHANISM_NAMES,
+        choices=mechanism_names(),
         default=defaults["mechanism"],
         help="p3gm: its DP-SGD step (--mixing-order is the expected batch, --samples-per-class the steps)",
     )
@@ -31,8 +38,15 @@ def register(sub) -> dict:
         help="as the release's: sigma_x is calibrated after the shares a release with these settings spends first",
     )
     au.add_argument("--class-size", type=int, default=20)
-    au.add_argument("--samples-per-class", type=int, default=1)
-    au.add_argument("--trials", type=int, default=2000)
+    au.add_argument(
+        "--samples-per-class",
+        type=int,
+        default=1,
+        help=f"rows each run releases (trials x this at most {AUDIT_MAX_TRIALS * 16:,})",
+    )
+    au.add_argument(
+        "--trials", type=int, default=2000, help=f"mechanism runs on each dataset (4 to {AUDIT_MAX_TRIALS:,})"
+    )
     au.add_argument("--seed", type=int, default=0)
     au.add_argument("--json", action="store_true")
 

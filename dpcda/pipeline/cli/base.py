@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 import sys
 
@@ -96,3 +97,46 @@ def _join_negative_values(argv: list[str]) -> list[str]:
         else:
             out.append(tok)
     return out
+
+
+# the options that take one path or glob pattern (release, schema infer, evaluate, audit-release, sample-boolean...)
+GLOB_FLAGS = ("--input", "--eval-input", "--test", "--train", "--holdout")
+
+
+def expanded_glob(argv: list[str]) -> str | None:
+    """One line for an option that takes one pattern but was given several existing paths, as when the shell
+    expands an unquoted ``--input data/train/*.parquet`` (the paths after the first would otherwise read as unknown
+    options or Beam options); None when there is none. Only local paths that exist count: nothing else is a shell's
+    expansion."""
+    for i, tok in enumerate(argv):
+        if tok not in GLOB_FLAGS:
+            continue
+        paths = []
+        for word in argv[i + 1 :]:
+            if word.startswith("-") or not os.path.lexists(word):
+                break
+            paths.append(word)
+        if len(paths) < 2:
+            continue
+        folder = os.path.commonpath([os.path.dirname(p) or "." for p in paths])
+        exts = {os.path.splitext(p)[1] for p in paths}
+        pattern = os.path.join(folder, "*" + (exts.pop() if len(exts) == 1 else ""))
+        return (
+            f"{tok} takes one path or pattern but got {len(paths)} paths ({paths[0]}, {paths[1]}"
+            f"{', ...' if len(paths) > 2 else ''}): the shell expanded an unquoted pattern; quote it, e.g. "
+            f"{tok} '{pattern}'"
+        )
+    return None
+
+
+def repeated_option(argv: list[str], flags) -> str | None:
+    """One line for an option of ``flags`` given twice (``--config A --config B``: argparse would keep B and drop A
+    without a word); None when each is given once at most."""
+    seen: dict = {}
+    for tok in argv:
+        flag = tok.split("=", 1)[0]
+        if flag in flags:
+            seen[flag] = seen.get(flag, 0) + 1
+            if seen[flag] == 2:
+                return f"{flag} is given twice; give one config file (it holds every field; flags override it)"
+    return None

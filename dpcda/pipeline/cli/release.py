@@ -1,11 +1,15 @@
-"""``dpcda release``: the release job's flags (the config model's fields) and its command."""
+"""``dpcda release``: the release job's flags (the config model's fields and the mechanisms' parameters) and its
+command."""
 
 from __future__ import annotations
 
 import json
+import types
+import typing
 
-# Release flags are the config model's fields (names with dashes, help from the field descriptions), so the CLI and
-# the config file cannot drift. A few fields get a louder flag name.
+# Release flags are the config model's fields and the mechanisms' parameters (names with dashes, help from the field
+# descriptions), so the CLI and the config file cannot drift; their values reach the config's edge
+# (``schemas.config_keys``) as text. A few fields get a louder flag name.
 FLAG_NAMES = {"allow_exact_normalization": "--i-understand-exact-normalization-is-not-dp"}
 
 
@@ -13,56 +17,115 @@ CONFIG_FILE_ONLY = {"table"}  # nested sections have no flag
 
 
 CLI_ONLY_FLAGS = {
-    "--config": "YAML/JSON file with the same fields (names with underscores); flags override it",
+    "--config": "YAML/JSON file with the same fields (names with underscores, or grouped by section); flags override "
+    "it",
     "--allow-exception-sampling": (
         "let the runner sample the input element of a failing step (off by default: for "
         "this job that element is raw private records)"
     ),
 }
 
+# The help's groups, in order, and the config file's sections each holds; the execution group also names Beam's options
+HELP_GROUPS: dict[str, tuple[str, ...]] = {
+    "input": ("input",),
+    "privacy": ("privacy", "ledger"),
+    "mechanism": ("mechanism",),
+    "output": ("output", "postprocess"),
+    "evaluation": ("evaluation",),
+    "execution (Beam)": ("scale",),
+}
+GROUP_WORDS = {
+    "privacy": "the guarantee, its budget and the ledger the releases of one dataset compose in",
+    "mechanism": "how rows are made; each mechanism's own parameters are named after it (others are refused)",
+    "output": "where the release goes, and public post-processing of its rows (privacy unchanged)",
+    "execution (Beam)": (
+        "how the work is cut and where it runs. The job is an Apache Beam pipeline: --runner=DirectRunner (the "
+        "default) runs it on this machine; --runner=DataflowRunner on Google Cloud Dataflow (with --project, "
+        "--region, --temp_location and --sdk_container_image: docs/operations.md). Any other Beam pipeline option "
+        "(e.g. --direct_num_workers, --max_num_workers) is passed to Beam as it is"
+    ),
+}
+
 
 def release_flags() -> dict[str, tuple[str, object]]:
-    """flag -> (config field, pydantic FieldInfo), for every field of ReleaseConfig."""
-    from dpcda.schemas.config import ReleaseConfig
+    """flag -> (config key, pydantic FieldInfo), for every field of ReleaseConfig but a nested section (the mechanism
+    by its name), every flat key of a mechanism's parameters (``schemas.config_keys.mechanism_keys``) and a table's
+    flat keys (``schemas.config_keys.TableKeys``)."""
+    from dpcda.schemas.config import ReleaseConfig, mechanism_keys
+    from dpcda.schemas.config_keys import TableKeys
 
-    return {
-        FLAG_NAMES.get(name, "--" + name.replace("_", "-")): (name, field)
-        for name, field in ReleaseConfig.model_fields.items()
-        if name not in CONFIG_FILE_ONLY
-    }
+    flags = {}
+    for name, field in ReleaseConfig.model_fields.items():
+        if name in CONFIG_FILE_ONLY:
+            continue
+        flags[FLAG_NAMES.get(name, "--" + name.replace("_", "-"))] = (name, field)
+        if name == "mechanism":
+            for key, (model, own) in mechanism_keys().items():
+                flags["--" + key.replace("_", "-")] = (key, model.model_fields[own])
+    flags.update({"--" + k.replace("_", "-"): (k, f) for k, f in TableKeys.model_fields.items()})
+    return flags
+
+
+def help_of(field) -> tuple[str, typing.Optional[str]]:
+    """(help text, metavar) of a field: its description, its choices, one default (the description's where it states
+    one: a default that depends on the rest of the config)."""
+    text = field.description or ""
+    kind = field.annotation
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        kind = next((a for a in typing.get_args(kind) if a is not type(None)), kind)  # Optional[X]: X
+    choices = typing.get_args(kind) if typing.get_origin(kind) is typing.Literal else ()
+    default = None if field.is_required() else field.get_default()
+    if default not in (None, "", False) and "default" not in text.lower():
+        text += f" (default {default})"
+    return text.replace("%", "%%"), ("{" + ",".join(choices) + "}") if choices else None
 
 
 def add_parser(sub):
-    import typing
+    from dpcda.schemas.config import SECTIONS, mechanism_keys, mechanism_names
+    from dpcda.schemas.config_keys import DEFAULT_MECHANISM, SECTION_EXTRA, TABLE_MECHANISM
+    from dpcda.schemas.mechanism_params import PARAMS
 
-    from dpcda.schemas.config import SECTIONS
-
-    p = sub.add_parser("release", allow_abbrev=False, help="run a release job (Beam)")
-    p.add_argument("--config", default=None, help=CLI_ONLY_FLAGS["--config"])
-    flags = {name: (flag, field) for flag, (name, field) in release_flags().items()}
-    groups = {section: p.add_argument_group(f"{section} options") for section in SECTIONS}
-    for group, name in ((groups[section], n) for section, names in SECTIONS.items() for n in names):
-        if name not in flags:  # a section of the config file only (table)
-            continue
-        flag, field = flags[name]
-        text = (field.description or "").replace("%", "%%")  # argparse formats help with %
-        if field.annotation is bool:
-            group.add_argument(flag, dest=name, action="store_true", default=None, help=text)
-            continue
-        choices = typing.get_args(field.annotation) if typing.get_origin(field.annotation) is typing.Literal else ()
-        default = field.get_default() if not field.is_required() else None
-        shown = f" (default {default})" if default not in (None, "") else (" (required)" if field.is_required() else "")
-        shown = (f"; one of {', '.join(choices)}" if choices else "") + shown
-        # values reach the config model as text; it parses and checks them (so '8G', '0,1', '28,28' work) and a bad
-        # value ends in its one-line error
-        group.add_argument(flag, dest=name, default=None, help=text + shown.replace("%", "%%"))
-    p.add_argument(
-        "--allow-exception-sampling",
-        action="store_true",
-        default=False,
-        help=CLI_ONLY_FLAGS["--allow-exception-sampling"],
+    p = sub.add_parser(
+        "release",
+        allow_abbrev=False,
+        help="run a release job (Beam)",
+        usage="dpcda release [--config FILE] --input GLOB --output DIR (--epsilon E | --sigma-x S) [options] "
+        "[Beam pipeline options]",
     )
+    p.add_argument("--config", default=None, metavar="FILE", help=CLI_ONLY_FLAGS["--config"])
+    by_name = {name: (flag, field) for flag, (name, field) in release_flags().items()}
+    keys = list(mechanism_keys())
+    for title, sections in HELP_GROUPS.items():
+        group = p.add_argument_group(f"{title} options", GROUP_WORDS.get(title))
+        names = [
+            n for section in sections for n in (*SECTIONS[section], *SECTION_EXTRA.get(section, ())) if n in by_name
+        ]
+        for name in [m for n in names for m in ([n, *keys] if n == "mechanism" else [n])]:  # its parameters follow it
+            flag, field = by_name[name]
+            text, metavar = help_of(field)
+            if name == "mechanism":
+                listed = "; ".join(f"{n}: {PARAMS[n].summary}" for n in mechanism_names())
+                text = f"{listed} (default: {TABLE_MECHANISM} for a table input, {DEFAULT_MECHANISM} for other rows)"
+                metavar = "{" + ",".join(mechanism_names()) + "}"
+            if field.annotation is bool:
+                group.add_argument(flag, dest=name, action="store_true", default=None, help=text)
+                continue
+            # values reach the config model as text; it parses and checks them (so '8G', '0,1', '28,28' work) and a
+            # bad value ends in its one-line error
+            group.add_argument(flag, dest=name, default=None, metavar=metavar or _metavar(name), help=text)
+        if title == "execution (Beam)":
+            group.add_argument(
+                "--allow-exception-sampling",
+                action="store_true",
+                default=False,
+                help=CLI_ONLY_FLAGS["--allow-exception-sampling"],
+            )
     return p
+
+
+def _metavar(name: str) -> str:
+    """A short placeholder for a flag's value: the last word of its key, upper case."""
+    return name.rsplit("_", 1)[-1].upper()
 
 
 def register(sub) -> dict:
@@ -139,6 +202,8 @@ def cmd_release(args, beam_args) -> int:
     published = run_release(
         cfg, beam_args, release_stages(cfg), eval_input=cfg.eval_input, protect=(args.config,) if args.config else ()
     )
+    from dpcda.evaluation.report import named_headline as named
+
     manifest = published.model_dump(mode="json")  # the summary reads what manifest.json holds
     p = manifest["privacy"]
     print(
@@ -148,24 +213,19 @@ def cmd_release(args, beam_args) -> int:
                 "rows": manifest["output"]["rows"],
                 "epsilon": p["epsilon"],
                 "delta": p["delta"],
-                **_noise_summary(manifest["mechanism"]),
+                **published.mechanism.headline(),  # the mechanism's own headline noise (sigma_x, z or rho)
                 "end_to_end_dp": p["end_to_end_dp"],
                 **(
                     {"NOT_PRIVATE": "test seed: the epsilon is the mechanism's under a secret key, not this release's"}
                     if p.get("reproducible_seed")
                     else {}
                 ),
-                **({"accuracy": manifest["utility"]["accuracy_mean"]} if manifest.get("utility") else {}),
+                **(
+                    {"accuracy": manifest["utility"]["accuracy_mean"], **named(manifest["utility"])}
+                    if manifest.get("utility")
+                    else {}
+                ),
             }
         )
     )
     return 0
-
-
-def _noise_summary(mechanism: dict) -> dict:
-    """The release's headline noise: sigma_x, p3gm's DP-SGD noise multiplier, or the marginals' zCDP rho."""
-    if "sigma_x" in mechanism:
-        return {"sigma_x": mechanism["sigma_x"]}
-    if "dp_sgd" in mechanism:
-        return {"noise_multiplier": mechanism["dp_sgd"]["noise_multiplier"]}
-    return {"rho": mechanism["rho"]}

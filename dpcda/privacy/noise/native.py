@@ -1,33 +1,33 @@
-"""The host's Gaussian sampler as one compiled loop: ``noise._rounded_gaussian``'s arithmetic, element by element.
+"""The host's Gaussian sampler as one compiled loop: ``gaussian.rounded_gaussian``'s arithmetic, element by element.
 
 Relation-agnostic, like ``privacy.noise`` (whose docstring states the mechanism and the exactness argument). The
-numpy sampler makes about 60 passes over each block of ``noise._BLOCK`` elements, with the GIL held between them;
+numpy sampler makes about 60 passes over each block of ``BLOCK`` elements, with the GIL held between them;
 this module compiles the same per-element arithmetic in C (the system's C compiler, at the first large draw of a
 process, into a private temporary directory) and calls it through ``ctypes``, which releases the GIL, so a second
 noise thread runs beside the first.
 
 Why the output is the same, bit for bit. The kernel evaluates, per element, the IEEE operations the numpy code
 evaluates, in the same order: p from the two top words (int64 -> float64 conversions, products by powers of two, one
-sum), AS 241's Horner recurrences with the same coefficients (passed from ``noise``), the division, the products by
-sigma/g and the division by g, round half to even, (k + 0.0) * g. It is built with ``-ffp-contract=off`` (no fused
-multiply-adds) and without ``-ffast-math``, and the command ends with value-safety flags (``SAFE_FLAGS``: signed
+sum), AS 241's Horner recurrences with the same coefficients (passed from ``native_sampler``), the division, the
+products by sigma/g and the division by g, round half to even, (k + 0.0) * g. It is built with ``-ffp-contract=off`` (no
+fused multiply-adds) and without ``-ffast-math``, and the command ends with value-safety flags (``SAFE_FLAGS``: signed
 zeros, no unsafe math, reassociation, reciprocals or contraction) that override anything before them, so vector and
-scalar code round every operation as numpy does. The one
-call that may differ is ``log`` in the tail branch (glibc's, where numpy may use its own SIMD log): both are within
-an ulp or two, far inside the error bound ``noise.Z_ERROR`` the exact decision assumes (2^-40 (1 + |z|), observed
-below 2^-50), so every element the float value decides lies in the exact cell at u, which is the numpy sampler's
-output too. Everything else is decided where numpy decides it: the kernel returns each block's largest t, largest
-|c|, whether every value is finite and the largest distance to a cell boundary, and ``noise`` applies the same error
-bound, the same refusals and the same exact decimal decision to the same elements (a block holding one of p's rare
-low-precision cases, w0 < 2^11, goes through the numpy sampler whole).
+scalar code round every operation as numpy does. The one call that may differ is ``log`` in the tail branch (glibc's,
+where numpy may use its own SIMD log): both are within an ulp or two, far inside the error bound ``Z_ERROR`` the exact
+decision assumes (2^-40 (1 + |z|), observed below 2^-50), so every element the float value decides lies in the exact
+cell at u, which is the numpy sampler's output too. Everything else is decided where numpy decides it: the kernel
+returns each block's largest t, largest |c|, whether every value is finite and the largest distance to a cell boundary,
+and ``native_sampler`` applies the same error bound, the same refusals and the same exact decimal decision to the same
+elements (a block holding one of p's rare low-precision cases, w0 < 2^11, goes through the numpy sampler whole).
 
-At load the kernel is checked against the numpy sampler, bit for bit, on fixed uniforms (``noise._check_native``):
-random blocks, a block in the far tail (r > 5, both signs), p beside the tail's edge and beside 1/2, zeros reached from
-below (rint's -0.0 must leave as +0.0) and cells beside a boundary that are decided exactly, several blocks per call
-in the draws' layout; a block with w0 < 2^11 must be handed back. It samples the arithmetic, it does not prove it:
-what it cannot catch, the value-safety flags and the shared error bound are there for. A machine without a C
-compiler, a failed build, a failed check or a check that raises leaves ``kernel()`` None for the process (one
-warning) and the numpy sampler runs: the same output, slower. ``DPCDA_NOISE_NATIVE=0`` turns the kernel off.
+At load the kernel is checked against the numpy sampler, bit for bit, on fixed uniforms
+(``native_sampler.check_native``): random blocks, a block in the far tail (r > 5, both signs), p beside the tail's edge
+and beside 1/2, zeros reached from below (rint's -0.0 must leave as +0.0) and cells beside a boundary that are decided
+exactly, several blocks per call in the draws' layout; a block with w0 < 2^11 must be handed back. It samples the
+arithmetic, it does not prove it: what it cannot catch, the value-safety flags and the shared error bound are there for.
+A machine without a C compiler, a failed build, a failed check or a check that raises leaves ``kernel()`` None for the
+process (one warning) and the numpy sampler runs: the same output, slower. ``DPCDA_NOISE_NATIVE=0`` turns the kernel
+off.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ static inline double from_bits(int64_t b) {
     return x;
 }
 
-/* Horner's rule as noise._poly evaluates it: acc = x c7; acc += c6; then acc *= x; acc += c_i down to c0. */
+/* Horner's rule as inverse_normal._poly evaluates it: acc = x c7; acc += c6; then acc *= x; acc += c_i down to c0. */
 static inline double poly(const double *c, double x) {
     double acc = x * c[7];
     acc = acc + c[6];
@@ -83,7 +83,7 @@ void dpcda_rounded_gaussian(int64_t nblocks, int64_t n, const uint64_t *words, i
         const double *c = center + b * n;
         double *o = out + b * n, *d = dist + b * n;
         int64_t small = 0;
-        for (int64_t i = 0; i < n; i++) { /* noise._tail_p, and upper_quantile's central branch for all */
+        for (int64_t i = 0; i < n; i++) { /* gaussian.tail_p, and upper_quantile's central branch for all */
             uint64_t mask = (uint64_t)0 - (u0[i] >> 63);
             int64_t w0 = (int64_t)((u0[i] ^ mask) & low63);
             int64_t w1 = (int64_t)((u1[i] ^ mask) >> 11);
@@ -115,7 +115,7 @@ void dpcda_rounded_gaussian(int64_t nblocks, int64_t n, const uint64_t *words, i
         /* maxima of non-negative doubles as maxima of their bit patterns (integers order them alike, and the
            loop vectorises); a non-finite scaled value has |s| bits >= those of infinity */
         int64_t tmax = 0, cmax = 0, dmax = 0, nonfinite = 0;
-        for (int64_t i = 0; i < n; i++) { /* noise._rounded_gaussian after upper_quantile */
+        for (int64_t i = 0; i < n; i++) { /* gaussian.rounded_gaussian after upper_quantile */
             double t = d[i], s;
             int64_t tb = bits(t);
             s = from_bits(tb ^ (int64_t)(((u0[i] >> 63) ^ 1) << 63)); /* z = t where U >= 2^191, else -t */
@@ -198,9 +198,9 @@ def _build():
 def kernel(check):
     """The compiled sampler (built and checked once per process), or None: then the numpy sampler runs.
 
-    ``check(fn)``: '' where ``fn`` gives the numpy sampler's output on fixed words, else what differs (``noise``
-    passes its own check: this module imports nothing of ``noise``). A check that raises has failed: the kernel is
-    off for the process (one warning), never built again per draw."""
+    ``check(fn)``: '' where ``fn`` gives the numpy sampler's output on fixed words, else what differs
+    (``native_sampler`` passes its own check: this module imports nothing else of ``privacy.noise``). A check that
+    raises has failed: the kernel is off for the process (one warning), never built again per draw."""
     global _LIB, _REASON
     if _LIB is None:
         with _LOCK:
