@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 import time
 from typing import Optional, Sequence
 
@@ -33,6 +32,7 @@ from dpcda.evaluation.targets import (
     target_loss,
 )
 from dpcda.mechanisms.device import pick_device  # one device policy for mixing and training
+from dpcda.progress import track
 
 # The names callers import from here (benchmarks, tests), wherever they live now.
 __all__ = [
@@ -172,6 +172,7 @@ def train_and_score(
     (rows, K): the release's label scores, fitted as released (``recipe.soft_loss``); the hard labels are their argmax
     and serve the synthetic hold-out. ``model``: None (CNN for images, else the MLP), "cnn" or "mlp". ``track_test``
     adds a per-epoch real-test accuracy curve for diagnosis only; it never influences the model reported.
+    ``progress``: training progress on stderr (``dpcda.progress``: a bar on a terminal, a line per tenth elsewhere).
 
     Returns the recipe's model's accuracy per run, mean and std (population, ddof=0; ``accuracy_*``, the headline),
     ``real_test_accuracy`` (the three figures, named: ``headline`` says which the recipe reports; ``network``, the
@@ -224,18 +225,12 @@ def train_and_score(
             m, s = score_moments(soft_labels)  # the ridge fit of the standardised scores: the same map, rescaled
             w, b = w / s, (b - m) / s
         start = (w, b)
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(
-            total=runs * epochs * len(tr_idx),
-            unit="row",
-            unit_scale=True,
-            file=sys.stderr,
-            desc=f"evaluate {runs}x{epochs} epochs on {dev.type}",
-            leave=False,
-        )
+    bar = track(
+        f"evaluate {runs}x{epochs} epochs on {dev.type}",
+        runs * epochs * len(tr_idx),
+        unit="rows",
+        mode=None if progress else "off",
+    )
     autocast = use_bf16(recipe, dev)
     accs, net_accs, scored_runs, curves, confusions = [], [], [], [], []
     try:
@@ -275,8 +270,7 @@ def train_and_score(
                 {"seed": seed + r, "accuracy": accs[-1], **c, **extra, "confusion_matrix": confusions[-1].tolist()}
             )
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     probe_result = None
     if selected is not None:
         from dpcda.evaluation.probe import linear_probe

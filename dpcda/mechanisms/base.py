@@ -166,6 +166,11 @@ class SynthesisPlan(abc.ABC):
         """Caveats of this plan's own (e.g. no noise); ``epsilon``: the accounted one."""
         return ()
 
+    def noisy_measurements(self) -> Optional[dict]:
+        """The DP measurements a quality report sets beside the released rows (post-processing of DP outputs, JSON;
+        ``evaluation.quality`` reads them), once the synthesis has run; None where the mechanism measures none."""
+        return None
+
     def dp_pca(self):
         """The DP-PCA stage (``mechanisms.dppca.PcaPlan``) this synthesis uses, or None."""
         return None

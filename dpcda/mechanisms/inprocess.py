@@ -20,6 +20,7 @@ from dpcda.mechanisms.base import Caveat, CaveatCode, InProcess
 from dpcda.mechanisms.combiners import FirstPass, FirstPassCombiner
 from dpcda.mechanisms.local import BLOCK_ROWS
 from dpcda.mechanisms.plan import ReleasePlan, build_plan, normalize_into
+from dpcda.progress import step_callback, track
 from dpcda.schemas.settings import CoreSettings
 
 
@@ -83,12 +84,15 @@ def release_in_process(
         )
 
     feats, labels, scores = [], [], []
+    progress = progress if progress is not None else step_callback(f"{plan.mechanism} training")
     ctx = InProcess(x, y, plan, core, key, normalized, basis, device, progress=progress, on_model=on_model)
-    for f, lab, sc in plan.mechanism_entry.synthesize(ctx):
-        feats.append(f)
-        labels.append(lab)
-        if sc is not None:
-            scores.append(sc)
+    with track(f"{plan.mechanism} rows synthesised", plan.samples_total, unit="rows") as bar:
+        for f, lab, sc in plan.mechanism_entry.synthesize(ctx):
+            feats.append(f)
+            labels.append(lab)
+            bar.update(len(lab))
+            if sc is not None:
+                scores.append(sc)
     return (
         np.concatenate(feats),
         np.concatenate(labels).astype(np.int64),

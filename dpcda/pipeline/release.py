@@ -281,9 +281,10 @@ def run_pipeline(p: beam.Pipeline, options: PipelineOptions):
 
 
 def release_stages(cfg: ReleaseConfig) -> tuple[Stage, ...]:
-    """The stages that add manifest sections after the pipeline, in order: the evaluation (image or table), the
-    canary audit, the membership audit, as the config asks. Each reads the typed manifest; the evaluation modules
-    take its JSON (``Manifest.model_dump(mode="json")``, what a published manifest.json holds)."""
+    """The stages that add manifest sections after the pipeline, in order: the evaluation (image or table), a table
+    release's quality report (always), the canary audit, the membership audit, as the config asks. Each reads the
+    typed manifest; the evaluation modules take its JSON (``Manifest.model_dump(mode="json")``, what a published
+    manifest.json holds)."""
     stages = []
     if cfg.eval_input and cfg.table is not None:
         from dpcda.evaluation.tabular import evaluate_table_release
@@ -311,6 +312,15 @@ def release_stages(cfg: ReleaseConfig) -> tuple[Stage, ...]:
             )
 
         stages.append(Stage("evaluation", "utility", utility))
+    if cfg.table is not None:  # every table release: after the evaluation, whose classifier figures it reads
+        from dpcda.evaluation.quality import quality_section
+
+        def quality(workdir: str, manifest: Manifest) -> dict:
+            return quality_section(
+                workdir, manifest.model_dump(mode="json"), cfg.eval_input, test_public=cfg.eval_input_public
+            )
+
+        stages.append(Stage("quality report", "utility", quality))
     if cfg.audit:
         from dpcda.evaluation.audit import audit_section
 

@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 DRAFT = "manifest.draft.json"  # what the pipeline writes; only ``publish`` writes MANIFEST
+MEASURED = "measurements.draft.json"  # a mechanism's noisy measurements for the quality report; never published
+DRAFTS = (MEASURED, DRAFT)
 RUNS = "runs"
 STALE_RUN_HOURS = 72
 # Launchers' clocks differ, by up to this much (assumed). A sweep removes a run prefix only once it is older than
@@ -331,8 +333,9 @@ def _publish_local(target: Target, manifest: Manifest, text: str) -> None:
         return os.path.getsize(p) if os.path.isfile(p) else None
 
     _check_parts(manifest, size)
-    if os.path.exists(os.path.join(work, DRAFT)):
-        os.remove(os.path.join(work, DRAFT))
+    for name in DRAFTS:
+        if os.path.exists(os.path.join(work, name)):
+            os.remove(os.path.join(work, name))
     tmp = os.path.join(work, f".{MANIFEST}.tmp")
     with open(tmp, "w") as fh:
         fh.write(text)
@@ -523,9 +526,10 @@ def _publish_gcs(target: Target, manifest: Manifest, text: str) -> None:
         return None if blob is None else int(blob.size)
 
     _check_parts(manifest, size)
-    draft = bucket.get_blob(f"{prefix}/{target.prefix}{DRAFT}")
-    if draft is not None:
-        draft.delete()
+    for name in DRAFTS:
+        draft = bucket.get_blob(f"{prefix}/{target.prefix}{name}")
+        if draft is not None:
+            draft.delete()
     try:
         bucket.blob(f"{prefix}/{MANIFEST}").upload_from_string(
             text, content_type="application/json", if_generation_match=target.generation

@@ -14,6 +14,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from dpcda.mechanisms.marginals import MarginalCounter, codes_of, domain_of, fit_and_sample, integer_columns
+from dpcda.progress import track
 from dpcda.storage.build import check_build
 from dpcda.transforms.mix import finite_table
 from dpcda.transforms.synthesize import _Synthesis
@@ -53,9 +54,12 @@ class _FitFn(beam.DoFn):
     def process(self, counts, plan, key):
         stated, chunks = fit_and_sample(counts, plan, self.schema, key, self.chunk_rows, self.integers)
         yield beam.pvalue.TaggedOutput(self.STATED, dataclasses.replace(plan, synthesis=stated))
-        for i, (x, y) in enumerate(chunks):
-            self.rows_written.inc(len(y))
-            yield finite_table(x, y, self.fc, self.lc, soft=False, where=f"marginals chunk {i}")
+        with track("marginals rows sampled", plan.samples_total, unit="rows") as bar:
+            for i, (x, y) in enumerate(chunks):
+                self.rows_written.inc(len(y))
+                table = finite_table(x, y, self.fc, self.lc, soft=False, where=f"marginals chunk {i}")
+                bar.update(len(y))
+                yield table
 
 
 class FitAndSampleMarginals(_Synthesis):

@@ -21,6 +21,7 @@ from dpcda.mechanisms.dpmix import mix_dataset
 from dpcda.mechanisms.local import perturb_block
 from dpcda.mechanisms.plan import PlanError, normalize_into
 from dpcda.mechanisms.postprocess import make_postprocess
+from dpcda.progress import track
 from dpcda.storage.build import check_build
 from dpcda.storage.shards import block_table
 
@@ -45,11 +46,14 @@ class _MixFn(beam.DoFn):
     def setup(self):
         check_build(self.expected_build)
         self.device = pick_device(self.device_pref)
+        self.bar = None
 
     def process(self, element, plan, key, basis=None):
         k, x = element
         start = time.time()
         mix = plan.synthesis
+        if self.bar is None:  # one per worker: the rows it mixes, of every class's, against the release's total
+            self.bar = track("mix rows", sum(mix.samples_per_class), unit="rows")
         for chunk, feats, labels in mix_class(
             x,
             key=key,
@@ -69,7 +73,9 @@ class _MixFn(beam.DoFn):
             **_projection(plan, basis),
         ):
             self.rows_written.inc(len(labels))
-            yield finite_table(feats, labels, self.fc, self.lc, soft=self.soft_labels, where=f"class {k}")
+            table = finite_table(feats, labels, self.fc, self.lc, soft=self.soft_labels, where=f"class {k}")
+            self.bar.update(len(labels))
+            yield table
         log.info(
             "stage=mix class=%d rows=%d device=%s seconds=%.2f",
             k,
@@ -77,6 +83,10 @@ class _MixFn(beam.DoFn):
             self.device,
             time.time() - start,
         )
+
+    def teardown(self):
+        if getattr(self, "bar", None) is not None:
+            self.bar.close()
 
 
 def _projection(plan, basis) -> dict:
@@ -109,6 +119,7 @@ class _MixDatasetFn(beam.DoFn):
     def process(self, element, plan, key, basis=None):
         _, (x, y) = element
         mix = plan.synthesis
+        bar = track("mix rows", mix.samples_total, unit="rows")
         for _, feats, scores in mix_dataset(
             x,
             y,
@@ -127,7 +138,10 @@ class _MixDatasetFn(beam.DoFn):
             **_projection(plan, basis),
         ):
             self.rows_written.inc(len(scores))
-            yield finite_table(feats, scores, self.fc, self.lc, soft=True, where="dataset")
+            table = finite_table(feats, scores, self.fc, self.lc, soft=True, where="dataset")
+            bar.update(len(scores))
+            yield table
+        bar.close()
 
 
 class _PerturbFn(beam.DoFn):

@@ -17,6 +17,7 @@ from apache_beam.metrics import Metrics
 
 from dpcda.mechanisms.device import pick_device
 from dpcda.mechanisms.p3gm import sample_chunks, spec_from_plan
+from dpcda.progress import step_callback
 from dpcda.storage.build import check_build
 from dpcda.transforms.mix import finite_table
 
@@ -38,9 +39,7 @@ class _FitFn(beam.DoFn):
         start = time.time()
         spec = spec_from_plan(plan)
 
-        def progress(step, steps, _loss):  # the loss is a statistic of private rows (not DP): never logged
-            log.info("stage=p3gm step=%d/%d seconds=%.1f", step, steps, time.time() - start)
-
+        progress = step_callback("p3gm training")  # the loss is a statistic of private rows (not DP): never shown
         model = fit(x, y, basis, plan.clip, spec, key, self.device, progress=progress)
         log.info("stage=p3gm fitted steps=%d device=%s seconds=%.1f", spec.steps, self.device, time.time() - start)
         yield model

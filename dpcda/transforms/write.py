@@ -18,7 +18,7 @@ from apache_beam.metrics import Metrics
 
 from dpcda.mechanisms.normalization import NORMALIZATION_FILE, normalization_record
 from dpcda.storage.paths import is_remote
-from dpcda.storage.publish import DRAFT
+from dpcda.storage.publish import DRAFT, MEASURED
 from dpcda.storage.shards import parquet_schema
 
 log = logging.getLogger(__name__)
@@ -83,6 +83,9 @@ def _write_manifest(files, plan, directory, prefix, build_manifest):
         outputs.append(OutputFile(path=prefix + rel, rows=rows, sha256=digest, bytes=size))
     if plan.z_scored:  # a release whose rows were not z-scored has no statistics to state
         _write_text(FileSystems.join(directory, NORMALIZATION), json.dumps(normalization_record(plan)) + "\n")
+    measured = plan.synthesis.noisy_measurements()
+    if measured is not None:  # DP counts for the quality report (evaluation.quality); publishing removes the draft
+        _write_text(FileSystems.join(directory, MEASURED), json.dumps(measured, allow_nan=False) + "\n")
     manifest = build_manifest(plan, outputs)
     _write_text(FileSystems.join(directory, DRAFT), manifest.write_json())
     Metrics.counter("dpcda", "rows_written").inc(manifest.output.rows)
@@ -91,8 +94,9 @@ def _write_manifest(files, plan, directory, prefix, build_manifest):
 
 
 class WriteDraftManifest(beam.PTransform):
-    """file names -> rows written; writes normalization.json (a release whose rows were z-scored), then the manifest
-    draft (paths prefixed for OUTPUT)."""
+    """file names -> rows written; writes normalization.json (a release whose rows were z-scored), the noisy
+    measurements' draft (a mechanism that has them: ``storage.publish.MEASURED``), then the manifest draft (paths
+    prefixed for OUTPUT)."""
 
     def __init__(self, directory, plan_pcoll, build_manifest, prefix=""):
         super().__init__()

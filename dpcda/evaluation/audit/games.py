@@ -92,8 +92,10 @@ def _projections(
     key: bytes,
     tag: str,
     device: torch.device,
+    progress,
 ) -> np.ndarray:
-    """(trials, samples) projections on u of the rows of ``trials`` independent mechanism runs on x."""
+    """(trials, samples) projections on u of the rows of ``trials`` independent mechanism runs on x (``progress``
+    counts the trials, ``dpcda.progress``)."""
     xt = torch.from_numpy(np.asarray(x, np.float64)).to(device)
     per_batch = max(1, BATCH_ROWS.get(device.type, BATCH_ROWS["cpu"]) // samples)
     parts = []
@@ -110,6 +112,7 @@ def _projections(
             sampling_rate=rate,
         )
         parts.append((rows @ np.asarray(u, np.float64)).reshape(n, samples))
+        progress.update(n)
     return np.concatenate(parts)
 
 
@@ -153,27 +156,28 @@ def _dpmix_scores(
     key: bytes,
     tag: str,
     clip: float,
+    progress,
 ) -> np.ndarray:
     """Log-likelihood ratios of DPMix rows (one per trial, all rows of one real ``mix_dataset`` call): the feature
     projection on the canary direction and the label-score difference (class 0 minus class 1), whitened together."""
     from dpcda.mechanisms.dpmix import mix_dataset
 
-    parts = [
-        (f.astype(np.float64) @ u, sc[:, 0].astype(np.float64) - sc[:, 1])
-        for _, f, sc in mix_dataset(
-            x.astype(np.float64),
-            labels,
-            key=key,
-            num_classes=3,
-            mode=mode,
-            mixing_order=mixing_order,
-            sigma_x=sigma_x,
-            sigma_y=sigma_y,
-            samples=trials,
-            chunk_rows=1 << 15,
-            sampling_rate=rate,
-        )
-    ]
+    parts = []
+    for _, f, sc in mix_dataset(
+        x.astype(np.float64),
+        labels,
+        key=key,
+        num_classes=3,
+        mode=mode,
+        mixing_order=mixing_order,
+        sigma_x=sigma_x,
+        sigma_y=sigma_y,
+        samples=trials,
+        chunk_rows=1 << 15,
+        sampling_rate=rate,
+    ):
+        parts.append((f.astype(np.float64) @ u, sc[:, 0].astype(np.float64) - sc[:, 1]))
+        progress.update(len(f))
     proj, diff = np.concatenate([p for p, _ in parts]), np.concatenate([d for _, d in parts])
     if sigma_x <= 0 or sigma_y <= 0:
         return proj + diff
@@ -197,17 +201,30 @@ def _perturb_scores(
     key: bytes,
     tag: str,
     projection: Optional[np.ndarray],
+    progress,
 ) -> np.ndarray:
     """The canary's released row, once per trial (``mechanisms.local.perturb_block``), projected on ``direction``
     (monotone in the likelihood ratio: the two hypotheses shift it by +-c||R||)."""
     from dpcda.mechanisms.local import perturb_block
 
     rows = np.repeat(x_row[None, :].astype(np.float64), trials, axis=0)
-    return perturb_block(rows, key=key, block=("audit", tag), sigma_x=sigma_x, projection=projection) @ direction
+    out = perturb_block(rows, key=key, block=("audit", tag), sigma_x=sigma_x, projection=projection) @ direction
+    progress.update(trials)
+    return out
 
 
 def _dpsgd_scores(
-    grads: np.ndarray, u: np.ndarray, *, rate, noise_multiplier: float, clip: float, steps: int, trials: int, key, tag
+    grads: np.ndarray,
+    u: np.ndarray,
+    *,
+    rate,
+    noise_multiplier: float,
+    clip: float,
+    steps: int,
+    trials: int,
+    key,
+    tag,
+    progress,
 ) -> np.ndarray:
     """p3gm's DP-SGD (``mechanisms.dpsgd``: the Poisson batch, the clip, the noisy sum) on per-example gradients
     ``grads``, ``steps`` steps per trial; the statistic is the log-likelihood ratio of the noisy sums' projections
@@ -226,6 +243,7 @@ def _dpsgd_scores(
             batch = poisson_batch(NoiseStream(key, "audit-batch", tag, t, s), len(grads), rate)
             total = clipped[torch.from_numpy(batch)].sum(dim=0)
             proj[t, s] = float(noisy_sum(total, std, NoiseStream(key, "audit-noise", tag, t, s)).double() @ u)
+        progress.update(1)
     if std <= 0:
         return proj.max(axis=1)
     a, q = clip * (1.0 - CLIP_MARGIN), float(rate)  # the canary's clipped gradient on u (under D)
@@ -257,7 +275,9 @@ class Game:
         """(the noise, the event it spends): the plan's (``synthesis``, calibrated or at the given sigma_x)."""
         return float(synthesis.sigma_x), synthesis.events[0]
 
-    def scores(self, s: Setting, synthesis, noise: float, event, key: bytes, device) -> dict:
+    def scores(self, s: Setting, synthesis, noise: float, event, key: bytes, device, progress) -> dict:
+        """{"D": scores, "D'": scores}, ``s.trials`` each; ``progress`` (``dpcda.progress.track``) counts the trials
+        as they are played, batch by batch."""
         raise NotImplementedError
 
     def fields(self, s: Setting, noise: float, event) -> dict:
@@ -308,7 +328,7 @@ class Game:
 
 
 class ClassMixing(Game):
-    def scores(self, s, synthesis, noise, event, key, device):
+    def scores(self, s, synthesis, noise, event, key, device, progress):
         rate = getattr(event, "exact_sampling_rate", 1)
         d, d_prime, u = canary_datasets(s.mode, s.class_size, s.dim, s.clip, s.seed)
         common = dict(
@@ -322,7 +342,7 @@ class ClassMixing(Game):
         )
         out = {}
         for name, x in (("D", d), ("D'", d_prime)):
-            proj = _projections(x, u, trials=s.trials, tag=name, **common)
+            proj = _projections(x, u, trials=s.trials, tag=name, progress=progress, **common)
             out[name] = log_likelihood_ratio(
                 proj, mode=s.mode, shift=s.clip / s.mixing_order, rate=float(rate), sigma=float(noise)
             )
@@ -333,7 +353,7 @@ class DatasetMixing(Game):
     def settings(self, s):
         return {**super().settings(s), "label_noise_ratio": s.label_noise_ratio}
 
-    def scores(self, s, synthesis, noise, event, key, device):
+    def scores(self, s, synthesis, noise, event, key, device, progress):
         rate = getattr(event, "exact_sampling_rate", 1)
         d, d_prime, u = canary_datasets(s.mode, s.class_size, s.dim, s.clip, s.seed)
         n = s.class_size
@@ -354,6 +374,7 @@ class DatasetMixing(Game):
                 key=key,
                 tag=name,
                 clip=s.clip,
+                progress=progress,
             )
             for name, x in (("D", d), ("D'", d_prime))
         }
@@ -364,7 +385,7 @@ class Perturbation(Game):
         # randproj's public R is drawn from the audit's seed at the audit's own small dimension
         return {"projection_dim": s.projection_dim, "projection_seed": s.seed}
 
-    def scores(self, s, synthesis, noise, event, key, device):
+    def scores(self, s, synthesis, noise, event, key, device, progress):
         _, _, u = canary_datasets(s.mode, s.class_size, s.dim, s.clip, s.seed)
         projection = synthesis.projection_matrix(s.dim)
         direction, canary = u.astype(np.float64), s.clip * u.astype(np.float64)
@@ -380,6 +401,7 @@ class Perturbation(Game):
                 key=key,
                 tag=name,
                 projection=projection,
+                progress=progress,
             )
             for name, sign in (("D", 1.0), ("D'", -1.0))
         }
@@ -430,7 +452,7 @@ class DpSgdStep(Game):
         z = float(synthesis.noise_multiplier) if synthesis is not None else float(given)
         return z, DpSgdEvent("dp_sgd", self.rate(s), s.samples_per_class, z)
 
-    def scores(self, s, synthesis, noise, event, key, device):
+    def scores(self, s, synthesis, noise, event, key, device, progress):
         u = np.zeros(s.dim)
         u[0] = 1.0
         background = np.zeros((s.class_size - 1, s.dim))
@@ -447,6 +469,7 @@ class DpSgdStep(Game):
                 trials=s.trials,
                 key=key,
                 tag=name,
+                progress=progress,
             )
             for name, g in grads.items()
         }

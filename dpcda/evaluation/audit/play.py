@@ -17,6 +17,7 @@ from dpcda.privacy.budget import BudgetPlan
 from dpcda.privacy.calibration import calibrate_sigma_x
 from dpcda.privacy.events import MODES
 from dpcda.privacy.noise import key_from_test_seed
+from dpcda.progress import track
 from dpcda.schemas.config import AUDIT_MAX_TRIALS
 
 DEFAULT_DIM = 8
@@ -142,7 +143,8 @@ def run_audit(
     accounted = account(ReleaseEvents(mode, (), (event,)), delta, cross_check=False).epsilon
     claimed = accounted if claimed_epsilon is None else float(claimed_epsilon)
     dev = pick_device(device)
-    scores = game.scores(s, synthesis, noise, event, key_from_test_seed(seed), dev)
+    with track(f"audit {mechanism} trials on D and D'", 2 * trials, unit="trials") as bar:
+        scores = game.scores(s, synthesis, noise, event, key_from_test_seed(seed), dev, bar)
     half = trials // 2
     verdict = score_game(scores, half, delta)
     fields = game.fields(s, noise, event)

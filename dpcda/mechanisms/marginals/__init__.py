@@ -32,7 +32,7 @@ one of the codes merged into it, uniformly (the noise stream's uniform integers)
 
 Modules: ``domain`` (codes), ``counting`` (the combiner's core, compression), ``plan`` (the plan and the
 measurements), ``selection`` (MST), ``aim`` (AIM's rounds), ``estimation`` (fit and sample), ``synthesis`` (counts to
-rows), ``mechanism`` (the registry entry).
+rows), ``noisy`` (the measurements a quality report reads), ``mechanism`` (the registry entry).
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ from dpcda.mechanisms.marginals.mechanism import (  # noqa: F401
     MAX_CELLS,
     Marginals,
 )
+from dpcda.mechanisms.marginals.noisy import noisy_summary  # noqa: F401
 from dpcda.mechanisms.marginals.plan import (  # noqa: F401
     AIM,
     AIM_MAX_MODEL_SIZE,

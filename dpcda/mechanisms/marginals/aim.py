@@ -16,6 +16,7 @@ from dpcda.mechanisms.marginals.estimation import warm_start
 from dpcda.mechanisms.marginals.plan import AIM_MAX_MODEL_SIZE, SCORE_BITS, MarginalsPlan, Measurements
 from dpcda.privacy.aim import gaussian_rho, selection_rho
 from dpcda.privacy.noise import NoiseStream
+from dpcda.progress import track
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,7 @@ def measure_aim(counter: MarginalCounter, acc: np.ndarray, plan: MarginalsPlan, 
     bits = Bits(NoiseStream(key, "marginals", "aim-select"))
     picked, two_way, stds, rounds = [], [], [], []
     cells_of, cells = None, {}  # the model's cliques -> candidate -> cells of the model with it (public: the picks)
+    bar = track("marginals AIM rounds, share of rho spent", 100, unit="%")  # the schedule's spending is public
     while not sched.done:
         rnd = sched.next_round()
         size_limit = cap * float(sched.filter.spent / sched.filter.cap)
@@ -147,6 +149,8 @@ def measure_aim(counter: MarginalCounter, acc: np.ndarray, plan: MarginalsPlan, 
             model.steps,
             model.cells,
         )
+        bar.set(100 * float(sched.filter.spent / sched.filter.cap), round=len(rounds))
+    bar.close()
     record = {
         "planned_rounds": sched.planned_rounds,
         "rounds_run": len(rounds),

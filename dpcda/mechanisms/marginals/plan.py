@@ -41,6 +41,7 @@ class MarginalsPlan(SynthesisPlan):
     max_model_size: Optional[int] = None  # aim: the model's size cap in cells
     aim: Optional[dict] = None  # aim: the rounds as run (DP: chosen from public inputs and DP outputs)
     samples_total: int = 0  # T, the rows sampled from the fitted model
+    noisy: Optional[dict] = None  # the measurements a quality report reads (``marginals.noisy``: DP, JSON)
 
     @property
     def events(self) -> tuple:
@@ -70,6 +71,9 @@ class MarginalsPlan(SynthesisPlan):
 
     def manifest_section(self, plan, *, chunk_rows):
         return manifest_section(plan, self)
+
+    def noisy_measurements(self) -> Optional[dict]:
+        return self.noisy
 
     def noise_stds(self) -> dict:
         """Name -> Gaussian noise std of the counts (the manifest states each one's grid); aim: each distinct std its

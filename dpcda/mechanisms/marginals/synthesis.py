@@ -12,6 +12,7 @@ import numpy as np
 from dpcda.mechanisms.marginals.counting import MarginalCounter
 from dpcda.mechanisms.marginals.domain import rows_of
 from dpcda.mechanisms.marginals.estimation import SAMPLE_ROWS, decompress, fit, sample_codes
+from dpcda.mechanisms.marginals.noisy import noisy_summary
 from dpcda.mechanisms.marginals.plan import MarginalsPlan
 from dpcda.mechanisms.marginals.selection import measure
 from dpcda.privacy.noise import NoiseStream
@@ -38,6 +39,7 @@ def fit_and_sample(
         aim=measured.record,
         estimated_total=float(model.total),
         fit_seconds=round(time.time() - start, 2),
+        noisy=noisy_summary(measured, mp.domain),  # DP: what the quality report sets beside the rows
     )
     log.info("stage=marginals fitted cliques=%d seconds=%.1f", len(measured.pairs), time.time() - start)
     values, spread = NoiseStream(key, "marginals", "values"), NoiseStream(key, "marginals", "decompress")

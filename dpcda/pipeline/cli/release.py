@@ -222,7 +222,12 @@ def cmd_release(args, beam_args) -> int:
                 ),
                 **(
                     {"accuracy": manifest["utility"]["accuracy_mean"], **named(manifest["utility"])}
-                    if manifest.get("utility")
+                    if "accuracy_mean" in (manifest.get("utility") or {})
+                    else {}
+                ),
+                **(
+                    {"quality": manifest["utility"]["quality"]["report"]}
+                    if "quality" in (manifest.get("utility") or {})
                     else {}
                 ),
             }
