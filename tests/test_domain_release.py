@@ -73,6 +73,11 @@ def test_one_command_releases_a_table_with_its_arrow_schema(tmp_path, capsys):
     assert [c["name"] for c in inp["columns"]] == ["term", "amount", "city", "flag", "day"]
     assert {e["type"] for e in priv["events"]["shared"]} == {"DomainEvent"}
     assert "public_class_sizes" not in json.dumps(mech) or mech.get("public_class_sizes") is None
+    # the quality report names the codes the mechanism counted: spikes, derived bins, the other bucket, nulls
+    quality = json.loads((out / "evaluation" / "quality.json").read_text())
+    assert {e["name"]: len(e["codes"]) for e in quality["columns"]} == mech["columns"]
+    city = next(e for e in quality["columns"] if e["name"] == "city")
+    assert city["codes"][-2:] == ["(other)", "null"] or city["codes"][-1] == "(other)"
 
 
 def test_drop_columns_leaves_a_column_out_and_unread_and_the_evaluation_reads_the_derived_schema(tmp_path, capsys):
