@@ -8,6 +8,11 @@ and sampling rate, as the manifest's ``privacy.events``), epsilon, its component
 shares. ``tests/recorded/plans.json`` was recorded at git revision 8830665:
 
     PYTHONPATH=DIR python -m tests.plan_record --out tests/recorded/plans.json   # DIR: a checkout of that revision
+
+except its three ``marginals-*`` plans, re-recorded (``plan_case`` of this module, the other entries kept as they
+were) when marginals stopped drawing a class histogram: its row count is the fitted model's total (post-processing),
+so its plans have no ``class_histogram`` share, no adaptive event, no binomial draws, K fewer Gaussian draws, and the
+whole budget in the marginals' rho.
 """
 
 from __future__ import annotations

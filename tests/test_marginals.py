@@ -405,7 +405,7 @@ def test_a_good_marginals_config_defaults_to_add_remove():
 
 
 def test_too_many_cells_are_refused_before_work(monkeypatch):
-    monkeypatch.setattr(mg.mechanism, "MAX_CELLS", 100)
+    monkeypatch.setattr(mg.limits, "MAX_CELLS", 100)
     with pytest.raises(PlanError, match="^marginals: the one- and two-way counts of this table take"):
         mg.Marginals().check_before_work(_cfg(table=SCHEMA).core, 0)
 
@@ -429,7 +429,7 @@ def test_a_release_keeps_the_schema_the_marginals_and_the_base_rate(released):
     table, rel = released
     out = rel.table
     assert out.schema.remove_metadata().equals(table.schema)
-    assert abs(out.num_rows - 3000) < 100  # the DP row count
+    assert abs(out.num_rows - 3000) < 100  # the DP row count (the fitted model's total)
     m = table_metrics(table, out, parse_table_schema(SCHEMA))
     assert max(m["one_way_tvd"].values()) < 0.05, m["one_way_tvd"]
     assert m["base_rate"]["max_gap"] < 0.03, m["base_rate"]
@@ -454,10 +454,12 @@ def test_the_manifest_states_the_selection_and_its_epsilon_recomputes(released):
     acc.compose(dp_accounting.GaussianDpEvent(mech["two_way_noise_std"]), 2 * (n - 1))
     eps = acc.get_epsilon(privacy["delta_breakdown"]["accountant"])
     assert privacy["components"]["marginals"] == pytest.approx(eps, rel=1e-6)
-    stated = privacy["components"]["marginals"] + privacy["components"]["class_histogram"]
+    # no class histogram: the whole target goes to the marginals, and the row count is the model's total
+    stated = privacy["components"]["marginals"]
+    assert set(privacy["components"]) == {"marginals"}
     assert stated <= privacy["epsilon"] == 20 and stated >= 20 * (1 - 2e-3)
     assert sum(privacy["delta_breakdown"].values()) <= privacy["delta"]
-    assert privacy["delta_breakdown"]["pld_roundoff"] > 0  # the histogram's PLD reads at 99.9 % of its delta
+    assert mech["samples_total"] == rel.table.num_rows == round(mech["fit"]["total"])
     assert "row count is private" in privacy["neighbouring_relation"]
 
 

@@ -221,3 +221,23 @@ def test_linear_space_calibration_is_the_log_space_one_and_falls_back_where_it_u
     for c in ((0,), (1,), (2,), (0, 1), (1, 2), (0, 2)):
         want = full.sum(axis=tuple(x for x in range(3) if x not in c))
         np.testing.assert_allclose(model.marginal(c), want, rtol=1e-12, atol=1e-300)
+
+
+def test_a_joint_that_linear_space_holds_only_in_denormals_is_calibrated_in_log_space():
+    """Two cliques whose largest potentials (744 above the rest) sit on different values of their shared column: every
+    cell of the joint is 744 below the sum of the two maxima, so in linear space each product of the cliques' factors
+    is a denormal float (about 1e-323, a few bits of precision) and the old test (mass > 0) took that for a result:
+    600 and 400 rows where the joint has 583.5 and 416.5. Calibration now falls back to the log-space recursion once a
+    message or a clique keeps less than ``pgm.TINY`` of its mass."""
+    model = pgm.Model((2, 3, 2), [(0, 1), (1, 2)], 1000.0)
+    model.theta = {
+        (0, 1): np.array([[744.0, 0.0, 0.0], [744.3, 0.0, 0.0]]),
+        (1, 2): np.array([[0.0, 0.5], [744.0, 744.2], [0.0, 0.0]]),
+    }
+    model._beliefs = None
+    want = _brute(model)
+    assert abs(want.sum(axis=(0, 2))[0] - 583.5) < 0.1
+    for c in ((0,), (1,), (2,), (0, 1), (1, 2)):
+        np.testing.assert_allclose(
+            model.marginal(c), want.sum(axis=tuple(x for x in range(3) if x not in c)), rtol=1e-9
+        )

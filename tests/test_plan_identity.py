@@ -1,5 +1,6 @@
 """Every plan, ``dpcda account`` and audit calibration gives the events, sigmas and epsilons recorded at 8830665
-(tests.plan_record): however plans are organised, no privacy number moves, not even in its last bit."""
+(tests.plan_record; the marginals plans re-recorded when marginals stopped drawing a class histogram): however plans
+are organised, no privacy number moves, not even in its last bit."""
 
 from __future__ import annotations
 

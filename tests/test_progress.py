@@ -184,3 +184,16 @@ def test_the_audit_counts_its_trials_on_stderr_and_keeps_stdout_json():
     lines = [ln for ln in p.stderr.splitlines() if "progress: audit" in ln]
     assert "\r" not in p.stderr and 1 <= len(lines) <= 10, p.stderr
     assert "1,000/1,000 trials (100%)" in lines[-1] and " INFO dpcda.progress: " in lines[-1]
+
+
+def test_a_marginals_release_counts_its_rows_against_the_models_total(capsys):
+    """marginals sets its row count in its fit (the model's total): the rows' tracker takes that total, stated before
+    the first chunk, and ends at it."""
+    import dpcda
+    from tests.test_tables import SCHEMA, make_table
+
+    rel = dpcda.release(make_table(400, seed=2), epsilon=2.0, mechanism="marginals", schema=SCHEMA, seed=3,
+                        marginals_bins=4, marginals_iters=20)  # fmt: skip
+    lines = progress_lines(capsys.readouterr().err, "marginals rows")
+    n = f"{rel.table.num_rows:,}"
+    assert lines and f"{n}/{n} rows (100%)" in lines[-1], lines

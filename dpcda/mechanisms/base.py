@@ -102,19 +102,20 @@ class Public:
     """What a mechanism plans its synthesis from: its settings and public (or DP) facts, never a record.
 
     ``class_sizes``: the class sizes the mode may use (fixed: the exact N_k, public there; poisson: the DP
-    histogram's); ``records``: N as the events take it (fixed: the exact row count; poisson: the DP total);
-    ``samples``: the T asked for (the config's, else ``records``); ``records_public``: N as seed 000's Theorem 1
-    takes it; ``mixing_paths``: 'memory' or 'join' per group (a public choice); ``pca``: the DP-PCA stage
-    (``mechanisms.dppca.PcaPlan``) when the parameters ask for one; ``post``: the image post-processing
-    (``mechanisms.postprocess.ImagePost``) when asked."""
+    histogram's; () where the mechanism draws no histogram, ``Mechanism.class_histogram``); ``records``: N as the
+    events take it (fixed: the exact row count; poisson: the DP total; None without a histogram); ``samples``: the T
+    asked for (the config's, else ``records``; None: the synthesis sets its rows, marginals' fitted model's total);
+    ``records_public``: N as seed 000's Theorem 1 takes it; ``mixing_paths``: 'memory' or 'join' per group (a public
+    choice); ``pca``: the DP-PCA stage (``mechanisms.dppca.PcaPlan``) when the parameters ask for one; ``post``: the
+    image post-processing (``mechanisms.postprocess.ImagePost``) when asked."""
 
     core: CoreSettings
     budget: BudgetPlan
     num_classes: int
     dim: int
     class_sizes: tuple[int, ...]
-    records: int
-    samples: int
+    records: Optional[int]
+    samples: Optional[int]
     records_public: int
     mixing_paths: tuple[str, ...] = ()
     pca: Any = None
@@ -135,11 +136,12 @@ class Public:
 
 class SynthesisPlan(abc.ABC):
     """A mechanism's own plan: a frozen dataclass in the mechanism's module with at least ``events`` (the synthesis'
-    DP events, one per group: parallel composition) and ``samples_total`` (T, the rows released), and the methods
-    below. The generic ``mechanisms.plan.ReleasePlan`` holds it as ``synthesis``."""
+    DP events, one per group: parallel composition) and ``samples_total`` (T, the rows released; None until the
+    synthesis has run where it sets its own rows: marginals' fitted model's total), and the methods below. The generic
+    ``mechanisms.plan.ReleasePlan`` holds it as ``synthesis``."""
 
     events: tuple
-    samples_total: int
+    samples_total: Optional[int]
 
     @abc.abstractmethod
     def summary(self) -> str:
@@ -220,6 +222,9 @@ class Mechanism(abc.ABC):
         "parallel over classes (a record meets only its own class's rows); sequential with the statistics releases"
     )
     normalizes: ClassVar[bool] = True  # its rows are z-scored (False: no statistics are computed, spent or written)
+    # poisson mode: a DP class histogram chooses its rows per class (False: no histogram is drawn or spent; marginals
+    # takes its row count from its fitted model's total, post-processing of its own noisy counts)
+    class_histogram: ClassVar[bool] = True
     accountant: ClassVar[str] = ""  # the accountant of its events where not the mode's ('rdp': zCDP events)
     needs_width: ClassVar[str] = ""  # why its plan needs the feature width d ('' where any d plans alike)
 

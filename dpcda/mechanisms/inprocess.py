@@ -10,6 +10,7 @@ not the config.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from typing import Optional
@@ -86,8 +87,12 @@ def release_in_process(
     feats, labels, scores = [], [], []
     progress = progress if progress is not None else step_callback(f"{plan.mechanism} training")
     ctx = InProcess(x, y, plan, core, key, normalized, basis, device, progress=progress, on_model=on_model)
-    with track(f"{plan.mechanism} rows synthesised", plan.samples_total, unit="rows") as bar:
+    what = f"{plan.mechanism} rows synthesised"
+    with contextlib.ExitStack() as stack:
+        bar = None if plan.samples_total is None else stack.enter_context(track(what, plan.samples_total, unit="rows"))
         for f, lab, sc in plan.mechanism_entry.synthesize(ctx):
+            if bar is None:  # a synthesis that sets its own rows (marginals: its model's total) states them first
+                bar = stack.enter_context(track(what, ctx.stated_plan.samples_total, unit="rows"))
             feats.append(f)
             labels.append(lab)
             bar.update(len(lab))

@@ -29,6 +29,10 @@ from typing import Optional, Sequence
 import numpy as np
 
 Clique = tuple[int, ...]  # column indices, ascending
+SHRINK, GROW = 0.5, 1.02
+# linear-space calibration stands only while every message and clique keeps a mass above this (relative to its
+# largest factor, 1): a cell that underflowed is then below 1e-208 of the largest, else the log-space recursion runs
+TINY = 1e-100
 BLOCK = 50  # mirror-descent steps between two convergence checks (mbi's CALLBACK_EVERY)
 
 
@@ -181,7 +185,10 @@ class Model:
         separator cell whose message is 0 (the cells it would divide are 0 already). Scalars cancel in the final
         normalisation, so this is the log-space recursion's result up to rounding, at one exp per clique instead of
         one per message; where a message or a clique underflows entirely, the log-space recursion decides."""
-        logs = self._log_potentials(theta)
+        return self._calibrate_logs(self._log_potentials(theta))
+
+    def _calibrate_logs(self, logs: dict) -> dict:
+        """``_calibrate`` from the maximal cliques' log potentials."""
         pot = {k: np.exp(b - b.max()) for k, b in logs.items()}
         messages = {}
         for i, j in self._order:
@@ -195,14 +202,14 @@ class Model:
                     tau = np.divide(tau, back, out=np.zeros(np.broadcast_shapes(tau.shape, back.shape)), where=back > 0)
             msg = tau.sum(axis=self._axes_out(sep, i)).reshape(self._shape(sep))
             top = msg.max()
-            if not 0.0 < top < math.inf:
+            if not TINY < top < math.inf:
                 return self._calibrate_log(logs)
             msg = msg / top
             messages[(i, j)] = msg
             pot[j] = pot[j] * msg.reshape(self._within(sep, j))
         for k, p in pot.items():
             total = p.sum()
-            if not 0.0 < total < math.inf:
+            if not TINY < total < math.inf:
                 return self._calibrate_log(logs)
             pot[k] = p / total
         return pot
@@ -264,38 +271,41 @@ class Model:
             blocks[home] = blocks.get(home, 0.0) + self._cells(home) / self._cells(c) / std**2
         return max(blocks.values()) if blocks else 1.0
 
+    def objective(self, measurements) -> "Objective":
+        """The refit's loss on ``measurements`` (``Objective``)."""
+        return Objective(self, measurements)
+
     def fit(
         self, measurements: Sequence[tuple[Clique, np.ndarray, float]], iters: int, tol: Optional[float] = None
     ) -> "Model":
         """Up to ``iters`` steps of mbi's mirror descent (Armijo line search) from the current potentials, on
         ``measurements``: (clique, noisy counts, noise std) with every clique held by one of the model's cliques.
         ``tol``: stop early, as mbi's ``estimate(tol=...)`` does, once the loss fell by at most ``tol`` times itself
-        over each of two blocks of ``BLOCK`` steps in a row."""
-        route = self._route(measurements)
+        over each of two blocks of ``BLOCK`` steps in a row.
+
+        mbi's iterates, computed with less work: the measurements of one clique are merged (``Objective``), and each
+        step's gradient is added straight into the maximal cliques' log potentials (where a term of the log density
+        sits does not change the density), so nothing is summed from the potentials of the measured cliques per step;
+        those are kept apart only to carry into the next model."""
+        obj = self.objective(measurements)
         alpha = 2.0 / (self.lipschitz(measurements) * self.total)
-
-        def loss_grad(mu):
-            loss, grad = 0.0, {k: np.zeros(self._shape(k)) for k in self.cliques}
-            for c, home, y, std in route:
-                m = mu[home] if c == home else mu[home].sum(axis=self._axes_out(c, home))
-                diff = (m - y) / std
-                loss += 0.5 * float(np.vdot(diff, diff))
-                grad[home] = grad[home] + (diff / std).reshape(self._within(c, home))
-            return loss, grad
-
-        theta = self.theta
-        beliefs = self._calibrate(theta)
-        mu = self._marginals(beliefs, self.cliques)
-        loss, grad = loss_grad(mu)
-        block_start, stalls = loss, 0
+        logs = self._log_potentials(self.theta)
+        beliefs = self._calibrate_logs(logs)
+        mu = obj.marginals(beliefs)
+        loss, grad = obj.loss_gradient(mu)
+        moved = {c: np.zeros(self._shape(c)) for c in obj.cliques}  # the measured cliques' potentials, moved
+        block_start, stalls, step = loss, 0, 0
         for step in range(1, iters + 1):
-            theta2 = {k: theta[k] - alpha * grad[k] for k in self.cliques}
-            beliefs2 = self._calibrate(theta2)
-            mu2 = self._marginals(beliefs2, self.cliques)
-            loss2, grad2 = loss_grad(mu2)
-            decrease = sum(float(np.vdot(grad[k], mu[k] - mu2[k])) for k in self.cliques)
+            up = obj.to_maximal(grad)
+            logs2 = {k: logs[k] - alpha * up[k] if k in up else logs[k] for k in self.maximal}
+            beliefs2 = self._calibrate_logs(logs2)
+            mu2 = obj.marginals(beliefs2)
+            loss2, grad2 = obj.loss_gradient(mu2)
+            decrease = sum(float(np.vdot(grad[c], mu[c] - mu2[c])) for c in obj.cliques)
             if loss - loss2 >= 0.5 * alpha * decrease:
-                theta, beliefs, mu, loss, grad, alpha = theta2, beliefs2, mu2, loss2, grad2, 1.01 * alpha
+                for c in obj.cliques:
+                    moved[c] -= alpha * grad[c]
+                logs, beliefs, mu, loss, grad, alpha = logs2, beliefs2, mu2, loss2, grad2, 1.01 * alpha
             else:
                 alpha *= 0.5
             if tol is not None and step % BLOCK == 0:
@@ -303,7 +313,74 @@ class Model:
                 block_start = loss
                 if stalls >= 2:
                     break
-        self.steps = step if iters else 0
+        self.steps = step
+        theta = dict(self.theta)
+        for c, v in moved.items():  # into the model's smallest clique holding c, as mbi keeps its potentials
+            home = self._smallest_holder(c, self.cliques)
+            theta[home] = theta[home] + v.reshape(self._within(c, home))
+        self.theta, self._beliefs = theta, beliefs
+        self.loss = loss
+        return self
+
+    def fit_accelerated(
+        self,
+        measurements: Sequence[tuple[Clique, np.ndarray, float]],
+        iters: int,
+        tol: Optional[float] = None,
+        watch: Optional[tuple[Clique, float]] = None,
+    ) -> "Model":
+        """``fit``'s problem by accelerated mirror descent (mbi's ``UniversalAcceleratedMethod`` at its fixed step
+        1 / (L total), no line search) with function-value restarts (the momentum starts again where the loss rose,
+        O'Donoghue and Candes 2015), keeping the best potentials seen: it reaches in 100 to 300 steps the loss mbi's
+        mirror descent reaches in 1000 (benchmarks/studies/aim_refit.py). Up to ``iters`` steps; ``tol``: stop once
+        the best loss (0.5 sum of squared errors in noise stds: one unit is one cell moved by one std) fell by at
+        most ``tol`` over each of two blocks of ``BLOCK`` steps in a row, and, with ``watch`` = (clique, bound), the
+        clique's counts moved by at most ``bound`` in L1 over each of them."""
+        obj = self.objective(measurements)
+        scale = 1.0 / (self.lipschitz(measurements) * self.total)
+        logs = self._log_potentials(self.theta)
+        beliefs = self._calibrate_logs(logs)
+        z = obj.marginals(beliefs)
+        x, t = z, -1.0
+        last = obj.loss_gradient(z)[0]
+        moved = {c: np.zeros(self._shape(c)) for c in obj.cliques}
+        wc = tuple(sorted(watch[0])) if watch else None
+        best = (last, beliefs, dict(moved), z[wc] if wc else None, logs, z)
+        block_start, block_marginal, stalls, step = last, best[3], 0, 0
+        for step in range(1, iters + 1):
+            t = 1.0 if t < 0 else 2.0 / (1.0 + math.sqrt(1.0 + 4.0 / t**2))
+            _, grad = obj.loss_gradient({c: (1 - t) * x[c] + t * z[c] for c in obj.cliques})
+            up = obj.to_maximal(grad)
+            size = scale / t
+            logs = {k: logs[k] - size * up[k] if k in up else logs[k] for k in self.maximal}
+            for c in obj.cliques:
+                moved[c] = moved[c] - size * grad[c]
+            beliefs = self._calibrate_logs(logs)
+            z = obj.marginals(beliefs)
+            x = {c: (1 - t) * x[c] + t * z[c] for c in obj.cliques}
+            now = obj.loss_gradient(z)[0]
+            if now < best[0]:
+                best = (now, beliefs, dict(moved), z[wc] if wc else None, logs, z)
+            if now > last:  # overshot: from the best point again, without momentum, at half the step
+                now, logs, z, moved = best[0], best[4], best[5], dict(best[2])
+                t, x, scale = -1.0, best[5], scale * SHRINK
+            else:
+                scale *= GROW
+            last = now
+            if tol is not None and step % BLOCK == 0:
+                still = block_start - best[0] <= tol
+                if wc:
+                    still = still and float(np.abs(best[3] - block_marginal).sum()) <= watch[1]
+                stalls = stalls + 1 if still else 0
+                block_start, block_marginal = best[0], best[3]
+                if stalls >= 2:
+                    break
+        self.steps = step
+        self.loss, beliefs, moved = best[:3]
+        theta = dict(self.theta)
+        for c, v in moved.items():
+            home = self._smallest_holder(c, self.cliques)
+            theta[home] = theta[home] + v.reshape(self._within(c, home))
         self.theta, self._beliefs = theta, beliefs
         return self
 
@@ -361,6 +438,59 @@ class Model:
     def potentials_for(self, names: Sequence[str]) -> dict:
         """The potentials keyed by column names (mbi's warm start: ``mbi.CliqueVector`` of ``mbi.Factor``)."""
         return {tuple(names[i] for i in c): v for c, v in self.theta.items()}
+
+
+class Objective:
+    """A refit's loss 0.5 sum ||(mu_c - y_c) / sigma_c||^2 over measurements (clique, noisy counts, std) on a
+    ``Model``: the measurements of one clique merged into one (inverse-variance weighted; the loss differs by a
+    constant, ``constant``, kept so the loss is the unmerged one), each routed to the model's smallest maximal clique
+    holding it, the marginals of a step read off the maximal cliques along reduction trees (``_reduction_tree``)."""
+
+    def __init__(self, model: Model, measurements):
+        self.model = model
+        groups: dict = {}
+        for c, y, std in measurements:
+            y = np.asarray(y, np.float64).reshape(model._shape(tuple(c))).transpose(np.argsort(c))
+            groups.setdefault(tuple(sorted(c)), []).append((y, max(float(std), 1e-12)))
+        self.cliques, self.y, self.std, self.constant = [], {}, {}, 0.0
+        for c, group in groups.items():
+            w = [1.0 / s**2 for _, s in group]
+            total = sum(w)
+            y = group[0][0] if len(group) == 1 else sum(wi * yi for wi, (yi, _) in zip(w, group)) / total
+            if len(group) > 1:
+                self.constant += 0.5 * (sum(wi * float(np.vdot(yi, yi)) for wi, (yi, _) in zip(w, group))
+                                        - total * float(np.vdot(y, y)))  # fmt: skip
+            self.cliques.append(c)
+            self.y[c], self.std[c] = y, 1.0 / math.sqrt(total)
+        self.home = {c: model._smallest_holder(c, model.maximal) for c in self.cliques}
+        self._trees = {
+            k: _reduction_tree(k, [c for c in self.cliques if self.home[c] == k], model.sizes) for k in model.maximal
+        }
+
+    def marginals(self, beliefs: dict) -> dict:
+        """The measured cliques' counts under calibrated ``beliefs`` (``Model._calibrate``'s)."""
+        found: dict = {}
+        for k, tree in self._trees.items():
+            _tree_down(tree, beliefs[k], found)
+        return {c: found[c] * self.model.total for c in self.cliques}
+
+    def loss_gradient(self, mu: dict) -> tuple[float, dict]:
+        """The loss at the measured cliques' counts ``mu`` and its gradient in them."""
+        loss, grad = self.constant, {}
+        for c in self.cliques:
+            diff = (mu[c] - self.y[c]) / self.std[c]
+            loss += 0.5 * float(np.vdot(diff, diff))
+            grad[c] = diff / self.std[c]
+        return loss, grad
+
+    def to_maximal(self, grad: dict) -> dict:
+        """The gradients of the measured cliques summed into the maximal cliques that hold them (broadcast)."""
+        out = {}
+        for k, tree in self._trees.items():
+            acc = _tree_up(tree, grad)
+            if acc is not None:
+                out[k] = acc
+        return out
 
 
 def _reduction_tree(s: Clique, targets: Sequence[Clique], sizes: Sequence[int]) -> tuple:

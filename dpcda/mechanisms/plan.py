@@ -77,7 +77,8 @@ class ReleasePlan:
         return registry.get(self.mechanism)
 
     @property
-    def samples_total(self) -> int:
+    def samples_total(self) -> Optional[int]:
+        """T, the rows released (None until a synthesis that sets its own rows has run: marginals)."""
         return self.synthesis.samples_total
 
     @property
@@ -115,13 +116,14 @@ def budget_shares(
     privacy: PrivacyParams, params: MechanismParams, dim: int, table=None, domain: Optional[RhoShare] = None
 ) -> list:
     """The shares of the budget a release spends before its synthesis, for rows of width ``dim``: the class histogram
-    in poisson mode (adaptive), the normalisation moments with ``normalization: dp``, the DP-PCA covariance when a
-    projection or the mechanism uses it, the mechanism's own (``Mechanism.budget_shares``: p3gm's DP-EM), and a
-    table's DP domain step (``domain`` to plan it; once it ran, the event its ``table.domain`` records)."""
+    in poisson mode (adaptive) where the mechanism uses class sizes (``Mechanism.class_histogram``), the normalisation
+    moments with ``normalization: dp``, the DP-PCA covariance when a projection or the mechanism uses it, the
+    mechanism's own (``Mechanism.budget_shares``: p3gm's DP-EM), and a table's DP domain step (``domain`` to plan it;
+    once it ran, the event its ``table.domain`` records)."""
     mode = privacy.mode
     mech = registry.get(params.name)
     shares = []
-    if mode == "poisson":
+    if mode == "poisson" and mech.class_histogram:
         shares.append(
             Share("class_histogram", privacy.histogram_budget_share, dp_stats.HISTOGRAM_SENSITIVITY, adaptive=True)
         )
@@ -174,17 +176,23 @@ def _small_groups(core: CoreSettings, mech: Mechanism, counts, K: int) -> None:
 
 
 def plan_synthesis(
-    core: CoreSettings, *, dim: int, class_sizes, budget: Optional[BudgetPlan] = None
+    core: CoreSettings,
+    *,
+    dim: int,
+    class_sizes,
+    budget: Optional[BudgetPlan] = None,
+    num_classes: Optional[int] = None,
 ) -> tuple[SynthesisPlan, Public, list[Caveat]]:
     """The mechanism's plan of a release with ``core``'s settings from public facts only: ``class_sizes`` (K of
-    them; fixed: the exact class sizes, public there; poisson: the DP histogram's), the feature width ``dim`` and,
-    where the caller has planned it already, the ``budget``. Returns it with the public facts it was planned from and
+    them; fixed: the exact class sizes, public there; poisson: the DP histogram's; None, with ``num_classes`` K,
+    where poisson mode draws no histogram: ``Mechanism.class_histogram``), the feature width ``dim`` and, where the
+    caller has planned it already, the ``budget``. Returns it with the public facts it was planned from and
     the release's caveats so far. No record is read; what ``plan_release`` accounts and the audit's games play."""
     privacy, params, data, run = core.privacy, core.params, core.data, core.execution
     mode = privacy.mode
     mech = registry.get(params.name)
-    sizes = np.asarray([int(s) for s in class_sizes], np.int64)
-    K = len(sizes)
+    sizes = np.asarray([int(s) for s in class_sizes] if class_sizes is not None else [], np.int64)
+    K = len(sizes) if class_sizes is not None else int(num_classes)
     post = resolve_post(core.postprocess, dim)
     caveats = [
         Caveat(CaveatCode.SEED_KEY if privacy.reproducible else CaveatCode.SECRET_KEY),
@@ -218,6 +226,8 @@ def plan_synthesis(
         )
         n_public = float(rows)
         caveats.append(Caveat(CaveatCode.FIXED_CLASS_SIZES, mechanism=mech.name))
+    elif hist is None:  # no class sizes used (Mechanism.class_histogram): none drawn, no row count planned here
+        sizes, paths, n_public, rows = sizes[:0], (), None, None
     else:
         # The histogram's output chooses q_k, T_k and sigma_x: the planner accounted it alone, at its own share of
         # epsilon and delta, and left the rest for what follows (adaptive composition; privacy.accounting).
@@ -248,9 +258,9 @@ def plan_synthesis(
             raise PlanError("projection: the DP-PCA covariance takes at most 2^30 rows (exact int64 sums)")
         pca = PcaPlan(components, planned.get("pca_covariance").noise_std, privacy.pca_budget_share)
     N = rows
-    T = params.samples or N
-    cap = MAX_SAMPLES_PER_INPUT_ROW * max(int(n_public), 1)
-    if T > cap:  # fixed: n_public is the exact row count (public there); poisson: the DP total
+    T = params.samples or N  # None: the synthesis sets its rows (marginals: its fitted model's total)
+    cap = MAX_SAMPLES_PER_INPUT_ROW * max(int(n_public or 0), 1)
+    if T is not None and n_public is not None and T > cap:  # fixed: the exact row count (public); poisson: DP
         raise PlanError(
             f"samples: T={T} is more than {MAX_SAMPLES_PER_INPUT_ROW} times the input's rows; lower --samples"
         )
@@ -262,7 +272,7 @@ def plan_synthesis(
         class_sizes=tuple(int(s) for s in sizes),
         records=N,
         samples=T,
-        records_public=max(int(n_public), params.mixing_order),
+        records_public=max(int(n_public or 0), params.mixing_order),
         mixing_paths=paths,
         pca=pca,
         post=post,
@@ -271,7 +281,7 @@ def plan_synthesis(
 
 
 def plan_release(
-    core: CoreSettings, *, dim: int, class_sizes, budget: Optional[BudgetPlan] = None
+    core: CoreSettings, *, dim: int, class_sizes, budget: Optional[BudgetPlan] = None, num_classes: Optional[int] = None
 ) -> tuple[Planned, Public]:
     """The privacy side of a release with ``core``'s settings, planned from public facts only (``plan_synthesis``)
     and accounted: the planner of a release, ``dpcda account`` and the audit. Returns it with the public facts the
@@ -279,13 +289,16 @@ def plan_release(
     privacy = core.privacy
     mode = privacy.mode
     mech = registry.get(core.params.name)
-    synthesis, public, caveats = plan_synthesis(core, dim=dim, class_sizes=class_sizes, budget=budget)
+    synthesis, public, caveats = plan_synthesis(
+        core, dim=dim, class_sizes=class_sizes, budget=budget, num_classes=num_classes
+    )
     planned, K = public.budget, public.num_classes
     normalization = privacy.normalization if mech.normalizes else "none"
+    histogram = planned.get("class_histogram") is not None
     gaussian_draws = (
         synthesis.gaussian_draws(dim=dim, num_classes=K)
         + 2 * dim * (normalization == "dp")
-        + K * (mode == "poisson")
+        + K * histogram
         + sum(getattr(s.event, "gaussian_draws", 0) for s in planned.shares)  # the DP domain step's
     )
     acc = account(
@@ -295,7 +308,8 @@ def plan_release(
             tuple(synthesis.events),
             planned.adaptive,
             gaussian_draws=gaussian_draws,
-            binomial_draws=synthesis.samples_total * (mode == "poisson"),
+            # rows drawn per class by the histogram's sizes (none where the synthesis sets its own rows: marginals)
+            binomial_draws=(synthesis.samples_total or 0) * histogram,
         ),
         privacy.delta,
         relation=mech.relation(mode),
@@ -328,22 +342,26 @@ def build_plan(
     budget = dp_sizes = hist_std = None
     if mode == "poisson":  # the DP class histogram first: its sizes are the public facts the rest is planned on
         budget = release_budget(privacy, params, dim, data.table)
-        hist_std = budget.get("class_histogram").noise_std
-        dp_sizes = dp_stats.class_histogram(counts, noise_std=hist_std, stream=NoiseStream(key, "histogram"))
-    planned, public = plan_release(core, dim=dim, class_sizes=counts if mode == "fixed" else dp_sizes, budget=budget)
+        if budget.get("class_histogram") is not None:  # none where the mechanism uses no class sizes (marginals)
+            hist_std = budget.get("class_histogram").noise_std
+            dp_sizes = dp_stats.class_histogram(counts, noise_std=hist_std, stream=NoiseStream(key, "histogram"))
+    planned, public = plan_release(
+        core, dim=dim, class_sizes=counts if mode == "fixed" else dp_sizes, budget=budget, num_classes=K
+    )
     budget = planned.budget
 
     # Normalisation statistics.
     bounds = tuple(data.feature_bounds)
     min_std = privacy.min_std * (bounds[1] - bounds[0])
     norm_std = None
-    n_public = float(rows) if mode == "fixed" else float(max(dp_sizes.sum(), 1))
     if planned.normalization == "none":  # rows that are not z-scored (counts on public bins): nothing computed
         mean, std = np.zeros(dim), np.ones(dim)
     elif planned.normalization == "dp":
         norm_std = budget.get("normalization").noise_std
+        if mode != "fixed" and dp_sizes is None:  # a mechanism that z-scores its rows draws the histogram
+            raise PlanError(f"{params.name}: normalization dp in poisson mode needs the DP class histogram's total")
         mean, std = dp_stats.feature_stats(
-            n=n_public,
+            n=float(rows) if mode == "fixed" else float(max(dp_sizes.sum(), 1)),
             sum_qu=first.sum_qu,
             sum_qv=first.sum_qv,
             bounds=bounds,

@@ -223,6 +223,11 @@ class MarginalsMechanism(_Frozen):
     num_classes: int
     samples_total: int
     dataset_size_dp: Optional[int] = Field(None, description="DP estimate of N (the class histogram's sum)")
+    row_count: Optional[str] = Field(
+        None,
+        description="where samples_total comes from: model_total (the fitted model's total, rounded: DP, "
+        "post-processing of the noisy counts, no budget of its own) or samples (the configured rows, public)",
+    )
     bins: int = Field(description="equal bins of each numeric column's declared [lower, upper]")
     columns: dict[str, int] = Field(description="codes per column (a nullable column's null is one), the label last")
     rho: float = Field(description="zCDP of the measurements and the selection together")

@@ -329,7 +329,7 @@ class MarginalsParams(MechanismParams):
         ge=1,
         le=1 << 34,
         description="marginals, selection aim only: the fitted model's size cap in cells (AIM's max_model_size; "
-        "default 10485760 cells, the paper's 80 MB of float64)",
+        "default 65536 cells; the paper's 80 MB of float64 is 10485760)",
     )
     bins: Int = Field(20, ge=2, le=1024, description="marginals: equal bins of each numeric column's declared bounds")
     iters: Int = Field(

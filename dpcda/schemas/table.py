@@ -20,13 +20,14 @@ rows with feature bounds [0, 1] and width d.
 from __future__ import annotations
 
 import math
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 import numpy as np
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from dpcda.privacy.errors import DpcdaError
+from dpcda.schemas.rules import check_rules, optional_rules
 
 Category = bool | int | str
 MAX_CATEGORIES = 1 << 12
@@ -235,6 +236,25 @@ class TableSchema(BaseModel):
         "score exceeds 1/2; the label scores' argmax), which drops a value whose score stays below the others' "
         "(post-processing either way; the uniforms come from the noise module)",
     )
+    rules: list[Any] = Field(
+        default_factory=list,
+        description="public rules every released row keeps (schemas.rules, docs/tables.md): implications "
+        "{if: {COLUMN: VALUE}, then: {COLUMN: VALUE}} and order rules {column: A, '>=' or '<=': B}",
+    )
+
+    @field_validator("rules", mode="before")
+    @classmethod
+    def _parse_rules(cls, value):
+        if value is not None and not isinstance(value, list):
+            raise ValueError("rules must be a list of rules")
+        out = []
+        for i, rule in enumerate(value or []):
+            try:
+                out.append(optional_rules([rule])[0])
+            except ValueError as err:  # pydantic's or ours: the rule's place and the first reason
+                msg = str(err.errors()[0]["msg"]) if hasattr(err, "errors") else str(err)
+                raise ValueError(f"rules[{i}]: {msg.removeprefix('Value error, ')}") from None
+        return out
 
     @model_validator(mode="after")
     def _check(self):
@@ -247,11 +267,32 @@ class TableSchema(BaseModel):
             raise ValueError(f"column '{both[0]}' is both declared and dropped")
         if self.encoded_width > MAX_ENCODED_WIDTH:
             raise ValueError(f"the encoded width {self.encoded_width} exceeds {MAX_ENCODED_WIDTH}")
+        self._check_rule_columns()
+        check_rules(self.rules, {c.name: c for c in (*self.columns, self.label)})
         return self
+
+    def _check_rule_columns(self) -> None:
+        """A rule names declared columns on equal bins of their bounds (``mechanisms.marginals.rules``): not a label
+        whose categories the DP domain step derives, nor a column with edges, spikes, an other bucket or loose
+        limits."""
+        named = {n for r in self.rules for n in r.columns}
+        if self.label.name in named and self.label.categories is None:
+            raise ValueError(f"rules: a rule on label '{self.label.name}' needs its categories declared")
+        for c in self.columns:
+            if c.name in named and (c.loose or c.edges is not None or c.spikes is not None or c.other is not None):
+                raise ValueError(
+                    f"rules: column '{c.name}' has edges, spikes, an other bucket or loose limits; a rule takes a "
+                    "column on equal bins of its declared bounds"
+                )
 
     @model_serializer(mode="wrap")
     def _dump(self, handler):
-        return _without_unset(handler, self, ("drop", "domain"))
+        out = _without_unset(handler, self, ("drop", "domain"))
+        if not self.rules:  # a schema without rules dumps as it did before they existed (manifests unchanged)
+            out.pop("rules", None)
+        else:
+            out["rules"] = [r.model_dump() for r in self.rules]
+        return out
 
     @property
     def encoded_width(self) -> int:

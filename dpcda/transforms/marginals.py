@@ -54,7 +54,7 @@ class _FitFn(beam.DoFn):
     def process(self, counts, plan, key):
         stated, chunks = fit_and_sample(counts, plan, self.schema, key, self.chunk_rows, self.integers)
         yield beam.pvalue.TaggedOutput(self.STATED, dataclasses.replace(plan, synthesis=stated))
-        with track("marginals rows sampled", plan.samples_total, unit="rows") as bar:
+        with track("marginals rows sampled", stated.samples_total, unit="rows") as bar:  # the model's total (DP)
             for i, (x, y) in enumerate(chunks):
                 self.rows_written.inc(len(y))
                 table = finite_table(x, y, self.fc, self.lc, soft=False, where=f"marginals chunk {i}")

@@ -8,7 +8,9 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
+from dpcda.privacy.noise import NoiseStream
 from dpcda.storage.build import checked
+from dpcda.storage.table_rules import keep_rules, scores_of
 from dpcda.storage.tables import decode_rows, decode_uniforms, label_uniforms
 
 
@@ -26,7 +28,12 @@ def _decode(table: pa.Table, plan, key, schema, arrow_schema, fc: str, lc: str) 
         tag = hashlib.blake2b(np.ascontiguousarray(z).tobytes(), digest_size=16).hexdigest()
         uniforms = decode_uniforms(key, tag, len(z), schema)
         draws = label_uniforms(key, tag, len(z)) if labels.ndim == 2 else None
-    return decode_rows(x01, labels, schema, arrow_schema, uniforms=uniforms, label_draws=draws)
+    rows = decode_rows(x01, labels, schema, arrow_schema, uniforms=uniforms, label_draws=draws)
+    if not schema.rules:
+        return rows
+    # the table's public rules: rows outside decoded again under them (marginals rows keep them already)
+    rule_draws = NoiseStream(key, "table-rules", tag).uniform(len(z)) if schema.decoding == "sample" else None
+    return keep_rules(rows, schema, scores_of(x01, labels, schema), rule_draws)
 
 
 class DecodeTable(beam.PTransform):

@@ -259,5 +259,10 @@ def assemble(request: DomainRequest, derived: dict, label: Optional[Label] = Non
     if not columns:
         raise PlanError("table: the input has no column besides the label")
     return TableSchema(
-        label=label, columns=columns, drop=list(request.declared.drop), domain=step, decoding=request.declared.decoding
+        label=label,
+        columns=columns,
+        drop=list(request.declared.drop),
+        domain=step,
+        decoding=request.declared.decoding,
+        rules=list(request.declared.rules),  # public, on declared columns only: kept as declared
     )

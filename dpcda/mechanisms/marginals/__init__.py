@@ -32,7 +32,8 @@ one of the codes merged into it, uniformly (the noise stream's uniform integers)
 
 Modules: ``domain`` (codes), ``counting`` (the combiner's core, compression), ``plan`` (the plan and the
 measurements), ``selection`` (MST), ``aim`` (AIM's rounds), ``estimation`` (fit and sample), ``synthesis`` (counts to
-rows), ``noisy`` (the measurements a quality report reads), ``mechanism`` (the registry entry).
+rows), ``limits`` (the size bounds checked before work), ``noisy`` (the measurements a quality report reads),
+``mechanism`` (the registry entry).
 """
 
 from __future__ import annotations
@@ -74,10 +75,16 @@ from dpcda.mechanisms.marginals.estimation import (  # noqa: F401
     sample_codes,
     warm_start,
 )
-from dpcda.mechanisms.marginals.mechanism import (  # noqa: F401
+from dpcda.mechanisms.marginals.limits import (  # noqa: F401
     MAX_CELLS,
-    Marginals,
+    MAX_COLUMNS,
+    MAX_FIT_BYTES,
+    MAX_MODEL_CELLS,
+    Footprint,
+    footprint,
+    refusal,
 )
+from dpcda.mechanisms.marginals.mechanism import Marginals  # noqa: F401
 from dpcda.mechanisms.marginals.noisy import noisy_summary  # noqa: F401
 from dpcda.mechanisms.marginals.plan import (  # noqa: F401
     AIM,
@@ -97,4 +104,5 @@ from dpcda.mechanisms.marginals.selection import (  # noqa: F401
 from dpcda.mechanisms.marginals.synthesis import (  # noqa: F401
     fit_and_sample,
     integer_columns,
+    rows_of_total,
 )

@@ -21,9 +21,11 @@ from dpcda.progress import track
 log = logging.getLogger(__name__)
 
 
-AIM_ROUND_ITERS = 1000  # at most this many mirror-descent steps in a refit between AIM rounds (as AIM's)
+AIM_ROUND_ITERS = 1000  # at most this many accelerated steps in a refit between AIM rounds (AIM's 1000 steps)
 
-AIM_ROUND_TOL = 1e-4  # ... stopping once the loss falls by at most this share per 50 steps, twice in a row
+AIM_ROUND_TOL = 1.0  # ... stopping once the loss falls by at most one unit (one cell by one std) per 50 steps, twice,
+
+AIM_WATCH = 0.05  # ... and the picked clique's counts moved by at most 5 % of the annealing bound per 50 steps, twice
 
 
 def aim_candidates(columns: int) -> dict:
@@ -66,11 +68,12 @@ def measure_aim(counter: MarginalCounter, acc: np.ndarray, plan: MarginalsPlan, 
     rounds until the budget is spent (``privacy.aim.AimSchedule``, a zCDP filter): each picks a clique among the
     candidates whose model fits ``size_limit`` (the cap scaled by the share of rho spent so far; a clique the model
     already covers always fits) with the exact exponential mechanism on ``aim_scores``, measures its counts with
-    Gaussian noise, refits the model (``pgm.Model``: mbi's mirror descent in numpy, warm-started, up to
-    ``AIM_ROUND_ITERS`` steps, to ``AIM_ROUND_TOL``: the anneal test below needs a converged refit; a short one barely
-    moves when sigma is small, and anneals on that) and anneals (halves sigma, doubles epsilon) when the refit moved
-    that marginal by at most sqrt(2/pi) sigma n_r in L1. Only noisy counts and the picks leave; the exact counts feed
-    the scores only."""
+    Gaussian noise, refits the model (``pgm.Model.fit_accelerated``: accelerated mirror descent in numpy, warm-started
+    from the last model's potentials, up to ``AIM_ROUND_ITERS`` steps, until the loss stalls (``AIM_ROUND_TOL``) and the
+    picked marginal has stopped moving (``AIM_WATCH`` of the annealing bound): the anneal test below needs a converged
+    refit; a short one barely moves when sigma is small, and anneals on that) and anneals (halves sigma, doubles
+    epsilon) when the refit moved that marginal by at most sqrt(2/pi) sigma n_r in L1. Only noisy counts and the picks
+    leave; the exact counts feed the scores only."""
     from dpcda.privacy.aim import AimSchedule
     from dpcda.privacy.exponential import Bits, exponential_mechanism
 
@@ -84,7 +87,7 @@ def measure_aim(counter: MarginalCounter, acc: np.ndarray, plan: MarginalsPlan, 
     ]
     ms = [((i,), np.asarray(y, np.float64), sched.one_way_std) for i, y in enumerate(one_way)]
     model = pgm.Model(dom.sizes, [(i,) for i in range(n)], pgm.min_variance_total(ms))
-    model.fit(ms, AIM_ROUND_ITERS, AIM_ROUND_TOL)
+    model.fit_accelerated(ms, AIM_ROUND_ITERS, AIM_ROUND_TOL)
     weights = aim_candidates(n)
     max_weight = max(weights.values())
     cap = plan.max_model_size or AIM_MAX_MODEL_SIZE
@@ -123,10 +126,11 @@ def measure_aim(counter: MarginalCounter, acc: np.ndarray, plan: MarginalsPlan, 
         stds.append(rnd.std)
         ms.append((cl, np.asarray(y, np.float64), rnd.std))
         before = est[cl]
+        threshold = math.sqrt(2.0 / math.pi) * rnd.std * before.size
         model = pgm.Model(dom.sizes, [*model.cliques, cl], pgm.min_variance_total(ms), model.theta)
-        model.fit(ms, AIM_ROUND_ITERS, AIM_ROUND_TOL)
+        model.fit_accelerated(ms, AIM_ROUND_ITERS, AIM_ROUND_TOL, watch=(cl, AIM_WATCH * threshold))
         after = model.marginal(cl)
-        anneal = bool(np.abs(after - before).sum() <= math.sqrt(2.0 / math.pi) * rnd.std * before.size)
+        anneal = bool(np.abs(after - before).sum() <= threshold)
         if anneal and not rnd.last:
             sched.anneal()
         rounds.append(
@@ -164,6 +168,7 @@ def measure_aim(counter: MarginalCounter, acc: np.ndarray, plan: MarginalsPlan, 
         "max_model_size_cells": cap,
         "round_iterations": AIM_ROUND_ITERS,
         "round_tolerance": AIM_ROUND_TOL,
+        "round_watch": AIM_WATCH,
         "rounds": rounds,
     }
     return Measurements(one_way, picked, two_way, sched.one_way_std, stds, warm_start(model, dom), record)

@@ -10,6 +10,7 @@ import numpy as np
 from dpcda.mechanisms import pgm
 from dpcda.mechanisms.marginals.counting import compressed_domain
 from dpcda.mechanisms.marginals.domain import Domain
+from dpcda.mechanisms.marginals.limits import SAMPLE_ROWS
 from dpcda.mechanisms.marginals.plan import MarginalsPlan, Measurements
 from dpcda.privacy.noise import NoiseStream
 
@@ -36,8 +37,9 @@ def merged(mbi, ms: list) -> list:
     return out
 
 
-def fit(measured: Measurements, plan: MarginalsPlan):
-    """mbi's graphical model fitted to the noisy counts by mirror descent (``plan.iterations`` steps)."""
+def fit(measured: Measurements, plan: MarginalsPlan, rules=None):
+    """mbi's graphical model fitted to the noisy counts by mirror descent (``plan.iterations`` steps); with ``rules``
+    (``rules.KeptRules``), fitted and sampled under their constraints."""
     mbi = _mbi()
     dom = plan.domain
     full = mbi.Domain(list(dom.names), list(dom.sizes))
@@ -54,9 +56,12 @@ def fit(measured: Measurements, plan: MarginalsPlan):
         mbi.LinearMeasurement(np.asarray(y, np.float64).ravel(), tuple(dom.names[i] for i in cl), stddev=std)
         for cl, y, std in zip(measured.pairs, measured.two_way, measured.stds)
     ]
-    return mbi.estimation.MirrorDescent().estimate(
-        domain, merged(mbi, ms), iters=plan.iterations, warm_start=measured.model
+    ms = merged(mbi, ms)
+    constraints = rules.constrain(mbi, domain, measured.mapping, [m.clique for m in ms]) if rules else ()
+    model = mbi.estimation.MirrorDescent().estimate(
+        domain, ms, iters=plan.iterations, warm_start=measured.model, constraints=constraints
     )
+    return rules.sampled_under(model, constraints) if constraints else model
 
 
 def warm_start(model, dom: Domain):
@@ -67,9 +72,6 @@ def warm_start(model, dom: Domain):
     domain = mbi.Domain(list(dom.names), list(dom.sizes))
     tables = {cl: mbi.Factor(domain.project(cl), jnp.asarray(v)) for cl, v in model.potentials_for(dom.names).items()}
     return mbi.CliqueVector(domain, list(tables), tables)
-
-
-SAMPLE_ROWS = 1 << 18  # rows mbi draws in one call: the sampling holds this many rows, not the release's
 
 
 def sample_codes(model, rows: int, plan: MarginalsPlan, key: bytes, block_rows: int = SAMPLE_ROWS):

@@ -16,7 +16,11 @@ SELECTIONS = ("mst", "mst-label", "aim")  # mst-label: MST's tree, and the label
 
 AIM = "aim"  # AIM's adaptive rounds (McKenna, Mullins, Sheldon, Miklau 2022), budget in privacy.aim
 
-AIM_MAX_MODEL_SIZE = 80 * (1 << 20) // 8  # cells: AIM's default max_model_size, 80 MB of float64
+# cells: the model's size cap of AIM's rounds. AIM's paper takes 80 MB of float64 (10,485,760 cells); a refit's step
+# costs about one pass over the model's cells, and on wa_churn at eps 10 a cap of 65,536 ran 99 rounds in 91 CPU s with
+# all-pair TVD 0.0140 where 262,144 ran 120 rounds in 224 s (0.0126); at the paper's cap the rounds ran for hours
+# (benchmarks/results/README.md). --marginals-max-model-size raises it; the manifest states it.
+AIM_MAX_MODEL_SIZE = 1 << 16
 
 
 def label_pairs(selection: str, columns: int) -> int:
@@ -40,7 +44,10 @@ class MarginalsPlan(SynthesisPlan):
     fit_seconds: Optional[float] = None
     max_model_size: Optional[int] = None  # aim: the model's size cap in cells
     aim: Optional[dict] = None  # aim: the rounds as run (DP: chosen from public inputs and DP outputs)
-    samples_total: int = 0  # T, the rows sampled from the fitted model
+    # T, the rows sampled from the fitted model: the config's samples (public), else None until the fit has run, then
+    # the model's total, rounded (``synthesis.rows_of_total``: post-processing of the noisy counts)
+    samples_total: Optional[int] = None
+    rows_from_model: Optional[bool] = None  # stated once sampled: whether ``samples_total`` is the model's total
     noisy: Optional[dict] = None  # the measurements a quality report reads (``marginals.noisy``: DP, JSON)
 
     @property
@@ -136,6 +143,7 @@ def _shared_fields(plan, mp: "MarginalsPlan") -> dict:
         num_classes=plan.num_classes,
         samples_total=mp.samples_total,
         dataset_size_dp=int(sum(plan.dp_class_sizes)) if plan.dp_class_sizes else None,
+        row_count=None if mp.rows_from_model is None else "model_total" if mp.rows_from_model else "samples",
         bins=mp.domain.bins,
         columns={n: s for n, s in zip(mp.domain.names, mp.domain.sizes)},
         rho=mp.rho,
@@ -164,9 +172,11 @@ def _aim_section(plan, mp: "MarginalsPlan"):
         fit={
             "estimator": "mbi MirrorDescent",
             "iterations": mp.iterations,
-            "round_estimator": "dpcda.mechanisms.pgm (mbi's mirror descent, junction tree and model size in numpy)",
+            "round_estimator": "dpcda.mechanisms.pgm (accelerated mirror descent with restarts on mbi's "
+            "junction tree, warm-started; mbi's model size; in numpy)",
             "round_iterations": rec.get("round_iterations"),
             "round_tolerance": rec.get("round_tolerance"),
+            "round_watch": rec.get("round_watch"),
             "total": mp.estimated_total,
         },
         sampling="mbi's synthetic_data (randomized rounding of the model's marginals); a numeric code becomes a "
