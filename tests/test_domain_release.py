@@ -186,3 +186,31 @@ def test_a_table_whose_undeclared_columns_are_booleans_needs_no_measurement(tmp_
     assert not req.derive and [c.name for c in req.booleans] == ["flag"]
     schema = assemble(req, {})
     assert [c.name for c in schema.columns] == ["term", "flag"] and schema.domain is None and schema.complete
+
+
+def test_declared_rules_are_kept_by_the_derived_schema_and_refused_where_bins_are_not_equal(tmp_path):
+    """A partial table: section's public rules come back in the completed schema; a rule on a label whose categories
+    the step derives, or on a column with spikes (its codes are not equal bins), is refused before any work."""
+    from pydantic import ValidationError
+
+    from dpcda.mechanisms.domain.derive import assemble
+    from dpcda.mechanisms.domain.request import request
+    from dpcda.schemas.table import TableSchema
+
+    _, table = _write(tmp_path / "in")
+    term = {"name": "term", "kind": "numeric", "lower": 0, "upper": 72}
+    rule = {"if": {"flag": True}, "then": {"status": "good"}}
+    declared = TableSchema(
+        label={"name": "status", "categories": ["bad", "good"]},
+        columns=[term, {"name": "flag", "kind": "boolean"}],
+        drop=["amount", "city", "day"],
+        rules=[rule],
+    )
+    schema = assemble(request(declared, table.schema, {}), {})
+    assert schema.rules == declared.rules and schema.complete
+    with pytest.raises(ValidationError, match="rules: a rule on label 'status' needs its categories declared"):
+        TableSchema(label={"name": "status"}, columns=[{"name": "flag", "kind": "boolean"}], rules=[rule])
+    spiky = {**term, "spikes": [12, 24]}
+    with pytest.raises(ValidationError, match="rules: column 'term' has edges, spikes"):
+        TableSchema(label={"name": "status", "categories": ["bad", "good"]}, columns=[spiky],
+                    rules=[{"if": {"term": None}, "then": {"status": "bad"}}])  # fmt: skip
