@@ -1,16 +1,17 @@
 """dpcda: differentially private synthetic data releases on Apache Beam.
 
-The Python API: ``dpcda.release(source, *, epsilon, ...) -> Release`` (``dpcda.api``) and ``dpcda.account(...)``
-(``dpcda.api.account``), whose errors name their keyword arguments (``dpcda.api_support``).
+The Python API: ``dpcda.release(source, *, epsilon, ...) -> Release`` (``dpcda.api``), ``dpcda.account(...)``
+(``dpcda.api.account``) and ``dpcda.load(DIR).sample(n)`` (more rows from a table release's model), whose errors name
+their keyword arguments (``dpcda.api_support``).
 """
 
 from dpcda._version import __version__ as __version__  # the one place it is written
 
-__all__ = ["release", "account", "Release"]
+__all__ = ["release", "account", "Release", "load"]
 
 
 def __getattr__(name):  # the API imports Beam and torch: only when it is used
-    if name in ("release", "Release"):
+    if name in ("release", "Release", "load"):
         from dpcda import api
 
         return getattr(api, name)

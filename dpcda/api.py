@@ -10,6 +10,8 @@
 
     dpcda.account(mechanism="dpcda", class_size=6000, samples_per_class=6000, mixing_order=16, epsilon=10)
 
+    more = dpcda.load("releases/wa-churn-eps10").sample(50_000)   # a table release's model: post-processing
+
 ``release`` runs the Beam job (DirectRunner in this process unless ``beam_args`` say otherwise) into ``output``, or
 into a private temporary folder that ``Release.write`` publishes later under the same rules as the CLI (a release
 of ours only is replaced, atomically, never the input). Its errors are the CLI's one-line errors, in Python's words
@@ -225,6 +227,20 @@ def release(
         del rel
 
 
+def load(directory):
+    """The model a published release keeps (``model/``; a table release of mechanism marginals), read and checked
+    against its manifest: ``.sample(n, seed=None)`` draws ``n`` more rows as a pyarrow Table with the release's Arrow
+    schema (post-processing: no budget, no ledger entry; the same ``seed`` gives the same rows, none gives fresh
+    randomness), ``.manifest`` is the release's manifest (dict), ``.one_way_measurements()`` its noisy one-way counts.
+    To publish a sample with its own manifest, use ``dpcda sample``. Raises a one-line ``DpcdaError`` for a folder
+    that is not a release, a release without a model, or a model that was changed or truncated."""
+    from dpcda.api_support import python_errors
+    from dpcda.pipeline.sample import open_release
+
+    with python_errors([]):
+        return open_release(os.fspath(directory))
+
+
 def account(mechanism: str = "dpcda", **settings) -> dict:
     """``dpcda account`` from Python: one group's synthesis planned without data (``pipeline.accounting.account``,
     whose arguments it takes: ``class_size``, ``samples_per_class``, ``feature_dim``, ``num_classes`` and any release
@@ -234,4 +250,4 @@ def account(mechanism: str = "dpcda", **settings) -> dict:
     return plan_account(mechanism, **settings)
 
 
-__all__ = ["Release", "release", "account"]
+__all__ = ["Release", "release", "account", "load"]

@@ -112,7 +112,7 @@ def test_a_release_has_a_short_repr_and_the_package_lists_its_api(table_release)
     text = repr(rel)
     assert len(text) < 200 and text.startswith(f"Release({rel.directory!r}, mechanism='dpcda', rows=")
     assert f"epsilon={rel.manifest['privacy']['epsilon']}" in text
-    assert set(dpcda.__all__) == {"release", "account", "Release"} <= set(dir(dpcda))
+    assert set(dpcda.__all__) == {"release", "account", "Release", "load"} <= set(dir(dpcda))
     import pydoc
 
     doc = pydoc.render_doc(dpcda.release)

@@ -126,7 +126,7 @@ def test_a_marginals_release_publishes_its_quality_report_with_no_real_data_figu
     for name in pictures:
         assert (out / "evaluation" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (out / "measurements.draft.json").exists()  # the draft is read by the report, never published
-    assert sorted(p.name for p in out.iterdir()) == ["evaluation", "manifest.json", "synthetic"]
+    assert sorted(p.name for p in out.iterdir()) == ["evaluation", "manifest.json", "model", "synthetic"]
 
 
 def test_the_report_s_distances_agree_with_the_published_rows(dp_only):

@@ -136,11 +136,11 @@ def noise_section(plan) -> Noise:
     )
 
 
-def build_manifest(cfg, input_info: InputInfo, plan, outputs, prefix: str = "") -> Manifest:
+def build_manifest(cfg, input_info: InputInfo, plan, outputs, prefix: str = "", model=None) -> Manifest:
     """The manifest draft of a release (the pipeline writes it; ``storage.publish`` writes the final manifest).
 
     ``prefix`` is the run directory relative to OUTPUT ('' locally, ``runs/<run>/`` on GCS): every path in the
-    manifest is relative to OUTPUT.
+    manifest is relative to OUTPUT. ``model``: the ``ReleaseModel`` section of a release that keeps its fitted model.
     """
     acc = plan.accounting
     return Manifest(
@@ -200,6 +200,7 @@ def build_manifest(cfg, input_info: InputInfo, plan, outputs, prefix: str = "") 
                 else {}
             ),
         ),
+        model=model,
     )
 
 

@@ -118,7 +118,7 @@ def build_pipeline(
     )
     dp_pca = cfg.mechanism.pca_components is not None
     basis = blocks | "ComputeDpBasis" >> ComputeDpBasis(plan, key, expected_build=build) if dp_pca else None
-    synthesis = synthesis_transform(mech)(plan, key, cfg, basis, common)
+    synthesis = synthesis_transform(mech)(plan, key, cfg, basis, common, directory=target.workdir)
     synthetic = blocks | "Synthesize" >> synthesis
     if joined is not None:
         synthetic = (synthetic, joined) | "BothPaths" >> beam.Flatten()

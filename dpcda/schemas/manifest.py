@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_serializer, model_validator
 
 SCHEMA_PATH = Path(__file__).with_name("manifest.schema.json")
 
@@ -370,6 +370,26 @@ class Output(_Frozen):
     format: str = "parquet: features fixed_size_list<float32>[d], label int64"
 
 
+class ModelFile(_Frozen):
+    path: str = Field(description="relative to the release directory (OUTPUT)")
+    sha256: str = Field(description="of the stored object, read back after writing")
+    bytes: int
+
+
+class ReleaseModel(_Frozen):
+    """The fitted model a release keeps beside its rows (``model/``), from which more rows can be drawn later."""
+
+    format: str = Field(description="the saved model's format and version (docs/tables.md, 'The model')")
+    version: int
+    files: list[ModelFile]
+    contents: str = Field(description="what the files hold, and why each part may be published")
+    sampling: str = Field(
+        "post-processing: 'dpcda sample --release OUTPUT --rows N --output OUT' (or dpcda.load(OUTPUT).sample(n)) "
+        "draws more rows from it, spends no budget and writes no ledger entry; the guarantee stays this release's",
+        description="how more rows are drawn, and what that costs",
+    )
+
+
 class RunInfo(_Frozen):
     runner: str
     job_id: Optional[str] = None
@@ -393,6 +413,19 @@ class Manifest(_Frozen):
         description="with --ledger: the dataset id, the ledger's run id, and the composed budget before this release "
         "and at most after it (privacy.composition)",
     )
+    model: Optional[ReleaseModel] = Field(
+        None,
+        description="a release that keeps its fitted model (marginals): the files of model/ and their digests; "
+        "absent from the JSON of a release without one",
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_absent_model(self, handler):
+        """A release without a model states none (its manifest reads as before the model was kept)."""
+        data = handler(self)
+        if isinstance(data, dict) and data.get("model") is None:
+            data.pop("model", None)
+        return data
 
     def write_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), indent=2, allow_nan=False) + "\n"

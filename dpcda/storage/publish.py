@@ -114,12 +114,14 @@ def check_output_path(output: str) -> str:
 
 
 def validate_manifest(text: str | bytes, where: str) -> dict:
-    """The manifest as a dict if it validates against the model, else PublishError."""
+    """The manifest as a dict if it validates against the model (a release's, or a sample's: ``dpcda sample``), else
+    PublishError."""
     from dpcda.schemas.manifest import Manifest
+    from dpcda.schemas.sample_manifest import SampleManifest
 
     try:
         data = json.loads(text)
-        Manifest(**data)
+        (SampleManifest if isinstance(data, dict) and data.get("kind") == "sample" else Manifest)(**data)
     except Exception:  # noqa: BLE001 - any failure means: not a release of ours
         raise PublishError(
             f"{where}: not a release of ours (no valid {MANIFEST}); refusing to replace it, move it "
@@ -158,10 +160,12 @@ def publish(target: Target, manifest: Manifest) -> None:
     """Makes the run's release visible at OUTPUT (see the module docstring); the manifest goes in last.
 
     ``manifest`` is the typed, assembled manifest (``pipeline.manifest.assemble``): it was validated when the launcher
-    read the draft and as each section was added; here it is only written (``Manifest.write_json``)."""
+    read the draft and as each section was added; here it is only written (``Manifest.write_json``). A sample drawn
+    from a release's model (``pipeline.sample``) publishes its ``SampleManifest`` the same way."""
     from dpcda.schemas.manifest import Manifest
+    from dpcda.schemas.sample_manifest import SampleManifest
 
-    if not isinstance(manifest, Manifest):
+    if not isinstance(manifest, (Manifest, SampleManifest)):
         raise TypeError(f"publish: takes the typed Manifest, not {type(manifest).__name__}")
     text = manifest.write_json()
     if is_remote(target.output):
@@ -317,7 +321,8 @@ def _remove_stale_local(out: str) -> None:
 
 
 def _check_parts(manifest: Manifest, read_size) -> None:
-    for f in manifest.output.files:
+    model = getattr(manifest, "model", None)  # a release's fitted model (model/), where it keeps one
+    for f in [*manifest.output.files, *(model.files if model is not None else ())]:
         size = read_size(f.path)
         if size is None:
             raise PublishError(f"{f.path}: part missing before publishing; nothing was published")

@@ -19,9 +19,10 @@ class _Synthesis(beam.PTransform):
     """``stated_plan``: None, or (set by ``expand``) the plan completed with DP choices the synthesis made from the data
     (marginals' picked pairs), which the manifest states instead of the plan."""
 
-    def __init__(self, plan, key, cfg, basis, common: dict):
+    def __init__(self, plan, key, cfg, basis, common: dict, directory: str = ""):
         super().__init__()
         self.plan, self.key, self.cfg, self.basis, self.common = plan, key, cfg, basis, common
+        self.directory = directory  # the run directory (a mechanism that keeps its fitted model writes it there)
         self.stated_plan = None
 
 

@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import math
 import time
-from typing import Iterator
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 
@@ -25,12 +25,19 @@ log = logging.getLogger(__name__)
 
 
 def fit_and_sample(
-    acc: np.ndarray, plan, schema, key: bytes, chunk_rows: int, integers: frozenset = frozenset()
+    acc: np.ndarray,
+    plan,
+    schema,
+    key: bytes,
+    chunk_rows: int,
+    integers: frozenset = frozenset(),
+    on_fit: Optional[Callable] = None,
 ) -> tuple[MarginalsPlan, Iterator[tuple[np.ndarray, np.ndarray]]]:
     """The stated ``MarginalsPlan`` (picked pairs, the model's total, the rows sampled) and (encoded rows, labels)
     chunks of the plan's ``samples_total`` rows (None: the fitted model's total, rounded), from the exact counts
     ``acc`` (``MarginalCounter``). ``integers``: the numeric columns whose Arrow type is an integer (their values are
-    drawn among the integers of their bin)."""
+    drawn among the integers of their bin). ``on_fit``: called with the noisy measurements and the fitted model once
+    the fit is done (the release keeps them: ``marginals.model``)."""
     mp: MarginalsPlan = plan.synthesis
     counter = MarginalCounter(mp.domain)
     start = time.time()
@@ -38,6 +45,8 @@ def fit_and_sample(
     del acc  # from here on only noisy counts
     kept = kept_rules(schema, mp.domain, integers)  # the table's public rules (None: it declares none)
     model = fit(measured, mp, kept)
+    if on_fit is not None:
+        on_fit(measured, model)
     names = mp.domain.names
     rows = mp.samples_total if mp.samples_total is not None else rows_of_total(float(model.total))
     stated = dataclasses.replace(

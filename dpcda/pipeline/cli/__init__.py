@@ -4,8 +4,8 @@ Bad input or config ends with one line on stderr that names the file, column, ro
 non-zero exit status (2). Unknown flags of ``release`` are Beam pipeline options.
 
 One module per subcommand (``prepare``, ``risk``, ``schema``, ``release``, ``ledger``, ``account``, ``evaluate``,
-``audit``, ``sampling``), each with a ``register(sub)`` that adds its parsers and returns its handlers; ``base``
-holds what they share (exit codes, one-line errors, the parser class, logging).
+``audit``, ``sample``, ``sampling``), each with a ``register(sub)`` that adds its parsers and returns its handlers;
+``base`` holds what they share (exit codes, one-line errors, the parser class, logging).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from dpcda.pipeline.cli import account, audit, evaluate, ledger, prepare, release, risk, sampling, schema
+from dpcda.pipeline.cli import account, audit, evaluate, ledger, prepare, release, risk, sample, sampling, schema
 from dpcda.pipeline.cli.base import (
     _KNOWN,
     EXIT_BAD_INPUT,
@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 # the subcommands in the order ``dpcda --help`` lists them
-SUBCOMMANDS = (prepare, risk, schema, release, ledger, account, evaluate, audit, sampling)
+SUBCOMMANDS = (prepare, risk, schema, release, ledger, account, evaluate, audit, sample, sampling)
 COMMANDS: dict = {}
 
 

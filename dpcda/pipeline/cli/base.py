@@ -28,6 +28,8 @@ _KNOWN = (
     "LedgerError",
     "FeasibilityError",
     "PrivateSamplingError",
+    "SampleError",
+    "ModelError",
     "UnknownMechanism",
     "DuplicateKey",
     "ClaimError",
