@@ -68,16 +68,22 @@ def _num(v: float) -> str:
 
 
 def code_labels(col, bins: int) -> tuple[list[str], Optional[list[float]]]:
-    """The names of a column's codes (``domain_of``'s order: values, then null) and, numeric, its bin edges."""
+    """The names of a column's codes (``domain_of``'s order: values, then null) and, numeric, its bin edges: a
+    categorical column's categories (and its other bucket), a numeric column's spikes (their values) then its bins
+    (its declared or DP-derived ``edges``, else equal bins of its bounds)."""
     edges = None
     if col.kind == "categorical":
-        names = [str(c) for c in col.categories]
+        names = [str(c) for c in col.categories] + ([str(col.other)] if col.other is not None else [])
     elif col.kind == "boolean":
         names = ["False", "True"]
     else:
-        edges = np.linspace(col.lower, col.upper, bins + 1).tolist()
-        names = [f"[{_num(a)}, {_num(b)})" for a, b in zip(edges[:-2], edges[1:-1])]
-        names.append(f"[{_num(edges[-2])}, {_num(edges[-1])}]")
+        names = [_num(v) for v in col.spikes or ()]
+        edges = list(col.edges) if col.edges is not None else np.linspace(col.lower, col.upper, bins + 1).tolist()
+        if edges:
+            names += [f"[{_num(a)}, {_num(b)})" for a, b in zip(edges[:-2], edges[1:-1])]
+            names.append(f"[{_num(edges[-2])}, {_num(edges[-1])}]")
+        else:
+            edges = None  # spikes only
     if getattr(col, "nullable", False):
         names.append("null")
     return names, edges
@@ -91,6 +97,16 @@ def table_codes(table: pa.Table, schema: TableSchema, bins: int, what: str) -> n
 
 def shares(codes: np.ndarray, size: int) -> np.ndarray:
     return np.bincount(codes, minlength=size)[:size] / max(len(codes), 1)
+
+
+REAL_DECIMALS = 3  # real-data shares and rates are rounded: exact fractions k/n would give away the test rows' count
+
+
+def real_figures(values) -> list:
+    """Shares or rates of the real held-out rows as published (not DP): rounded to ``REAL_DECIMALS`` decimals, so
+    the exact fractions (whose common denominator is the number of test rows, unpublished without
+    ``--eval-input-public``) are not written."""
+    return np.round(np.asarray(values, np.float64), REAL_DECIMALS).tolist()
 
 
 def clipped_shares(counts) -> tuple[np.ndarray, float]:
@@ -203,7 +219,7 @@ def quality_report(
             entry["noisy_measurement_std"] = float(m["std"]) / total if total > 0 else None
             distances["synthetic_vs_noisy_measurement"] = tvd_noisy[col.name] = tvd(entry["synthetic"], noisy_shares)
         if cr is not None:
-            entry["real"] = shares(cr[:, j], size).tolist()
+            entry["real"] = real_figures(shares(cr[:, j], size))
             distances["synthetic_vs_real"] = tvd_real[col.name] = tvd(entry["synthetic"], entry["real"])
             if "noisy_measurement" in entry:
                 distances["noisy_measurement_vs_real"] = tvd(entry["noisy_measurement"], entry["real"])
@@ -224,7 +240,7 @@ def quality_report(
             trend["noisy_measurement"] = None
             trend["why_no_noisy_measurement"] = "the mechanism did not measure this column's pair with the label"
         if cr is not None:
-            trend["real"] = label_rates(cr[:, j], cr[:, -1], size, k)
+            trend["real"] = [None if r is None else real_figures(r) for r in label_rates(cr[:, j], cr[:, -1], size, k)]
             t["synthetic_vs_real"] = trend_real[col.name] = trend_tvd(trend["synthetic"], trend["real"], entry["real"])
         trend["tvd"] = t
         trends.append(trend)

@@ -12,11 +12,17 @@ SCHEMA_NOTE = """\
 # lists are not private): the label's categories (class k is categories[k]), each numeric column's lower/upper,
 # each categorical column's categories. nullable is false where the footers count no null in the column, true
 # otherwise (or where they do not say); the release states it in its public schema, so confirm it from the domain.
-# A release refuses to start while a bound or a category list is missing.
+# A release refuses to start while a bound or a category list is missing. With the marginals mechanism drafted
+# below, a column you delete from the list (or a label without categories) is derived by the release's DP domain step
+# instead, for a share of the budget (--domain-budget-share); mode poisson: add or remove a record, the label
+# included, so no exact class size is published.
 """
 
 
 DRAFT_MARK = "# dpcda schema infer draft; sha256 of the lines below: "
+
+# the table mechanism under add/remove: no exact class size is published (docs/tables.md)
+DRAFT_MECHANISM = {"mechanism": "marginals", "mode": "poisson"}
 
 
 def _marked_draft(text: str) -> str:
@@ -77,7 +83,7 @@ def cmd_schema(args, _beam_args) -> int:
     schema = arrow_schema_of(files[0])
     if args.label not in schema.names:
         raise SchemaError(f"--label {args.label}: no such column (columns: {', '.join(schema.names)})")
-    draft = {"table": infer_draft(schema, args.label, footer_null_counts(files))}
+    draft = {**DRAFT_MECHANISM, "table": infer_draft(schema, args.label, footer_null_counts(files))}
     text = SCHEMA_NOTE.format(path=files[0], files=len(files))
     text += yaml.safe_dump(draft, sort_keys=False, default_flow_style=None)
     if args.out:
