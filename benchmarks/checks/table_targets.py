@@ -45,11 +45,12 @@ TVD_BINS = 20
 
 
 def readme_commands(readme: str) -> list[str]:
-    """The shell lines of the README's "A table of your own" example (continuations joined), set-up line left out."""
+    """The shell lines of the README's "A table of your own" example (continuations joined) that prepare the table and
+    release it with its config (the set-up line and a one-command release beside it left out)."""
     section = readme.split("## A table of your own", 1)[1].split("\n## ", 1)[0]
     block = section.split("```bash", 1)[1].split("```", 1)[0]
-    lines = block.replace("\\\n", " ").strip().splitlines()
-    return [re.sub(r"\s+", " ", line).strip() for line in lines if "dpcda " in line and "setup.sh" not in line]
+    lines = [re.sub(r"\s+", " ", line).strip() for line in block.replace("\\\n", " ").strip().splitlines()]
+    return [line for line in lines if " prepare " in line or (" release " in line and " --config " in line)]
 
 
 def read_table(folder_glob: str) -> pa.Table:
@@ -132,8 +133,8 @@ def readme_example(work: str, dpcda: str) -> list[tuple]:
     cmds = readme_commands(open(os.path.join(ROOT, "README.md")).read())
     os.makedirs(os.path.join(work, "releases"), exist_ok=True)  # the README's set-up line makes releases/
     for c in cmds:
-        c = c.replace(".venv/bin/dpcda", dpcda).replace("data/", f"{work}/data/")
-        run(c.replace("releases/", f"{work}/releases/"), ROOT)
+        c = re.sub(r"(?<![\w/])(data|releases)/", rf"{work}/\1/", c.replace(".venv/bin/dpcda", dpcda))
+        run(c, ROOT)
     out = shlex.split(cmds[-1])[shlex.split(cmds[-1]).index("--output") + 1]
     rel = os.path.join(work, out)
     real, synth = read_table(f"{work}/data/wa_churn/train/*.parquet"), read_table(f"{rel}/synthetic/*.parquet")
