@@ -176,6 +176,12 @@ def read_synthetic(folder: str):
     return pa.concat_tables(pq.read_table(p) for p in sorted(glob.glob(os.path.join(folder, "synthetic", "*.parquet"))))
 
 
+def nullable_everywhere(schema):
+    """``schema`` with every column nullable: how a release whose domain was derived (no config) is scored, since its
+    columns may hold nulls where the example declares none (a null is then a value of its own, as in the TVDs)."""
+    return schema.model_copy(update=dict(columns=[c.model_copy(update=dict(nullable=True)) for c in schema.columns]))
+
+
 def child_release(spec: str) -> None:
     """The process of one in-process release (``--child``): its synthetic table written to ``spec``'s ``out``."""
     a = json.loads(spec)
@@ -212,8 +218,9 @@ def measured_release(name: str, train, test, conf: dict, method: str, eps: float
             raise RuntimeError(f"{method} failed: {m.stderr[-2000:]}")
         synth = read_synthetic(os.path.join(tmp, "release")) if "cli" in spec else pq.read_table(out)
     mixes = "mechanism" in spec and registry.get(spec["mechanism"]).mixes
+    schema = parse_table_schema(conf["table"])
     return (
-        evaluate_tables(synth, test, parse_table_schema(conf["table"]), seed),
+        evaluate_tables(synth, test, nullable_everywhere(schema) if spec.get("cli") == "label" else schema, seed),
         conf.get("mixing_order", 4) if mixes else "",
         m,
     )
