@@ -46,6 +46,7 @@ import argparse
 import csv
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -177,9 +178,25 @@ def read_synthetic(folder: str):
 
 
 def nullable_everywhere(schema):
-    """``schema`` with every column nullable: how a release whose domain was derived (no config) is scored, since its
-    columns may hold nulls where the example declares none (a null is then a value of its own, as in the TVDs)."""
+    """``schema`` with every column nullable (a null a value of its own in the TVDs)."""
     return schema.model_copy(update=dict(columns=[c.model_copy(update=dict(nullable=True)) for c in schema.columns]))
+
+
+def release_schema(folder: str):
+    """The complete table schema a release ran with, from its manifest (a derived domain's included)."""
+    from dpcda.storage.tables import declared_schema
+
+    with open(os.path.join(folder, "manifest.json")) as fh:
+        return parse_table_schema(declared_schema(json.load(fh)["input"]["table"]), "manifest")
+
+
+def score_derived(synth, test, schema, derived, seed: int) -> dict:
+    """A release whose domain was derived (no config): the models trained and tested on its own schema (its values may
+    lie outside the example's categories: an "other" bucket, nulls), the analyst's figures on the example's schema
+    with every column nullable, as every other method's."""
+    figs = evaluate_tables(synth, test, derived, seed)
+    figs["marginals"] = table_metrics(test, synth, nullable_everywhere(schema))
+    return figs
 
 
 def child_release(spec: str) -> None:
@@ -217,10 +234,13 @@ def measured_release(name: str, train, test, conf: dict, method: str, eps: float
         if m.returncode:
             raise RuntimeError(f"{method} failed: {m.stderr[-2000:]}")
         synth = read_synthetic(os.path.join(tmp, "release")) if "cli" in spec else pq.read_table(out)
+        derived = release_schema(os.path.join(tmp, "release")) if spec.get("cli") == "label" else None
     mixes = "mechanism" in spec and registry.get(spec["mechanism"]).mixes
     schema = parse_table_schema(conf["table"])
     return (
-        evaluate_tables(synth, test, nullable_everywhere(schema) if spec.get("cli") == "label" else schema, seed),
+        evaluate_tables(synth, test, schema, seed)
+        if derived is None
+        else score_derived(synth, test, schema, derived, seed),
         conf.get("mixing_order", 4) if mixes else "",
         m,
     )
@@ -430,7 +450,7 @@ def note_command(out: str, name: str, argv: list[str], started: float) -> None:
     started and now), rewritten as it goes: the result file opens with every command that measured a cell in it."""
     path = commands_path(out, name)
     log = [json.loads(line) for line in open(path)] if os.path.exists(path) else []
-    entry = {"command": " ".join(["python -m benchmarks.reproduce.tabular_table", *argv]), "started": started,
+    entry = {"command": shlex.join(["python", "-m", "benchmarks.reproduce.tabular_table", *argv]), "started": started,
              "load_start": log[-1]["load_start"] if log and log[-1]["started"] == started else os.getloadavg()[0],
              "load_now": os.getloadavg()[0]}  # fmt: skip
     log = [e for e in log if e["started"] != started] + [entry]
@@ -533,12 +553,14 @@ def against_targets(rows: list[dict], releases: dict) -> list[str]:
     """
     by = {(r["method"], r["epsilon"]): r for r in rows if r["runs"]}
     stopped = {r["epsilon"]: r for r in rows if r["method"] == "smartnoise aim" and not r["runs"]}  # cut off
-    epsilons = sorted({r["epsilon"] for r in rows if r["method"] == DEFAULT_MARGINALS}, key=float)
+    # the product's command with the example config where it was measured, else the default selection in process
+    method = CONFIGURED if any(r["method"] == CONFIGURED for r in rows) else DEFAULT_MARGINALS
+    epsilons = sorted({r["epsilon"] for r in rows if r["method"] == method}, key=float)
     if not epsilons:
         return []
-    out = ["", f"## Against the targets ({DEFAULT_MARGINALS}, the default selection)", ""]
+    out = ["", f"## Against the targets ({method}: the default selection)", ""]
     for eps in epsilons:
-        ours, mst, aim = (by.get((m, eps)) for m in (DEFAULT_MARGINALS, "smartnoise mst", "smartnoise aim"))
+        ours, mst, aim = (by.get((m, eps)) for m in (method, "smartnoise mst", "smartnoise aim"))
         if ours is None:
             continue
 
@@ -560,7 +582,7 @@ def against_targets(rows: list[dict], releases: dict) -> list[str]:
         if has(ours, "one_way_tvd") and has(mst, "one_way_tvd"):
             one = ours["one_way_tvd"] / mst["one_way_tvd"]
             parts.append(
-                f"one-way TVD {fig(DEFAULT_MARGINALS, ours, 'one_way_tvd')} / "
+                f"one-way TVD {fig(method, ours, 'one_way_tvd')} / "
                 f"{fig('smartnoise mst', mst, 'one_way_tvd')} = {one:.3f} (<= {ONE_WAY_SLACK}: "
                 f"{verdict(one <= ONE_WAY_SLACK)})"
             )
@@ -571,7 +593,7 @@ def against_targets(rows: list[dict], releases: dict) -> list[str]:
             two = ours["all_pair_tvd"] / ref["all_pair_tvd"]
             why = "AIM" if ref is aim else "MST: no AIM release with this figure"
             parts.append(
-                f"all-pair TVD {fig(DEFAULT_MARGINALS, ours, 'all_pair_tvd')} / {fig(ref_name, ref, 'all_pair_tvd')}"
+                f"all-pair TVD {fig(method, ours, 'all_pair_tvd')} / {fig(ref_name, ref, 'all_pair_tvd')}"
                 f" = {two:.3f} ({why}; <= 1: {verdict(two <= 1)})"
             )
         else:
@@ -579,14 +601,14 @@ def against_targets(rows: list[dict], releases: dict) -> list[str]:
         if has(ours, "base_rate_gap"):
             gap = ours["base_rate_gap"]
             parts.append(
-                f"base-rate gap {spread(releases, DEFAULT_MARGINALS, eps, 'base_rate_gap', gap)} "
+                f"base-rate gap {spread(releases, method, eps, 'base_rate_gap', gap)} "
                 f"(<= {BASE_RATE_GAP}: {verdict(gap <= BASE_RATE_GAP)})"
             )
         rivals = [(n, r) for n, r in (("smartnoise mst", mst), ("smartnoise aim", aim)) if has(r, "roc_auc")]
         if has(ours, "roc_auc") and rivals:
             best = max(r["roc_auc"] for _, r in rivals)
             parts.append(
-                f"ROC AUC {fig(DEFAULT_MARGINALS, ours, 'roc_auc')} against "
+                f"ROC AUC {fig(method, ours, 'roc_auc')} against "
                 + ", ".join(fig(n, r, "roc_auc") for n, r in rivals)
                 + f", ratio to the best {ours['roc_auc'] / best:.3f} (>= 1: {verdict(ours['roc_auc'] >= best)})"
             )
