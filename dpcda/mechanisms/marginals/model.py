@@ -105,7 +105,10 @@ def from_fit(measured, fitted, domain: Domain, table, arrow_schema, integers) ->
         Measurement(tuple(names[i] for i in cl), np.array(y, np.float64), float(std))
         for cl, y, std in zip(measured.pairs, measured.two_way, measured.stds)
     )
-    pots = tuple((tuple(cl), np.array(fitted.potentials[cl].values, np.float64)) for cl in fitted.potentials.cliques)
+    pots = tuple(  # mbi names the columns by index (``estimation.columns``); the model names them
+        (tuple(names[i] for i in cl), np.array(fitted.potentials[cl].values, np.float64))
+        for cl in fitted.potentials.cliques
+    )
     return FittedModel(
         domain=domain,
         table=table.model_dump(mode="json") if hasattr(table, "model_dump") else dict(table),
@@ -319,17 +322,16 @@ def _parse(doc: dict, arrays: dict) -> FittedModel:
 
 def mbi_model(fm: FittedModel):
     """mbi's ``MarkovRandomField`` of the saved potentials and total (its marginals by mbi's message passing), on the
-    compressed codes, as the release's fit returned it; its columns are named by their index, not their name: mbi's
-    sampler walks sets of column names, whose order follows Python's string hashes (salted per process), and with it
-    which uniform goes to which row; integers hash to themselves, so a seed draws the same rows in every process."""
-    from dpcda.mechanisms.marginals.estimation import _mbi
+    compressed codes, as the release's fit returned it, its columns named by index as the release's
+    (``estimation.columns``: a seed draws the same rows in every process)."""
+    from dpcda.mechanisms.marginals.estimation import _mbi, columns
 
     mbi = _mbi()
     import jax.numpy as jnp
 
     small = compressed_domain(fm.domain, fm.mapping)
     index = {name: i for i, name in enumerate(small.names)}
-    domain = mbi.Domain(list(range(len(small.names))), list(small.sizes))
+    domain = mbi.Domain(columns(small), list(small.sizes))
     cliques = [tuple(index[n] for n in cl) for cl, _ in fm.potentials]
     tables = {cl: mbi.Factor(domain.project(cl), jnp.asarray(v)) for cl, (_, v) in zip(cliques, fm.potentials)}
     potentials = mbi.CliqueVector(domain, cliques, tables)
@@ -352,8 +354,7 @@ def sample_tables(fm: FittedModel, rows: int, key: bytes, part_rows: int, model=
     values, spread = NoiseStream(key, "model-sample", "values"), NoiseStream(key, "model-sample", "decompress")
     integers = frozenset(fm.integers)
     arrow = fm.arrow_schema
-    indexed = dataclasses.replace(fm.domain, names=tuple(range(len(fm.domain.names))))  # mbi_model's column names
-    for k, codes in enumerate(sample_codes(model, rows, _Names(indexed), key, part_rows)):
+    for k, codes in enumerate(sample_codes(model, rows, _Names(fm.domain), key, part_rows)):
         codes = decompress(codes, fm.mapping, spread)
         x, y = rows_of(codes, schema, fm.domain.bins, values, integers)
         uniforms = decode_uniforms(key, f"model-sample-{k}", len(x), schema) if schema.decoding == "sample" else None
