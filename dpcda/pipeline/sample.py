@@ -25,8 +25,9 @@ from typing import Optional
 
 from dpcda.mechanisms.marginals.model import MODEL_FILES, FittedModel, ModelError, load_model, sample_tables
 from dpcda.privacy.errors import DpcdaError
+from dpcda.schemas.mechanism_params import MAX_MODEL_SAMPLES
 
-MAX_SAMPLE_ROWS = 100_000_000  # rows one sample may ask for (drawn in parts of PART_ROWS: memory stays flat)
+MAX_SAMPLE_ROWS = MAX_MODEL_SAMPLES  # rows one sample may ask for (drawn in parts of PART_ROWS: memory stays flat)
 PART_ROWS = 1 << 18  # rows per Parquet part (and per draw of mbi's sampler)
 SEED_PURPOSE = "model-sample"  # a --seed's key: privacy.noise.public_key(SEED_PURPOSE, seed)
 HOW = (
