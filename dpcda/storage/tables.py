@@ -29,29 +29,6 @@ def arrow_schema_of(path: str) -> pa.Schema:
         raise InputError(f"{path}: unreadable Parquet shard ({_one_line(err)})") from None
 
 
-def footer_null_counts(paths: list[str]) -> dict:
-    """Column -> nulls over every file, from the Parquet footers' row-group statistics (no row is read); None for a
-    column where some row group has no null count (or a nested column). Unreadable files: InputError."""
-    counts: dict = {}
-    for path in paths:
-        try:
-            with open_file(path) as fh:
-                meta = parquet_file(fh, path).metadata
-                for rg in range(meta.num_row_groups):
-                    group = meta.row_group(rg)
-                    for c in range(group.num_columns):
-                        chunk = group.column(c)
-                        name = chunk.path_in_schema
-                        stats = chunk.statistics
-                        known = stats is not None and stats.has_null_count and "." not in name
-                        if name in counts and counts[name] is None:
-                            continue
-                        counts[name] = counts.get(name, 0) + stats.null_count if known else None
-        except (pa.ArrowException, OSError, ValueError) as err:
-            raise InputError(f"{path}: unreadable Parquet shard ({_one_line(err)})") from None
-    return counts
-
-
 def _values(col: pa.Array) -> pa.Array:
     if pa.types.is_dictionary(col.type):
         return col.cast(col.type.value_type)
