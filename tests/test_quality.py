@@ -182,9 +182,10 @@ def test_with_eval_input_the_real_figures_and_the_auc_appear_marked(inputs, tmp_
     for entry in report["columns"]:
         codes, size = direct[entry["name"]]
         real = np.bincount(codes, minlength=size) / len(codes)
-        np.testing.assert_array_equal(entry["real"], real, err_msg=entry["name"])
+        # rounded to 3 decimals: the exact fractions k/n would give away the test rows' count n
+        np.testing.assert_array_equal(entry["real"], np.round(real, 3), err_msg=entry["name"])
         assert entry["tvd"]["synthetic_vs_real"] == pytest.approx(
-            0.5 * np.abs(np.asarray(entry["synthetic"]) - real).sum()
+            0.5 * np.abs(np.asarray(entry["synthetic"]) - np.round(real, 3)).sum()
         )
     assert all(t["real"] is not None and "synthetic_vs_real" in t["tvd"] for t in report["label_trends"]["columns"])
     utility = rel.manifest["utility"]

@@ -15,6 +15,7 @@ import argparse
 import os
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import yaml
@@ -48,8 +49,7 @@ def main(argv=None) -> None:
     plain = {**raw, "table": {k: v for k, v in raw["table"].items() if k != "rules"}}
     tmp = tempfile.mkdtemp(prefix="rules-")
     without = os.path.join(tmp, "without_rules.yaml")
-    with open(without, "w") as fh:
-        yaml.safe_dump(plain, fh)
+    Path(without).write_text(yaml.safe_dump(plain))  # a scratch config in its temporary folder
 
     intro = (
         f"`python -m benchmarks.studies.rules_wa_churn --eps {args.eps:g} --mechanisms {' '.join(args.mechanisms)} "

@@ -93,6 +93,16 @@ def shares(codes: np.ndarray, size: int) -> np.ndarray:
     return np.bincount(codes, minlength=size)[:size] / max(len(codes), 1)
 
 
+REAL_DECIMALS = 3  # real-data shares and rates are rounded: exact fractions k/n would give away the test rows' count
+
+
+def real_figures(values) -> list:
+    """Shares or rates of the real held-out rows as published (not DP): rounded to ``REAL_DECIMALS`` decimals, so
+    the exact fractions (whose common denominator is the number of test rows, unpublished without
+    ``--eval-input-public``) are not written."""
+    return np.round(np.asarray(values, np.float64), REAL_DECIMALS).tolist()
+
+
 def clipped_shares(counts) -> tuple[np.ndarray, float]:
     """Noisy counts clipped at 0 and normalised (uniform where nothing is left), and the clipped total."""
     c = np.maximum(np.asarray(counts, np.float64), 0.0)
@@ -203,7 +213,7 @@ def quality_report(
             entry["noisy_measurement_std"] = float(m["std"]) / total if total > 0 else None
             distances["synthetic_vs_noisy_measurement"] = tvd_noisy[col.name] = tvd(entry["synthetic"], noisy_shares)
         if cr is not None:
-            entry["real"] = shares(cr[:, j], size).tolist()
+            entry["real"] = real_figures(shares(cr[:, j], size))
             distances["synthetic_vs_real"] = tvd_real[col.name] = tvd(entry["synthetic"], entry["real"])
             if "noisy_measurement" in entry:
                 distances["noisy_measurement_vs_real"] = tvd(entry["noisy_measurement"], entry["real"])
@@ -224,7 +234,7 @@ def quality_report(
             trend["noisy_measurement"] = None
             trend["why_no_noisy_measurement"] = "the mechanism did not measure this column's pair with the label"
         if cr is not None:
-            trend["real"] = label_rates(cr[:, j], cr[:, -1], size, k)
+            trend["real"] = [None if r is None else real_figures(r) for r in label_rates(cr[:, j], cr[:, -1], size, k)]
             t["synthetic_vs_real"] = trend_real[col.name] = trend_tvd(trend["synthetic"], trend["real"], entry["real"])
         trend["tvd"] = t
         trends.append(trend)
