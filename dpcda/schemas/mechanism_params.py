@@ -78,7 +78,7 @@ class MechanismParams(BaseModel):
         ge=1,
         description=(
             f"T: synthetic rows in total (default: input rows; at most {MAX_SAMPLES_PER_INPUT_ROW} x input rows; "
-            f"marginals: default the fitted model's total, at most {MAX_MODEL_SAMPLES:,})"
+            f"marginals: the fitted model's total, at most {MAX_MODEL_SAMPLES:,})"
         ),
     )
     projection: Optional[str] = Field(
