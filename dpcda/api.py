@@ -165,8 +165,8 @@ def release(
 
     ``source``: a glob string of Parquet or TFRecord shards (local or ``gs://``), a pyarrow Table or RecordBatch, a
     pandas DataFrame (its index is not data: it is dropped; write it as a column to keep it), or a mapping of
-    column names to arrays. A table of named columns needs ``schema``, its public declaration: a ``TableSchema`` or
-    the ``table:`` mapping of a config file (docs/tables.md), e.g.
+    column names to arrays. A table of named columns needs ``schema`` (or ``label``, below), its public declaration:
+    a ``TableSchema`` or the ``table:`` mapping of a config file (docs/tables.md), e.g.
 
         schema = {
             "label": {"name": "churn", "categories": ["No", "Yes"]},   # class k is categories[k]
@@ -176,9 +176,12 @@ def release(
                 {"name": "senior", "kind": "boolean"},
             ],
         }
-        rel = dpcda.release(df, epsilon=5, schema=schema, mode="poisson", mechanism="marginals")
+        rel = dpcda.release(df, epsilon=5, schema=schema)  # marginals under add/remove, a table's default
 
-    Bounds and categories must be public facts about the domain, never read off the rows. ``config``: a YAML/JSON
+    Bounds and categories must be public facts about the domain, never read off the rows. ``label="churn"`` without a
+    schema (or with a partial one) derives the rest in the release's DP domain step, for a share of the budget
+    (``domain_budget_share``; ``drop_columns=["id"]`` leaves columns out). A table takes ``mechanism="marginals"``
+    unless another is named (``mechanism="dpcda"`` mixes records; it needs a complete schema). ``config``: a YAML/JSON
     config file, as ``--config``; ``options``: any other release field (``mixing_order=16``, ``mode="poisson"``,
     ``num_classes=10``, ``eval_input=...``), as the CLI's flags. ``output``: publish there at once (else into a
     private folder, until ``Release.write``); ``overwrite=True`` replaces a release of ours there. ``seed`` is for

@@ -85,6 +85,17 @@ def table_release():
     rel.close()
 
 
+def test_a_table_given_to_release_takes_marginals_under_add_remove_by_default():
+    """dpcda.release(table, schema=...) without a mechanism: marginals, mode poisson, no exact size in the manifest
+    (the ``table_release`` fixture names dpcda: mixing stays available by name)."""
+    from tests.test_tables import SCHEMA, exact_sizes, make_table
+
+    with dpcda.release(make_table(300, seed=2), epsilon=5, schema=SCHEMA, seed=1) as rel:
+        mech = rel.manifest["mechanism"]
+        assert (mech["name"], mech["mode"]) == ("marginals", "poisson") and exact_sizes(rel.manifest) == []
+        assert rel.table.schema.names == make_table(1).schema.names
+
+
 def test_a_dataframe_is_released_without_its_index_and_the_manifest_names_it_in_memory(table_release):
     """Bad-input case L5: a filtered DataFrame was refused (its index arrived as column __index_level_0__)."""
     from dpcda.api_support import IN_MEMORY

@@ -235,16 +235,33 @@ def test_the_config_holds_each_parameter_once_and_the_mechanism_nested():
     assert over.mechanism.mixing_order == 16
 
 
-def test_the_default_mechanism_is_decided_in_one_place(monkeypatch):
-    """Which mechanism a config without one takes is ``config_keys.default_mechanism``'s answer, which sees the raw
-    config (a table: section, for one)."""
+def test_a_table_defaults_to_marginals_under_add_remove_and_rows_to_dpcda(tmp_path):
+    """Which mechanism a config without one takes is ``config_keys.default_mechanism``'s answer on the raw config: a
+    table (a table: section, or the one-command path's label) takes marginals, whose only mode is poisson (no exact
+    class size published); image and vector rows take dpcda, fixed. A mechanism named wins."""
     from dpcda.schemas import config_keys
 
-    base = {"input": "x", "output": "o/r", "epsilon": 1.0, "num_classes": 3}
-    assert load_config(None, base).mechanism.name == "dpcda"
-    monkeypatch.setattr(config_keys, "default_mechanism", lambda c: "marginals" if c.get("table") else "dpcda")
-    assert load_config(None, {**base, "table": TABLE}).mechanism.name == "marginals"
-    assert load_config(None, base).mechanism.name == "dpcda"
+    base = {"input": "x", "output": "o/r", "epsilon": 1.0}
+    assert (
+        config_keys.default_mechanism({"table": TABLE}) == "marginals" == config_keys.default_mechanism({"label": "y"})
+    )
+    rows = load_config(None, {**base, "num_classes": 3})
+    assert (rows.mechanism.name, rows.mode) == ("dpcda", "fixed")
+    table = load_config(None, {**base, "table": TABLE})
+    assert (table.mechanism.name, table.mode) == ("marginals", "poisson")
+    mixed = load_config(None, {**base, "table": TABLE, "mechanism": "dpcda"})
+    assert (mixed.mechanism.name, mixed.mode) == ("dpcda", "fixed")
+    # the one-command path: --label (and --drop-columns) become the table: section, in a file's input section too
+    one = load_config(None, {**base, "label": "y", "drop_columns": "a, b"})
+    assert (one.mechanism.name, one.mode) == ("marginals", "poisson") and one.derives_label
+    assert one.table.label.name == "y" and one.table.drop == ["a", "b"] and one.num_classes is None
+    conf = tmp_path / "c.yaml"
+    conf.write_text("input: {path: x, label: y, drop_columns: [a]}\noutput: o/r\nprivacy: {epsilon: 1}\n")
+    assert load_config(str(conf), {}).table.drop == ["a"]
+    with pytest.raises(ConfigError, match="^label: z, but the table: section's label is"):
+        load_config(None, {**base, "table": TABLE, "label": "z"})
+    with pytest.raises(ConfigError, match="^table: the label's categories and every column's domain must be declared"):
+        load_config(None, {**base, "label": "y", "mechanism": "dpcda"})
 
 
 def test_release_help_is_grouped_short_and_in_plain_words():

@@ -145,7 +145,9 @@ def test_marginals_refuses_a_mixing_order_from_a_config_file(tmp_path):
     with pytest.raises(ConfigError, match="^mixing_order: marginals does not mix records"):
         load_config(str(tmp_path / "c.yaml"), over)
     # the examples name no mixing order, so they run with any mechanism (docs/tables.md runs wa_churn with marginals)
-    cfg = load_config(str(ROOT / "examples" / "wa_churn.yaml"), {"input": "x", "output": "o/r", "epsilon": 1.0})
+    cfg = load_config(
+        str(ROOT / "examples" / "wa_churn.yaml"), {"input": "x", "output": "o/r", "epsilon": 1.0, "mechanism": "dpcda"}
+    )
     assert cfg.mechanism.mixing_order == 4 and "mixing_order" not in cfg.mechanism.model_fields_set
     marginals = load_config(
         str(ROOT / "examples" / "wa_churn.yaml"),

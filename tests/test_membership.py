@@ -273,6 +273,7 @@ def test_a_table_release_is_audited_in_its_encoded_space(tmp_path):
             # argmax: the audit re-encodes real rows by argmax, as the rows are decoded here (sampling would scatter
             # the clip-squeezed one-hot scores of this noise-free release away from their records' own values)
             "table": {**SCHEMA, "decoding": "argmax"},
+            "mechanism": "dpcda",  # a table's default is marginals; this audits mixed rows
             "sigma_x": 0.0,
             "mixing_order": 1,
             "seed": 2,

@@ -637,7 +637,8 @@ def test_a_release_from_an_inferred_diamonds_draft_confirmed_from_public_knowled
         col.update({k: v for k, v in declared[col["name"]].items() if k in ("lower", "upper", "categories")})
         col["nullable"] = declared[col["name"]].get("nullable", False)  # the public declaration
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(yaml.safe_dump({"mode": "poisson", "mixing_order": 4, "table": table}))
+    # DP-CDA named: a table's default is marginals, and this checks the mixing rows' nulls
+    cfg.write_text(yaml.safe_dump({"mechanism": "dpcda", "mode": "poisson", "mixing_order": 4, "table": table}))
     code, err = cli(
         capsys, "release", "--config", cfg, "--input", src, "--output", tmp_path / "rel", "--epsilon", 10, *BEAM_ARGS
     )

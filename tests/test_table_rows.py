@@ -83,8 +83,8 @@ def _cfg(**kw):
 def test_class_rows_defaults_to_proportional_for_dpcda_tables_only():
     table = parse_table_schema(SCHEMA)
     assert _cfg().mechanism.class_rows == "equal"
-    assert _cfg(table=table).mechanism.class_rows == "proportional"
-    assert _cfg(table=table, class_rows="equal").mechanism.class_rows == "equal"
+    assert _cfg(table=table, mechanism="dpcda").mechanism.class_rows == "proportional"  # a table's default: marginals
+    assert _cfg(table=table, mechanism="dpcda", class_rows="equal").mechanism.class_rows == "equal"
     assert "class_rows" not in _cfg(table=table, mechanism="dpmix", num_classes=2).mechanism.model_fields  # dpcda's
     assert _cfg(class_rows="proportional").mechanism.class_rows == "proportional"  # an image release may ask for it
 
@@ -160,7 +160,7 @@ def _release(cfg_fields: dict, table: pa.Table, seed: int = 3):
 @pytest.mark.parametrize("mode", ["fixed", "poisson"])
 def test_dpcda_proportional_rows_keep_a_20_percent_minority(mode):
     table = minority_table(2000)
-    fields = dict(epsilon=10.0, mode=mode, mixing_order=4, num_classes=2)
+    fields = dict(epsilon=10.0, mechanism="dpcda", mode=mode, mixing_order=4, num_classes=2)
     _, plan, rate = _release({**fields, "table": SCHEMA}, table)
     mix = plan.synthesis
     assert mix.class_rows == "proportional"
@@ -213,7 +213,7 @@ def test_a_proportional_release_states_epsilon_that_covers_every_class(tmp_path)
     table = minority_table(1500, seed=2)
     pq.write_table(table, d / "part-0.parquet")
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(yaml.safe_dump({"table": SCHEMA, "mode": "poisson", "mixing_order": 4}))
+    cfg.write_text(yaml.safe_dump({"table": SCHEMA, "mechanism": "dpcda", "mode": "poisson", "mixing_order": 4}))
     res = run_cli(
         "release", "--config", cfg, "--input", d / "*.parquet", "--output", tmp_path / "out", "--epsilon", 4,
         *BEAM_ARGS,
@@ -246,7 +246,7 @@ def test_a_proportional_release_states_epsilon_that_covers_every_class(tmp_path)
 def test_proportional_rows_refuse_fewer_rows_than_classes():
     table = minority_table(400)
     with pytest.raises(PlanError, match="--samples >= 2"):
-        _release(dict(epsilon=10.0, mode="fixed", samples=1, num_classes=2, table=SCHEMA), table)
+        _release(dict(epsilon=10.0, mechanism="dpcda", mode="fixed", samples=1, num_classes=2, table=SCHEMA), table)
 
 
 def test_a_class_with_no_rows_spends_nothing_and_sets_no_noise():

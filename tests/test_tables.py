@@ -184,12 +184,54 @@ def release_table(tmp_path, schema=SCHEMA, *extra, rows=600):
         tmp_path / "out",
         "--epsilon",
         10,
+        "--mechanism",  # a table's default is marginals; these tests check DP-CDA's table rows (a flag in extra wins)
+        "dpcda",
         "--mixing-order",
         2,
         *extra,
         *BEAM_ARGS,
     )
     return table, res
+
+
+EXACT_SIZES = ("class_sizes", "dataset_size", "public_class_sizes")
+
+
+def exact_sizes(manifest) -> list[str]:
+    """Where a manifest states an exact class or dataset size (a key of ``EXACT_SIZES`` holding a value)."""
+    found = []
+
+    def walk(node, path):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if k in EXACT_SIZES and v is not None:
+                    found.append(path + k)
+                walk(v, f"{path}{k}.")
+        elif isinstance(node, list):
+            for v in node:
+                walk(v, path)
+
+    walk(manifest, "")
+    return found
+
+
+def test_a_table_takes_marginals_under_add_remove_by_default(tmp_path):
+    """No --mechanism: a table: section's release is marginals in mode poisson, and its manifest states no exact
+    class (or dataset) size anywhere, only DP ones."""
+    d = tmp_path / "in"
+    d.mkdir()
+    table = make_table(600)
+    pq.write_table(table, d / "part-0.parquet")
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump({"table": SCHEMA}))
+    out = tmp_path / "out"
+    res = run_cli("release", "--config", cfg, "--input", d / "*.parquet", "--output", out, "--epsilon", 10, *BEAM_ARGS)
+    assert res.returncode == 0, res.stderr[-3000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["mechanism"]["name"], manifest["mechanism"]["mode"]) == ("marginals", "poisson")
+    assert manifest["privacy"]["neighbouring_relation"].startswith("add or remove one record")
+    assert exact_sizes(manifest) == [] and manifest["output"]["rows"] > 0
+    assert pq.read_table(out / "synthetic").schema.remove_metadata().equals(table.schema)
 
 
 @pytest.mark.parametrize(
@@ -210,6 +252,7 @@ def test_a_table_release_has_the_input_schema(tmp_path, mechanism):
     assert tenure.min() >= 0 and tenure.max() <= 72
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["mechanism"]["name"] == mechanism and manifest["privacy"]["epsilon"] <= 10
+    assert exact_sizes(manifest), "mode fixed (the mixing mechanisms' default) states its exact sizes"
 
 
 def test_a_table_schema_that_does_not_fit_is_refused_before_work(tmp_path):

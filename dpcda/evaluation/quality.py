@@ -68,16 +68,22 @@ def _num(v: float) -> str:
 
 
 def code_labels(col, bins: int) -> tuple[list[str], Optional[list[float]]]:
-    """The names of a column's codes (``domain_of``'s order: values, then null) and, numeric, its bin edges."""
+    """The names of a column's codes (``domain_of``'s order: values, then null) and, numeric, its bin edges: a
+    categorical column's categories (and its other bucket), a numeric column's spikes (their values) then its bins
+    (its declared or DP-derived ``edges``, else equal bins of its bounds)."""
     edges = None
     if col.kind == "categorical":
-        names = [str(c) for c in col.categories]
+        names = [str(c) for c in col.categories] + ([str(col.other)] if col.other is not None else [])
     elif col.kind == "boolean":
         names = ["False", "True"]
     else:
-        edges = np.linspace(col.lower, col.upper, bins + 1).tolist()
-        names = [f"[{_num(a)}, {_num(b)})" for a, b in zip(edges[:-2], edges[1:-1])]
-        names.append(f"[{_num(edges[-2])}, {_num(edges[-1])}]")
+        names = [_num(v) for v in col.spikes or ()]
+        edges = list(col.edges) if col.edges is not None else np.linspace(col.lower, col.upper, bins + 1).tolist()
+        if edges:
+            names += [f"[{_num(a)}, {_num(b)})" for a, b in zip(edges[:-2], edges[1:-1])]
+            names.append(f"[{_num(edges[-2])}, {_num(edges[-1])}]")
+        else:
+            edges = None  # spikes only
     if getattr(col, "nullable", False):
         names.append("null")
     return names, edges

@@ -231,11 +231,22 @@ def evaluate_table_dir(release_dir: str, manifest: dict, test_glob: str, out: st
     schema = parse_table_schema(declared, "manifest input.table")
     prefix = manifest["output"].get("prefix", "").rstrip("/")
     parts = (release_dir, prefix, "synthetic", "*.parquet") if prefix else (release_dir, "synthetic", "*.parquet")
-    synth = read_tables(join(*parts), "synthetic")
-    test = read_tables(test_glob, "evaluation")
+    synth = _temporal_as_integers(read_tables(join(*parts), "synthetic"))
+    test = _temporal_as_integers(read_tables(test_glob, "evaluation"))
     figures = evaluate_tables(synth, test, schema, seed)
     path = _write_outputs(out, figures, test, synth, schema)
     return {**figures, "accuracy_mean": figures["accuracy"], "accuracy_std": 0.0, "path": path}
+
+
+def _temporal_as_integers(table: pa.Table) -> pa.Table:
+    """Date and timestamp columns as the integers they are stored as (the numbers a numeric column of the schema
+    encodes and bins them as: ``schemas.table.physical_integer``)."""
+    from dpcda.schemas.table import is_temporal, physical_integer
+
+    for i, f in enumerate(table.schema):
+        if is_temporal(f.type):
+            table = table.set_column(i, f.name, table.column(i).cast(physical_integer(f.type)))
+    return table
 
 
 def evaluate_table_release(
@@ -243,8 +254,8 @@ def evaluate_table_release(
 ) -> dict:
     """Release stage for a table release: writes ``evaluation/report.json`` and ``marginals.png`` into the run
     directory and returns the manifest's ``utility`` section (``manifest``: the manifest so far as JSON)."""
-    synth = read_tables(join(workdir, "synthetic", "*.parquet"), "synthetic")
-    test = read_tables(test_glob, "evaluation")
+    synth = _temporal_as_integers(read_tables(join(workdir, "synthetic", "*.parquet"), "synthetic"))
+    test = _temporal_as_integers(read_tables(test_glob, "evaluation"))
     figures = evaluate_tables(synth, test, schema, seed)
     _write_outputs(join(workdir, EVAL_DIR), figures, test, synth, schema)
     prefix = manifest["output"].get("prefix", "")

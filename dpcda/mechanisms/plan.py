@@ -38,7 +38,7 @@ from dpcda.mechanisms.normalization import (  # noqa: F401 - the normalisation's
 from dpcda.mechanisms.postprocess import resolve as resolve_post
 from dpcda.privacy import dp_stats
 from dpcda.privacy.accounting import Accounting, ReleaseEvents, account
-from dpcda.privacy.budget import REFERENCE_EPSILON, BudgetPlan, Share, plan_budget
+from dpcda.privacy.budget import REFERENCE_EPSILON, BudgetPlan, RhoShare, Share, plan_budget
 from dpcda.privacy.noise import NoiseStream
 from dpcda.schemas.mechanism_params import MAX_SAMPLES_PER_INPUT_ROW, MechanismParams
 from dpcda.schemas.settings import CoreSettings, PrivacyParams
@@ -112,11 +112,14 @@ class Planned:
     normalization: str  # the method the rows are z-scored with ('none': the mechanism z-scores nothing)
 
 
-def budget_shares(privacy: PrivacyParams, params: MechanismParams, dim: int) -> list[Share]:
+def budget_shares(
+    privacy: PrivacyParams, params: MechanismParams, dim: int, table=None, domain: Optional[RhoShare] = None
+) -> list:
     """The shares of the budget a release spends before its synthesis, for rows of width ``dim``: the class histogram
     in poisson mode (adaptive) where the mechanism uses class sizes (``Mechanism.class_histogram``), the normalisation
-    moments with ``normalization: dp``, the DP-PCA covariance when a projection or the mechanism uses it, and the
-    mechanism's own (``Mechanism.budget_shares``: p3gm's DP-EM)."""
+    moments with ``normalization: dp``, the DP-PCA covariance when a projection or the mechanism uses it, the
+    mechanism's own (``Mechanism.budget_shares``: p3gm's DP-EM), and a table's DP domain step (``domain`` to plan it;
+    once it ran, the event its ``table.domain`` records)."""
     mode = privacy.mode
     mech = registry.get(params.name)
     shares = []
@@ -131,14 +134,20 @@ def budget_shares(privacy: PrivacyParams, params: MechanismParams, dim: int) -> 
     if params.pca_components is not None:
         shares.append(Share("pca_covariance", privacy.pca_budget_share, dp_stats.covariance_sensitivity(dim, mode)))
     shares.extend(mech.budget_shares(privacy, params))
+    if domain is not None:
+        shares.append(domain)
+    elif table is not None and table.domain is not None:
+        shares.append(RhoShare("domain", table.domain.share, event=table.domain.to_event()))
     return shares
 
 
-def release_budget(privacy: PrivacyParams, params: MechanismParams, dim: int) -> BudgetPlan:
-    """The budget planner (``privacy.budget.plan_budget``) run on what a release with these parameters spends."""
-    return plan_budget(
-        privacy.mode, epsilon=privacy.epsilon, delta=privacy.delta, shares=budget_shares(privacy, params, dim)
-    )
+def release_budget(
+    privacy: PrivacyParams, params: MechanismParams, dim: int, table=None, domain: Optional[RhoShare] = None
+) -> BudgetPlan:
+    """The budget planner (``privacy.budget.plan_budget``) run on what a release with these parameters spends (a
+    table's DP domain step among it: ``budget_shares``)."""
+    shares = budget_shares(privacy, params, dim, table, domain)
+    return plan_budget(privacy.mode, epsilon=privacy.epsilon, delta=privacy.delta, shares=shares)
 
 
 def _small_groups(core: CoreSettings, mech: Mechanism, counts, K: int) -> None:
@@ -204,7 +213,7 @@ def plan_synthesis(
         _small_groups(core, mech, sizes, K)
     # Every share of the budget (histogram, statistics, DP-PCA, the mechanism's own) and what is left for the
     # synthesis, calibrated before anything is drawn (privacy.budget).
-    planned = budget if budget is not None else release_budget(privacy, params, dim)
+    planned = budget if budget is not None else release_budget(privacy, params, dim, data.table)
     hist = planned.get("class_histogram")
     if mode == "fixed":
         rows = int(sizes.sum())
@@ -287,7 +296,10 @@ def plan_release(
     normalization = privacy.normalization if mech.normalizes else "none"
     histogram = planned.get("class_histogram") is not None
     gaussian_draws = (
-        synthesis.gaussian_draws(dim=dim, num_classes=K) + 2 * dim * (normalization == "dp") + K * histogram
+        synthesis.gaussian_draws(dim=dim, num_classes=K)
+        + 2 * dim * (normalization == "dp")
+        + K * histogram
+        + sum(getattr(s.event, "gaussian_draws", 0) for s in planned.shares)  # the DP domain step's
     )
     acc = account(
         ReleaseEvents(
@@ -329,7 +341,7 @@ def build_plan(
     mode = privacy.mode
     budget = dp_sizes = hist_std = None
     if mode == "poisson":  # the DP class histogram first: its sizes are the public facts the rest is planned on
-        budget = release_budget(privacy, params, dim)
+        budget = release_budget(privacy, params, dim, data.table)
         if budget.get("class_histogram") is not None:  # none where the mechanism uses no class sizes (marginals)
             hist_std = budget.get("class_histogram").noise_std
             dp_sizes = dp_stats.class_histogram(counts, noise_std=hist_std, stream=NoiseStream(key, "histogram"))

@@ -25,7 +25,7 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 from dpcda.mechanisms import registry
 from dpcda.mechanisms.base import Mechanism
 from dpcda.mechanisms.plan import PlanError, load_public_stats
-from dpcda.pipeline import __version__, build_commit
+from dpcda.pipeline import __version__, build_commit, domain
 from dpcda.pipeline.dataflow import check_job_options
 from dpcda.pipeline.errors import ReleaseError
 from dpcda.pipeline.manifest import Stage, assemble, build_manifest, read_draft, run_stages
@@ -290,9 +290,12 @@ def release_stages(cfg: ReleaseConfig) -> tuple[Stage, ...]:
         from dpcda.evaluation.tabular import evaluate_table_release
 
         def table_utility(workdir: str, manifest: Manifest) -> dict:
-            return evaluate_table_release(
-                workdir, manifest.model_dump(mode="json"), cfg.eval_input, cfg.table, test_public=cfg.eval_input_public
-            )
+            from dpcda.schemas.table import parse_table_schema
+            from dpcda.storage.tables import declared_schema
+
+            stated = manifest.model_dump(mode="json")  # the schema released with: declared, or derived with DP
+            schema = parse_table_schema(declared_schema(stated["input"]["table"]), "manifest input.table")
+            return evaluate_table_release(workdir, stated, cfg.eval_input, schema, test_public=cfg.eval_input_public)
 
         stages.append(Stage("table evaluation", "utility", table_utility))
     elif cfg.eval_input:
@@ -425,13 +428,17 @@ def _record(ledger, dataset_id: str, run: str, manifest: Manifest) -> bool:
 
 def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t0, input_name=None) -> Manifest:
     fmt = detect_format(files[0], cfg.input_format)
-    arrow_schema = None
+    arrow_schema = request = None
     if cfg.table is not None:  # the schema is checked against the input's Parquet footer: no row is read
         if fmt != "parquet":
             raise InputError(f"{files[0]}: a table input must be Parquet")
         arrow_schema = arrow_schema_of(files[0])
-        cfg.table.check_against(arrow_schema, files[0])
-        dim = cfg.table.encoded_width
+        if cfg.mechanism.derives_domain:  # what the DP domain step derives; a column it cannot, refused
+            request = domain.domain_request(cfg, files, arrow_schema)
+        if request is None:
+            cfg.table.check_against(arrow_schema, files[0])
+        arrow_schema = cfg.table.output_schema(arrow_schema)
+        dim = cfg.table.encoded_width if request is None else 0  # 0: known once the domain is derived
     else:
         dim = _peek_dim(files, fmt, cfg.features_column, cfg.label_column, cfg.input)
     public_stats = None
@@ -441,7 +448,11 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
     if eval_input:
         eval_files = _input_files(eval_input, "evaluation")
     if eval_input and cfg.table is not None:
-        cfg.table.check_against(arrow_schema_of(eval_files[0]), eval_files[0])
+        eval_schema = arrow_schema_of(eval_files[0])
+        if request is None:
+            cfg.table.check_against(eval_schema, eval_files[0])
+        elif cfg.table.output_schema(eval_schema) != arrow_schema:
+            raise InputError(f"{eval_files[0]}: the evaluation table's columns or types differ from the input's")
     elif eval_input:
         eval_dim = _peek_dim(
             eval_files, detect_format(eval_files[0], "auto"), cfg.features_column, cfg.label_column, eval_input
@@ -453,13 +464,28 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
         from dpcda.mechanisms.dppca import check_projection
 
         check_projection(dim, cfg.mechanism.pca_components)
-    registry.get(cfg.mechanism.name).check_before_work(cfg.core, dim)
+    domain_event = None
+    if request is not None and not request.derive:  # the undeclared columns are booleans: public, nothing to measure
+        cfg, request = domain.with_schema(cfg, domain.assemble(request, {})), None
+        dim = cfg.table.encoded_width
+    elif request is not None:
+        domain_event = domain.plan_domain(cfg, request)  # before any row is read
+    if request is None:
+        registry.get(cfg.mechanism.name).check_before_work(cfg.core, dim)
     if _is_dataflow(options):
         local = [p for p in (cfg.input, cfg.output, eval_input, cfg.normalization_file) if p and not is_remote(p)]
         if local:
             raise ReleaseError(f"{local[0]}: DataflowRunner workers cannot reach local paths; use gs:// paths")
     guarded = [*files, *eval_files, *(p for p in (cfg.normalization_file, *protect) if p)]
     target = publish.prepare(cfg.output, overwrite=cfg.overwrite, inputs=guarded)
+    try:
+        if request is not None:  # the DP domain step, its own job; the release then runs on its schema
+            cfg = _derive(cfg, options, files, request, domain_event, target)
+            dim = cfg.table.encoded_width
+            registry.get(cfg.mechanism.name).check_before_work(cfg.core, dim)
+    except BaseException as err:
+        publish.abandon(target, err)
+        raise
     info = InputInfo(
         pattern=input_name or cfg.input,
         format=fmt,
@@ -517,6 +543,16 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
         time.time() - t0,
     )
     return manifest
+
+
+def _derive(cfg, options, files, request, event, target):
+    """The release's config with the schema its DP domain step derived (its own Beam job, run here)."""
+    p = beam.Pipeline(runner=_local_runner(options), options=options)
+    key = p | "NoiseKey" >> beam.Create([cfg.seed]) | "DrawKey" >> beam.Map(_noise_key)
+    build = WorkerBuild(__version__, build_commit(), cfg.noise_threads)
+    path = domain.build_domain(p, key, files, request, event, cfg.domain_budget_share, target.workdir, build)
+    run_pipeline(p, options)
+    return domain.with_schema(cfg, domain.read_schema(path))
 
 
 __all__ = [

@@ -224,7 +224,9 @@ def account(
     accountant does not take); default the mode's own. Adaptive stages are accounted alone as ever."""
     mode = events.mode
     name = accountant or ACCOUNTANT_BY_MODE[mode]
-    acc_delta = accountant_delta(delta, [d for _, d in events.adaptive])
+    # a shared event's own additive delta (privacy.domain: the value thresholds) is reserved out of the accountant's
+    own_deltas = {e.name: e.reserved_delta for e in events.shared if getattr(e, "reserved_delta", 0.0)}
+    acc_delta = accountant_delta(delta, [d for _, d in events.adaptive] + list(own_deltas.values()))
     if name == "pld":
         for group in [[*events.shared, ev] for ev in _distinct(events.per_class)] or [events.shared]:
             check_pld_delta(acc_delta, group, stated=delta)
@@ -261,6 +263,11 @@ def account(
             f"{delta * SAMPLER_DELTA_SHARE:.3g} of delta; lower epsilon or raise delta"
         )
     breakdown["sampler"] = spent
+    for e in events.shared:
+        if e.name in own_deltas:
+            if not e.covers(eps):
+                raise AccountingError(f"{e.name}: its threshold term exceeds its reserved delta at epsilon={eps:.4g}")
+            breakdown[f"{e.name}_thresholds"] = own_deltas[e.name]
     checks = {}
     if cross_check and name == "pld" and worst is not None:
         rest = epsilon_of(mode, [*events.shared, worst], acc_delta, accountant="rdp")

@@ -11,6 +11,9 @@ one its mode's relation implies. Every number comes from ``privacy.calibration``
 2. the accountant's delta: the stated delta less the sampler's reserve and the adaptive shares' deltas;
 3. shared statistics (the DP normalisation moments, the DP-PCA covariance, p3gm's DP-EM), each calibrated alone at its
    share of epsilon at the accountant's delta; they compose with the synthesis;
+3b. zCDP shares (``RhoShare``: a table's DP domain step), each a fraction of the largest rho the epsilon left for the
+   synthesis allows on its own (RDP, at the accountant's delta), and the same fraction of delta reserved for the
+   event's own additive term (taken out of the accountant's delta); they compose with the synthesis;
 4. the synthesis, calibrated by ``calibrate_synthesis`` so that (shared statistics o synthesis) spends at most what
    the adaptive shares left of the target.
 
@@ -20,7 +23,8 @@ Shares are fractions of the target epsilon or, with an explicit sigma_x (no targ
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional, Sequence
+import math
+from typing import Any, Callable, Optional, Sequence
 
 from dpcda.privacy.accounting import accountant_delta, adaptive_epsilon
 from dpcda.privacy.calibration import (
@@ -63,6 +67,35 @@ class Share:
 
 
 @dataclasses.dataclass(frozen=True)
+class RhoShare:
+    """A share of the zCDP budget (a table's DP domain step): ``fraction`` of the largest rho whose ``ZCDpEvent``
+    alone spends at most the epsilon left for the synthesis at the accountant's delta (RDP), and ``fraction`` of delta
+    reserved for the event's additive term. ``event_of(rho, reserved_delta, target_epsilon)`` makes the event (it
+    has ``reserved_delta``); with ``event`` given (a release whose step has run), that event is taken as it is."""
+
+    name: str
+    fraction: float
+    event_of: Optional[Callable[[float, float, float], Any]] = None
+    event: Any = None
+
+    def __post_init__(self):
+        if not 0 < self.fraction < 1:
+            raise ValueError(f"{self.name}: budget fraction must be in (0, 1), got {self.fraction}")
+        if (self.event_of is None) == (self.event is None):
+            raise ValueError(f"{self.name}: give event_of or event")
+
+
+class _Zcdp:
+    def __init__(self, rho: float):
+        self.rho = rho
+
+    def to_dp_event(self):
+        import dp_accounting
+
+        return dp_accounting.ZCDpEvent(self.rho)
+
+
+@dataclasses.dataclass(frozen=True)
 class PlannedShare:
     """A share's calibrated event: ``epsilon`` is the share's target, ``delta`` the delta it was calibrated at (its
     own share for an adaptive one, else the accountant's)."""
@@ -75,8 +108,8 @@ class PlannedShare:
     event: GaussianStatsEvent | IteratedGaussianEvent
 
     @property
-    def noise_std(self) -> float:
-        return self.event.noise_std
+    def noise_std(self) -> Optional[float]:
+        return getattr(self.event, "noise_std", None)
 
     @property
     def noise_multiplier(self) -> float:
@@ -136,7 +169,7 @@ def plan_budget(
     *,
     epsilon: Optional[float],
     delta: float,
-    shares: Sequence[Share] = (),
+    shares: Sequence[Share | RhoShare] = (),
     reference_epsilon: float = REFERENCE_EPSILON,
 ) -> BudgetPlan:
     """Calibrates every share of a release's budget (module doc) and says what is left for the synthesis.
@@ -151,6 +184,9 @@ def plan_budget(
         raise CalibrationError(f"the shares {names} take the whole budget; lower them")
     budget = epsilon if epsilon is not None else reference_epsilon
     planned = []
+    rho_shares = [s for s in shares if isinstance(s, RhoShare)]
+    shares = [s for s in shares if not isinstance(s, RhoShare)]
+    reserved = [s.event.reserved_delta if s.event is not None else s.fraction * delta for s in rho_shares]
     for s in shares:
         if s.adaptive:
             d = s.fraction * delta
@@ -159,7 +195,7 @@ def plan_budget(
                     s.name, s.fraction, s.fraction * budget, d, True, _calibrated(mode, s, s.fraction * budget, d)
                 )
             )
-    acc_delta = accountant_delta(delta, [p.delta for p in planned])
+    acc_delta = accountant_delta(delta, [p.delta for p in planned] + reserved)
     rest = None
     if epsilon is not None:
         rest = epsilon - sum(adaptive_epsilon(mode, p.event, p.delta) for p in planned)
@@ -167,6 +203,8 @@ def plan_budget(
         if not s.adaptive:
             ev = _calibrated(mode, s, s.fraction * budget, acc_delta)
             planned.append(PlannedShare(s.name, s.fraction, s.fraction * budget, acc_delta, False, ev))
+    for s, r in zip(rho_shares, reserved):
+        planned.append(_rho_share(mode, s, r, epsilon, rest, acc_delta))
     order = {n: i for i, n in enumerate(names)}
     planned.sort(key=lambda p: order[p.name])
     return BudgetPlan(
@@ -178,6 +216,22 @@ def plan_budget(
         shares=tuple(planned),
         synthesis_epsilon=rest,
     )
+
+
+def _rho_share(mode, s: RhoShare, reserved: float, epsilon, rest, acc_delta: float) -> PlannedShare:
+    """A ``RhoShare`` planned: its event (made from its fraction of the rho the synthesis' epsilon allows alone, or
+    given), with the epsilon it spends alone (RDP, at the accountant's delta) for the manifest."""
+    from dpcda.privacy.accounting import epsilon_of
+    from dpcda.privacy.marginals import largest_rho
+
+    event = s.event
+    if event is None:
+        if epsilon is None or not rest > 0:
+            raise CalibrationError(f"{s.name}: a zCDP share needs a target epsilon (give --epsilon)")
+        whole = largest_rho(_Zcdp, target_epsilon=rest, delta=acc_delta).rho
+        event = s.event_of(s.fraction * whole, reserved, epsilon)
+    alone = epsilon_of(mode, [event], acc_delta, "rdp")
+    return PlannedShare(s.name, s.fraction, alone if math.isfinite(alone) else math.inf, acc_delta, False, event)
 
 
 def calibrate_synthesis(

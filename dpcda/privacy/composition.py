@@ -47,6 +47,7 @@ from dp_accounting import rdp
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from dpcda.privacy.accounting import RDP_ORDERS, RELATION_WORDS, SAMPLER_DELTA_SHARE, ReleaseEvents
+from dpcda.privacy.domain import DomainEvent
 from dpcda.privacy.errors import DpcdaError
 from dpcda.privacy.events import (
     AimEvent,
@@ -73,6 +74,7 @@ EVENT_TYPES = {
         DpSgdEvent,
         MarginalsEvent,
         AimEvent,
+        DomainEvent,
     )
 }
 FAMILY = {"fixed": "replace-one", "poisson": "add/remove"}

@@ -27,6 +27,7 @@ from dpcda.schemas.config_keys import (  # noqa: F401 - the config's edge, as it
     flatten_sections,
     mechanism_keys,
     nest,
+    table_fields,
 )
 from dpcda.schemas.mechanism_params import MechanismParams, names
 from dpcda.schemas.settings import CoreSettings, DataParams, ExecutionParams, PostprocessParams, PrivacyParams
@@ -62,7 +63,7 @@ class ReleaseConfig(BaseModel):
     mechanism: SerializeAsAny[MechanismParams] = Field(
         description=(
             "the mechanism and its parameters: a name and, in a config file, its parameters "
-            "(mechanism: {name: dpcda, mixing_order: 16}); default dpcda"
+            "(mechanism: {name: dpcda, mixing_order: 16}); default marginals for a table input, dpcda for other rows"
         ),
     )
     mode: Optional[Literal["fixed", "poisson"]] = Field(
@@ -221,6 +222,13 @@ class ReleaseConfig(BaseModel):
             "(docs/tables.md)"
         ),
     )
+    domain_budget_share: float = Field(
+        0.3,
+        gt=0,
+        lt=1,
+        description="share of the zCDP budget (and of delta) for the DP domain step of the table columns nobody "
+        "declared",
+    )
 
     @field_validator("max_class_bytes", mode="before")
     @classmethod
@@ -237,10 +245,10 @@ class ReleaseConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _edge(cls, data):
-        """Every spelling of the mechanism's parameters into its model, the mode's default (``config_keys.nest``);
-        K from a table's label categories."""
+        """Every spelling of the mechanism's parameters into its model, the mode's default (``config_keys.nest``),
+        a table's flat keys into its section (``config_keys.table_fields``); K from a table's label categories."""
         if isinstance(data, dict):
-            data = nest(data)
+            data = nest(table_fields(data))
         if isinstance(data, dict) and data.get("table") is not None and data.get("num_classes") is None:
             table = data["table"]
             cats = None
@@ -316,6 +324,11 @@ class ReleaseConfig(BaseModel):
     def _check(self):
         config_rules.check(self)
         return self
+
+    @property
+    def derives_label(self) -> bool:
+        """A table input whose label's categories the DP domain step derives."""
+        return self.table is not None and self.table.label.categories is None
 
     @property
     def reproducible(self) -> bool:

@@ -8,18 +8,21 @@ own shape (``schemas.config.ReleaseConfig``).
   them flat, the name with the mechanism's prefix (``p3gm_epochs``); ``nest`` moves them into the model, flags over
   the file. A parameter of another mechanism given a value other than its default is refused (it would be ignored);
   at its default it is no choice, and is dropped (flags and older files name defaults).
-- Which mechanism and mode a release takes when none is named: ``default_mechanism``, then the mechanism's own
-  ``default_mode``.
+- A table's label and dropped columns may be given flat (``--label``, ``--drop-columns``: the one-command path, with
+  no ``table:`` section); ``table_fields`` moves them into the section (``TableKeys``: they are not config fields).
+- Which mechanism and mode a release takes when none is named: ``default_mechanism`` (a table: marginals), then the
+  mechanism's own ``default_mode``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from dpcda.privacy.errors import DpcdaError
 from dpcda.schemas.mechanism_params import PARAMS, MechanismParams, owner_of, parse
+from dpcda.schemas.table import TableSchema
 
 DEFAULT_MECHANISM = "dpcda"
 
@@ -28,9 +31,15 @@ class ConfigError(DpcdaError, ValueError):
     """A configuration problem, with a message that names the field."""
 
 
+TABLE_MECHANISM = "marginals"
+
+
 def default_mechanism(config: Mapping) -> str:
-    """The mechanism a release takes when its config names none (the raw ``config`` at hand: whether it has a
-    ``table:`` section, for one)."""
+    """The mechanism a release takes when its config names none (the raw ``config`` at hand): a table input (a
+    ``table:`` section, or the one-command path's ``label``) takes the table mechanism, marginals, under add/remove
+    (its only mode: no exact class size is published); image and vector rows take DP-CDA mixing."""
+    if config.get("table") is not None or config.get("label") is not None:
+        return TABLE_MECHANISM
     return DEFAULT_MECHANISM
 
 
@@ -123,6 +132,57 @@ def _spelled_once(given: Mapping) -> dict:
     return out
 
 
+class TableKeys(BaseModel):
+    """A table's fields a release takes flat (flags, the API's keywords, a file's input section); ``table_fields``
+    moves them into the ``table:`` section, so they are not fields of the config."""
+
+    label: Optional[str] = Field(
+        None,
+        description="the label column of a table input: with it and no table: section, the release derives every "
+        "column's domain with its DP domain step (docs/tables.md)",
+    )
+    drop_columns: Optional[list[str]] = Field(
+        None, description="a table's input columns left out of the release (comma-separated; they are not read)"
+    )
+
+
+def table_fields(data: Mapping) -> dict:
+    """A raw release config's table keys (``TableKeys``) moved into its ``table:`` section: ``label`` (the one-command
+    path) becomes a section with that label and nothing else declared (a section given with it must name the same
+    label), ``drop_columns`` (a list or 'a,b') joins the section's ``drop``; a section naming a ``domain`` is refused
+    (the release writes it). ValueError (the config's one line) for a key of the wrong shape."""
+    data = dict(data)
+    label, drop, table = data.pop("label", None), data.pop("drop_columns", None), data.get("table")
+    if isinstance(drop, str):
+        drop = [p.strip() for p in drop.split(",") if p.strip()]
+    if drop is not None and not (isinstance(drop, list) and all(isinstance(d, str) for d in drop)):
+        raise ValueError("drop_columns: a list of column names, or 'a,b'")
+    if label is not None and not isinstance(label, str):
+        raise ValueError("label: a column name")
+    if isinstance(table, dict) and table.get("domain") is not None:
+        raise ValueError("table.domain: written by a release's DP domain step, never declared")
+    if label is None and table is None:
+        return data
+    if table is None:
+        table = {"label": {"name": label}}
+    if isinstance(table, TableSchema):
+        name, dropped = table.label.name, table.drop
+    elif (
+        isinstance(table, dict) and isinstance(table.get("label", {}), dict) and isinstance(table.get("drop", []), list)
+    ):
+        name, dropped = table.get("label", {}).get("name"), table.get("drop", [])
+    else:
+        return data  # not a section: the model says what is wrong with it
+    if label is not None and isinstance(name, str) and name != label:
+        raise ValueError(f"label: {label}, but the table: section's label is {name}")
+    if drop:
+        more = [*dropped, *(d for d in drop if d not in dropped)]
+        table = (
+            TableSchema(**{**dict(table), "drop": more}) if isinstance(table, TableSchema) else {**table, "drop": more}
+        )
+    return {**data, "table": table}
+
+
 # The config's sections, in the order ``dpcda release --help`` shows them: every field is in exactly one
 # (tests/test_config.py checks). The mechanism section's keys are its model's fields.
 SECTIONS: dict[str, tuple[str, ...]] = {
@@ -133,7 +193,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "privacy": (
         "epsilon", "delta", "sigma_x", "mode", "clip", "normalization", "normalization_file",
         "allow_exact_normalization", "normalization_budget_share", "histogram_budget_share", "pca_budget_share",
-        "min_std", "seed",
+        "domain_budget_share", "min_std", "seed",
     ),
     "mechanism": ("mechanism",),
     "postprocess": ("soft_labels", "lowpass", "image_shape", "denoise"),
@@ -142,6 +202,9 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "ledger": ("ledger", "dataset_id", "budget_cap"),
     "output": ("output", "output_shards", "overwrite"),
 }  # fmt: skip
+
+# Keys a section of a config file takes besides its fields: the table's flat keys (``TableKeys``), in input.
+SECTION_EXTRA: dict[str, tuple[str, ...]] = {"input": tuple(TableKeys.model_fields)}
 
 # In a section of a config file, the field that shares the section's name may be written with this key.
 SECTION_KEY = {"input": "path", "output": "path", "ledger": "path", "mechanism": "name"}
@@ -176,7 +239,7 @@ def flatten_sections(data: dict, where: str) -> dict:
             field = key if inner == SECTION_KEY.get(key) else inner
             if params is not None:
                 field = params.section_field(field)
-            allowed = SECTIONS[key] + (tuple(keys) if key == "mechanism" else ())
+            allowed = SECTIONS[key] + (tuple(keys) if key == "mechanism" else ()) + SECTION_EXTRA.get(key, ())
             if field not in allowed:
                 home = next((s for s, names in SECTIONS.items() if field in names), None)
                 owner = owner_of(field) or next(

@@ -51,7 +51,7 @@ def check(cfg) -> None:
             "holds only for a budget fixed in advance: give --epsilon (sigma_x 0 is allowed: no "
             "privacy)"
         )
-    if cfg.mode == "poisson" and cfg.num_classes is None:
+    if cfg.mode == "poisson" and cfg.num_classes is None and not cfg.derives_label:
         raise ValueError("num_classes: required in poisson mode (which labels occur is private)")
     if cfg.normalization == "public" and not cfg.normalization_file:
         raise ValueError("normalization_file: required with normalization=public")
@@ -112,6 +112,15 @@ def _check_table(cfg) -> None:
         raise ValueError("out_of_bounds: a table's numeric columns are clipped to their declared bounds")
     if tuple(cfg.feature_bounds) != (0.0, 1.0):
         raise ValueError("feature_bounds: set per column in the table schema (encoded values lie in [0, 1])")
+    if not cfg.table.complete and not cfg.mechanism.derives_domain:
+        raise ValueError(
+            f"table: the label's categories and every column's domain must be declared for {cfg.mechanism.name} (the "
+            "DP domain step feeds --mechanism marginals)"
+        )
+    if cfg.derives_label:
+        if cfg.num_classes is not None:
+            raise ValueError("num_classes: the label's categories are derived by the DP domain step")
+        return
     if cfg.num_classes != cfg.table.num_classes:
         raise ValueError(
             f"num_classes: {cfg.num_classes}, but the table's label declares {cfg.table.num_classes} categories"

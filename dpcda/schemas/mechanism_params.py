@@ -64,6 +64,7 @@ class MechanismParams(BaseModel):
     needs_num_classes: ClassVar[str] = ""  # why num_classes is required ('' when it is not)
     no_table: ClassVar[str] = ""  # why a table input is refused ('' when it is allowed)
     needs_table: ClassVar[str] = ""  # why only a table input is taken ('' when any input is)
+    derives_domain: ClassVar[bool] = False  # takes a table whose undeclared columns the DP domain step derives
     no_image_postprocessing: ClassVar[str] = ""  # why lowpass/denoise are refused ('' when allowed)
 
     name: str
@@ -316,9 +317,10 @@ class MarginalsParams(MechanismParams):
     mode_reason: ClassVar[str] = "its counts are accounted under add/remove only: the row count stays private"
     mixes: ClassVar[bool] = False
     needs_table: ClassVar[str] = (
-        "marginals counts a table's columns on its public schema; give a table: section (docs/tables.md); image and "
-        "vector inputs are not offered"
+        "marginals counts a table's columns on its public schema; give --label (the DP domain step derives the rest) "
+        "or a table: section (docs/tables.md); image and vector inputs are not offered"
     )
+    derives_domain: ClassVar[bool] = True
 
     selection: Literal["mst", "mst-label", "aim"] = Field(
         "mst-label",

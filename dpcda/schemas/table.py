@@ -1,14 +1,18 @@
 """A table's public schema: which column is the label, and each feature column's kind, bounds and categories.
 
-Everything here is *public*: the user declares it (the ``table:`` section of the config file), or confirms a draft
-that ``dpcda schema infer`` wrote from the Parquet schema alone. Bounds and category lists read off the data would
-not be private, so nothing in the product derives them from the rows.
+Everything here is *public*: the user declares it (the ``table:`` section of the config file, possibly for some
+columns only), confirms a draft that ``dpcda schema infer`` wrote from the Parquet schema alone, or the release's DP
+domain step derives it (``mechanisms.domain``: ranges, bin edges, spikes and categories measured with DP, its cost
+recorded in ``TableSchema.domain``). Bounds and category lists read off the data without DP would not be private, so
+nothing in the product derives them from the rows any other way.
 
 The encoding (``storage.tables``) maps a row to a vector in [0, 1]^d, d = ``encoded_width``:
 - numeric: one value, (clip(v, lower, upper) - lower) / (upper - lower);
 - boolean: one value, 0 or 1;
-- categorical: one-hot over the declared categories;
+- categorical: one-hot over the declared categories (and, with ``other``, one more slot for every other value);
 - a nullable column adds one indicator (1: null; its other values are then 0).
+A numeric column may also name bin ``edges`` (else the marginals mechanism takes equal bins of its bounds) and
+``spikes``, exact values with codes of their own that decode to themselves.
 Every coordinate lies in [0, 1] whatever the record, so the mechanisms' sensitivity arguments hold for the encoded
 rows with feature bounds [0, 1] and width d.
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal, Optional
 
+import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
@@ -31,6 +36,18 @@ MAX_ENCODED_WIDTH = 1 << 16
 
 class SchemaError(DpcdaError, ValueError):
     """A table schema that cannot be used: the message names the column."""
+
+
+def _without_unset(handler, model, fields: tuple[str, ...]) -> dict:
+    """The model's dump without ``fields`` that hold their defaults (a declared schema's JSON, and so a manifest's
+    ``input.table``, reads as it did before those fields existed)."""
+    out = handler(model)
+    for name in fields:
+        if name in out and getattr(model, name) == type(model).model_fields[name].get_default(
+            call_default_factory=True
+        ):
+            del out[name]
+    return out
 
 
 class Column(BaseModel):
@@ -47,10 +64,30 @@ class Column(BaseModel):
     )
     categories: Optional[list[Category]] = Field(None, description="categorical: every value the column may hold")
     nullable: bool = Field(False, description="the column may hold nulls (encoded as an indicator)")
+    loose: bool = Field(
+        False,
+        description="numeric: lower and upper are loose limits; the release's DP domain step derives the range, bin "
+        "edges and spikes inside them (marginals only; a share of the budget)",
+    )
+    edges: Optional[list[float]] = Field(
+        None,
+        description="numeric: bin edges, lower first and upper last (a value on an edge is in the bin above it); [] "
+        "with spikes: no bins. Default: the marginals mechanism's equal bins of the bounds",
+    )
+    spikes: Optional[list[float]] = Field(
+        None, description="numeric: values (increasing, within the bounds) with codes of their own, decoded exactly"
+    )
+    other: Optional[str] = Field(
+        None, description="categorical: a value outside the categories is counted in one more bucket, decoded as this"
+    )
 
     @model_validator(mode="after")
     def _check(self):
         where = f"column '{self.name}'"
+        if self.kind != "numeric" and (self.loose or self.edges is not None or self.spikes is not None):
+            raise ValueError(f"{where}: loose, edges and spikes are for numeric columns")
+        if self.kind != "categorical" and self.other is not None:
+            raise ValueError(f"{where}: other is for categorical columns")
         if self.kind == "numeric":
             if self.lower is None or self.upper is None:
                 raise ValueError(f"{where}: a numeric column needs public bounds lower and upper (confirm them)")
@@ -62,8 +99,9 @@ class Column(BaseModel):
                 raise ValueError(f"{where}: bounds too wide (|bounds| and upper - lower must stay finite)")
             if self.categories is not None:
                 raise ValueError(f"{where}: a numeric column takes bounds, not categories")
+            self._check_bins(where)
         elif self.kind == "categorical":
-            if not self.categories:
+            if not self.categories and (self.other is None or self.categories is None):
                 raise ValueError(f"{where}: a categorical column needs its public list of categories (confirm it)")
             if len(self.categories) > MAX_CATEGORIES:
                 raise ValueError(f"{where}: more than {MAX_CATEGORIES} categories")
@@ -71,13 +109,56 @@ class Column(BaseModel):
                 raise ValueError(f"{where}: a category is listed twice")
             if self.lower is not None or self.upper is not None:
                 raise ValueError(f"{where}: a categorical column takes categories, not bounds")
+            if self.other is not None and self.other in self.categories:
+                raise ValueError(f"{where}: other {self.other!r} is also a category")
         elif self.lower is not None or self.upper is not None or self.categories is not None:
             raise ValueError(f"{where}: a boolean column takes neither bounds nor categories")
         return self
 
+    def _check_bins(self, where: str) -> None:
+        if self.loose and (self.edges is not None or self.spikes is not None):
+            raise ValueError(f"{where}: loose limits are narrowed by the DP domain step; give no edges or spikes")
+        spikes = self.spikes or []
+        if any(not math.isfinite(v) for v in [*spikes, *(self.edges or [])]):
+            raise ValueError(f"{where}: edges and spikes must be finite")
+        if any(b <= a for a, b in zip(spikes, spikes[1:])) or (spikes and not self.lower <= spikes[0]):
+            raise ValueError(f"{where}: spikes must increase and lie within the bounds")
+        if spikes and not spikes[-1] <= self.upper:
+            raise ValueError(f"{where}: spikes must increase and lie within the bounds")
+        if self.edges is None:
+            return
+        if not self.edges:
+            if not spikes:
+                raise ValueError(f"{where}: edges [] (no bins) needs spikes")
+            return
+        e = self.edges
+        if len(e) < 2 or e[0] != self.lower or e[-1] != self.upper or any(b <= a for a, b in zip(e, e[1:])):
+            raise ValueError(f"{where}: edges must increase from lower to upper")
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        return _without_unset(handler, self, ("loose", "edges", "spikes", "other"))
+
+    @property
+    def derived(self) -> bool:
+        """The DP domain step still has to derive this column's range, bins and spikes (``loose``)."""
+        return self.loose
+
+    @property
+    def codes(self) -> Optional[int]:
+        """Codes of a value other than null: categories (+ other), 2, or spikes + bins (None: equal bins, as many
+        as the mechanism takes)."""
+        if self.kind == "categorical":
+            return len(self.categories) + (self.other is not None)
+        if self.kind == "boolean":
+            return 2
+        if self.edges is None:
+            return None
+        return len(self.spikes or []) + max(len(self.edges) - 1, 0)
+
     @property
     def width(self) -> int:
-        base = len(self.categories) if self.kind == "categorical" else 1
+        base = len(self.categories) + (self.other is not None) if self.kind == "categorical" else 1
         return base + int(self.nullable)
 
 
@@ -85,15 +166,53 @@ class Label(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(min_length=1)
-    categories: list[Category] = Field(description="the label's values; class k is categories[k]")
+    categories: Optional[list[Category]] = Field(
+        None, description="the label's values; class k is categories[k] (omitted: derived by the DP domain step)"
+    )
+    unlisted: Literal["refuse", "drop"] = Field(
+        "refuse",
+        description="a record whose label is null or not a category: refused while reading (refuse), or left out of "
+        "the synthesis (drop: the DP domain step's labels, which need not list every value)",
+    )
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        return _without_unset(handler, self, ("unlisted",))
 
     @model_validator(mode="after")
     def _check(self):
+        if self.categories is None:
+            return self
         if len(self.categories) < 2:
             raise ValueError(f"label '{self.name}': needs its public list of at least 2 categories (confirm it)")
         if len({repr(c) for c in self.categories}) != len(self.categories):
             raise ValueError(f"label '{self.name}': a category is listed twice")
         return self
+
+
+class DomainStep(BaseModel):
+    """The release's DP domain step, as it ran (written by the release, never declared): its share of the zCDP
+    budget, its event (``privacy.domain.DomainEvent``: noise stds, the value threshold and its delta) and the columns
+    whose domain it derived. A release's budget planner composes the event with the rest."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    share: float = Field(gt=0, lt=1)
+    event: dict
+    derived: list[str]
+
+    @model_validator(mode="after")
+    def _check(self):
+        self.to_event()
+        return self
+
+    def to_event(self):
+        from dpcda.privacy.domain import DomainEvent
+
+        try:
+            return DomainEvent(**self.event)
+        except TypeError as err:
+            raise ValueError(f"domain.event: {err}") from None
 
 
 class TableSchema(BaseModel):
@@ -102,7 +221,12 @@ class TableSchema(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     label: Label
-    columns: list[Column] = Field(min_length=1)
+    columns: list[Column] = Field(
+        default_factory=list,
+        description="the declared columns (with marginals, an input column left out is derived by the DP domain step)",
+    )
+    drop: list[str] = Field(default_factory=list, description="input columns left out of the release (not read)")
+    domain: Optional[DomainStep] = Field(None, description="written by the release: its DP domain step, if any")
     decoding: Literal["argmax", "sample"] = Field(
         "sample",
         description="how discrete values are read back from released scores: sample (default) draws them with "
@@ -138,14 +262,32 @@ class TableSchema(BaseModel):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"column '{dup[0]}' is declared twice (the label counts as a column)")
+        both = sorted(set(names) & set(self.drop))
+        if both:
+            raise ValueError(f"column '{both[0]}' is both declared and dropped")
         if self.encoded_width > MAX_ENCODED_WIDTH:
             raise ValueError(f"the encoded width {self.encoded_width} exceeds {MAX_ENCODED_WIDTH}")
+        self._check_rule_columns()
         check_rules(self.rules, {c.name: c for c in (*self.columns, self.label)})
         return self
 
+    def _check_rule_columns(self) -> None:
+        """A rule names declared columns on equal bins of their bounds (``mechanisms.marginals.rules``): not a label
+        whose categories the DP domain step derives, nor a column with edges, spikes, an other bucket or loose
+        limits."""
+        named = {n for r in self.rules for n in r.columns}
+        if self.label.name in named and self.label.categories is None:
+            raise ValueError(f"rules: a rule on label '{self.label.name}' needs its categories declared")
+        for c in self.columns:
+            if c.name in named and (c.loose or c.edges is not None or c.spikes is not None or c.other is not None):
+                raise ValueError(
+                    f"rules: column '{c.name}' has edges, spikes, an other bucket or loose limits; a rule takes a "
+                    "column on equal bins of its declared bounds"
+                )
+
     @model_serializer(mode="wrap")
     def _dump(self, handler):
-        out = handler(self)
+        out = _without_unset(handler, self, ("drop", "domain"))
         if not self.rules:  # a schema without rules dumps as it did before they existed (manifests unchanged)
             out.pop("rules", None)
         else:
@@ -158,7 +300,24 @@ class TableSchema(BaseModel):
 
     @property
     def num_classes(self) -> int:
+        if self.label.categories is None:
+            raise SchemaError(f"label '{self.label.name}': its categories are not declared (nor derived yet)")
         return len(self.label.categories)
+
+    @property
+    def complete(self) -> bool:
+        """Every declared column and the label have their domain (nothing left for the DP domain step among them;
+        input columns not declared are ``undeclared``)."""
+        return self.label.categories is not None and not any(c.derived for c in self.columns)
+
+    def undeclared(self, arrow_schema: pa.Schema) -> list[str]:
+        """Input columns neither declared nor dropped, in the input's order."""
+        known = {c.name for c in self.columns} | {self.label.name} | set(self.drop)
+        return [n for n in arrow_schema.names if n not in known]
+
+    def output_schema(self, arrow_schema: pa.Schema) -> pa.Schema:
+        """The release's Arrow schema: the input's without the dropped columns."""
+        return pa.schema([f for f in arrow_schema if f.name not in self.drop])
 
     def layout(self) -> list[tuple[Column, int]]:
         """(column, first encoded index) in order."""
@@ -171,11 +330,11 @@ class TableSchema(BaseModel):
     def check_against(self, arrow_schema: pa.Schema, where: str) -> None:
         """Refuses a schema that does not fit the input's Arrow schema (metadata only: no row is read)."""
         names = arrow_schema.names
-        declared = {c.name for c in self.columns} | {self.label.name}
+        declared = {c.name for c in self.columns} | {self.label.name} | set(self.drop)
         for n in names:
             if names.count(n) > 1:
                 raise SchemaError(f"{where}: column '{n}' appears {names.count(n)} times; names must be unique")
-        for n in [c.name for c in self.columns] + [self.label.name]:
+        for n in [c.name for c in self.columns] + [self.label.name] + list(self.drop):
             if n not in names:
                 raise SchemaError(f"{where}: table column '{n}' is declared but the input has no such column")
         extra = [n for n in names if n not in declared]
@@ -193,14 +352,35 @@ class TableSchema(BaseModel):
         _check_type("categorical", arrow_schema.field(self.label.name).type, f"{where}: label '{self.label.name}'")
         for c in (*self.columns, self.label):
             t = arrow_schema.field(c.name).type
-            for v in c.categories or ():
+            for v in [*(c.categories or ()), *([c.other] if getattr(c, "other", None) is not None else [])]:
                 if not _category_fits(v, t):
                     raise SchemaError(f"{where}: column '{c.name}': declared category {v!r} does not fit type {t}")
 
 
+def encode_numeric(col: Column, values) -> np.ndarray:
+    """Numeric values of ``col`` as ``storage.tables.encode_batch`` encodes them: float32 of (v - lower) / (upper -
+    lower), computed in float64 (before the clip to [0, 1])."""
+    return ((np.asarray(values, np.float64) - col.lower) / (col.upper - col.lower)).astype(np.float32)
+
+
+def is_temporal(t: pa.DataType) -> bool:
+    """A date or timestamp: released as the integer it is stored as (days, milliseconds or its unit since the
+    epoch), decoded back to its type."""
+    return pa.types.is_date(t) or pa.types.is_timestamp(t)
+
+
+def physical_integer(t: pa.DataType) -> pa.DataType:
+    """The integer type a numeric column's values are counted and decoded in: itself, or a temporal type's storage."""
+    if pa.types.is_date32(t):
+        return pa.int32()
+    if is_temporal(t):
+        return pa.int64()
+    return t
+
+
 def _fits(kind: str, t: pa.DataType) -> bool:
     return {
-        "numeric": pa.types.is_integer(t) or pa.types.is_floating(t),
+        "numeric": pa.types.is_integer(t) or pa.types.is_floating(t) or is_temporal(t),
         "boolean": pa.types.is_boolean(t) or pa.types.is_integer(t),
         "categorical": pa.types.is_string(t)
         or pa.types.is_large_string(t)
@@ -238,6 +418,7 @@ FLOAT_MAX = {16: 65504.0, 32: 3.4028234663852886e38, 64: 1.7976931348623157e308}
 
 def _check_bounds_fit(c: Column, t: pa.DataType, where: str) -> None:
     """Decoded values lie in [lower, upper]; that interval must be representable in the column's type."""
+    t = physical_integer(t)
     if pa.types.is_integer(t):
         lo, hi = _int_range(t)
         if math.ceil(c.lower) > math.floor(c.upper):

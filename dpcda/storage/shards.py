@@ -107,8 +107,9 @@ def parquet_file(fh, path: str) -> pq.ParquetFile:
 
 # an input of named columns without a table: section lands here (its features column is missing)
 TABLE_HINT = (
-    "; a table of named columns? declare its label and columns in the table: section of a --config file "
-    "(draft one with 'dpcda schema infer --input GLOB --label COLUMN --out table.yaml'; docs/tables.md)"
+    "; a table of named columns? give --label COLUMN (the DP domain step derives the rest), or declare its label and "
+    "columns in the table: section of a --config file (draft one with 'dpcda schema infer --input GLOB --label "
+    "COLUMN --out table.yaml'; docs/tables.md)"
 )
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dpcda.schemas.table import Column, SchemaError, TableSchema
+from dpcda.schemas.table import Column, SchemaError, TableSchema, encode_numeric, is_temporal, physical_integer
 from dpcda.storage.paths import open_file
 from dpcda.storage.shards import Block, InputError, _one_line, parquet_file
 
@@ -29,19 +29,60 @@ def arrow_schema_of(path: str) -> pa.Schema:
         raise InputError(f"{path}: unreadable Parquet shard ({_one_line(err)})") from None
 
 
+def _footer_chunks(paths: list[str]):
+    """(path, column chunk metadata) of every row group of every file, from the Parquet footers (no row is read);
+    unreadable files: InputError."""
+    for path in paths:
+        try:
+            with open_file(path) as fh:
+                meta = parquet_file(fh, path).metadata
+                chunks = [meta.row_group(rg).column(c) for rg in range(meta.num_row_groups)
+                          for c in range(meta.row_group(rg).num_columns)]  # fmt: skip
+        except (pa.ArrowException, OSError, ValueError) as err:
+            raise InputError(f"{path}: unreadable Parquet shard ({_one_line(err)})") from None
+        yield from ((path, chunk) for chunk in chunks)
+
+
+def footer_dictionaries(paths: list[str]) -> dict:
+    """Column -> (dictionary bytes, values, distinct share) over every file, from the Parquet footers (no row is
+    read): the compressed size of each row group's dictionary page (its offset to the first data page; 0 where the
+    chunk has none), the values the chunks hold, and the largest distinct count / values of a chunk whose writer
+    stated one (None where none did). Nested columns are left out. Unreadable files: InputError."""
+    out: dict = {}
+    for _, chunk in _footer_chunks(paths):
+        if "." in chunk.path_in_schema:
+            continue
+        size = chunk.data_page_offset - chunk.dictionary_page_offset if chunk.has_dictionary_page else 0
+        stats = chunk.statistics
+        share = None
+        if stats is not None and stats.has_distinct_count and chunk.num_values:
+            share = stats.distinct_count / chunk.num_values
+        b, n, d = out.get(chunk.path_in_schema, (0, 0, None))
+        d = share if d is None else d if share is None else max(d, share)
+        out[chunk.path_in_schema] = (b + max(int(size), 0), n + chunk.num_values, d)
+    return out
+
+
 def _values(col: pa.Array) -> pa.Array:
     if pa.types.is_dictionary(col.type):
         return col.cast(col.type.value_type)
     return col
 
 
-def _category_codes(col: pa.Array, categories: list, path: str, name: str, first_row: int) -> np.ndarray:
-    """Index of each value in ``categories`` (-1 for null); a value outside the list is refused, by row only."""
+def _category_codes(
+    col: pa.Array, categories: list, path: str, name: str, first_row: int, unlisted: str = "refuse"
+) -> np.ndarray:
+    """Index of each value in ``categories`` (-1 for null); a value outside the list is refused, by row only
+    (``unlisted`` "refuse"), coded ``len(categories)`` (``"other"``: the column's other bucket) or -2 (``"drop"``)."""
     values = _values(col)
     lookup = pa.array(categories, type=values.type) if len(values) else pa.array([], type=values.type)
     codes = pc.index_in(values, value_set=lookup)
     out = codes.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    missing = np.flatnonzero((out < 0) & ~np.asarray(values.is_null()))
+    outside = (out < 0) & ~np.asarray(values.is_null())
+    if unlisted != "refuse":
+        out[outside] = len(categories) if unlisted == "other" else -2
+        return out
+    missing = np.flatnonzero(outside)
     if missing.size:  # the value itself is private: name the row and the rule only
         raise InputError(
             f"{path}: column '{name}' row {first_row + int(missing[0])}: a value outside the declared categories"
@@ -62,13 +103,12 @@ def encode_batch(batch: pa.RecordBatch | pa.Table, schema: TableSchema, path: st
                 f"(the schema says the column is not nullable)"
             )
         if col.kind == "categorical":
-            codes = _category_codes(arr, col.categories, path, col.name, first_row)
+            unlisted = "other" if col.other is not None else "refuse"
+            codes = _category_codes(arr, col.categories, path, col.name, first_row, unlisted)
             rows = np.flatnonzero(codes >= 0)
             x[rows, at + codes[rows]] = 1.0
         else:
-            # unsafe on purpose: an integer beyond 2^53 rounds to a nearby float and is clipped below (a safe cast
-            # would fail with the private value in its message)
-            v = arr.cast(pa.float64(), safe=False).fill_null(0.0).to_numpy(zero_copy_only=False)
+            v = as_float64(arr).fill_null(0.0).to_numpy(zero_copy_only=False)
             bad = np.flatnonzero(~np.isfinite(v) & ~null)
             if bad.size:
                 raise InputError(f"{path}: column '{col.name}' row {first_row + int(bad[0])}: NaN or infinite")
@@ -82,13 +122,26 @@ def encode_batch(batch: pa.RecordBatch | pa.Table, schema: TableSchema, path: st
                 x[:, at] = np.where(null, 0.0, scaled)
         if col.nullable:
             x[:, at + col.width - 1] = null
+    label = schema.label
     labels = _category_codes(
-        _combined(batch.column(schema.label.name)), schema.label.categories, path, schema.label.name, first_row
+        _combined(batch.column(label.name)), label.categories, path, label.name, first_row, label.unlisted
     )
+    if label.unlisted == "drop":  # null or unlisted labels: left out of the synthesis (their number is not stated)
+        keep = labels >= 0
+        return Block(x[keep], labels[keep], path, first_row)
     missing = np.flatnonzero(labels < 0)
     if missing.size:
-        raise InputError(f"{path}: column '{schema.label.name}' row {first_row + int(missing[0])}: missing label")
+        raise InputError(f"{path}: column '{label.name}' row {first_row + int(missing[0])}: missing label")
     return Block(x, labels, path, first_row)
+
+
+def as_float64(arr: pa.Array) -> pa.Array:
+    """A numeric column's values as float64: a date or timestamp as the integer it is stored as. Unsafe on purpose:
+    an integer beyond 2^53 rounds to a nearby float (clipped to the bounds later; a safe cast would fail with the
+    private value in its message)."""
+    if is_temporal(arr.type):
+        arr = arr.cast(physical_integer(arr.type))
+    return arr.cast(pa.float64(), safe=False)
 
 
 def _combined(arr):
@@ -101,12 +154,27 @@ def read_table_parquet(path: str, schema: TableSchema, batch_rows: int = 65536) 
         with open_file(path) as fh:
             pf = parquet_file(fh, path)
             schema.check_against(pf.schema_arrow, path)
-            names = [c.name for c in schema.columns] + [schema.label.name]
+            names = [c.name for c in schema.columns] + [schema.label.name]  # the dropped columns are not read
             row = 0
             for batch in pf.iter_batches(batch_size=batch_rows, columns=names):
                 yield encode_batch(batch, schema, path, row)
                 row += batch.num_rows
     except (InputError, SchemaError):
+        raise
+    except (pa.ArrowException, OSError, ValueError) as err:
+        raise InputError(f"{path}: unreadable Parquet shard ({_one_line(err)})") from None
+
+
+def read_columns(path: str, names: list[str], batch_rows: int = 65536) -> Iterator[pa.RecordBatch]:
+    """The record batches of a Parquet table's columns ``names`` (nothing else is read)."""
+    try:
+        with open_file(path) as fh:
+            pf = parquet_file(fh, path)
+            missing = [n for n in names if n not in pf.schema_arrow.names]
+            if missing:
+                raise InputError(f"{path}: column '{missing[0]}' is missing (every shard has the first one's columns)")
+            yield from pf.iter_batches(batch_size=batch_rows, columns=names)
+    except InputError:
         raise
     except (pa.ArrowException, OSError, ValueError) as err:
         raise InputError(f"{path}: unreadable Parquet shard ({_one_line(err)})") from None
@@ -127,7 +195,7 @@ def decode_uniforms(key: bytes, tag: str, rows: int, schema: TableSchema) -> np.
 
 
 # what a release adds beside the declared schema in its manifest's input.table (readers take the rest as the schema)
-STATED_BY_RELEASE = ("arrow_schema", "label_decoding")
+STATED_BY_RELEASE = ("arrow_schema", "label_decoding", "domain")
 
 
 def declared_schema(stated: dict) -> dict:
@@ -179,7 +247,8 @@ def _decode_column(col: Column, block: np.ndarray, u: Optional[np.ndarray], t: p
             idx = draw_from_scores(body, u[:, 0])
         else:
             idx = body.argmax(axis=1)
-        cats = pa.array(col.categories, type=t.value_type if pa.types.is_dictionary(t) else t)
+        values = [*col.categories, *([col.other] if col.other is not None else [])]
+        cats = pa.array(values, type=t.value_type if pa.types.is_dictionary(t) else t)
         out = cats.take(pa.array(idx))
         return _with_nulls(out, null, t)
     v = body[:, 0].astype(np.float64)
@@ -188,9 +257,17 @@ def _decode_column(col: Column, block: np.ndarray, u: Optional[np.ndarray], t: p
         out = pa.array(bits) if pa.types.is_boolean(t) else pa.array(bits.astype(np.int64)).cast(t)
         return _with_nulls(out, null, t)
     value = col.lower + np.clip(v, 0.0, 1.0) * (col.upper - col.lower)
-    if pa.types.is_integer(t):
+    store = physical_integer(t)
+    if pa.types.is_integer(store):
         lo, hi = np.ceil(col.lower), np.floor(col.upper)
         value = np.clip(np.round(value), lo, hi) if lo <= hi else np.full_like(value, lo)
+    if col.spikes:  # a spike's code was written as its encoding: it decodes to the spike itself, exactly
+        x32 = body[:, 0].astype(np.float32)
+        for s, e in zip(col.spikes, encode_numeric(col, col.spikes)):
+            value = np.where(x32 == e, s, value)
+    if store != t:  # a date or timestamp: its integer, then the type (in range: check_against compared bounds)
+        ints = pa.array(np.round(value).astype(np.int64)).cast(store)
+        return _with_nulls(ints.cast(t), null, t)
     return _with_nulls(pa.array(value).cast(t), null, t)  # in range: check_against compared bounds and type
 
 

@@ -10,6 +10,7 @@ from typing import Optional
 import numpy as np
 
 from dpcda.privacy.noise import NoiseStream
+from dpcda.schemas.table import encode_numeric
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,8 +32,10 @@ class Domain:
 
 
 def _values(col, bins: int) -> int:
-    """Codes of a column's values (its null, where nullable, is the next code)."""
-    return len(col.categories) if col.kind == "categorical" else 2 if col.kind == "boolean" else int(bins)
+    """Codes of a column's values (its null, where nullable, is the next code): its categories (and other bucket),
+    0/1, its spikes and bins, or ``bins`` equal bins."""
+    codes = col.codes
+    return int(bins) if codes is None else codes
 
 
 def domain_of(schema, bins: int) -> Domain:
@@ -58,7 +61,7 @@ def codes_of(x01: np.ndarray, labels: np.ndarray, schema, bins: int) -> np.ndarr
         elif col.kind == "boolean":
             code = (x[:, at] > 0.5).astype(np.int64)
         else:
-            code = np.searchsorted(encoded_edges(col, bins)[1:-1], x[:, at].astype(np.float32), side="right")
+            code = numeric_codes(col, x[:, at].astype(np.float32), bins)
         if col.nullable:
             code = np.where(x[:, at + col.width - 1] > 0.5, _values(col, bins), code)
         out[:, j] = code
@@ -67,9 +70,28 @@ def codes_of(x01: np.ndarray, labels: np.ndarray, schema, bins: int) -> np.ndarr
 
 
 def encoded(col, values: np.ndarray) -> np.ndarray:
-    """Numeric values of ``col`` as ``storage.tables.encode_batch`` encodes them: float32 of (v - lower) / (upper -
-    lower), computed in float64."""
-    return ((np.asarray(values, np.float64) - col.lower) / (col.upper - col.lower)).astype(np.float32)
+    """Numeric values of ``col`` as ``storage.tables.encode_batch`` encodes them (``schemas.table.encode_numeric``)."""
+    return encode_numeric(col, values)
+
+
+def numeric_codes(col, x32: np.ndarray, bins: int) -> np.ndarray:
+    """Codes of a numeric column's encoded float32 values: spike i where a value's encoding is spike i's (a value
+    within float32 rounding of a spike counts as it), else len(spikes) + its bin (``encoded_edges``); a column with
+    spikes and no bins: the nearest spike."""
+    spikes = encoded(col, col.spikes) if col.spikes else np.zeros(0, np.float32)
+    edges = encoded_edges(col, bins) if col.edges is None or col.edges else None
+    if edges is not None:
+        code = len(spikes) + np.searchsorted(edges[1:-1], x32, side="right")
+    else:  # spikes only
+        right = np.clip(np.searchsorted(spikes, x32), 1, len(spikes) - 1) if len(spikes) > 1 else np.zeros(len(x32))
+        right = right.astype(np.int64)
+        left = np.maximum(right - 1, 0)
+        closer = np.abs(x32 - spikes[left]) <= np.abs(spikes[right] - x32)
+        code = np.where(closer, left, right)
+    if len(spikes):
+        at = np.clip(np.searchsorted(spikes, x32), 0, len(spikes) - 1)
+        code = np.where(spikes[at] == x32, at, code)
+    return code.astype(np.int64)
 
 
 def encoded_edges(col, bins: int) -> np.ndarray:
@@ -78,7 +100,9 @@ def encoded_edges(col, bins: int) -> np.ndarray:
     ``upper``); as the encoding is monotone, its code (``searchsorted(edges[1:-1], encoded v, "right")``) is b for every
     v on an edge or further than float32's rounding from one: ``evaluation.table_metrics``'s bins. Read off the
     encoding as ``floor(x * bins)``, a value on an edge whose encoding rounds down (70 in [0, 200]: 0.35 ->
-    0.34999999) would fall into the bin below."""
+    0.34999999) would fall into the bin below. A column with ``edges`` (declared or DP-derived): those, encoded."""
+    if col.edges:
+        return encoded(col, np.asarray(col.edges, np.float64))
     return encoded(col, np.linspace(col.lower, col.upper, bins + 1))
 
 
@@ -92,8 +116,14 @@ def integer_bins(col, bins: int) -> Optional[list]:
     lo, hi = math.ceil(col.lower), math.floor(col.upper)
     if hi - lo + 1 > MAX_INTEGER_VALUES:
         return None
-    enc = encoded(col, np.arange(lo, hi + 1, dtype=np.float64))
+    ints = np.arange(lo, hi + 1, dtype=np.float64)
+    if col.spikes:  # a spike is a code of its own: no bin draws it
+        ints = ints[~np.isin(ints, np.asarray(col.spikes, np.float64))]
+    enc = encoded(col, ints)
+    if enc.size == 0:
+        enc = encoded(col, np.arange(lo, hi + 1, dtype=np.float64))
     edges = encoded_edges(col, bins)
+    bins = len(edges) - 1
     code = np.searchsorted(edges[1:-1], enc, side="right")
     out = []
     for b in range(bins):
@@ -134,13 +164,19 @@ def rows_of(
         elif col.kind == "boolean":
             x[rows, at] = c[rows]
         else:
-            table = integer_bins(col, bins) if col.name in integers else None
+            spikes = len(col.spikes or ())
+            if spikes:  # a spike's code: its encoding, which decodes to the spike exactly (storage.tables)
+                is_spike = rows[c[rows] < spikes]
+                x[is_spike, at] = encoded(col, np.asarray(col.spikes, np.float64))[c[is_spike]]
+                rows = rows[c[rows] >= spikes]
+            b = c[rows] - spikes
+            table = integer_bins(col, bins) if col.name in integers and rows.size else None
             if table is None:
-                x[rows, at] = inside_bins(c[rows], stream.uniform(rows.size), encoded_edges(col, bins))
+                x[rows, at] = inside_bins(b, stream.uniform(rows.size), encoded_edges(col, bins))
             else:
-                for b in np.unique(c[rows]):
-                    at_b = rows[c[rows] == b]
-                    x[at_b, at] = table[b][stream.uniform_int(len(table[b]), at_b.size)]
+                for k in np.unique(b):
+                    at_b = rows[b == k]
+                    x[at_b, at] = table[k][stream.uniform_int(len(table[k]), at_b.size)]
         if col.nullable:
             x[null, at + col.width - 1] = 1.0
     return x, np.asarray(codes[:, -1], np.int64)

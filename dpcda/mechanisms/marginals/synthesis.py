@@ -90,9 +90,10 @@ def rows_of_total(total: float) -> int:
 
 def integer_columns(source: str, table) -> frozenset:
     """Numeric columns of the table whose type in the input's Parquet footer (public, read without a row) is an
-    integer."""
+    integer (a date or timestamp: stored as one)."""
     import pyarrow as pa
 
+    from dpcda.schemas.table import physical_integer
     from dpcda.storage.paths import expand_glob
     from dpcda.storage.tables import arrow_schema_of
 
@@ -101,4 +102,4 @@ def integer_columns(source: str, table) -> frozenset:
         return frozenset()
     arrow = arrow_schema_of(files[0])
     names = {c.name for c in table.columns if c.kind == "numeric"}
-    return frozenset(f.name for f in arrow if f.name in names and pa.types.is_integer(f.type))
+    return frozenset(f.name for f in arrow if f.name in names and pa.types.is_integer(physical_integer(f.type)))

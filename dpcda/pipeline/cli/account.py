@@ -8,7 +8,7 @@ import math
 # the release settings account takes, as the release's flags (values reach the config as text: it checks them)
 ACCOUNT_FIELDS = (
     "epsilon", "sigma_x", "delta", "mode", "clip", "normalization", "normalization_budget_share",
-    "histogram_budget_share", "pca_budget_share",
+    "histogram_budget_share", "pca_budget_share", "domain_budget_share",
 )  # fmt: skip
 
 
@@ -28,7 +28,7 @@ def register(sub) -> dict:
         "--class-size",
         type=int,
         required=True,
-        help="N_k for dpcda; the dataset size N for dpmix and p3gm; any size for local/randproj",
+        help="N_k for dpcda; the dataset size N for dpmix, p3gm and marginals; any size for local/randproj",
     )
     acc.add_argument(
         "--samples-per-class",
@@ -37,7 +37,19 @@ def register(sub) -> dict:
         help="T_k for dpcda; T, the rows in total, for dpmix (ignored by local/randproj/p3gm)",
     )
     acc.add_argument("--feature-dim", type=int, default=None, help="d (with --projection, for randproj and p3gm)")
-    acc.add_argument("--num-classes", type=int, default=None, help="p3gm: K")
+    acc.add_argument("--num-classes", type=int, default=None, help="p3gm: K; marginals: the label's categories")
+    acc.add_argument(
+        "--table-columns", type=int, default=None, help="marginals: the table's columns, the label included"
+    )
+    acc.add_argument(
+        "--derived-numeric", type=int, default=None, help="marginals: numeric columns the DP domain step derives"
+    )
+    acc.add_argument(
+        "--derived-categorical",
+        type=int,
+        default=None,
+        help="marginals: string columns (and the label) whose categories the DP domain step derives",
+    )
     mechanism = set(mechanism_keys()) - {"samples"}  # T is --samples-per-class here
     for flag, (name, field) in release_flags().items():
         if name in ACCOUNT_FIELDS or name in mechanism:

@@ -49,8 +49,10 @@ GROUP_WORDS = {
 
 def release_flags() -> dict[str, tuple[str, object]]:
     """flag -> (config key, pydantic FieldInfo), for every field of ReleaseConfig but a nested section (the mechanism
-    by its name) and every flat key of a mechanism's parameters (``schemas.config_keys.mechanism_keys``)."""
+    by its name), every flat key of a mechanism's parameters (``schemas.config_keys.mechanism_keys``) and a table's
+    flat keys (``schemas.config_keys.TableKeys``)."""
     from dpcda.schemas.config import ReleaseConfig, mechanism_keys
+    from dpcda.schemas.config_keys import TableKeys
 
     flags = {}
     for name, field in ReleaseConfig.model_fields.items():
@@ -60,6 +62,7 @@ def release_flags() -> dict[str, tuple[str, object]]:
         if name == "mechanism":
             for key, (model, own) in mechanism_keys().items():
                 flags["--" + key.replace("_", "-")] = (key, model.model_fields[own])
+    flags.update({"--" + k.replace("_", "-"): (k, f) for k, f in TableKeys.model_fields.items()})
     return flags
 
 
@@ -79,7 +82,7 @@ def help_of(field) -> tuple[str, typing.Optional[str]]:
 
 def add_parser(sub):
     from dpcda.schemas.config import SECTIONS, mechanism_keys, mechanism_names
-    from dpcda.schemas.config_keys import DEFAULT_MECHANISM
+    from dpcda.schemas.config_keys import DEFAULT_MECHANISM, SECTION_EXTRA, TABLE_MECHANISM
     from dpcda.schemas.mechanism_params import PARAMS
 
     p = sub.add_parser(
@@ -94,13 +97,16 @@ def add_parser(sub):
     keys = list(mechanism_keys())
     for title, sections in HELP_GROUPS.items():
         group = p.add_argument_group(f"{title} options", GROUP_WORDS.get(title))
-        names = [n for section in sections for n in SECTIONS[section] if n in by_name]
+        names = [
+            n for section in sections for n in (*SECTIONS[section], *SECTION_EXTRA.get(section, ())) if n in by_name
+        ]
         for name in [m for n in names for m in ([n, *keys] if n == "mechanism" else [n])]:  # its parameters follow it
             flag, field = by_name[name]
             text, metavar = help_of(field)
             if name == "mechanism":
                 listed = "; ".join(f"{n}: {PARAMS[n].summary}" for n in mechanism_names())
-                text, metavar = f"{listed} (default {DEFAULT_MECHANISM})", "{" + ",".join(mechanism_names()) + "}"
+                text = f"{listed} (default: {TABLE_MECHANISM} for a table input, {DEFAULT_MECHANISM} for other rows)"
+                metavar = "{" + ",".join(mechanism_names()) + "}"
             if field.annotation is bool:
                 group.add_argument(flag, dest=name, action="store_true", default=None, help=text)
                 continue

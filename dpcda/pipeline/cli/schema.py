@@ -13,11 +13,17 @@ SCHEMA_NOTE = """\
 # each categorical column's categories. nullable is true wherever the input's field allows a null: set it to false
 # only from public knowledge of the domain (a null is impossible whoever is in the table: a required field, a key),
 # never because this table holds none (the release states it in its public schema, and no guarantee covers that).
-# A release refuses to start while a bound or a category list is missing.
+# A release refuses to start while a bound or a category list is missing. With the marginals mechanism drafted
+# below, a column you delete from the list (or a label without categories) is derived by the release's DP domain step
+# instead, for a share of the budget (--domain-budget-share); mode poisson: add or remove a record, the label
+# included, so no exact class size is published.
 """
 
 
 DRAFT_MARK = "# dpcda schema infer draft; sha256 of the lines below: "
+
+# the table mechanism under add/remove: no exact class size is published (docs/tables.md)
+DRAFT_MECHANISM = {"mechanism": "marginals", "mode": "poisson"}
 
 
 def _marked_draft(text: str) -> str:
@@ -78,7 +84,7 @@ def cmd_schema(args, _beam_args) -> int:
     schema = arrow_schema_of(files[0])
     if args.label not in schema.names:
         raise SchemaError(f"--label {args.label}: no such column (columns: {', '.join(schema.names)})")
-    draft = {"table": infer_draft(schema, args.label)}
+    draft = {**DRAFT_MECHANISM, "table": infer_draft(schema, args.label)}
     text = SCHEMA_NOTE.format(path=files[0], files=len(files))
     text += yaml.safe_dump(draft, sort_keys=False, default_flow_style=None)
     if args.out:

@@ -1,0 +1,115 @@
+"""The DP domain step of a table release in the launcher: what it derives (decided before any row is read), its
+budget (the release's planner), and its own Beam job, run before the release's, whose output (a complete
+``TableSchema``: DP outputs and public declarations only) the release then runs with.
+
+    ReadColumns -> DeriveDomain -> WriteDomain (domain.json in the run directory)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Optional
+
+import apache_beam as beam
+
+from dpcda.mechanisms.domain.derive import assemble  # noqa: F401 - the launcher completes public-only tables with it
+from dpcda.mechanisms.domain.request import DomainRequest, request
+from dpcda.mechanisms.plan import release_budget
+from dpcda.privacy.budget import RhoShare
+from dpcda.privacy.domain import DomainEvent, split_domain
+from dpcda.schemas.table import TableSchema, parse_table_schema
+from dpcda.storage.paths import join, open_file
+from dpcda.storage.tables import footer_dictionaries
+
+log = logging.getLogger("dpcda.release")
+DOMAIN_FILE = "domain.json"
+
+
+def domain_request(cfg, files: list[str], arrow) -> Optional[DomainRequest]:
+    """What the domain step of ``cfg``'s table derives from the input (``arrow``: the first file's Arrow schema), or
+    None where the table: section declares every column; SchemaError naming a column that cannot be synthesised.
+    Reads the files' footers (dictionary sizes; no row)."""
+    table = cfg.table
+    if table.complete and not table.undeclared(arrow):
+        return None
+    req = request(table, arrow, footer_dictionaries(files))
+    return None if req.empty else req
+
+
+def domain_share(share: float, *, numeric: int, counted: int, coarse_cells: int, fine_cells: int) -> RhoShare:
+    """The domain step's ``share`` of the release's budget (``privacy.budget.RhoShare``), as the planner takes it:
+    ``numeric`` columns' coarse and fine counts (``coarse_cells`` and ``fine_cells`` cells in all) and ``counted``
+    columns' thresholded value counts (``privacy.domain.split_domain``)."""
+
+    def event_of(rho: float, reserved: float, epsilon: float) -> DomainEvent:
+        return split_domain(
+            rho,
+            coarse=numeric,
+            values=counted,
+            fine=numeric,
+            reserved_delta=reserved,
+            epsilon=epsilon,
+            coarse_cells=coarse_cells,
+            fine_cells=fine_cells,
+        )
+
+    return RhoShare("domain", share, event_of=event_of)
+
+
+def request_share(cfg, req: DomainRequest) -> RhoShare:
+    """The share of ``cfg``'s release that derives ``req``."""
+    return domain_share(
+        cfg.domain_budget_share,
+        numeric=len(req.numeric),
+        counted=len(req.counted),
+        coarse_cells=req.coarse_cells,
+        fine_cells=req.fine_cells,
+    )
+
+
+def plan_domain(cfg, req: DomainRequest) -> DomainEvent:
+    """The domain step's event, planned by the release's budget planner with the release's other shares (so that the
+    release, planning again with the event given, splits the rest the same way)."""
+    planned = release_budget(cfg.privacy, cfg.mechanism, 1, domain=request_share(cfg, req))
+    return planned.get("domain").event
+
+
+class _WriteDomainFn(beam.DoFn):
+    def __init__(self, path: str):
+        self.path = path
+
+    def process(self, schema: TableSchema):
+        with open_file(self.path, "wb") as fh:
+            fh.write(json.dumps(schema.model_dump(mode="json"), indent=2).encode())
+        yield self.path
+
+
+def build_domain(p: beam.Pipeline, key, files, req: DomainRequest, event: DomainEvent, share: float, workdir: str,
+                 build) -> str:  # fmt: skip
+    """Wires the domain step into ``p`` (its own job, with its own noise ``key``, a PCollection of one key drawn on
+    a worker); returns where it writes the complete schema (in the run directory)."""
+    from dpcda.transforms.domain import DeriveDomain, ReadColumns
+
+    path = join(workdir, DOMAIN_FILE)
+    batches = p | "ReadColumns" >> ReadColumns(files, [d.name for d in req.derive])
+    schema = batches | "DeriveDomain" >> DeriveDomain(req, event, key, share, expected_build=build)
+    _ = schema | "WriteDomain" >> beam.ParDo(_WriteDomainFn(path))
+    return path
+
+
+def read_schema(path: str) -> TableSchema:
+    """The complete schema the domain step wrote."""
+    with open_file(path) as fh:
+        derived = parse_table_schema(json.loads(fh.read()), path)
+    log.info("stage=domain columns=%d derived=%d", len(derived.columns), len(derived.domain.derived))
+    return derived
+
+
+def with_schema(cfg, schema: TableSchema):
+    """``cfg`` with the complete table ``schema`` (its label's classes as num_classes), validated again."""
+    from dpcda.schemas.config import ReleaseConfig
+
+    fields = {k: getattr(cfg, k) for k in cfg.model_fields_set}
+    fields.update(table=schema, num_classes=schema.num_classes)
+    return ReleaseConfig(**fields)

@@ -1,0 +1,127 @@
+"""The DP domain step's stages (``mechanisms.domain`` holds the logic; ``privacy.domain`` the accounting).
+
+ReadColumns: file paths -> pyarrow.RecordBatch of the columns to derive. DeriveDomain: those batches -> the complete
+``TableSchema`` (one element): the exact coarse counts by a combiner, the (column, value) counts summed per key and
+thresholded per key with its own noise (so no worker holds every value), the first pass's DP outputs on one worker,
+then the fine counts inside the DP ranges by a combiner, and the schema.
+"""
+
+from __future__ import annotations
+
+import apache_beam as beam
+import numpy as np
+
+from dpcda.mechanisms.domain.derive import complete, first_pass, noisy_value
+from dpcda.mechanisms.domain.summaries import CoarseCounter, FineCounter, fine_grids, value_counts
+from dpcda.storage.build import check_build, checked
+from dpcda.storage.tables import read_columns
+
+
+class _ReadColumnsFn(beam.DoFn):
+    def __init__(self, names, batch_rows):
+        self.names, self.batch_rows = list(names), batch_rows
+
+    def process(self, path):
+        yield from read_columns(path, self.names, self.batch_rows)
+
+
+class ReadColumns(beam.PTransform):
+    """PBegin -> pyarrow.RecordBatch: the columns ``names`` of every Parquet shard in ``files``."""
+
+    def __init__(self, files, names, batch_rows: int = 65536):
+        super().__init__()
+        self.files, self.fn = list(files), _ReadColumnsFn(names, batch_rows)
+
+    def expand(self, pbegin):
+        return pbegin | "ListShards" >> beam.Create(self.files) | "Spread" >> beam.Reshuffle() | beam.ParDo(self.fn)
+
+
+class _SumFn(beam.CombineFn):
+    """numpy count arrays (or ints) -> their sum."""
+
+    def create_accumulator(self):
+        return None
+
+    def add_input(self, acc, counts):
+        return counts if acc is None else acc + counts
+
+    def merge_accumulators(self, accs):
+        out = None
+        for a in accs:
+            if a is not None:
+                out = a if out is None else out + a
+        return out
+
+    def extract_output(self, acc):
+        return acc
+
+
+class _ThresholdFn(beam.DoFn):
+    """((column, value), count) -> (column, value, noisy count) where the noisy count reaches the threshold."""
+
+    def __init__(self, event, expected_build):
+        self.event, self.expected_build = event, expected_build
+
+    def setup(self):
+        check_build(self.expected_build)
+
+    def process(self, item, key):
+        (column, value), count = item
+        noisy = noisy_value(key, column, value, count, self.event)
+        if noisy is not None:
+            yield column, value, noisy
+
+
+def _coarse(batch, request):
+    counter = CoarseCounter(request)
+    return counter.add(counter.create(), batch)
+
+
+def _fine(batch, request, first):
+    counter = FineCounter(request, fine_grids(request, first.ranges, first.spikes))
+    return counter.add(counter.create(), batch)
+
+
+class DeriveDomain(beam.PTransform):
+    """pyarrow.RecordBatch -> TableSchema (one): the DP domain step for ``request`` with ``event``'s noise."""
+
+    def __init__(self, request, event, key, share: float, *, expected_build=None):
+        super().__init__()
+        self.request, self.event, self.key, self.share, self.build = request, event, key, share, expected_build
+
+    def expand(self, batches):
+        req, ev, build = self.request, self.event, self.build
+        key = beam.pvalue.AsSingleton(self.key)
+        empty = np.zeros(CoarseCounter(req).offsets[-1], np.int64)
+        coarse = (
+            batches
+            | "CoarseCounts" >> beam.Map(_coarse, req)
+            | "SumCoarse" >> beam.CombineGlobally(_SumFn())
+            | "OrEmpty" >> beam.Map(lambda acc: empty if acc is None else acc)
+        )
+        kept = (
+            batches
+            | "ValueCounts" >> beam.FlatMap(value_counts, req)
+            | "SumPerValue" >> beam.CombinePerKey(sum)
+            | "Threshold" >> beam.ParDo(_ThresholdFn(ev, build), key)
+            | "Released" >> beam.combiners.ToList()
+        )
+        first = coarse | "FirstPass" >> beam.Map(checked(_first, build), req, beam.pvalue.AsSingleton(kept), ev, key)
+        fine = (
+            batches
+            | "FineCounts" >> beam.Map(_fine, req, beam.pvalue.AsSingleton(first))
+            | "SumFine" >> beam.CombineGlobally(_SumFn())
+        )
+        return first | "Complete" >> beam.Map(
+            checked(_complete, build), beam.pvalue.AsSingleton(fine), req, ev, key, self.share
+        )
+
+
+def _first(coarse, request, kept, event, key):
+    return first_pass(request, coarse, kept, event, key)
+
+
+def _complete(first, acc, request, event, key, share):
+    fines = fine_grids(request, first.ranges, first.spikes)
+    acc = FineCounter(request, fines).create() if acc is None else acc
+    return complete(request, first, acc, fines, event, key, share)

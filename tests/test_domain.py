@@ -1,0 +1,371 @@
+"""The DP domain step's Beam-free parts: public grids, what is derived and refused before any row is read, the
+combiner cores (pickled, random batch splits against one-shot numpy), the derivation to a schema, and the encoding and
+decoding of derived columns (other bucket, exact spikes, dates and timestamps, dropped labels)."""
+
+from __future__ import annotations
+
+import datetime
+import pickle
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dpcda.mechanisms.domain.derive import (
+    FirstPass,
+    _integer_bins,
+    complete,
+    dp_edges,
+    dp_range,
+    first_pass,
+    other_value,
+)
+from dpcda.mechanisms.domain.grid import Coarse, Fine
+from dpcda.mechanisms.domain.request import near_unique, request
+from dpcda.mechanisms.domain.summaries import (
+    CoarseCounter,
+    FineCounter,
+    fine_grids,
+    numeric_values,
+    value_counts,
+    value_tag,
+)
+from dpcda.mechanisms.marginals.domain import codes_of, domain_of, numeric_codes, rows_of
+from dpcda.privacy.domain import split_domain
+from dpcda.privacy.noise import NoiseStream, key_from_test_seed
+from dpcda.schemas.table import Column, SchemaError, TableSchema
+from dpcda.storage.tables import decode_rows, decode_uniforms, encode_batch, footer_dictionaries
+
+KEY = key_from_test_seed(3)
+
+
+def _table(n=3000, seed=0):
+    rng = np.random.default_rng(seed)
+    term = rng.choice([12, 24, 36, 48, 60], n, p=[0.1, 0.2, 0.3, 0.2, 0.2])
+    amount = np.round(rng.lognormal(7, 0.6, n), 2)
+    amount[rng.random(n) < 0.3] = 0.0
+    return pa.table(
+        {
+            "term": pa.array(term, pa.int64()),
+            "amount": pa.array(np.where(rng.random(n) < 0.05, np.nan, amount), pa.float64(), from_pandas=True),
+            "city": pa.array(rng.choice(["a", "b", "c", "rare"], n, p=[0.5, 0.3, 0.195, 0.005])),
+            "flag": pa.array(rng.random(n) < 0.4),
+            "day": pa.array(
+                [datetime.date(2020, 1, 1) + datetime.timedelta(days=int(d)) for d in rng.integers(0, 400, n)],
+                pa.date32(),
+            ),
+            "y": pa.array(rng.choice(["no", "yes"], n, p=[0.7, 0.3])),
+        }
+    )
+
+
+def _request(table, tmp_path, declared=None):
+    path = tmp_path / "part.parquet"
+    pq.write_table(table, path)
+    declared = declared or TableSchema(label={"name": "y"})
+    return request(declared, table.schema, footer_dictionaries([str(path)]))
+
+
+# ---------------------------------------------------------------- grids
+
+
+@pytest.mark.parametrize("t", [pa.int8(), pa.int32(), pa.int64(), pa.uint8(), pa.uint64(), pa.date32()])
+def test_integer_coarse_cells_hold_their_values_within_the_type(t):
+    c = Coarse.of(t)
+    store = pa.int32() if t == pa.date32() else t
+    info = np.iinfo(store.to_pandas_dtype())
+    lo, hi = int(info.min), int(info.max)
+    values = [*range(max(lo, -2000), min(hi, 2000)), *(v for v in (lo, hi) if abs(v) < 2**53)]
+    cells = c.index(np.asarray(sorted(set(values)), np.float64))
+    assert np.all(np.diff(cells) >= 0)  # cells follow the values' order
+    for v, k in zip(sorted(set(values)), cells):
+        assert c.lower(k) <= v <= c.upper(k)
+    # the cells' bounds are floats within the type (int64's largest below 2^63 - 1)
+    assert lo <= c.lower(0) and c.upper(c.cells - 1) <= hi and hi - c.upper(c.cells - 1) <= 2**11
+
+
+def test_float_coarse_cells_and_their_limits():
+    c = Coarse.of(pa.float64())
+    v = np.random.default_rng(1).standard_cauchy(5000) * 100
+    for x, k in zip(v, c.index(v)):
+        assert c.lower(k) <= x <= c.upper(k) or (k == c.zero and abs(x) < 2.0**-32)
+    assert c.index(np.array([1e300]))[0] == c.cells - 1  # beyond the span: the top cell
+    loose = Coarse.of(pa.float64(), (0.0, 100.0))
+    assert loose.index(np.array([-5.0, 1e9]))[0] == loose.zero  # clipped to the limits first
+    assert loose.range_of(0, loose.cells - 1) == (0.0, 100.0)
+
+
+def test_fine_cells_are_integers_in_a_small_integer_range_and_leave_spikes_out():
+    f = Fine(0.0, 40.0, True, (12.0,))
+    assert f.per_integer and f.cells == 41
+    assert list(f.index(np.array([0.0, 12.0, 13.0, 99.0]))) == [0, -1, 13, 40]
+    wide = Fine(0.0, 1000.0, False)
+    assert wide.cells == 64 and wide.index(np.array([1000.0]))[0] == 63 and wide.boundary(64) == 1000.0
+
+
+# ---------------------------------------------------------------- before any row is read
+
+
+def test_request_derives_by_type_and_keeps_declared_columns(tmp_path):
+    t = _table()
+    declared = TableSchema(
+        label={"name": "y"},
+        columns=[{"name": "city", "kind": "categorical", "categories": ["a", "b", "c", "rare"]}],
+        drop=["day"],
+    )
+    req = _request(t, tmp_path, declared)
+    assert [(d.name, d.kind) for d in req.derive] == [("term", "numeric"), ("amount", "numeric"), ("y", "label")]
+    assert [c.name for c in req.booleans] == ["flag"]
+
+
+def test_a_loose_numeric_column_is_derived_inside_its_limits(tmp_path):
+    t = _table()
+    declared = TableSchema(
+        label={"name": "y", "categories": ["no", "yes"]},
+        columns=[{"name": "amount", "kind": "numeric", "lower": 0, "upper": 1e6, "loose": True, "nullable": True}],
+    )
+    req = _request(t, tmp_path, declared)
+    amount = next(d for d in req.derive if d.name == "amount")
+    assert amount.coarse.limits == (0.0, 1e6)
+    assert amount.coarse.range_of(0, amount.coarse.cells - 1) == (0.0, 1e6)
+    assert not declared.complete
+
+
+def test_request_refuses_a_type_it_cannot_synthesise_by_name(tmp_path):
+    t = _table().append_column("blob", pa.array([b"x"] * 3000, pa.binary()))
+    with pytest.raises(SchemaError, match=r"column 'blob': type binary cannot be synthesised.*--drop-columns blob"):
+        _request(t, tmp_path)
+
+
+def test_request_refuses_a_near_unique_string_column_from_the_footers(tmp_path):
+    ids = [f"CUST-{i:09d}-{i * 7919 % 100003:06d}" for i in range(3000)]
+    t = _table().append_column("customer", pa.array(ids))
+    with pytest.raises(SchemaError, match=r"column 'customer': near-unique values.*--drop-columns customer"):
+        _request(t, tmp_path)
+    # declared, or dropped, it is not refused
+    _request(t, tmp_path, TableSchema(label={"name": "y"}, drop=["customer"]))
+
+
+def test_near_unique_evidence():
+    assert near_unique(None) is None
+    assert near_unique((40, 5000, None)) is None  # a category column's dictionary: a few bytes
+    assert "bytes per value" in near_unique((60_000, 5000, None))
+    assert near_unique((300, 50, None)) is None  # a tiny table: too little to say
+    assert "distinct" in near_unique((0, 5000, 0.9))
+
+
+def test_request_refuses_a_float_label(tmp_path):
+    t = _table()
+    with pytest.raises(SchemaError, match="label 'amount': type double"):
+        _request(t, tmp_path, TableSchema(label={"name": "amount"}))
+
+
+# ---------------------------------------------------------------- combiner cores
+
+
+def _split(table, rng):
+    cuts = np.sort(rng.choice(np.arange(1, table.num_rows), size=rng.integers(1, 6), replace=False))
+    return [table.slice(a, b - a) for a, b in zip([0, *cuts], [*cuts, table.num_rows])]
+
+
+def test_coarse_counter_merges_random_splits_to_the_one_shot_counts(tmp_path):
+    t = _table()
+    req = _request(t, tmp_path)
+    counter = pickle.loads(pickle.dumps(CoarseCounter(req)))
+    whole = counter.add(counter.create(), t)
+    rng = np.random.default_rng(7)
+    for _ in range(5):
+        parts = [counter.add(counter.create(), b) for b in _split(t, rng)]
+        assert np.array_equal(counter.merge(iter(parts)), whole)
+    for j, d in enumerate(req.numeric):
+        v = numeric_values(t.column(d.name))
+        assert np.array_equal(counter.column(whole, j), np.bincount(d.coarse.index(v), minlength=d.coarse.cells))
+
+
+def test_fine_counter_merges_random_splits_to_the_one_shot_counts(tmp_path):
+    t = _table()
+    req = _request(t, tmp_path)
+    ranges = {"term": (0.0, 63.0), "amount": (0.0, 8192.0), "day": (18262.0, 18700.0)}
+    fines = fine_grids(req, ranges, {"term": [36.0], "amount": [0.0]})
+    counter = pickle.loads(pickle.dumps(FineCounter(req, fines)))
+    whole = counter.add(counter.create(), t)
+    rng = np.random.default_rng(8)
+    for _ in range(5):
+        assert np.array_equal(counter.merge(counter.add(counter.create(), b) for b in _split(t, rng)), whole)
+    term = t.column("term").to_numpy()
+    expect = np.bincount(term[term != 36], minlength=64)
+    assert np.array_equal(counter.column(whole, 0), expect)
+
+
+def test_value_counts_sum_over_batches_to_the_columns_counts(tmp_path):
+    t = _table()
+    req = _request(t, tmp_path)
+    rng = np.random.default_rng(9)
+    total: dict = {}
+    for b in _split(t, rng):
+        for k, n in value_counts(b, req):
+            total[k] = total.get(k, 0) + n
+    j = [d.name for d in req.counted].index("term")
+    assert {v: n for (c, v), n in total.items() if c == j} == dict(
+        zip(*np.unique(t.column("term").to_numpy(), return_counts=True))
+    )
+    # floats: nulls and NaN are not values
+    a = [d.name for d in req.counted].index("amount")
+    assert sum(n for (c, _), n in total.items() if c == a) == len(numeric_values(t.column("amount")))
+
+
+def test_value_tags_are_distinct_for_values_that_print_alike():
+    assert len({value_tag(v) for v in [1, 1.0, "1", True, "a/b", "a", 0.0, "b"]}) == 8
+
+
+# ---------------------------------------------------------------- derivation (post-processing of DP outputs)
+
+
+def test_dp_range_ignores_an_empty_side_and_extends_over_one_gap():
+    c = Coarse.of(pa.int64())
+    noisy = np.random.default_rng(0).normal(0, 10, c.cells)
+    z = c.zero
+    noisy[z] = 500.0  # zeros
+    noisy[z + 5 : z + 9] = [400, 0, 300, 25]  # 16..255 with an empty cell at 32..63
+    first, last = dp_range(c, noisy, 10.0)
+    assert c.range_of(first, last) == (0.0, 255.0)
+
+
+def test_integer_bins_hold_a_non_spike_integer_each():
+    edges = _integer_bins([0.0, 1.5, 2.2, 3.0, 9.0, 10.0], 0.0, 10.0, {1.0, 2.0, 3.0, 10.0})
+    assert edges[0] == 0.0 and edges[-1] == 10.0
+    for i, (a, b) in enumerate(zip(edges, edges[1:])):
+        top = b if i == len(edges) - 2 else b - 1
+        assert [v for v in range(int(a), int(top) + 1) if v not in {1, 2, 3, 10}]
+    assert _integer_bins([0.0, 1.0], 0.0, 1.0, {0.0, 1.0}) == []
+
+
+def test_dp_edges_are_increasing_and_span_the_range():
+    f = Fine(16.0, 128.0, False)
+    noisy = np.random.default_rng(2).normal(50, 20, f.cells)
+    edges = dp_edges(f, noisy)
+    assert edges[0] == 16.0 and edges[-1] == 128.0 and all(b > a for a, b in zip(edges, edges[1:]))
+
+
+def test_other_value_is_not_a_category():
+    assert other_value(["a"]) == "(other)"
+    assert other_value(["(other)", "(other)*"]) == "(other)**"
+
+
+def test_complete_gives_a_schema_with_the_inputs_columns_in_order(tmp_path):
+    t = _table()
+    req = _request(t, tmp_path)
+    ev = split_domain(0.05, coarse=len(req.numeric), values=len(req.counted), fine=len(req.numeric),
+                      reserved_delta=1e-6, epsilon=10.0)  # fmt: skip
+    assert ev.threshold > 15  # the rare city holds about 15 rows
+    cc = CoarseCounter(req)
+    counts: dict = {}
+    for k, n in value_counts(t, req):
+        counts[k] = counts.get(k, 0) + n
+    from dpcda.mechanisms.domain.derive import noisy_value
+
+    kept = [(j, v, nz) for (j, v), c in counts.items() if (nz := noisy_value(KEY, j, v, c, ev)) is not None]
+    first = first_pass(req, cc.add(cc.create(), t), kept, ev, KEY)
+    assert isinstance(first, FirstPass)
+    assert first.spikes["term"] == [12.0, 24.0, 36.0, 48.0, 60.0]  # the loan terms come back as spikes
+    assert 0.0 in first.spikes["amount"]
+    fines = fine_grids(req, first.ranges, first.spikes)
+    fc = FineCounter(req, fines)
+    schema = complete(req, first, fc.add(fc.create(), t), fines, ev, KEY, 0.3)
+    assert [c.name for c in schema.columns] == ["term", "amount", "city", "flag", "day"]
+    city = schema.columns[2]
+    assert city.categories == ["a", "b", "c"] and city.other == "(other)"  # 'rare' (0.5 %) went to the other bucket
+    assert schema.label.categories == ["no", "yes"] and schema.label.unlisted == "drop"
+    assert schema.domain.to_event() == ev and schema.domain.derived == ["term", "amount", "city", "day", "y"]
+    term = schema.columns[0]
+    assert term.spikes == [12.0, 24.0, 36.0, 48.0, 60.0] and (term.lower, term.upper) == (8.0, 63.0)
+    # the schema's codes: a spike is one code, then the bins (each holds an integer that is no spike), the null
+    dom = domain_of(schema, 20)
+    assert dict(zip(dom.names, dom.sizes))["term"] == 5 + len(term.edges) - 1 + term.nullable
+    block = encode_batch(t, schema, "t", 0)
+    codes = codes_of(block.features, block.labels, schema, 20)
+    assert codes[:, 0].max() < 5  # every record's term is a spike's code
+
+
+# ---------------------------------------------------------------- encoding and decoding of derived columns
+
+
+def _derived_schema():
+    return TableSchema(
+        label={"name": "y", "categories": ["no", "yes"], "unlisted": "drop"},
+        columns=[
+            Column(name="term", kind="numeric", lower=0, upper=63, edges=[], spikes=[12, 24, 36]),
+            Column(
+                name="amount",
+                kind="numeric",
+                lower=0,
+                upper=4096,
+                edges=[0, 100, 1000, 4096],
+                spikes=[0, 45.3],
+                nullable=True,
+            ),  # fmt: skip
+            Column(name="city", kind="categorical", categories=["a", "b"], other="(other)"),
+            Column(name="day", kind="numeric", lower=18262, upper=18700, edges=[18262, 18400, 18700]),
+        ],
+    )
+
+
+def _rows():
+    return pa.table(
+        {
+            "term": pa.array([12, 24, 36, 13], pa.int64()),
+            "amount": pa.array([0.0, 45.3, 500.0, None]),
+            "city": pa.array(["a", "zzz", "b", "a"]),
+            "day": pa.array(
+                [datetime.date(2020, 1, 1), datetime.date(2020, 6, 1), None, datetime.date(2021, 1, 1)], pa.date32()
+            ).fill_null(datetime.date(2020, 2, 2)),  # fmt: skip
+            "y": pa.array(["no", "maybe", "yes", None]),
+        }
+    )
+
+
+def test_encoding_counts_other_values_and_drops_unlisted_labels():
+    s = _derived_schema()
+    block = encode_batch(_rows(), s, "t", 0)
+    assert list(block.labels) == [0, 1]  # 'maybe' and the null label left out
+    codes = codes_of(block.features, block.labels, s, 20)
+    # term: spikes 12, 24 (rows 0, 2 of the input); amount: spike 0.0, bin [100, 1000); city: a, b
+    assert codes[:, 0].tolist() == [0, 2] and codes[:, 1].tolist() == [0, 3] and codes[:, 2].tolist() == [0, 1]
+
+
+def test_numeric_codes_take_spikes_by_their_encoding_and_the_nearest_spike_without_bins():
+    col = Column(name="t", kind="numeric", lower=0, upper=63, edges=[], spikes=[12, 24, 36])
+    x = ((np.array([12.0, 13.0, 30.0, 63.0]) - 0) / 63).astype(np.float32)
+    assert numeric_codes(col, x, 20).tolist() == [0, 0, 1, 2]
+
+
+def test_decoding_gives_exact_spikes_dates_and_the_other_value():
+    s = _derived_schema()
+    arrow = _rows().schema
+    dom = domain_of(s, 20)
+    codes = np.array([[0, 1, 2, 0, 1], [2, 0, 0, 1, 0], [1, 4, 1, 1, 1], [0, 3, 2, 0, 0]])  # amount code 5: null
+    assert dom.sizes[1] == 2 + 3 + 1
+    x, y = rows_of(codes, s, 20, NoiseStream(KEY, "test", "rows"), frozenset({"term", "day"}))
+    out = decode_rows(x, y, s, arrow, uniforms=None if s.decoding != "sample" else _onehot_uniforms(s, len(x)))
+    assert out.schema == arrow
+    assert out.column("term").to_pylist() == [12, 36, 24, 12]
+    assert out.column("amount").to_pylist()[:2] == [45.3, 0.0]  # spikes come back exactly, floats included
+    assert out.column("city").to_pylist() == ["(other)", "a", "b", "(other)"]
+    days = out.column("day").to_pylist()
+    assert all(isinstance(d, datetime.date) for d in days)
+
+
+def _onehot_uniforms(schema, rows):
+    return decode_uniforms(KEY, "test", rows, schema) * 0 + 0.5  # one-hot scores: any uniform picks the one
+
+
+def test_timestamps_round_trip_as_integers():
+    col = Column(name="ts", kind="numeric", lower=1.6e18, upper=1.7e18)
+    s = TableSchema(label={"name": "y", "categories": ["a", "b"]}, columns=[col])
+    t = pa.table({"ts": pa.array([1_650_000_000_000_000_000], pa.timestamp("ns")), "y": ["a"]})
+    block = encode_batch(t, s, "t", 0)
+    out = decode_rows(block.features, block.labels, s, t.schema, uniforms=decode_uniforms(KEY, "t", 1, s))
+    assert out.schema == t.schema
+    got = out.column("ts").cast(pa.int64()).to_pylist()[0]
+    assert abs(got - 1_650_000_000_000_000_000) <= 1e17 * 2**-23  # float32 encoding of the range
