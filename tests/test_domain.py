@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from dpcda.mechanisms.base import PlanError
 from dpcda.mechanisms.domain.derive import (
     FirstPass,
     _integer_bins,
@@ -21,7 +22,6 @@ from dpcda.mechanisms.domain.derive import (
     first_pass,
     other_value,
 )
-from dpcda.mechanisms.base import PlanError
 from dpcda.mechanisms.domain.grid import Coarse, Fine
 from dpcda.mechanisms.domain.request import request
 from dpcda.mechanisms.domain.summaries import (
