@@ -262,7 +262,7 @@ def test_a_table_whose_undeclared_columns_are_booleans_needs_no_measurement(tmp_
         columns=[c for c in [{"name": "term", "kind": "numeric", "lower": 0, "upper": 72}]],
         drop=["amount", "city", "day"],
     )
-    req = request(declared, table.schema, {})
+    req = request(declared, table.schema)
     assert not req.derive and [c.name for c in req.booleans] == ["flag"]
     schema = assemble(req, {})
     assert [c.name for c in schema.columns] == ["term", "flag"] and schema.domain is None and schema.complete
@@ -286,7 +286,7 @@ def test_declared_rules_are_kept_by_the_derived_schema_and_refused_where_bins_ar
         drop=["amount", "city", "day"],
         rules=[rule],
     )
-    schema = assemble(request(declared, table.schema, {}), {})
+    schema = assemble(request(declared, table.schema), {})
     assert schema.rules == declared.rules and schema.complete
     with pytest.raises(ValidationError, match="rules: a rule on label 'status' needs its categories declared"):
         TableSchema(label={"name": "status"}, columns=[{"name": "flag", "kind": "boolean"}], rules=[rule])
