@@ -181,6 +181,46 @@ class Ledger(abc.ABC):
 
         self._transact(dataset_id, fn)
 
+    def charge(self, dataset_id: str, run: str, spent: dict) -> None:
+        """A run that failed after a DP step measured its data (the DP domain step, whose output a rerun would reveal
+        afresh): its reservation is replaced by what that step spent (``spent``: epsilon, delta, events, note),
+        recorded as a release of its own that publishes nothing (idempotent; a published entry stays as it is).
+        Where the run has no entry any more, nothing is added (``ledger resolve --drop`` removed it on purpose)."""
+        charged = {
+            "state": "published",
+            "epsilon": spent["epsilon"],
+            "delta": spent["delta"],
+            "events": spent["events"],
+            "published_at": _now(),
+            "prefix": "",
+            "note": spent["note"],
+        }
+
+        def fn(entries):
+            for e in entries:
+                if e["run"] == run and e["state"] in ("pending", EXPOSED):
+                    if e["state"] == EXPOSED:  # counts at its target for good: more than the step spent
+                        return entries, "exposed"
+                    problem = entry_problem({**e, **charged})
+                    if problem is not None:
+                        raise LedgerError(f"ledger {self.uri}: run {run}: its spend cannot be recorded ({problem})")
+                    e.update(charged)
+                    return entries, "charged"
+            return entries, "missing"
+
+        done = self._transact(dataset_id, fn)
+        log.warning(
+            "stage=ledger dataset=%s run=%s failed after its DP domain step measured the data: %s (epsilon %.4g)",
+            dataset_id,
+            run,
+            {
+                "charged": "that step's spend is recorded",
+                "exposed": "it keeps counting at its target epsilon",
+                "missing": "it has no entry; nothing recorded",
+            }[done],  # fmt: skip
+            spent["epsilon"],
+        )
+
     def expose(self, dataset_id: str, run: str, request: Optional[dict] = None) -> str:
         """A reservation whose run failed after a part of it may have been readable (GCS): it is never cancelled
         and keeps counting at its target epsilon (idempotent; a published entry stays as it is). Where the run has
