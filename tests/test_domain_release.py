@@ -294,3 +294,48 @@ def test_declared_rules_are_kept_by_the_derived_schema_and_refused_where_bins_ar
     with pytest.raises(ValidationError, match="rules: column 'term' has edges, spikes"):
         TableSchema(label={"name": "status", "categories": ["bad", "good"]}, columns=[spiky],
                     rules=[{"if": {"term": None}, "then": {"status": "bad"}}])  # fmt: skip
+
+
+def _stopped_after_the_step(folder):
+    """The review's label reproducer: "a" x597, "b" x3, so the release stops after the DP domain step."""
+    folder.mkdir()
+    rng = np.random.default_rng(2)
+    label = ["a"] * 597 + ["b"] * 3
+    pq.write_table(pa.table({"x": pa.array(rng.integers(0, 50, 600), pa.int64()), "y": label}), folder / "p.parquet")
+    return str(folder / "*.parquet")
+
+
+@pytest.mark.parametrize("how", ["second interrupt in the clean-up", "killed, then ledger resolve"])
+def test_the_charge_does_not_rest_on_the_exception_that_stopped_the_run(tmp_path, capsys, monkeypatch, how):
+    """A reservation is marked with the step's spend before the step reads a row, so a cancel charges it: a second
+    interrupt raised while the run cleans up (the first error then never reaches the ledger), or a run that died
+    without a word whose reservation ``ledger resolve`` settles, are charged as the plain failure is."""
+    from dpcda.pipeline import release as rel
+    from dpcda.storage import publish
+    from dpcda.storage.ledger import open_ledger
+    from dpcda.storage.ledger_resolve import resolve
+
+    glob = _stopped_after_the_step(tmp_path / "in")
+    ledger = str(tmp_path / "ledger.db")
+    open_ledger(ledger, create=True)
+    if how.startswith("second"):
+        abandon = publish.abandon
+
+        def interrupted(target, err):
+            abandon(target, err)
+            raise KeyboardInterrupt  # the clean-up's own interrupt replaces the error _settle sees
+
+        monkeypatch.setattr(publish, "abandon", interrupted)
+    else:
+        monkeypatch.setattr(rel, "_settle", lambda *a: None)  # the process died: nothing settles the reservation
+    args = ["--label", "y", "--epsilon", "1", "--ledger", ledger, "--dataset-id", "ds"]
+    main(["release", "--input", glob, "--output", str(tmp_path / "out"), *args, *BEAM_ARGS])
+    capsys.readouterr()
+    entries = [e for e in open_ledger(ledger).entries("ds") if e["state"] != "cap"]
+    if how.startswith("killed"):
+        assert [e["state"] for e in entries] == ["pending"] and entries[0]["charge_on_failure"]["epsilon"] > 0
+        assert resolve(open_ledger(ledger), "ds", entries[0]["run"], force=True) == "charged"
+        entries = [e for e in open_ledger(ledger).entries("ds") if e["state"] != "cap"]
+    assert [e["state"] for e in entries] == ["published"], entries
+    assert "DP domain step" in entries[0]["note"] and 0 < entries[0]["epsilon"] < 1
+    assert "charge_on_failure" not in entries[0]

@@ -380,7 +380,18 @@ def run_release(
     section = ledger.reserve(cfg.dataset_id, request, cfg.budget_cap)  # before any data is read
     guarded = (*protect, cfg.ledger)  # a release never writes over its ledger
     try:
-        manifest = _release(cfg, options, files, stages, eval_input, guarded, section, t0, input_name)
+        manifest = _release(
+            cfg,
+            options,
+            files,
+            stages,
+            eval_input,
+            guarded,
+            section,
+            t0,
+            input_name,
+            on_domain_step=lambda spent: ledger.will_charge(cfg.dataset_id, run, spent),
+        )
     except BaseException as err:
         _settle(ledger, cfg.dataset_id, request, err)
         raise
@@ -428,7 +439,9 @@ def _record(ledger, dataset_id: str, run: str, manifest: Manifest) -> bool:
         return False
 
 
-def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t0, input_name=None) -> Manifest:
+def _release(
+    cfg, options, files, stages, eval_input, protect, ledger_section, t0, input_name=None, on_domain_step=None
+) -> Manifest:
     fmt = detect_format(files[0], cfg.input_format)
     arrow_schema = request = None
     if cfg.table is not None:  # the schema is checked against the input's Parquet footer: no row is read
@@ -484,6 +497,8 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
     try:
         if request is not None:  # the DP domain step, its own job; the release then runs on its schema
             spent = domain.domain_spent(cfg, domain_event)
+            if on_domain_step is not None:  # the ledger marks the reservation first: a cancel then charges it
+                on_domain_step(spent)
             cfg = _derive(cfg, options, files, request, domain_event, target)
             dim = cfg.table.encoded_width
             registry.get(cfg.mechanism.name).check_before_work(cfg.core, dim)

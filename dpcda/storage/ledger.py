@@ -174,12 +174,37 @@ class Ledger(abc.ABC):
         log.info("stage=ledger dataset=%s run=%s recorded epsilon=%s", dataset_id, run, p["epsilon"])
 
     def cancel(self, dataset_id: str, run: str) -> None:
-        """Removes a reservation (never a published entry)."""
+        """Removes a reservation (never a published entry). A reservation marked ``charge_on_failure`` (its run's DP
+        domain step was about to measure the data: ``will_charge``) is not removed but charged what that step spends,
+        whoever cancels it (the run's own clean-up, a second interrupt's, or ``ledger resolve`` after a run that died
+        without a word)."""
+        marked = {}
 
         def fn(entries):
+            for e in entries:
+                if e["run"] == run and e["state"] == "pending" and e.get("charge_on_failure"):
+                    marked["spent"] = e["charge_on_failure"]
+                    return entries, None
             return [e for e in entries if not (e["run"] == run and e["state"] == "pending")], None
 
         self._transact(dataset_id, fn)
+        if marked:
+            self.charge(dataset_id, run, marked["spent"])
+
+    def will_charge(self, dataset_id: str, run: str, spent: dict) -> None:
+        """Marks a run's reservation, in one transaction and before its DP domain step reads any row, with what that
+        step spends (``spent``: epsilon, delta, events, note): from then on a cancel charges it instead of removing
+        it (``cancel``). Raises if the reservation is not there to mark (the run then stops before reading)."""
+
+        def fn(entries):
+            for e in entries:
+                if e["run"] == run and e["state"] == "pending":
+                    e["charge_on_failure"] = spent
+                    return entries, True
+            return entries, False
+
+        if not self._transact(dataset_id, fn):
+            raise LedgerError(f"ledger {self.uri}: run {run} has no reservation to mark before its DP domain step")
 
     def charge(self, dataset_id: str, run: str, spent: dict) -> None:
         """A run that failed after a DP step measured its data (the DP domain step, whose output a rerun would reveal
@@ -205,6 +230,7 @@ class Ledger(abc.ABC):
                     if problem is not None:
                         raise LedgerError(f"ledger {self.uri}: run {run}: its spend cannot be recorded ({problem})")
                     e.update(charged)
+                    e.pop("charge_on_failure", None)
                     return entries, "charged"
             return entries, "missing"
 
