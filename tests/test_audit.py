@@ -250,3 +250,19 @@ def test_audit_cli_refuses_a_mode_the_mechanism_does_not_offer():
 
     res = run_cli("audit", "--mechanism", "local", "--mode", "poisson", "--epsilon", "1", "--trials", "10")
     assert res.returncode == 2 and "mode: local offers mode fixed only" in res.stderr
+
+
+def test_a_p3gm_audit_past_a_releases_epochs_is_one_line_naming_the_bound():
+    """The game calibrates the noise a p3gm release with these settings gets; 1200 steps at q = 1 are 1199.5 epochs,
+    more than a release may run (p3gm_epochs <= 1000): refused in one line, before any trial."""
+    args = ["--mechanism", "p3gm", "--mixing-order", "20", "--class-size", "20", "--epsilon", "50", "--trials", "4"]
+    res = run_cli("audit", *args, "--samples-per-class", "1200")
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith("dpcda: error: audit:"), res.stderr
+    assert "p3gm_epochs" in lines[0] and "1000" in lines[0] and "--samples-per-class" in lines[0]
+    assert "Traceback" not in res.stderr and res.stdout == ""
+    # the given noise (no plan) plays any step count the audit's own bounds allow
+    out = run_audit(
+        mode="poisson", mechanism="p3gm", mixing_order=20, class_size=20, samples_per_class=1200, sigma_x=1.0, trials=4
+    )
+    assert out["steps"] == 1200

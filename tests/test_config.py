@@ -161,6 +161,36 @@ def test_a_key_outside_its_section_is_one_line(tmp_path, text, needle):
 
 
 @pytest.mark.parametrize(
+    "mechanism,needle",
+    [
+        (
+            {"name": "p3gm", "em_budget_share": 0.3, "p3gm_em_budget_share": 0.1},
+            r"p3gm_em_budget_share is given twice \(mechanism\.em_budget_share and mechanism\.p3gm_em_budget_share\)",
+        ),
+        (
+            {"name": "p3gm", "p3gm_em_budget_share": 0.1, "em_budget_share": 0.3},
+            r"p3gm_em_budget_share is given twice",
+        ),
+        ({"name": "p3gm", "em-budget-share": 0.3, "em_budget_share": 0.1}, r"em_budget_share is given twice"),
+    ],
+)
+def test_a_python_mapping_that_gives_a_parameter_twice_is_refused_as_a_file_is(tmp_path, mechanism, needle):
+    base = {"input": "x", "output": "y", "epsilon": 1.0, "num_classes": 3}
+    with pytest.raises(ConfigError, match=needle):
+        load_config(None, {**base, "mechanism": mechanism})
+    (tmp_path / "c.json").write_text(json.dumps({**base, "mechanism": mechanism}))
+    with pytest.raises(ConfigError, match="given twice"):  # the same mapping in a file
+        load_config(str(tmp_path / "c.json"), {})
+    # given once, under either spelling, it is taken; a flat key (a flag) still overrides the mapping
+    once = load_config(None, {**base, "mechanism": {"name": "p3gm", "p3gm_em_budget_share": 0.1}})
+    assert once.mechanism.em_budget_share == 0.1
+    flag = load_config(
+        None, {**base, "mechanism": {"name": "p3gm", "em_budget_share": 0.1}, "p3gm_em_budget_share": 0.2}
+    )
+    assert flag.mechanism.em_budget_share == 0.2
+
+
+@pytest.mark.parametrize(
     "overrides,needle",
     [
         ({"mechanism": "dpcda", "p3gm_epochs": 5}, "p3gm_epochs: a p3gm parameter; this release's mechanism is dpcda"),

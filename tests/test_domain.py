@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from dpcda.mechanisms.base import PlanError
 from dpcda.mechanisms.domain.derive import (
     FirstPass,
     _integer_bins,
@@ -22,7 +23,7 @@ from dpcda.mechanisms.domain.derive import (
     other_value,
 )
 from dpcda.mechanisms.domain.grid import Coarse, Fine
-from dpcda.mechanisms.domain.request import near_unique, request
+from dpcda.mechanisms.domain.request import request
 from dpcda.mechanisms.domain.summaries import (
     CoarseCounter,
     FineCounter,
@@ -35,7 +36,7 @@ from dpcda.mechanisms.marginals.domain import codes_of, domain_of, numeric_codes
 from dpcda.privacy.domain import split_domain
 from dpcda.privacy.noise import NoiseStream, key_from_test_seed
 from dpcda.schemas.table import Column, SchemaError, TableSchema
-from dpcda.storage.tables import decode_rows, decode_uniforms, encode_batch, footer_dictionaries
+from dpcda.storage.tables import decode_rows, decode_uniforms, encode_batch
 
 KEY = key_from_test_seed(3)
 
@@ -64,7 +65,7 @@ def _request(table, tmp_path, declared=None):
     path = tmp_path / "part.parquet"
     pq.write_table(table, path)
     declared = declared or TableSchema(label={"name": "y"})
-    return request(declared, table.schema, footer_dictionaries([str(path)]))
+    return request(declared, table.schema)
 
 
 # ---------------------------------------------------------------- grids
@@ -136,23 +137,6 @@ def test_request_refuses_a_type_it_cannot_synthesise_by_name(tmp_path):
     t = _table().append_column("blob", pa.array([b"x"] * 3000, pa.binary()))
     with pytest.raises(SchemaError, match=r"column 'blob': type binary cannot be synthesised.*--drop-columns blob"):
         _request(t, tmp_path)
-
-
-def test_request_refuses_a_near_unique_string_column_from_the_footers(tmp_path):
-    ids = [f"CUST-{i:09d}-{i * 7919 % 100003:06d}" for i in range(3000)]
-    t = _table().append_column("customer", pa.array(ids))
-    with pytest.raises(SchemaError, match=r"column 'customer': near-unique values.*--drop-columns customer"):
-        _request(t, tmp_path)
-    # declared, or dropped, it is not refused
-    _request(t, tmp_path, TableSchema(label={"name": "y"}, drop=["customer"]))
-
-
-def test_near_unique_evidence():
-    assert near_unique(None) is None
-    assert near_unique((40, 5000, None)) is None  # a category column's dictionary: a few bytes
-    assert "bytes per value" in near_unique((60_000, 5000, None))
-    assert near_unique((300, 50, None)) is None  # a tiny table: too little to say
-    assert "distinct" in near_unique((0, 5000, 0.9))
 
 
 def test_request_refuses_a_float_label(tmp_path):
@@ -286,6 +270,36 @@ def test_complete_gives_a_schema_with_the_inputs_columns_in_order(tmp_path):
     block = encode_batch(t, schema, "t", 0)
     codes = codes_of(block.features, block.labels, schema, 20)
     assert codes[:, 0].max() < 5  # every record's term is a spike's code
+
+
+def _derive_all(t, tmp_path, rho=0.05):
+    from dpcda.mechanisms.domain.derive import noisy_value
+
+    req = _request(t, tmp_path)
+    ev = split_domain(rho, coarse=len(req.numeric), values=len(req.counted), fine=len(req.numeric),
+                      reserved_delta=1e-6, epsilon=10.0)  # fmt: skip
+    counts: dict = {}
+    for k, n in value_counts(t, req):
+        counts[k] = counts.get(k, 0) + n
+    kept = [(j, v, nz) for (j, v), c in counts.items() if (nz := noisy_value(KEY, j, v, c, ev)) is not None]
+    cc = CoarseCounter(req)
+    first = first_pass(req, cc.add(cc.create(), t), kept, ev, KEY)
+    fines = fine_grids(req, first.ranges, first.spikes)
+    fc = FineCounter(req, fines)
+    return complete(req, first, fc.add(fc.create(), t), fines, ev, KEY, 0.3)
+
+
+def test_an_id_column_is_refused_by_name_from_its_dp_output_not_its_footers(tmp_path):
+    ids = [f"CUST-{i:09d}-{i * 7919 % 100003:06d}" for i in range(3000)]
+    t = _table().append_column("customer", pa.array(ids))
+    req = _request(t, tmp_path)  # the request reads the schema only: no refusal before the DP step
+    assert "customer" in [d.name for d in req.derive]
+    with pytest.raises(
+        PlanError, match=r"column 'customer': the DP domain step released none.*--drop-columns customer"
+    ):
+        _derive_all(t, tmp_path)
+    # declared, or dropped, it is not refused
+    _request(t, tmp_path, TableSchema(label={"name": "y"}, drop=["customer"]))
 
 
 # ---------------------------------------------------------------- encoding and decoding of derived columns

@@ -231,7 +231,7 @@ def test_rows_are_sampled_in_blocks_from_a_carried_seed_and_the_callers_generato
 
         def synthetic_data(self, rows):
             self.asked.append(rows)
-            cols = {"a": np.random.randint(0, 5, rows), "y": np.random.randint(0, 2, rows)}
+            cols = {0: np.random.randint(0, 5, rows), 1: np.random.randint(0, 2, rows)}  # named by index, as mbi's
 
             class Data:
                 def to_dict(_):

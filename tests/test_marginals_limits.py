@@ -45,6 +45,25 @@ def test_a_table_too_large_to_fit_is_refused_before_work(tmp_path, capsys, colum
     assert snapshot(folder) == before
 
 
+def test_samples_past_the_marginals_bound_are_refused_before_work(tmp_path, capsys):
+    """Marginals plans no public row count (its rows are the fitted model's DP total), so the mixing mechanisms'
+    "at most 100 x input rows" has nothing to scale: --samples has an absolute bound instead, that of dpcda sample."""
+    from dpcda.pipeline.sample import MAX_SAMPLE_ROWS
+    from dpcda.schemas.mechanism_params import MAX_MODEL_SAMPLES
+
+    assert MAX_SAMPLE_ROWS == MAX_MODEL_SAMPLES == 100_000_000
+    inp, cfg, folder = _release_files(tmp_path, 3, False)
+    before = snapshot(folder)
+    out = tmp_path / "out"
+    args = ["release", "--config", cfg, "--input", inp, "--output", str(out), "--epsilon", "1", "--seed", "1"]
+    assert main([*args, "--samples", str(MAX_MODEL_SAMPLES + 1)]) == EXIT_BAD_INPUT
+    assert_one_line_error(capsys.readouterr().err, "samples: T=100,000,001 is more than marginals' 100,000,000")
+    assert_nothing_published(out)
+    assert snapshot(folder) == before
+    base = {"input": "x", "output": "o/r", "epsilon": 1.0, "mechanism": "marginals", "table": schema_of(3, False)}
+    assert load_config(None, {**base, "samples": MAX_MODEL_SAMPLES}).core.params.samples == MAX_MODEL_SAMPLES
+
+
 def _footprint(columns: int, numeric: bool, bins: int, selection: str = "mst-label", cap=None):
     table = parse_table_schema(schema_of(columns, numeric))
     return mg.footprint(mg.domain_of(table, bins), table.encoded_width, selection, cap, 4096)

@@ -224,7 +224,7 @@ def test_only_an_unchanged_draft_of_schema_infer_is_replaced(tmp_path, capsys):
     note = cli_module().SCHEMA_NOTE.split("{", 1)[0]
     for text in (
         note + "\nmy own notes\n",  # starts like a draft
-        out.read_text().replace("nullable: false", "nullable: true", 1),  # a draft the user filled in
+        out.read_text().replace("nullable: true", "nullable: false", 1),  # a draft the user filled in
     ):
         out.write_text(text)
         code, err = cli(capsys, *args)
@@ -576,7 +576,9 @@ def _table(tmp_path, name="t.parquet", nulls=False):
     return tmp_path / name
 
 
-def test_schema_infer_drafts_nullability_from_the_footers_and_writes_only_its_own_file(tmp_path, capsys):
+def test_schema_infer_drafts_every_column_nullable_and_writes_only_its_own_file(tmp_path, capsys):
+    """No file's null count reaches the draft: 'b' holds no null, and is drafted nullable all the same (false is
+    public knowledge of the domain, and the manifest publishes what the user keeps)."""
     import yaml
 
     _table(tmp_path / "in", "0.parquet")
@@ -585,8 +587,10 @@ def test_schema_infer_drafts_nullability_from_the_footers_and_writes_only_its_ow
     args = ["schema", "infer", "--input", tmp_path / "in" / "*.parquet", "--label", "label", "--out", out]
     code, _ = cli(capsys, *args)
     assert code == 0
-    columns = {c["name"]: c for c in yaml.safe_load(out.read_text())["table"]["columns"]}
-    assert columns["a"]["nullable"] is True and columns["b"]["nullable"] is False
+    text = out.read_text()
+    columns = {c["name"]: c for c in yaml.safe_load(text)["table"]["columns"]}
+    assert columns["a"]["nullable"] is True and columns["b"]["nullable"] is True
+    assert "set it to false\n# only from public knowledge" in text and "null count" not in text
     code, err = cli(capsys, *args)
     assert code == 2 and "--overwrite" in one_line(err)
     assert cli(capsys, *args, "--overwrite")[0] == 0  # an earlier draft of ours: replaced
@@ -609,8 +613,9 @@ def test_a_table_without_a_table_section_says_what_to_declare(tmp_path, capsys):
     assert "dpcda schema infer" in line
 
 
-def test_a_release_from_an_inferred_diamonds_draft_has_no_nulls_where_the_input_has_none(tmp_path, capsys):
-    """The draft's nullability untouched; bounds and categories filled from examples/diamonds.yaml (public)."""
+def test_a_release_from_an_inferred_diamonds_draft_confirmed_from_public_knowledge_has_no_null(tmp_path, capsys):
+    """The draft says nullable everywhere; bounds, categories and nullability (none declared: false) filled from
+    examples/diamonds.yaml (public), and the release has no null where the declaration allows none."""
     import pyarrow.parquet as pq
     import yaml
 
@@ -627,9 +632,10 @@ def test_a_release_from_an_inferred_diamonds_draft_has_no_nulls_where_the_input_
     example = yaml.safe_load((ROOT / "examples" / "diamonds.yaml").read_text())
     declared = {c["name"]: c for c in example["table"]["columns"]}
     table["label"]["categories"] = example["table"]["label"]["categories"]
+    assert all(c["nullable"] for c in table["columns"])  # drafted, whatever the rows hold (diamonds: no null)
     for col in table["columns"]:
         col.update({k: v for k, v in declared[col["name"]].items() if k in ("lower", "upper", "categories")})
-    assert not any(c["nullable"] for c in table["columns"])  # diamonds has no null
+        col["nullable"] = declared[col["name"]].get("nullable", False)  # the public declaration
     cfg = tmp_path / "cfg.yaml"
     # DP-CDA named: a table's default is marginals, and this checks the mixing rows' nulls
     cfg.write_text(yaml.safe_dump({"mechanism": "dpcda", "mode": "poisson", "mixing_order": 4, "table": table}))

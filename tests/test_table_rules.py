@@ -331,3 +331,23 @@ def test_given_the_released_scores_a_row_outside_is_decoded_again_from_them_unde
     sec = np.array(fixed.column("security").to_pylist())
     assert rule_holds(fixed, schema).all() and (sec == "Yes").all()
     assert "No" not in fixed.column("internet").to_pylist()
+
+
+def test_rows_sampled_from_a_saved_model_keep_every_rule_the_release_kept(table, tmp_path):
+    """``dpcda.load(DIR).sample(n)`` draws from the constrained model the release honoured: the table's rules (in
+    model.json's table) condition the saved model and the release's rejection, repair and value steps follow."""
+    import dpcda
+    from dpcda.evaluation.table_metrics import table_metrics
+
+    out = tmp_path / "rel"
+    dpcda.release(table, epsilon=3, mechanism="marginals", schema=SCHEMA, seed=11, output=str(out))
+    schema = parse_table_schema(SCHEMA)
+    released = pq.read_table(out / "synthetic")
+    assert rule_holds(released, schema).all()
+    rows = dpcda.load(out).sample(5000, seed=5)
+    holds = rule_holds(rows, schema)
+    assert rows.num_rows == 5000 and holds.all(), (~holds).sum(axis=0)
+    assert 0 < rows.column("total").null_count < 5000
+    # the same conditioned model as the release's (not a repair of an unconditioned one): the same distributions
+    tvd = table_metrics(released, rows.select(released.schema.names), schema)["one_way_tvd"]
+    assert max(tvd.values()) < 0.06, tvd

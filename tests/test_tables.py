@@ -143,6 +143,13 @@ def test_the_draft_leaves_bounds_and_categories_to_the_user():
     }
     with pytest.raises(SchemaError, match="confirm"):
         parse_table_schema(draft)
+    # nullable from the Arrow field alone (public), never from the rows: 'tenure' holds no null and is drafted
+    # nullable; a field the schema declares not nullable is drafted false
+    assert all(c["nullable"] for c in draft["columns"])
+    strict = pa.schema([pa.field("tenure", pa.int64(), nullable=False), pa.field("churn", pa.string())])
+    assert infer_draft(strict, "churn")["columns"] == [
+        {"name": "tenure", "kind": "numeric", "lower": None, "upper": None, "nullable": False}
+    ]
 
 
 def test_config_rejects_table_with_image_options(tmp_path):

@@ -20,7 +20,6 @@ from dpcda.privacy.budget import RhoShare
 from dpcda.privacy.domain import DomainEvent, split_domain
 from dpcda.schemas.table import TableSchema, parse_table_schema
 from dpcda.storage.paths import join, open_file
-from dpcda.storage.tables import footer_dictionaries
 
 log = logging.getLogger("dpcda.release")
 DOMAIN_FILE = "domain.json"
@@ -28,12 +27,12 @@ DOMAIN_FILE = "domain.json"
 
 def domain_request(cfg, files: list[str], arrow) -> Optional[DomainRequest]:
     """What the domain step of ``cfg``'s table derives from the input (``arrow``: the first file's Arrow schema), or
-    None where the table: section declares every column; SchemaError naming a column that cannot be synthesised.
-    Reads the files' footers (dictionary sizes; no row)."""
+    None where the table: section declares every column; SchemaError naming a column whose type cannot be
+    synthesised. Reads the schema only (public): no footer statistic, no row."""
     table = cfg.table
     if table.complete and not table.undeclared(arrow):
         return None
-    req = request(table, arrow, footer_dictionaries(files))
+    req = request(table, arrow)
     return None if req.empty else req
 
 
@@ -73,6 +72,26 @@ def plan_domain(cfg, req: DomainRequest) -> DomainEvent:
     release, planning again with the event given, splits the rest the same way)."""
     planned = release_budget(cfg.privacy, cfg.mechanism, 1, domain=request_share(cfg, req))
     return planned.get("domain").event
+
+
+def domain_spent(cfg, event: DomainEvent) -> dict:
+    """What the DP domain step spends (``event`` alone, accounted as the release accounts it, at the release's delta):
+    the ledger's charge for a run that stops after the step measured the data (a rerun would reveal a fresh output)."""
+    from dpcda.mechanisms import registry
+    from dpcda.privacy.accounting import ReleaseEvents, account
+    from dpcda.privacy.composition import release_events_to_json
+
+    mech = registry.get(cfg.mechanism.name)
+    events = ReleaseEvents(cfg.mode, (event,), (), gaussian_draws=event.gaussian_draws)
+    acc = account(
+        events, cfg.delta, cross_check=False, relation=mech.relation(cfg.mode), accountant=mech.accountant or None
+    )
+    return {
+        "epsilon": acc.epsilon,
+        "delta": cfg.delta,
+        "events": release_events_to_json(events),
+        "note": "the DP domain step ran and the release stopped after it: its spend is charged, nothing published",
+    }
 
 
 class _WriteDomainFn(beam.DoFn):

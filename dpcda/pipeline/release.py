@@ -380,7 +380,18 @@ def run_release(
     section = ledger.reserve(cfg.dataset_id, request, cfg.budget_cap)  # before any data is read
     guarded = (*protect, cfg.ledger)  # a release never writes over its ledger
     try:
-        manifest = _release(cfg, options, files, stages, eval_input, guarded, section, t0, input_name)
+        manifest = _release(
+            cfg,
+            options,
+            files,
+            stages,
+            eval_input,
+            guarded,
+            section,
+            t0,
+            input_name,
+            on_domain_step=lambda spent: ledger.will_charge(cfg.dataset_id, run, spent),
+        )
     except BaseException as err:
         _settle(ledger, cfg.dataset_id, request, err)
         raise
@@ -410,6 +421,8 @@ def _settle(ledger, dataset_id: str, request: dict, err: BaseException) -> None:
             ledger.record(dataset_id, run, ours)
         elif publish.exposed_in(err):
             ledger.expose(dataset_id, run, request)  # entered again if its reservation was dropped meanwhile
+        elif getattr(err, "domain_spent", None) is not None:  # the DP domain step measured the data: charged
+            ledger.charge(dataset_id, run, err.domain_spent)
         else:
             ledger.cancel(dataset_id, run)
     except BaseException as inner:  # noqa: BLE001 - never hide the release's own error
@@ -426,7 +439,9 @@ def _record(ledger, dataset_id: str, run: str, manifest: Manifest) -> bool:
         return False
 
 
-def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t0, input_name=None) -> Manifest:
+def _release(
+    cfg, options, files, stages, eval_input, protect, ledger_section, t0, input_name=None, on_domain_step=None
+) -> Manifest:
     fmt = detect_format(files[0], cfg.input_format)
     arrow_schema = request = None
     if cfg.table is not None:  # the schema is checked against the input's Parquet footer: no row is read
@@ -478,12 +493,17 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
             raise ReleaseError(f"{local[0]}: DataflowRunner workers cannot reach local paths; use gs:// paths")
     guarded = [*files, *eval_files, *(p for p in (cfg.normalization_file, *protect) if p)]
     target = publish.prepare(cfg.output, overwrite=cfg.overwrite, inputs=guarded)
+    spent = None  # once the DP domain step's job starts, what it spends: charged to the ledger whatever follows
     try:
         if request is not None:  # the DP domain step, its own job; the release then runs on its schema
+            spent = domain.domain_spent(cfg, domain_event)
+            if on_domain_step is not None:  # the ledger marks the reservation first: a cancel then charges it
+                on_domain_step(spent)
             cfg = _derive(cfg, options, files, request, domain_event, target)
             dim = cfg.table.encoded_width
             registry.get(cfg.mechanism.name).check_before_work(cfg.core, dim)
     except BaseException as err:
+        err.domain_spent = spent
         publish.abandon(target, err)
         raise
     info = InputInfo(
@@ -528,6 +548,7 @@ def _release(cfg, options, files, stages, eval_input, protect, ledger_section, t
         manifest = assemble(draft, run, sections, ledger_section)
         publish.publish(target, manifest)
     except BaseException as err:
+        err.domain_spent = spent
         try:
             publish.abandon(target, err)
         finally:  # GCS: a part may have been readable; the ledger keeps counting the run (publish.exposed_in)

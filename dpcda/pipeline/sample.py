@@ -25,14 +25,16 @@ from typing import Optional
 
 from dpcda.mechanisms.marginals.model import MODEL_FILES, FittedModel, ModelError, load_model, sample_tables
 from dpcda.privacy.errors import DpcdaError
+from dpcda.schemas.mechanism_params import MAX_MODEL_SAMPLES
 
-MAX_SAMPLE_ROWS = 100_000_000  # rows one sample may ask for (drawn in parts of PART_ROWS: memory stays flat)
+MAX_SAMPLE_ROWS = MAX_MODEL_SAMPLES  # rows one sample may ask for (drawn in parts of PART_ROWS: memory stays flat)
 PART_ROWS = 1 << 18  # rows per Parquet part (and per draw of mbi's sampler)
 SEED_PURPOSE = "model-sample"  # a --seed's key: privacy.noise.public_key(SEED_PURPOSE, seed)
 HOW = (
     "mbi's synthetic_data (randomized rounding of the model's marginals) in blocks of {part} rows, MST's compressed "
-    "codes spread uniformly back to their codes, a numeric code a value uniform inside its bin (an integer column: "
-    "an integer inside it), then the release's decoding into its Arrow schema"
+    "codes spread uniformly back to their codes, the table's rules (if any) kept as the release kept them (the model "
+    "conditioned on them, then the same rejection, repair and order-rule steps), a numeric code a value uniform "
+    "inside its bin (an integer column: an integer inside it), then the release's decoding into its Arrow schema"
 )
 
 

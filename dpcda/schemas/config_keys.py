@@ -81,7 +81,7 @@ def nest(data: Mapping) -> dict:
         params = given.model_dump(exclude_unset=True)
         params["name"] = given.name
     elif isinstance(given, Mapping):
-        params = {k.replace("-", "_") if isinstance(k, str) else k: v for k, v in given.items()}
+        params = _spelled_once(given)
     elif given is None:
         params = {}
     else:
@@ -90,6 +90,14 @@ def nest(data: Mapping) -> dict:
     if not isinstance(name, str) or name not in PARAMS:
         parse({"name": name})  # the one-line refusal naming the choices
     cls = PARAMS[name]
+    for key in [k for k in params if k != "name"]:
+        if key in cls.model_fields:
+            continue
+        owner = owner_of(key)  # a prefixed key inside the mapping: its own, or another's (refused below)
+        if owner is not None and owner[0] is cls:
+            if owner[1] in params:  # as a config file's mechanism section (``flatten_sections``) refuses it
+                raise ValueError(f"{key} is given twice (mechanism.{owner[1]} and mechanism.{key})")
+            params[owner[1]] = params.pop(key)
     for key in [k for k in data if isinstance(k, str)]:
         owner = owner_of(key)
         if owner is None:
@@ -102,12 +110,6 @@ def nest(data: Mapping) -> dict:
             raise ValueError(
                 f"{key}: a {model.model_fields['name'].default} parameter; this release's mechanism is {name}"
             )
-    for key in [k for k in params if k != "name"]:
-        if key in cls.model_fields:
-            continue
-        owner = owner_of(key)  # a prefixed key inside the mapping: its own, or another's (refused as above)
-        if owner is not None and owner[0] is cls:
-            params[owner[1]] = params.pop(key)
     params["name"] = name
     params = cls.defaults({k: v for k, v in params.items() if v is not None}, data)
     try:
@@ -117,6 +119,17 @@ def nest(data: Mapping) -> dict:
     if data.get("mode") is None:
         data["mode"] = cls.default_mode()
     return data
+
+
+def _spelled_once(given: Mapping) -> dict:
+    """A mechanism mapping's keys with ``-`` read as ``_``; ValueError where two keys spell one."""
+    out: dict = {}
+    for k, v in given.items():
+        key = k.replace("-", "_") if isinstance(k, str) else k
+        if key in out:
+            raise ValueError(f"{key} is given twice in the mechanism mapping; keep one")
+        out[key] = v
+    return out
 
 
 class TableKeys(BaseModel):

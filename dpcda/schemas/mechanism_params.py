@@ -27,6 +27,9 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 MAX_MIXING_ORDER = 1 << 14  # keeps a row's summed records below privacy.events.MAX_ROW_RECORDS
 MAX_SAMPLES_PER_INPUT_ROW = 100  # T may be at most this many times the input rows (checked once they are counted)
+# T of a release that plans no public row count (marginals: its rows are the fitted model's DP total), and of a
+# sample drawn from a saved model later (pipeline.sample): drawn in blocks, memory flat, time linear in T
+MAX_MODEL_SAMPLES = 100_000_000
 DEFAULT_LABEL_NOISE_RATIO = 1.0  # dpmix sigma_y / sigma_x; benchmarks/studies/dpmix_ratio.py measures the choice
 
 
@@ -75,7 +78,8 @@ class MechanismParams(BaseModel):
         None,
         ge=1,
         description=(
-            f"T: synthetic rows in total (default: input rows; at most {MAX_SAMPLES_PER_INPUT_ROW} x input rows)"
+            f"T: synthetic rows in total (default: input rows; at most {MAX_SAMPLES_PER_INPUT_ROW} x input rows; "
+            f"marginals: the fitted model's total, at most {MAX_MODEL_SAMPLES:,})"
         ),
     )
     projection: Optional[str] = Field(
@@ -343,6 +347,10 @@ class MarginalsParams(MechanismParams):
             raise ValueError("epsilon: marginals calibrates its counts' noise to a target epsilon (no --sigma-x)")
         if self.mixing_order != 1:
             raise ValueError("mixing_order: marginals does not mix records (leave it out)")
+        if self.samples is not None and self.samples > MAX_MODEL_SAMPLES:  # no public row count to scale a bound by
+            raise ValueError(
+                f"samples: T={self.samples:,} is more than marginals' {MAX_MODEL_SAMPLES:,}; lower --samples"
+            )
         if cfg.normalization != "dp" or cfg.normalization_file is not None:
             raise ValueError("normalization: marginals counts codes on public bins and z-scores nothing (leave it out)")
         if cfg.mixing_path != "auto":

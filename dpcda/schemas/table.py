@@ -443,13 +443,14 @@ def parse_table_schema(data: dict, where: str = "table") -> TableSchema:
         raise SchemaError(f"{where}: must be a mapping with label and columns ({err})") from None
 
 
-def infer_draft(arrow_schema: pa.Schema, label: Optional[str], null_counts: Optional[dict] = None) -> dict:
-    """A draft ``table:`` section from the Arrow schema alone (types and names; no row is read).
+def infer_draft(arrow_schema: pa.Schema, label: Optional[str]) -> dict:
+    """A draft ``table:`` section from the Arrow schema alone (types, names and nullability; no row is read).
 
     Bounds and categories are left empty on purpose: the user must fill them from public knowledge. A release with
-    the draft as it is refuses to start and names the first column to confirm. ``null_counts`` (column -> nulls in
-    the input, from the Parquet footers' statistics; None where unknown): a column known to hold no null is drafted
-    ``nullable: false``, so that a release from the draft does not invent nulls the table never had.
+    the draft as it is refuses to start and names the first column to confirm. Every column is drafted ``nullable:
+    true`` unless its Arrow field is not nullable (the footer's schema, public): ``nullable: false`` is public
+    knowledge about the domain (a null is impossible whoever is in the table), never a fact read off the rows (their
+    null counts), which the manifest would publish with no guarantee covering it.
     """
     columns = []
     unreleasable = [f for f in arrow_schema if f.name != label and not _has_a_kind(f.type)]
@@ -470,9 +471,7 @@ def infer_draft(arrow_schema: pa.Schema, label: Optional[str], null_counts: Opti
             col = {"name": f.name, "kind": "numeric", "lower": None, "upper": None}
         else:
             col = {"name": f.name, "kind": "categorical", "categories": []}
-        col["nullable"] = bool(f.nullable)  # from the footer; the user may narrow it from the domain
-        if null_counts is not None and null_counts.get(f.name) == 0:
-            col["nullable"] = False  # the footers' statistics: no file holds a null in this column
+        col["nullable"] = bool(f.nullable)  # the footer's schema (public); false only from public knowledge
         columns.append(col)
     return {"label": {"name": label or "CHOOSE_THE_LABEL_COLUMN", "categories": []}, "columns": columns}
 

@@ -174,12 +174,78 @@ class Ledger(abc.ABC):
         log.info("stage=ledger dataset=%s run=%s recorded epsilon=%s", dataset_id, run, p["epsilon"])
 
     def cancel(self, dataset_id: str, run: str) -> None:
-        """Removes a reservation (never a published entry)."""
+        """Removes a reservation (never a published entry). A reservation marked ``charge_on_failure`` (its run's DP
+        domain step was about to measure the data: ``will_charge``) is not removed but charged what that step spends,
+        whoever cancels it (the run's own clean-up, a second interrupt's, or ``ledger resolve`` after a run that died
+        without a word)."""
+        marked = {}
 
         def fn(entries):
+            for e in entries:
+                if e["run"] == run and e["state"] == "pending" and e.get("charge_on_failure"):
+                    marked["spent"] = e["charge_on_failure"]
+                    return entries, None
             return [e for e in entries if not (e["run"] == run and e["state"] == "pending")], None
 
         self._transact(dataset_id, fn)
+        if marked:
+            self.charge(dataset_id, run, marked["spent"])
+
+    def will_charge(self, dataset_id: str, run: str, spent: dict) -> None:
+        """Marks a run's reservation, in one transaction and before its DP domain step reads any row, with what that
+        step spends (``spent``: epsilon, delta, events, note): from then on a cancel charges it instead of removing
+        it (``cancel``). Raises if the reservation is not there to mark (the run then stops before reading)."""
+
+        def fn(entries):
+            for e in entries:
+                if e["run"] == run and e["state"] == "pending":
+                    e["charge_on_failure"] = spent
+                    return entries, True
+            return entries, False
+
+        if not self._transact(dataset_id, fn):
+            raise LedgerError(f"ledger {self.uri}: run {run} has no reservation to mark before its DP domain step")
+
+    def charge(self, dataset_id: str, run: str, spent: dict) -> None:
+        """A run that failed after a DP step measured its data (the DP domain step, whose output a rerun would reveal
+        afresh): its reservation is replaced by what that step spent (``spent``: epsilon, delta, events, note),
+        recorded as a release of its own that publishes nothing (idempotent; a published entry stays as it is).
+        Where the run has no entry any more, nothing is added (``ledger resolve --drop`` removed it on purpose)."""
+        charged = {
+            "state": "published",
+            "epsilon": spent["epsilon"],
+            "delta": spent["delta"],
+            "events": spent["events"],
+            "published_at": _now(),
+            "prefix": "",
+            "note": spent["note"],
+        }
+
+        def fn(entries):
+            for e in entries:
+                if e["run"] == run and e["state"] in ("pending", EXPOSED):
+                    if e["state"] == EXPOSED:  # counts at its target for good: more than the step spent
+                        return entries, "exposed"
+                    problem = entry_problem({**e, **charged})
+                    if problem is not None:
+                        raise LedgerError(f"ledger {self.uri}: run {run}: its spend cannot be recorded ({problem})")
+                    e.update(charged)
+                    e.pop("charge_on_failure", None)
+                    return entries, "charged"
+            return entries, "missing"
+
+        done = self._transact(dataset_id, fn)
+        log.warning(
+            "stage=ledger dataset=%s run=%s failed after its DP domain step measured the data: %s (epsilon %.4g)",
+            dataset_id,
+            run,
+            {
+                "charged": "that step's spend is recorded",
+                "exposed": "it keeps counting at its target epsilon",
+                "missing": "it has no entry; nothing recorded",
+            }[done],  # fmt: skip
+            spent["epsilon"],
+        )
 
     def expose(self, dataset_id: str, run: str, request: Optional[dict] = None) -> str:
         """A reservation whose run failed after a part of it may have been readable (GCS): it is never cancelled

@@ -61,7 +61,8 @@ def resolve(ledger, dataset_id: str, run: str, *, force: bool = False, drop: boo
     """A reservation left by a run that died: 'recorded' if OUTPUT holds the run's release (its manifest names the
     run); on gs:// 'exposed' otherwise (its parts may have been readable), unless ``drop``; 'dropped' only on
     evidence that the run published nothing (no manifest at OUTPUT, or one made before the run reserved its budget)
-    or with ``drop``. Refuses while the run may still be going: OUTPUT's lock is held, or
+    or with ``drop``; 'charged' instead of 'dropped' when the run's DP domain step had started (what that step
+    spends is recorded: ``Ledger.will_charge``). Refuses while the run may still be going: OUTPUT's lock is held, or
     the reservation is younger than RESOLVE_AFTER_HOURS (``force`` overrides the age, never the lock)."""
     from dpcda.storage.publish import output_busy
 
@@ -102,8 +103,8 @@ def resolve(ledger, dataset_id: str, run: str, *, force: bool = False, drop: boo
     made = (current or {}).get("created_at")
     older = made is not None and datetime.datetime.fromisoformat(made) < reserved
     if current is None or older or drop:
-        ledger.cancel(dataset_id, run)
-        return "dropped"
+        ledger.cancel(dataset_id, run)  # a run whose DP domain step had started is charged that step, not dropped
+        return "charged" if entry.get("charge_on_failure") else "dropped"
     raise LedgerError(
         f"ledger: {entry['output']} holds a release made after run {run} reserved its budget, by another run; run "
         f"{run} may have been published and then replaced. Pass --drop only if you know it was not published"

@@ -29,54 +29,6 @@ def arrow_schema_of(path: str) -> pa.Schema:
         raise InputError(f"{path}: unreadable Parquet shard ({_one_line(err)})") from None
 
 
-def _footer_chunks(paths: list[str]):
-    """(path, column chunk metadata) of every row group of every file, from the Parquet footers (no row is read);
-    unreadable files: InputError."""
-    for path in paths:
-        try:
-            with open_file(path) as fh:
-                meta = parquet_file(fh, path).metadata
-                chunks = [meta.row_group(rg).column(c) for rg in range(meta.num_row_groups)
-                          for c in range(meta.row_group(rg).num_columns)]  # fmt: skip
-        except (pa.ArrowException, OSError, ValueError) as err:
-            raise InputError(f"{path}: unreadable Parquet shard ({_one_line(err)})") from None
-        yield from ((path, chunk) for chunk in chunks)
-
-
-def footer_null_counts(paths: list[str]) -> dict:
-    """Column -> nulls over every file, from the Parquet footers' row-group statistics (no row is read); None for a
-    column where some row group has no null count (or a nested column). Unreadable files: InputError."""
-    counts: dict = {}
-    for _, chunk in _footer_chunks(paths):
-        name = chunk.path_in_schema
-        stats = chunk.statistics
-        known = stats is not None and stats.has_null_count and "." not in name
-        if name in counts and counts[name] is None:
-            continue
-        counts[name] = counts.get(name, 0) + stats.null_count if known else None
-    return counts
-
-
-def footer_dictionaries(paths: list[str]) -> dict:
-    """Column -> (dictionary bytes, values, distinct share) over every file, from the Parquet footers (no row is
-    read): the compressed size of each row group's dictionary page (its offset to the first data page; 0 where the
-    chunk has none), the values the chunks hold, and the largest distinct count / values of a chunk whose writer
-    stated one (None where none did). Nested columns are left out. Unreadable files: InputError."""
-    out: dict = {}
-    for _, chunk in _footer_chunks(paths):
-        if "." in chunk.path_in_schema:
-            continue
-        size = chunk.data_page_offset - chunk.dictionary_page_offset if chunk.has_dictionary_page else 0
-        stats = chunk.statistics
-        share = None
-        if stats is not None and stats.has_distinct_count and chunk.num_values:
-            share = stats.distinct_count / chunk.num_values
-        b, n, d = out.get(chunk.path_in_schema, (0, 0, None))
-        d = share if d is None else d if share is None else max(d, share)
-        out[chunk.path_in_schema] = (b + max(int(size), 0), n + chunk.num_values, d)
-    return out
-
-
 def _values(col: pa.Array) -> pa.Array:
     if pa.types.is_dictionary(col.type):
         return col.cast(col.type.value_type)

@@ -49,16 +49,23 @@ def _plan(s: Setting, game: Game, *, epsilon, sigma_x, normalization):
 
     params = registry.get(s.mechanism).params
     own = {k: v for k, v in game.settings(s).items() if k in params.flat_names()}
-    settings = release_settings(
-        mechanism=s.mechanism,
-        mode=s.mode,
-        epsilon=epsilon,
-        sigma_x=sigma_x,
-        delta=s.delta,
-        clip=s.clip,
-        normalization=normalization,
-        **own,
-    )
+    try:
+        settings = release_settings(
+            mechanism=s.mechanism,
+            mode=s.mode,
+            epsilon=epsilon,
+            sigma_x=sigma_x,
+            delta=s.delta,
+            clip=s.clip,
+            normalization=normalization,
+            **own,
+        )
+    except ValueError as err:  # a parameter past a release's bound: no release has this plan to calibrate
+        derived = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in own.items())
+        raise AuditError(
+            f"audit: {str(err).splitlines()[0]}; the game plans a {s.mechanism} release with {derived} (from "
+            "--mixing-order, --class-size and --samples-per-class): lower them"
+        ) from None
     synthesis, public, _ = plan_synthesis(settings.core, dim=s.dim, class_sizes=[s.class_size])
     return synthesis, public.budget
 

@@ -13,7 +13,8 @@ Everything below a measurement is post-processing of DP outputs and public facts
   and ``EQUAL_BINS`` equal bins of the range, together; an integer column's edges are integers and every bin holds
   an integer that is not a spike (a bin without one is merged into its neighbour);
 - categories: a string column's released values (at most ``MAX_CATEGORIES``, the largest noisy counts), every other
-  value counted in an ``other`` bucket decoded as ``OTHER`` (made unique against the categories); the label's
+  value counted in an ``other`` bucket decoded as ``OTHER`` (made unique against the categories); a string column
+  with no released value (near-unique: an ID, free text) is refused by name with the flag that drops it; the label's
   released values (a record with another label, or none, is left out of the synthesis).
 """
 
@@ -225,6 +226,14 @@ def complete(
         )
         if not edges and not spikes:  # never expected: an integer range holds a non-spike integer or a spike
             raise PlanError(f"domain: column '{d.name}' got neither bins nor spikes")
+    unreleased = [d.name for d in request.derive if d.kind == "categorical" and not first.values[d.name]]
+    if unreleased:  # post-processing of DP outputs: every value of these columns would be "other"
+        names = ", ".join(f"'{n}'" for n in unreleased)
+        raise PlanError(
+            f"column {names}: the DP domain step released none of its values (near-unique: an ID or free text, or "
+            f"values too rare for the budget; every value would be '{OTHER}'); leave it out with --drop-columns "
+            f"{','.join(unreleased)}, or declare its categories in table:"
+        )
     label = request.declared.label
     for d in request.derive:
         if d.kind == "categorical":

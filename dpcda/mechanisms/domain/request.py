@@ -1,5 +1,7 @@
-"""What the DP domain step has to derive, decided before any row is read: from the input's Arrow schema (public),
-the user's declarations (public) and the Parquet footers' dictionary sizes (see ``near_unique``).
+"""What the DP domain step has to derive, decided before any row is read: from the input's Arrow schema (public) and
+the user's declarations (public) only. No footer statistic is read here (dictionary page sizes, value, null and
+distinct counts, min/max are functions of the rows): a near-unique string column (an ID, free text) is refused after
+the DP step, from its DP output (``derive.complete``).
 
 Every input column that the ``table:`` section neither declares nor drops is derived by its Arrow type: a boolean is
 a boolean (its values are public), an integer, float, date or timestamp a numeric column (range, bins and spikes
@@ -17,13 +19,6 @@ import pyarrow as pa
 
 from dpcda.mechanisms.domain.grid import Coarse, Fine
 from dpcda.schemas.table import Column, SchemaError, TableSchema, is_temporal, physical_integer
-
-# A string column whose Parquet dictionary pages take at least this many bytes per value (compressed, summed over
-# the files' row groups) and at least NEAR_UNIQUE_MIN_BYTES in all, or whose writer states a distinct count of at
-# least NEAR_UNIQUE_SHARE of a chunk's values, is refused as near-unique (an ID, free text): see ``near_unique``.
-NEAR_UNIQUE_BYTES_PER_VALUE = 1.0
-NEAR_UNIQUE_MIN_BYTES = 4096
-NEAR_UNIQUE_SHARE = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,29 +84,9 @@ def supported(t: pa.DataType) -> Optional[str]:
     return None
 
 
-def near_unique(evidence) -> Optional[str]:
-    """Why the footers say a string column is near-unique, or None. ``evidence``: ``storage.tables
-    .footer_dictionaries``' (dictionary bytes, values, distinct share) for the column.
-
-    Writers dictionary-encode string columns (pyarrow, Spark and DuckDB do by default): the dictionary page holds each
-    distinct value once, so its size per value grows with the share of distinct values (a category column: a few
-    bytes for thousands of rows; an ID: the ID's length for every row). The sizes are facts about the rows: reading
-    them reads no value, but a refusal made on them is not covered by the release's guarantee (docs/privacy.md, "The
-    DP domain step": what the refusal can reveal, and to whom)."""
-    if evidence is None:
-        return None
-    size, values, share = evidence
-    if share is not None and share >= NEAR_UNIQUE_SHARE:
-        return f"its Parquet footer states {share:.0%} distinct values in a row group"
-    if values and size >= NEAR_UNIQUE_MIN_BYTES and size / values >= NEAR_UNIQUE_BYTES_PER_VALUE:
-        return f"its Parquet dictionary pages take {size / values:.1f} bytes per value"
-    return None
-
-
-def request(declared: TableSchema, arrow: pa.Schema, dictionaries: dict) -> DomainRequest:
-    """The domain step's work for ``declared`` (a table: section, possibly partial) on an input of schema ``arrow``
-    with footers ``dictionaries`` (``storage.tables.footer_dictionaries``); SchemaError, naming the column and the flag
-    that leaves it out, for a column that cannot be synthesised."""
+def request(declared: TableSchema, arrow: pa.Schema) -> DomainRequest:
+    """The domain step's work for ``declared`` (a table: section, possibly partial) on an input of schema ``arrow``;
+    SchemaError, naming the column and the flag that leaves it out, for a column whose type cannot be synthesised."""
     names = arrow.names
     for n in names:
         if names.count(n) > 1:
@@ -128,13 +103,6 @@ def request(declared: TableSchema, arrow: pa.Schema, dictionaries: dict) -> Doma
                 f"column '{name}': type {field.type} cannot be synthesised (integers, floats, booleans, strings, dates "
                 f"and timestamps can); leave it out with --drop-columns {name}"
             )
-        if kind == "categorical":
-            why = near_unique(dictionaries.get(name))
-            if why:
-                raise SchemaError(
-                    f"column '{name}': near-unique values ({why}; an ID or free text cannot be synthesised privately); "
-                    f"leave it out with --drop-columns {name}, or declare its categories in table:"
-                )
         if kind == "boolean":
             booleans.append(Column(name=name, kind="boolean", nullable=field.nullable))
         elif kind == "numeric":

@@ -1,5 +1,10 @@
 """Fitting and sampling (post-processing of the noisy counts): mbi's mirror descent, its sampler, MST's
-decompression."""
+decompression.
+
+mbi's columns are named by their index in the code domain (``columns``), never by their names: mbi's sampler walks
+sets of column names (a column's parents, in set order), so the order of the parents, and with it which uniform goes
+to which row, followed Python's string hashes, salted per process (PYTHONHASHSEED). Integers hash to themselves: a
+seeded release draws the same rows in every process."""
 
 from __future__ import annotations
 
@@ -37,23 +42,27 @@ def merged(mbi, ms: list) -> list:
     return out
 
 
+def columns(dom: Domain) -> list[int]:
+    """mbi's names of ``dom``'s columns: their indices (module docstring)."""
+    return list(range(len(dom.names)))
+
+
 def fit(measured: Measurements, plan: MarginalsPlan, rules=None):
-    """mbi's graphical model fitted to the noisy counts by mirror descent (``plan.iterations`` steps); with ``rules``
-    (``rules.KeptRules``), fitted and sampled under their constraints."""
+    """mbi's graphical model fitted to the noisy counts by mirror descent (``plan.iterations`` steps), its columns
+    named by index (``columns``); with ``rules`` (``rules.KeptRules``), fitted and sampled under their constraints."""
     mbi = _mbi()
     dom = plan.domain
-    full = mbi.Domain(list(dom.names), list(dom.sizes))
+    full = mbi.Domain(columns(dom), list(dom.sizes))
     small = compressed_domain(dom, measured.mapping)
-    domain = mbi.Domain(list(small.names), list(small.sizes))
-    names = {dom.names[i]: m for i, m in measured.mapping.items()}
+    domain = mbi.Domain(columns(dom), list(small.sizes))
     ms = [  # a compressed one-way count: the merged cell's sum, weighted by mbi (WeightedQuery) for its larger std
-        mbi.LinearMeasurement(np.asarray(y, np.float64).ravel(), (dom.names[i],), stddev=measured.one_way_std).compress(
-            names, full
+        mbi.LinearMeasurement(np.asarray(y, np.float64).ravel(), (i,), stddev=measured.one_way_std).compress(
+            dict(measured.mapping), full
         )
         for i, y in enumerate(measured.one_way)
     ]
     ms += [
-        mbi.LinearMeasurement(np.asarray(y, np.float64).ravel(), tuple(dom.names[i] for i in cl), stddev=std)
+        mbi.LinearMeasurement(np.asarray(y, np.float64).ravel(), tuple(int(i) for i in cl), stddev=std)
         for cl, y, std in zip(measured.pairs, measured.two_way, measured.stds)
     ]
     ms = merged(mbi, ms)
@@ -65,17 +74,20 @@ def fit(measured: Measurements, plan: MarginalsPlan, rules=None):
 
 
 def warm_start(model, dom: Domain):
-    """The rounds' last model (``pgm.Model``) as mbi's potentials, the last fit's starting point."""
+    """The rounds' last model (``pgm.Model``) as mbi's potentials (columns named by index), the last fit's starting
+    point."""
     mbi = _mbi()
     import jax.numpy as jnp
 
-    domain = mbi.Domain(list(dom.names), list(dom.sizes))
-    tables = {cl: mbi.Factor(domain.project(cl), jnp.asarray(v)) for cl, v in model.potentials_for(dom.names).items()}
+    domain = mbi.Domain(columns(dom), list(dom.sizes))
+    theta = model.potentials_for(columns(dom))
+    tables = {cl: mbi.Factor(domain.project(cl), jnp.asarray(v)) for cl, v in theta.items()}
     return mbi.CliqueVector(domain, list(tables), tables)
 
 
 def sample_codes(model, rows: int, plan: MarginalsPlan, key: bytes, block_rows: int = SAMPLE_ROWS):
-    """(<= block_rows, columns) blocks of codes, ``rows`` in all, drawn from the fitted model by mbi, one call per
+    """(<= block_rows, columns) blocks of codes, ``rows`` in all, drawn from the fitted model by mbi (its columns named
+    by index: ``columns``), one call per
     block (each block its own randomized rounding of the model's marginals), so memory does not grow with ``rows``.
     mbi draws from numpy's global generator: ``privacy.noise.NumpyGlobalState`` seeds it from the noise stream for the
     first block, carries it from block to block and restores the caller's state around each call (post-processing)."""
@@ -86,7 +98,7 @@ def sample_codes(model, rows: int, plan: MarginalsPlan, key: bytes, block_rows: 
         with generator:
             data = model.synthetic_data(rows=min(block_rows, rows - lo))
         cols = data.to_dict()
-        yield np.stack([np.asarray(cols[name], np.int64) for name in plan.domain.names], axis=1)
+        yield np.stack([np.asarray(cols[i], np.int64) for i in columns(plan.domain)], axis=1)
 
 
 def decompress(codes: np.ndarray, mapping: dict, stream: NoiseStream) -> np.ndarray:

@@ -20,8 +20,10 @@ Format (version 1), two files, no pickle anywhere:
 (``ModelError``); the manifest that lists the files (with their SHA-256) is checked by the reader before this.
 
 Sampling (``sample_tables``) is post-processing of the model: mbi's ``synthetic_data`` in blocks as the release does,
-MST's decompression, values inside their bins, then the release's decoding into Arrow; every draw comes from
-``privacy.noise`` streams under the key the caller gives (a fresh one, or a public one built from a seed).
+MST's decompression, the table's rules kept as the release kept them (``mbi_model`` conditions the model on them,
+``rules.KeptRules`` then rejects, repairs and redraws as after the release's fit; the rules are in ``table``, so the
+format did not change for them), values inside their bins, then the release's decoding into Arrow; every draw comes
+from ``privacy.noise`` streams under the key the caller gives (a fresh one, or a public one built from a seed).
 """
 
 from __future__ import annotations
@@ -105,7 +107,10 @@ def from_fit(measured, fitted, domain: Domain, table, arrow_schema, integers) ->
         Measurement(tuple(names[i] for i in cl), np.array(y, np.float64), float(std))
         for cl, y, std in zip(measured.pairs, measured.two_way, measured.stds)
     )
-    pots = tuple((tuple(cl), np.array(fitted.potentials[cl].values, np.float64)) for cl in fitted.potentials.cliques)
+    pots = tuple(  # mbi names the columns by index (``estimation.columns``); the model names them
+        (tuple(names[i] for i in cl), np.array(fitted.potentials[cl].values, np.float64))
+        for cl in fitted.potentials.cliques
+    )
     return FittedModel(
         domain=domain,
         table=table.model_dump(mode="json") if hasattr(table, "model_dump") else dict(table),
@@ -317,31 +322,51 @@ def _parse(doc: dict, arrays: dict) -> FittedModel:
 # ---------------------------------------------------------------- sampling
 
 
+def kept_rules_of(fm: FittedModel):
+    """The table's public rules (``rules.KeptRules`` on the model's domain) as the release kept them, or None where
+    the table schema in ``model.json`` declares none."""
+    from dpcda.mechanisms.marginals.rules import kept_rules
+
+    return kept_rules(fm.schema, fm.domain, frozenset(fm.integers))
+
+
 def mbi_model(fm: FittedModel):
     """mbi's ``MarkovRandomField`` of the saved potentials and total (its marginals by mbi's message passing), on the
-    compressed codes, as the release's fit returned it; its columns are named by their index, not their name: mbi's
-    sampler walks sets of column names, whose order follows Python's string hashes (salted per process), and with it
-    which uniform goes to which row; integers hash to themselves, so a seed draws the same rows in every process."""
-    from dpcda.mechanisms.marginals.estimation import _mbi
+    compressed codes, as the release's fit returned it, its columns named by index as the release's
+    (``estimation.columns``: a seed draws the same rows in every process). Where the table declares rules, the model
+    is conditioned on them as the release's was: mbi keeps a fit's constraints beside its potentials, not in them
+    (the saved potentials are finite), so the same ``Constraint`` s are rebuilt by ``KeptRules.constrain`` from what
+    the release built them from (the table's rules, the domain, the compression and the measured cliques)."""
+    from dpcda.mechanisms.marginals.estimation import _mbi, columns
 
     mbi = _mbi()
     import jax.numpy as jnp
 
     small = compressed_domain(fm.domain, fm.mapping)
     index = {name: i for i, name in enumerate(small.names)}
-    domain = mbi.Domain(list(range(len(small.names))), list(small.sizes))
+    domain = mbi.Domain(columns(small), list(small.sizes))
     cliques = [tuple(index[n] for n in cl) for cl, _ in fm.potentials]
     tables = {cl: mbi.Factor(domain.project(cl), jnp.asarray(v)) for cl, (_, v) in zip(cliques, fm.potentials)}
     potentials = mbi.CliqueVector(domain, cliques, tables)
-    marginals = mbi.marginal_oracles.message_passing_stable(potentials, fm.total)
-    return mbi.MarkovRandomField(potentials=potentials, marginals=marginals, total=fm.total)
+    kept, constraints = kept_rules_of(fm), ()
+    if kept:  # the release's fit: its one-way cliques and measured cliques (``estimation.fit``)
+        measured = [(i,) for i in columns(small)] + [tuple(index[n] for n in m.clique) for m in fm.cliques]
+        constraints = tuple(kept.constrain(mbi, domain, fm.mapping, measured))
+    if not constraints:
+        marginals = mbi.marginal_oracles.message_passing_stable(potentials, fm.total)
+        return mbi.MarkovRandomField(potentials=potentials, marginals=marginals, total=fm.total)
+    marginals = mbi.marginal_oracles.message_passing_shafer_shenoy(potentials, fm.total, constraints=constraints)
+    model = mbi.MarkovRandomField(potentials=potentials, marginals=marginals, total=fm.total, constraints=constraints)
+    return kept.sampled_under(model, constraints)
 
 
 def sample_tables(fm: FittedModel, rows: int, key: bytes, part_rows: int, model=None) -> Iterator:
     """pyarrow Tables of ``rows`` rows in all (at most ``part_rows`` each) drawn from the model, with the release's
-    Arrow schema: mbi's randomized rounding block by block (``estimation.sample_codes``), MST's decompression, values
-    inside their bins (``domain.rows_of``) and the release's decoding (``storage.tables.decode_rows``). Every draw is
-    from a ``privacy.noise`` stream under ``key``. ``model``: ``mbi_model(fm)``, where the caller keeps one."""
+    Arrow schema: mbi's randomized rounding block by block (``estimation.sample_codes``), MST's decompression, the
+    table's rules kept as the release kept them after its fit (``rules.KeptRules``: the rules' decompression,
+    rejection and repair of codes, then order rules on values), values inside their bins (``domain.rows_of``) and the
+    release's decoding (``storage.tables.decode_rows``). Every draw is from a ``privacy.noise`` stream under ``key``.
+    ``model``: ``mbi_model(fm)`` (conditioned on the rules), where the caller keeps one."""
     from dpcda.mechanisms.marginals.domain import rows_of
     from dpcda.mechanisms.marginals.estimation import decompress, sample_codes
     from dpcda.privacy.noise import NoiseStream
@@ -352,10 +377,16 @@ def sample_tables(fm: FittedModel, rows: int, key: bytes, part_rows: int, model=
     values, spread = NoiseStream(key, "model-sample", "values"), NoiseStream(key, "model-sample", "decompress")
     integers = frozenset(fm.integers)
     arrow = fm.arrow_schema
-    indexed = dataclasses.replace(fm.domain, names=tuple(range(len(fm.domain.names))))  # mbi_model's column names
-    for k, codes in enumerate(sample_codes(model, rows, _Names(indexed), key, part_rows)):
+    kept = kept_rules_of(fm)
+    if kept:  # as ``synthesis.fit_and_sample`` after the fit
+        again, rule_draws = kept.resampler(model, key, fm.mapping), NoiseStream(key, "model-sample", "rules")
+    for k, codes in enumerate(sample_codes(model, rows, _Names(fm.domain), key, part_rows)):
         codes = decompress(codes, fm.mapping, spread)
+        if kept:
+            codes = kept.keep_codes(codes, fm.mapping, again, rule_draws)
         x, y = rows_of(codes, schema, fm.domain.bins, values, integers)
+        if kept:
+            x = kept.keep_values(x, codes, rule_draws)
         uniforms = decode_uniforms(key, f"model-sample-{k}", len(x), schema) if schema.decoding == "sample" else None
         yield decode_rows(x, y, schema, arrow, uniforms=uniforms)
 

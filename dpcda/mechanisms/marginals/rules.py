@@ -190,7 +190,7 @@ class KeptRules:
     def resampler(self, model, key: bytes, mapping: dict) -> Callable[[int], np.ndarray]:
         """n -> (n, columns) fresh decompressed codes from ``model`` (mbi's sampler, seeded from the noise stream
         ("marginals", "rules-resample"), one sequence across calls)."""
-        from dpcda.mechanisms.marginals.estimation import decompress
+        from dpcda.mechanisms.marginals.estimation import columns, decompress
         from dpcda.privacy.noise import NumpyGlobalState
 
         generator = NumpyGlobalState(NoiseStream(key, "marginals", "rules-resample"))
@@ -199,7 +199,7 @@ class KeptRules:
         def draw(n: int) -> np.ndarray:
             with generator:
                 cols = model.synthetic_data(rows=n).to_dict()
-            codes = np.stack([np.asarray(cols[name], np.int64) for name in self.dom.names], axis=1)
+            codes = np.stack([np.asarray(cols[i], np.int64) for i in columns(self.dom)], axis=1)
             return decompress(codes, mapping, spread)
 
         return draw

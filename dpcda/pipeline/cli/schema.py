@@ -6,12 +6,13 @@ import hashlib
 import json
 
 SCHEMA_NOTE = """\
-# A DRAFT from the Parquet schema of {path} (types from its footer; null counts from the footers of the {files}
-# file(s); no row was read).
+# A DRAFT from the Parquet schema of {path} (names, types and nullability from its footer, {files} file(s) matched;
+# no row was read).
 # Fill in what only you can declare from public knowledge, never from the data (data-derived bounds and category
 # lists are not private): the label's categories (class k is categories[k]), each numeric column's lower/upper,
-# each categorical column's categories. nullable is false where the footers count no null in the column, true
-# otherwise (or where they do not say); the release states it in its public schema, so confirm it from the domain.
+# each categorical column's categories. nullable is true wherever the input's field allows a null: set it to false
+# only from public knowledge of the domain (a null is impossible whoever is in the table: a required field, a key),
+# never because this table holds none (the release states it in its public schema, and no guarantee covers that).
 # A release refuses to start while a bound or a category list is missing. With the marginals mechanism drafted
 # below, a column you delete from the list (or a label without categories) is derived by the release's DP domain step
 # instead, for a share of the budget (--domain-budget-share); mode poisson: add or remove a record, the label
@@ -54,7 +55,7 @@ def register(sub) -> dict:
     infer.add_argument(
         "--input",
         required=True,
-        help="glob of Parquet shards (the first file's schema; every file's footer for null counts; no row is read)",
+        help="glob of Parquet shards (the first file's schema; no row is read)",
     )
     infer.add_argument("--label", required=True, help="the label column")
     infer.add_argument("--out", default=None, help="write the draft to this file (default: print it)")
@@ -69,7 +70,7 @@ def cmd_schema(args, _beam_args) -> int:
     from dpcda.storage.outputs import check_file_output, write_file_output
     from dpcda.storage.paths import expand_glob, not_regular_files
     from dpcda.storage.shards import InputError
-    from dpcda.storage.tables import arrow_schema_of, footer_null_counts
+    from dpcda.storage.tables import arrow_schema_of
 
     files = expand_glob(args.input)
     if not files:
@@ -83,7 +84,7 @@ def cmd_schema(args, _beam_args) -> int:
     schema = arrow_schema_of(files[0])
     if args.label not in schema.names:
         raise SchemaError(f"--label {args.label}: no such column (columns: {', '.join(schema.names)})")
-    draft = {**DRAFT_MECHANISM, "table": infer_draft(schema, args.label, footer_null_counts(files))}
+    draft = {**DRAFT_MECHANISM, "table": infer_draft(schema, args.label)}
     text = SCHEMA_NOTE.format(path=files[0], files=len(files))
     text += yaml.safe_dump(draft, sort_keys=False, default_flow_style=None)
     if args.out:
