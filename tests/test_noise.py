@@ -36,6 +36,13 @@ KEY = key_from_test_seed(11)
 mpmath.mp.prec = 320
 
 
+@pytest.fixture(autouse=True)
+def _exact_precision():
+    """320 bits for every test here, whatever a test run before it in this process left (set, not assumed)."""
+    with mpmath.workprec(320):
+        yield
+
+
 def _exact_quantile(u: mpmath.mpf) -> mpmath.mpf:
     return mpmath.sqrt(2) * mpmath.erfinv(2 * u - 1)
 
