@@ -18,6 +18,7 @@ epsilon or given.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import math
 from fractions import Fraction
@@ -254,7 +255,7 @@ def _dpsgd_scores(
 # ---------------------------------------------------------------- the games
 
 
-class Game:
+class Game(abc.ABC):
     """A canary game: the release settings it plans (``settings``), the noise and event it claims (``noise``), and
     the scores of ``trials`` runs on D and on D' (``scores``); ``fields`` and ``extra`` are its result's own."""
 
@@ -275,10 +276,10 @@ class Game:
         """(the noise, the event it spends): the plan's (``synthesis``, calibrated or at the given sigma_x)."""
         return float(synthesis.sigma_x), synthesis.events[0]
 
+    @abc.abstractmethod
     def scores(self, s: Setting, synthesis, noise: float, event, key: bytes, device, progress) -> dict:
         """{"D": scores, "D'": scores}, ``s.trials`` each; ``progress`` (``dpcda.progress.track``) counts the trials
         as they are played, batch by batch."""
-        raise NotImplementedError
 
     def fields(self, s: Setting, noise: float, event) -> dict:
         """The result's fields before the target and the verdict."""
