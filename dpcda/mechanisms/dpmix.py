@@ -125,7 +125,7 @@ class DpmixPlan(MixingPlan):
             sigma_y=self.sigma_y,
             label_noise_ratio=self.label_noise_ratio,
             dataset_size=int(sum(plan.public_class_sizes)) if plan.public_class_sizes else None,
-            dataset_size_dp=int(sum(plan.dp_class_sizes)) if plan.dp_class_sizes else None,
+            dataset_size_dp=plan.dp_dataset_size,
             sampling_rate=float(self.sampling_rates[0]),
             chunk_rows=chunk_rows,
             postprocessing=self.postprocessing(),

@@ -77,6 +77,11 @@ class ReleasePlan:
         return registry.get(self.mechanism)
 
     @property
+    def dp_dataset_size(self) -> Optional[int]:
+        """The DP class histogram's sum (poisson mode with a histogram), the manifest's ``dataset_size_dp``."""
+        return int(sum(self.dp_class_sizes)) if self.dp_class_sizes else None
+
+    @property
     def samples_total(self) -> Optional[int]:
         """T, the rows released (None until a synthesis that sets its own rows has run: marginals)."""
         return self.synthesis.samples_total

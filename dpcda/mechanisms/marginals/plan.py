@@ -142,7 +142,7 @@ def _shared_fields(plan, mp: "MarginalsPlan") -> dict:
         selection=mp.selection,
         num_classes=plan.num_classes,
         samples_total=mp.samples_total,
-        dataset_size_dp=int(sum(plan.dp_class_sizes)) if plan.dp_class_sizes else None,
+        dataset_size_dp=plan.dp_dataset_size,
         row_count=None if mp.rows_from_model is None else "model_total" if mp.rows_from_model else "samples",
         bins=mp.domain.bins,
         columns={n: s for n, s in zip(mp.domain.names, mp.domain.sizes)},

@@ -87,7 +87,7 @@ class P3gmPlan(SynthesisPlan):
             clip=plan.clip,
             num_classes=plan.num_classes,
             samples_total=self.samples_total,
-            dataset_size_dp=int(sum(plan.dp_class_sizes)) if plan.dp_class_sizes else None,
+            dataset_size_dp=plan.dp_dataset_size,
             latent_dim=self.latent_dim,
             pca_covariance_noise_std=self.pca.noise_std if self.pca else None,
             pca_epsilon_share=self.pca.share if self.pca else None,
