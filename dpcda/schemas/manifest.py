@@ -247,6 +247,12 @@ class MarginalsMechanism(_Frozen):
         "selection mst-label the label's pair with every column (chosen in advance)"
     )
     fit: dict = Field(description="the graphical model's estimator, iterations and total (DP)")
+    absent_codes: Optional[dict[str, list[str]]] = Field(
+        None,
+        description="residual codes the release does not draw (column -> null and/or other): a nullable column's null "
+        "or a categorical column's other bucket whose noisy one-way count is below 3 stds (post-processing; the "
+        "model is conditioned on their absence, so a column's few real nulls or other values can be lost)",
+    )
     sampling: str = Field(description="how the released rows are drawn from the fitted model (post-processing)")
     aim: Optional[dict] = Field(
         None,

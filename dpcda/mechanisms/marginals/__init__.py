@@ -28,7 +28,9 @@ compressed one-way counts, weighted queries, out of it), ``synthetic_data`` draw
 ``SAMPLE_ROWS`` as the writer takes them, so no step holds the release's N rows (mbi draws from numpy's global
 generator: it is seeded from the noise stream and restored around each call), and a numeric code becomes a value
 drawn uniformly inside its bin (uniforms of the noise stream); before that, a merged code (MST's compression) becomes
-one of the codes merged into it, uniformly (the noise stream's uniform integers).
+one of the codes merged into it, in proportion to their noisy one-way counts clamped at zero (the noise stream's
+uniforms; ``estimation.code_weights``). A residual code (a nullable column's null, a categorical column's other
+bucket) whose noisy one-way count is below 3 stds is absent from the release (``residual``).
 
 Modules: ``domain`` (codes), ``counting`` (the combiner's core, compression), ``plan`` (the plan and the
 measurements), ``selection`` (MST), ``aim`` (AIM's rounds), ``estimation`` (fit and sample), ``synthesis`` (counts to

@@ -9,6 +9,7 @@ seeded release draws the same rows in every process."""
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import numpy as np
 
@@ -101,14 +102,32 @@ def sample_codes(model, rows: int, plan: MarginalsPlan, key: bytes, block_rows: 
         yield np.stack([np.asarray(cols[i], np.int64) for i in columns(plan.domain)], axis=1)
 
 
-def decompress(codes: np.ndarray, mapping: dict, stream: NoiseStream) -> np.ndarray:
+def code_weights(one_way, absent: Optional[dict] = None) -> list[np.ndarray]:
+    """Per column, the weight of each code in a merged draw (``decompress``): its noisy one-way count clamped at zero
+    (post-processing of DP outputs), zero for an absent residual code (``residual.absent_codes``)."""
+    out = [np.maximum(np.asarray(y, np.float64).ravel(), 0.0) for y in one_way]
+    for col, codes in (absent or {}).items():
+        out[col][list(codes)] = 0.0
+    return out
+
+
+def decompress(codes: np.ndarray, mapping: dict, stream: NoiseStream, weights=None) -> np.ndarray:
     """Codes of the compressed domain back to the column's own: a kept code to its code, the merged code to one of the
-    codes merged into it, uniformly (``stream``'s uniform integers), as private-pgm's ``reverse_data`` does."""
+    codes merged into it. With ``weights`` (``code_weights``), in proportion to the merged codes' weights (``stream``'s
+    uniforms; a code the data never holds gets only its noise's positive part, where a uniform choice gives it as
+    much as a real rare cell), uniformly where they are all zero; without, uniformly (``stream``'s uniform integers),
+    as private-pgm's ``reverse_data`` does."""
     out = np.array(codes, np.int64, copy=True)
     for col, m in sorted(mapping.items()):
         kept, merged_codes = np.flatnonzero(m < m.max()), np.flatnonzero(m == m.max())  # kept: in compressed order
         c = codes[:, col]
         rare = np.flatnonzero(c == m.max())
         out[c < m.max(), col] = kept[c[c < m.max()]]
-        out[rare, col] = merged_codes[stream.uniform_int(len(merged_codes), rare.size)]
+        w = None if weights is None else weights[col][merged_codes]
+        if w is None or not w.sum() > 0:
+            out[rare, col] = merged_codes[stream.uniform_int(len(merged_codes), rare.size)]
+        else:
+            cdf = np.cumsum(w) / w.sum()
+            pick = np.searchsorted(cdf, stream.uniform(rare.size), side="right")
+            out[rare, col] = merged_codes[np.minimum(pick, len(merged_codes) - 1)]
     return out

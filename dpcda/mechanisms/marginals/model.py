@@ -323,11 +323,13 @@ def _parse(doc: dict, arrays: dict) -> FittedModel:
 
 
 def kept_rules_of(fm: FittedModel):
-    """The table's public rules (``rules.KeptRules`` on the model's domain) as the release kept them, or None where
-    the table schema in ``model.json`` declares none."""
+    """The table's public rules and its absent residual codes (``rules.KeptRules`` on the model's domain, from the
+    saved noisy one-way counts: ``residual.absent_codes``) as the release kept them, or None where it had neither."""
+    from dpcda.mechanisms.marginals.residual import absent_codes
     from dpcda.mechanisms.marginals.rules import kept_rules
 
-    return kept_rules(fm.schema, fm.domain, frozenset(fm.integers))
+    absent = absent_codes(fm.schema, fm.domain, fm.one_way, fm.one_way_std)
+    return kept_rules(fm.schema, fm.domain, frozenset(fm.integers), absent)
 
 
 def mbi_model(fm: FittedModel):
@@ -368,7 +370,7 @@ def sample_tables(fm: FittedModel, rows: int, key: bytes, part_rows: int, model=
     release's decoding (``storage.tables.decode_rows``). Every draw is from a ``privacy.noise`` stream under ``key``.
     ``model``: ``mbi_model(fm)`` (conditioned on the rules), where the caller keeps one."""
     from dpcda.mechanisms.marginals.domain import rows_of
-    from dpcda.mechanisms.marginals.estimation import decompress, sample_codes
+    from dpcda.mechanisms.marginals.estimation import code_weights, decompress, sample_codes
     from dpcda.privacy.noise import NoiseStream
     from dpcda.storage.tables import decode_rows, decode_uniforms
 
@@ -378,10 +380,12 @@ def sample_tables(fm: FittedModel, rows: int, key: bytes, part_rows: int, model=
     integers = frozenset(fm.integers)
     arrow = fm.arrow_schema
     kept = kept_rules_of(fm)
+    weights = code_weights(fm.one_way, kept.absent if kept else None)  # as the release's (``synthesis``)
     if kept:  # as ``synthesis.fit_and_sample`` after the fit
-        again, rule_draws = kept.resampler(model, key, fm.mapping), NoiseStream(key, "model-sample", "rules")
+        again = kept.resampler(model, key, fm.mapping, weights)
+        rule_draws = NoiseStream(key, "model-sample", "rules")
     for k, codes in enumerate(sample_codes(model, rows, _Names(fm.domain), key, part_rows)):
-        codes = decompress(codes, fm.mapping, spread)
+        codes = decompress(codes, fm.mapping, spread, weights)
         if kept:
             codes = kept.keep_codes(codes, fm.mapping, again, rule_draws)
         x, y = rows_of(codes, schema, fm.domain.bins, values, integers)

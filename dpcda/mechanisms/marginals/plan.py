@@ -49,6 +49,7 @@ class MarginalsPlan(SynthesisPlan):
     samples_total: Optional[int] = None
     rows_from_model: Optional[bool] = None  # stated once sampled: whether ``samples_total`` is the model's total
     noisy: Optional[dict] = None  # the measurements a quality report reads (``marginals.noisy``: DP, JSON)
+    absent: Optional[dict] = None  # residual codes not drawn (``residual``): column -> 'null'/'other'; once sampled
 
     @property
     def events(self) -> tuple:
@@ -130,7 +131,8 @@ def manifest_section(plan, mp: "MarginalsPlan"):
         fit={"estimator": "mbi MirrorDescent", "iterations": mp.iterations, "total": mp.estimated_total},
         sampling="mbi's synthetic_data (randomized rounding of the model's marginals) on the compressed codes (a "
         "column's cells whose noisy one-way count is below 3 stds merged into one); a merged code becomes one of "
-        "its codes, uniformly; a numeric code becomes a value uniform inside its bin",
+        "its codes in proportion to their noisy one-way counts clamped at zero (an absent residual code never: "
+        "absent_codes); a numeric code becomes a value uniform inside its bin",
     )
 
 
@@ -147,6 +149,7 @@ def _shared_fields(plan, mp: "MarginalsPlan") -> dict:
         bins=mp.domain.bins,
         columns={n: s for n, s in zip(mp.domain.names, mp.domain.sizes)},
         rho=mp.rho,
+        absent_codes=mp.absent,
     )
 
 
@@ -179,8 +182,8 @@ def _aim_section(plan, mp: "MarginalsPlan"):
             "round_watch": rec.get("round_watch"),
             "total": mp.estimated_total,
         },
-        sampling="mbi's synthetic_data (randomized rounding of the model's marginals); a numeric code becomes a "
-        "value uniform inside its bin",
+        sampling="mbi's synthetic_data (randomized rounding of the model's marginals; an absent residual code "
+        "never: absent_codes); a numeric code becomes a value uniform inside its bin",
         aim={
             "workload": "every pair of columns (the label's pair with every column among them), weighted as AIM's "
             "compile_workload; candidates: those pairs and every column (the workload's downward closure; no "

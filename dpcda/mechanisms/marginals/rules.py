@@ -146,7 +146,7 @@ class OrderGroup:
 class KeptRules:
     """The rules of ``schema`` on the code domain ``dom`` (``integers``: numeric columns of an integer type)."""
 
-    def __init__(self, schema, dom: Domain, integers: frozenset = frozenset()):
+    def __init__(self, schema, dom: Domain, integers: frozenset = frozenset(), absent: Optional[dict] = None):
         self.schema, self.dom, self.integers = schema, dom, integers
         cols = {c.name: c for c in _columns(schema)}
         groups = []
@@ -157,6 +157,13 @@ class KeptRules:
         self.orders = [OrderGroup(names, rules, schema, dom, integers) for names, rules in order_groups(schema.rules)]
         groups += [Group(tuple(o.index), o.table(dom)) for o in self.orders]
         self.groups = _merged(groups, dom)
+        self.absent = {}
+        for col, codes in sorted((absent or {}).items()):  # ``residual.absent_codes``: one column's codes forbidden
+            allowed = np.ones(dom.sizes[col], bool)
+            allowed[list(codes)] = False
+            joined = _merged([*self.groups, Group((col,), allowed)], dom)
+            if all(g.allowed.any() for g in joined):  # a code the rules need (a rule naming null) stays allowed
+                self.groups, self.absent[col] = joined, tuple(codes)
         self.stated = {"conditioned": [], "resampled_rows": 0, "repaired_rows": 0, "values_redrawn": 0}
 
     # ---- step 1: the model conditioned on the rules
@@ -187,7 +194,7 @@ class KeptRules:
         extra = [c.domain.attributes for c in constraints if c.domain.attributes not in cliques]
         return model.replace(potentials=model.potentials.expand(cliques + extra))
 
-    def resampler(self, model, key: bytes, mapping: dict) -> Callable[[int], np.ndarray]:
+    def resampler(self, model, key: bytes, mapping: dict, weights=None) -> Callable[[int], np.ndarray]:
         """n -> (n, columns) fresh decompressed codes from ``model`` (mbi's sampler, seeded from the noise stream
         ("marginals", "rules-resample"), one sequence across calls)."""
         from dpcda.mechanisms.marginals.estimation import columns, decompress
@@ -200,7 +207,7 @@ class KeptRules:
             with generator:
                 cols = model.synthetic_data(rows=n).to_dict()
             codes = np.stack([np.asarray(cols[i], np.int64) for i in columns(self.dom)], axis=1)
-            return decompress(codes, mapping, spread)
+            return decompress(codes, mapping, spread, weights)
 
         return draw
 
@@ -352,6 +359,9 @@ def _join(a: Group, b: Group, dom: Domain) -> Group:
     return Group(cols, np.broadcast_to(spread(a) & spread(b), shape).copy())
 
 
-def kept_rules(schema, dom: Domain, integers: frozenset = frozenset()) -> Optional[KeptRules]:
-    """The rules of ``schema`` on ``dom``, or None where it declares none."""
-    return KeptRules(schema, dom, integers) if getattr(schema, "rules", None) else None
+def kept_rules(
+    schema, dom: Domain, integers: frozenset = frozenset(), absent: Optional[dict] = None
+) -> Optional[KeptRules]:
+    """The rules of ``schema`` on ``dom`` and the residual codes ``absent`` (``residual.absent_codes``) as rules that
+    forbid them, or None where there are neither."""
+    return KeptRules(schema, dom, integers, absent) if getattr(schema, "rules", None) or absent else None

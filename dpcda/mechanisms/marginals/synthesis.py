@@ -13,10 +13,11 @@ import numpy as np
 from dpcda.mechanisms.base import PlanError
 from dpcda.mechanisms.marginals.counting import MarginalCounter
 from dpcda.mechanisms.marginals.domain import rows_of
-from dpcda.mechanisms.marginals.estimation import decompress, fit, sample_codes
+from dpcda.mechanisms.marginals.estimation import code_weights, decompress, fit, sample_codes
 from dpcda.mechanisms.marginals.limits import sample_block_rows
 from dpcda.mechanisms.marginals.noisy import noisy_summary
 from dpcda.mechanisms.marginals.plan import MarginalsPlan
+from dpcda.mechanisms.marginals.residual import absent_codes, stated_absent
 from dpcda.mechanisms.marginals.rules import kept_rules
 from dpcda.mechanisms.marginals.selection import measure
 from dpcda.privacy.noise import NoiseStream
@@ -43,7 +44,8 @@ def fit_and_sample(
     start = time.time()
     measured = measure(counter, acc, mp, key)
     del acc  # from here on only noisy counts
-    kept = kept_rules(schema, mp.domain, integers)  # the table's public rules (None: it declares none)
+    absent = absent_codes(schema, mp.domain, measured.one_way, measured.one_way_std)  # residual codes with no mass
+    kept = kept_rules(schema, mp.domain, integers, absent)  # the table's public rules and those (None: neither)
     model = fit(measured, mp, kept)
     if on_fit is not None:
         on_fit(measured, model)
@@ -58,17 +60,20 @@ def fit_and_sample(
         noisy=noisy_summary(measured, mp.domain),  # DP: what the quality report sets beside the rows
         samples_total=rows,
         rows_from_model=mp.samples_total is None,
+        absent=stated_absent(schema, mp.domain, kept.absent) if kept else {},
     )
     log.info("stage=marginals fitted cliques=%d seconds=%.1f", len(measured.pairs), time.time() - start)
     values, spread = NoiseStream(key, "marginals", "values"), NoiseStream(key, "marginals", "decompress")
     block_rows = sample_block_rows(len(mp.domain.sizes), chunk_rows)  # cut where the chunks are cut
+    weights = code_weights(measured.one_way, kept.absent if kept else None)  # of a merged code's draw
 
     if kept:
-        again, rule_draws = kept.resampler(model, key, measured.mapping), NoiseStream(key, "marginals", "rules")
+        again = kept.resampler(model, key, measured.mapping, weights)
+        rule_draws = NoiseStream(key, "marginals", "rules")
 
     def chunks():  # lazy: the rows are drawn block by block as the writer takes them
         for codes in sample_codes(model, rows, mp, key, block_rows):
-            codes = decompress(codes, measured.mapping, spread)
+            codes = decompress(codes, measured.mapping, spread, weights)
             if kept:
                 codes = kept.keep_codes(codes, measured.mapping, again, rule_draws)
             for lo in range(0, len(codes), chunk_rows):
