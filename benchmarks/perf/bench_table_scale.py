@@ -13,12 +13,13 @@ shards of the largest (``data-scale/n<N>/`` holds links to them). The tree gives
 label-pair marginals, so a release is scored against the model that generated its input, not against a sample.
 
 The runs. Each release is the product's CLI (``dpcda release --config examples/wa_churn.yaml --mechanism marginals
---epsilon 1``, the default selection ``mst-label``; DirectRunner, ``--direct_running_mode`` as asked, in_memory by
-default) in its own process, under ``nice -n 10``. Peak RSS is measured two ways: ``/usr/bin/time``'s maximum
-resident set (the largest single process of the tree) and the peak of the whole process tree's summed VmRSS, polled
-from /proc every 0.2 s (a spike shorter than that can be missed). rows/s = input rows / wall s. Beside them,
-smartnoise-synth's MST (``benchmarks/reproduce/smartnoise_runner.py``, its own venv, eps 1, the same schema and 20
-bins) on the sizes given to ``--smartnoise``, each stopped at ``--smartnoise-timeout`` seconds.
+--epsilon 1``, the default selection ``mst-label``; method ``noconfig``: ``dpcda release --label churn --epsilon 1``
+with no config, the DP domain step reading the rows twice before the release reads them; DirectRunner,
+``--direct_running_mode`` as asked, in_memory by default) in its own process, under ``nice -n 10``. Peak RSS is measured
+two ways: ``/usr/bin/time``'s maximum resident set (the largest single process of the tree) and the peak of the whole
+process tree's summed VmRSS, polled from /proc every 0.2 s (a spike shorter than that can be missed). rows/s = input
+rows / wall s. Beside them, smartnoise-synth's MST (``benchmarks/reproduce/smartnoise_runner.py``, its own venv, eps 1,
+the same schema and 20 bins) on the sizes given to ``--smartnoise``, each stopped at ``--smartnoise-timeout`` seconds.
 
 The table: size, method, wall s, rows/s, peak RSS (tree, and largest process), mean one-way TVD and mean label-pair
 TVD of the released rows against the generating model's exact marginals (codes on the release's bins), and the same
@@ -311,9 +312,11 @@ def measured_run(cmd: list, timeout=None, cwd=ROOT) -> dict:
 
 def beam_release(inp: str, out: str, method: str, mode: str, epsilon: float) -> dict:
     shutil.rmtree(out, ignore_errors=True)
-    args = ["--config", CONFIG, "--input", inp, "--output", out, "--epsilon", epsilon]
-    if method == "marginals":
-        args += ["--mechanism", "marginals"]
+    args = ["--input", inp, "--output", out, "--epsilon", epsilon]
+    if method == "noconfig":  # no table: section: the DP domain step derives the domain (marginals, the default)
+        args += ["--label", "churn"]
+    else:
+        args += ["--config", CONFIG] + (["--mechanism", "marginals"] if method == "marginals" else [])
     r = measured_run(
         [sys.executable, "-m", "dpcda.pipeline.cli", "release", *args, "--runner=DirectRunner",
          f"--direct_running_mode={mode}"] + (["--direct_num_workers=2"] if mode != "in_memory" else [])
@@ -382,6 +385,11 @@ def _line(n, method, r=None, s=None, note="") -> str:
 
 
 ORDER = ("input", "marginals", "dpcda", "smartnoise")  # the order of a size's rows
+LABELS = {
+    "marginals": "marginals mst-label",
+    "noconfig": "marginals mst-label, no config (DP domain step)",
+    "dpcda": "dpcda poisson",
+}
 
 
 def _key(line: str) -> tuple:
@@ -401,35 +409,40 @@ def _kept(out: str, lines: list) -> tuple[list, list]:
     return rows, commands
 
 
-def rss_ratio(lines: list) -> str:
-    """The marginals releases' peak RSS (tree) at the two largest sizes, and its ratio."""
-    rss = {}
+def rss_ratio(lines: list) -> list[str]:
+    """Per marginals method (configured, no config), its peak RSS (tree) at the two largest sizes, and the ratio."""
+    rss: dict = {}
     for ln in lines:
         cells = [c.strip() for c in ln.split("|")]
         if cells[2].startswith("marginals") and cells[5] not in ("-", ""):
-            rss[int(cells[1].replace(",", ""))] = float(cells[5].replace(",", "").lstrip(">= "))
-    if len(rss) < 2:
-        return ""
-    a, b = sorted(rss)[-2:]
-    return (
-        f"marginals peak RSS (tree), {b:,} rows / {a:,} rows: {rss[b]:,.0f} / {rss[a]:,.0f} MiB = "
-        f"{rss[b] / rss[a]:.2f}x for {b / a:g}x the rows"
-    )
+            method = cells[2].split(", Beam")[0]
+            rss.setdefault(method, {})[int(cells[1].replace(",", ""))] = float(cells[5].replace(",", "").lstrip(">= "))
+    out = []
+    for method, by in rss.items():
+        if len(by) >= 2:
+            a, b = sorted(by)[-2:]
+            out.append(
+                f"{method} peak RSS (tree), {b:,} rows / {a:,} rows: {by[b]:,.0f} / {by[a]:,.0f} MiB = "
+                f"{by[b] / by[a]:.2f}x for {b / a:g}x the rows"
+            )
+    return out
 
 
 def write(lines, notes, command, out, keep=False) -> None:
     kept, commands = _kept(out, lines) if keep else ([], [])
     lines = sorted([*kept, *lines], key=_key)
     runs = " and ".join(f"`{c}`" for c in dict.fromkeys([*commands, command]))
-    ratio = rss_ratio(lines)
-    notes = [*notes, *([ratio] if ratio else [])]
+    notes = [*notes, *rss_ratio(lines)]
     text = (
         f"Generated by {runs} on this shared 2-core CPU (no GPU; other jobs shared the machine; every run under "
         "`nice -n 10`). Input: rows drawn from a Chow-Liu tree fitted to wa_churn (public stand-in), wa_churn's Arrow "
         "schema, 1e5-row Parquet shards. Releases: eps 1. TVDs: means over the 20 columns (one-way) and over the "
-        "label's 19 pairs, against the generating tree's exact marginals on the release's 20 bins; `input` rows are "
-        "the generated table itself (its sampling error). Peak RSS (tree): summed VmRSS of the process tree polled "
-        "every 0.2 s; (largest process): `/usr/bin/time`'s maximum resident set.\n\n" + HEADER + "\n".join(lines) + "\n"
+        "label's 19 pairs, against the generating tree's exact marginals on examples/wa_churn.yaml's 20 bins; "
+        "`input` rows are the generated table itself (its sampling error). Peak RSS (tree): summed VmRSS of the "
+        "process tree polled every 0.2 s; (largest process): `/usr/bin/time`'s maximum resident set.\n\n"
+        + HEADER
+        + "\n".join(lines)
+        + "\n"
     )
     if notes:
         text += "\n" + "\n".join(f"- {n}" for n in notes) + "\n"
@@ -440,7 +453,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--generate", type=int, default=0, help="generate this many rows (kept shards are reused)")
     ap.add_argument("--sizes", type=int, nargs="*", default=[100_000, 1_000_000, 10_000_000])
-    ap.add_argument("--methods", nargs="+", default=["marginals"], choices=["marginals", "dpcda"])
+    ap.add_argument("--methods", nargs="+", default=["marginals"], choices=["marginals", "noconfig", "dpcda"])
     ap.add_argument("--dpcda-sizes", type=int, nargs="*", default=[1_000_000], help="sizes DP-CDA poisson runs on")
     ap.add_argument("--mode", default="in_memory", choices=["in_memory", "multi_processing"])
     ap.add_argument("--epsilon", type=float, default=1.0)
@@ -470,7 +483,7 @@ def main(argv=None) -> int:
                 print(f"N={n:,}: {method} ({mode}) ...", file=sys.stderr, flush=True)
                 r = beam_release(inp, os.path.join(work, f"out-{n}-{method}"), method, mode, args.epsilon)
                 s = score(r["files"], schema, model)
-                label = f"{'marginals mst-label' if method == 'marginals' else 'dpcda poisson'}, Beam {mode}"
+                label = f"{LABELS[method]}, Beam {mode}"
                 lines.append(_line(n, f"{label}, {len(r['files'])} part file(s)", r, s))
                 print(lines[-1], file=sys.stderr, flush=True)
                 shutil.rmtree(os.path.join(work, f"out-{n}-{method}"), ignore_errors=True)
