@@ -33,9 +33,9 @@ class Domain:
 
 def _values(col, bins: int) -> int:
     """Codes of a column's values (its null, where nullable, is the next code): its categories (and other bucket),
-    0/1, its spikes and bins, or ``bins`` equal bins."""
+    0/1, its spikes and bins, or its spikes and ``bins`` equal bins (no ``edges``)."""
     codes = col.codes
-    return int(bins) if codes is None else codes
+    return int(bins) + len(getattr(col, "spikes", None) or []) if codes is None else codes
 
 
 def domain_of(schema, bins: int) -> Domain:

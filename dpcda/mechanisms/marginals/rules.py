@@ -82,17 +82,24 @@ def _state_of_code(col, bins: int) -> np.ndarray:
 
 
 def code_intervals(col, bins: int, integer: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Per code of a numeric column (null excluded): the values [low, high] a row with that code can decode to, the
-    integers of the bin for an integer column, else the bin's values a little inside its edges (``INSET``), so that a
-    rule's bound on an edge (monthly <= 120, an edge) leaves the bin above no value rather than the edge alone."""
-    edges = np.linspace(col.lower, col.upper, bins + 1)
-    table = integer_bins(col, bins) if integer else None
-    if table is not None:
+    """Per code of a numeric column (null excluded; ``domain.numeric_codes``' order: its spikes, then its bins): the
+    values [low, high] a row with that code can decode to: a spike itself; the integers of the bin for an integer
+    column, else the bin's values a little inside its edges (declared, derived or ``bins`` equal ones; ``INSET``), so
+    that a rule's bound on an edge (monthly <= 120, an edge) leaves the bin above no value rather than the edge
+    alone."""
+    spikes = np.asarray(col.spikes or [], np.float64)
+    table = integer_bins(col, bins) if integer and col.edges != [] else None
+    if col.edges == []:  # spikes only
+        lo, hi = np.zeros(0), np.zeros(0)
+    elif table is not None:
         ints = [np.round(col.lower + t.astype(np.float64) * (col.upper - col.lower)) for t in table]
-        return np.array([i.min() for i in ints]), np.array([i.max() for i in ints])
-    lo, hi = edges[:-1].copy(), edges[1:].copy()
-    inset = (hi - lo) * INSET  # clear of the edges by more than float32's steps: a value keeps its bin
-    return lo + inset, hi - inset
+        lo, hi = np.array([i.min() for i in ints]), np.array([i.max() for i in ints])
+    else:
+        edges = np.asarray(col.edges, np.float64) if col.edges else np.linspace(col.lower, col.upper, bins + 1)
+        lo, hi = edges[:-1].copy(), edges[1:].copy()
+        inset = (hi - lo) * INSET  # clear of the edges by more than float32's steps: a value keeps its bin
+        lo, hi = lo + inset, hi - inset
+    return np.concatenate([spikes, lo]), np.concatenate([spikes, hi])
 
 
 def decoded_values(col, x32: np.ndarray, integer: bool) -> np.ndarray:
@@ -162,8 +169,12 @@ class KeptRules:
             allowed = np.ones(dom.sizes[col], bool)
             allowed[list(codes)] = False
             joined = _merged([*self.groups, Group((col,), allowed)], dom)
-            if all(g.allowed.any() for g in joined):  # a code the rules need (a rule naming null) stays allowed
+            want = _reachable(self.groups, dom)
+            want[col] &= allowed
+            if all(np.array_equal(a, b) for a, b in zip(_reachable(joined, dom), want)):
                 self.groups, self.absent[col] = joined, tuple(codes)
+            # else a rule needs the code (``{if: {a: x}, then: {b: null}}``: b's null absent would forbid a's x, a
+            # value of the column): it stays allowed
         self.stated = {"conditioned": [], "resampled_rows": 0, "repaired_rows": 0, "values_redrawn": 0}
 
     # ---- step 1: the model conditioned on the rules
@@ -334,6 +345,16 @@ def _nudge(o: OrderGroup, x: np.ndarray, at: list, null: np.ndarray, integers: f
                 rows &= ~null[:, small]
                 x[rows, at[small]] = np.nextafter(x[rows, at[small]], np.float32(-1.0))
     raise RuntimeError("rules: float32 rounding of the encoded values keeps breaking an order rule")
+
+
+def _reachable(groups: list, dom: Domain) -> list[np.ndarray]:
+    """Per column of ``dom``, the codes some allowed combination of ``groups`` holds (every code of a column that no
+    group names)."""
+    out = [np.ones(s, bool) for s in dom.sizes]
+    for g in groups:
+        for j, c in enumerate(g.cols):
+            out[c] &= g.allowed.any(axis=tuple(k for k in range(len(g.cols)) if k != j))
+    return out
 
 
 def _merged(groups: list, dom: Domain) -> list:
