@@ -211,9 +211,11 @@ def test_dp_range_ignores_an_empty_side_and_extends_over_one_gap():
     noisy = np.random.default_rng(0).normal(0, 10, c.cells)
     z = c.zero
     noisy[z] = 500.0  # zeros
-    noisy[z + 5 : z + 9] = [400, 0, 300, 25]  # 16..255 with an empty cell at 32..63
+    noisy[z + 5 : z + 9] = [400, 0, 300, 35]  # 16..255 with an empty cell at 32..63
     first, last = dp_range(c, noisy, 10.0)
     assert c.range_of(first, last) == (0.0, 255.0)
+    noisy[z + 8] = 25.0  # 2.5 stds: noise reaches it in 0.6 % of empty cells, and a range crosses several; not taken
+    assert c.range_of(*dp_range(c, noisy, 10.0)) == (0.0, 127.0)
 
 
 def test_integer_bins_hold_a_non_spike_integer_each():
