@@ -26,6 +26,10 @@ decoded tie the wrong way: such a value moves by float32 steps until the decoded
 
 Null: an implication's condition on a value is false where the column is null (unless the rule names null); an
 order rule holds where either side is null.
+
+Absent residual codes (``residual.absent_codes``: a null or other bucket with no noisy mass) join as one-column groups
+that forbid them, kept by the same steps, except where forbidding one would make a value of some column unreachable
+under the rules (a rule that needs the code): that one stays allowed.
 """
 
 from __future__ import annotations
