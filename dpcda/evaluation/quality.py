@@ -23,12 +23,14 @@ The layout of quality.json: docs/tables.md, "Quality report".
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 from typing import Optional
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from dpcda.evaluation.stage import EVAL_DIR, EvaluationError
 from dpcda.evaluation.table_metrics import BINS
@@ -95,8 +97,41 @@ def table_codes(table: pa.Table, schema: TableSchema, bins: int, what: str) -> n
     return codes_of(block.features, block.labels, schema, bins)
 
 
-def shares(codes: np.ndarray, size: int) -> np.ndarray:
-    return np.bincount(codes, minlength=size)[:size] / max(len(codes), 1)
+SYNTHETIC_BATCH_ROWS = 1 << 16
+
+
+class CodeCounts:
+    """Per column (the label last), the count of each code and of each (code, class) pair, summed over the batches of
+    a table as they are read: memory set by the code domain, not the rows (a release's rows are read once, in
+    batches of ``SYNTHETIC_BATCH_ROWS``)."""
+
+    def __init__(self, sizes: tuple, k: int):
+        self.sizes, self.k, self.rows = sizes, k, 0
+        self.counts = [np.zeros(s, np.int64) for s in sizes]
+        self.joint = [np.zeros(s * k, np.int64) for s in sizes]
+
+    def add(self, codes: np.ndarray) -> "CodeCounts":
+        self.rows += len(codes)
+        for j, s in enumerate(self.sizes):
+            self.counts[j] += np.bincount(codes[:, j], minlength=s)[:s]
+            self.joint[j] += np.bincount(codes[:, j] * self.k + codes[:, -1], minlength=s * self.k)[: s * self.k]
+        return self
+
+    def shares(self, j: int) -> np.ndarray:
+        return self.counts[j] / max(self.rows, 1)
+
+    def label_rates(self, j: int) -> list:
+        """Per code of column j, the label's class shares among its rows (None where it has no row)."""
+        joint = self.joint[j].reshape(self.sizes[j], self.k).astype(np.float64)
+        n = joint.sum(axis=1)
+        return [(joint[b] / n[b]).tolist() if n[b] > 0 else None for b in range(self.sizes[j])]
+
+
+def batches_of(table_or_batches):
+    """A table's record batches, or the batches (or tables) given."""
+    if isinstance(table_or_batches, pa.Table):
+        return table_or_batches.to_batches(max_chunksize=SYNTHETIC_BATCH_ROWS)
+    return table_or_batches
 
 
 REAL_DECIMALS = 3  # real-data shares and rates are rounded: exact fractions k/n would give away the test rows' count
@@ -118,13 +153,6 @@ def clipped_shares(counts) -> tuple[np.ndarray, float]:
 
 def tvd(p, q) -> float:
     return float(0.5 * np.abs(np.asarray(p, np.float64) - np.asarray(q, np.float64)).sum())
-
-
-def label_rates(column: np.ndarray, label: np.ndarray, size: int, k: int) -> list:
-    """Per code of the column, the label's class shares among its rows (None where it has no row)."""
-    joint = np.bincount(column * k + label, minlength=size * k)[: size * k].reshape(size, k).astype(np.float64)
-    n = joint.sum(axis=1)
-    return [(joint[b] / n[b]).tolist() if n[b] > 0 else None for b in range(size)]
 
 
 def noisy_label_rates(pair: dict, size: int, k: int) -> tuple[list, list]:
@@ -187,15 +215,22 @@ def quality_report(
 ) -> dict:
     """quality.json's content (module doc): the synthetic rows' shares and label trends beside the noisy measurements
     (``noisy``: ``mechanisms.marginals.noisy.noisy_summary``'s, or None) and, only where ``real`` is given, the real
-    rows' (with ``classifier``: the AUC figures, ``classifier_section``)."""
+    rows' (with ``classifier``: the AUC figures, ``classifier_section``). ``synth``: a table, or its record batches
+    (read one at a time: the report's memory does not grow with the rows)."""
     bins = int(noisy["domain"]["bins"]) if noisy else BINS
     dom = domain_of(schema, bins)
     if noisy and list(noisy["domain"]["sizes"]) != list(dom.sizes):
         raise EvaluationError("the noisy measurements' codes do not match the release's schema; nothing was published")
     k = schema.num_classes
     cols = [*schema.columns, schema.label]
-    cs = table_codes(synth, schema, bins, "synthetic")
-    cr = table_codes(real, schema, bins, "evaluation test set") if real is not None else None
+    cs = CodeCounts(dom.sizes, k)
+    for batch in batches_of(synth):  # the synthetic rows, batch by batch: a release may hold 10^7 of them
+        cs.add(table_codes(batch, schema, bins, "synthetic"))
+    cr = (
+        CodeCounts(dom.sizes, k).add(table_codes(real, schema, bins, "evaluation test set"))
+        if real is not None
+        else None
+    )
     one_way = {m["column"]: m for m in (noisy or {}).get("one_way", [])}
     pairs = {m["column"]: m for m in (noisy or {}).get("label_pairs", [])}
     columns, trends = [], []
@@ -209,7 +244,7 @@ def quality_report(
             "kind": getattr(col, "kind", "categorical"),
             "codes": labels,
             **({"edges": edges} if edges is not None else {}),
-            "synthetic": shares(cs[:, j], size).tolist(),
+            "synthetic": cs.shares(j).tolist(),
         }
         distances = {}
         if col.name in one_way:
@@ -219,7 +254,7 @@ def quality_report(
             entry["noisy_measurement_std"] = float(m["std"]) / total if total > 0 else None
             distances["synthetic_vs_noisy_measurement"] = tvd_noisy[col.name] = tvd(entry["synthetic"], noisy_shares)
         if cr is not None:
-            entry["real"] = real_figures(shares(cr[:, j], size))
+            entry["real"] = real_figures(cr.shares(j))
             distances["synthetic_vs_real"] = tvd_real[col.name] = tvd(entry["synthetic"], entry["real"])
             if "noisy_measurement" in entry:
                 distances["noisy_measurement_vs_real"] = tvd(entry["noisy_measurement"], entry["real"])
@@ -228,7 +263,7 @@ def quality_report(
         if j == len(schema.columns):
             break
         trend = {"name": col.name, "codes": labels, **({"edges": edges} if edges is not None else {})}
-        trend["synthetic"] = label_rates(cs[:, j], cs[:, -1], size, k)
+        trend["synthetic"] = cs.label_rates(j)
         t = {}
         if col.name in pairs:
             trend["noisy_measurement"], trend["noisy_measurement_std"] = noisy_label_rates(pairs[col.name], size, k)
@@ -240,12 +275,12 @@ def quality_report(
             trend["noisy_measurement"] = None
             trend["why_no_noisy_measurement"] = "the mechanism did not measure this column's pair with the label"
         if cr is not None:
-            trend["real"] = [None if r is None else real_figures(r) for r in label_rates(cr[:, j], cr[:, -1], size, k)]
+            trend["real"] = [None if r is None else real_figures(r) for r in cr.label_rates(j)]
             t["synthetic_vs_real"] = trend_real[col.name] = trend_tvd(trend["synthetic"], trend["real"], entry["real"])
         trend["tvd"] = t
         trends.append(trend)
     summary = {
-        "synthetic_rows": synth.num_rows,
+        "synthetic_rows": cs.rows,
         "one_way_tvd_synthetic_vs_noisy_measurement": _spread(tvd_noisy) if noisy else None,
         "label_trend_tvd_synthetic_vs_noisy_measurement": _spread(trend_noisy) if noisy else None,
     }
@@ -345,6 +380,20 @@ def write_quality(out: str, report: dict, schema: TableSchema) -> None:
         fh.write((json.dumps(report, indent=1, allow_nan=False) + "\n").encode())
 
 
+def synthetic_batches(pattern: str):
+    """The record batches of the release's synthetic Parquet files, read one file and one batch at a time."""
+    from dpcda.storage.paths import expand_glob
+
+    files = expand_glob(pattern)
+    if not files:
+        raise EvaluationError(f"{pattern}: no synthetic files match")
+    for f in files:
+        with open_file(f) as fh:
+            src = io.BytesIO(fh.read()) if is_remote(f) else fh  # one part file at a time
+            for batch in pq.ParquetFile(src).iter_batches(batch_size=SYNTHETIC_BATCH_ROWS):
+                yield batch.replace_schema_metadata(None)
+
+
 def quality_section(workdir: str, manifest: dict, eval_input: Optional[str], *, test_public: bool = False) -> dict:
     """Release stage of every table release: writes ``evaluation/quality.json`` and its pictures into the run
     directory and returns the manifest's ``utility`` section with a ``quality`` entry (the section so far kept:
@@ -354,15 +403,17 @@ def quality_section(workdir: str, manifest: dict, eval_input: Optional[str], *, 
     from dpcda.storage.tables import declared_schema
 
     schema = parse_table_schema(declared_schema(manifest["input"]["table"]), "manifest input.table")
-    synth = read_tables(join(workdir, "synthetic", "*.parquet"), "synthetic")
+    synth_files = join(workdir, "synthetic", "*.parquet")
+    synth = synthetic_batches(synth_files)  # read again batch by batch by the report: never the whole table at once
     noisy = read_noisy(workdir)
     utility = dict(manifest.get("utility") or {})
     real = classifier = None
     if eval_input:
         real = read_tables(eval_input, "evaluation")
         models = utility.get("models")
-        if models is None:
-            bs, bt = encode_batch(synth, schema, "synthetic", 0), encode_batch(real, schema, "test", 0)
+        if models is None:  # a classifier is trained on the whole synthetic table (an evaluation, asked for)
+            whole = read_tables(synth_files, "synthetic")
+            bs, bt = encode_batch(whole, schema, "synthetic", 0), encode_batch(real, schema, "test", 0)
             models = train_on_synthetic(bs.features, bs.labels, bt.features, bt.labels, schema.num_classes)
         classifier = classifier_section(models)
     mech = manifest["mechanism"]
