@@ -79,6 +79,7 @@ def _codes(table, schema) -> np.ndarray:
 def _inside(table, schema) -> np.ndarray:
     """The rows the example's schema can encode: a release with no config derives its own domain, so its rows may hold
     what the example declares none of (a null, another value of a flag or a category); those are counted apart."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     ok = np.ones(table.num_rows, bool)
@@ -89,22 +90,13 @@ def _inside(table, schema) -> np.ndarray:
             ok &= ~null
         kind = getattr(col, "kind", "categorical")
         if kind == "boolean":
-            ok &= null | np.asarray(pc.is_in(arr.cast("int64"), value_set=pa_ints([0, 1])).fill_null(False))
+            arr, allowed = arr.cast("int64"), pa.array([0, 1], pa.int64())
         elif kind == "categorical" and getattr(col, "other", None) is None:
-            ok &= null | np.asarray(pc.is_in(arr, value_set=pa_strings(col.categories)).fill_null(False))
+            allowed = pa.array([str(v) for v in col.categories], pa.string())
+        else:
+            continue
+        ok &= null | np.asarray(pc.is_in(arr, value_set=allowed).fill_null(False))
     return ok
-
-
-def pa_ints(values):
-    import pyarrow as pa
-
-    return pa.array(values, pa.int64())
-
-
-def pa_strings(values):
-    import pyarrow as pa
-
-    return pa.array([str(v) for v in values], pa.string())
 
 
 class TreeModel:

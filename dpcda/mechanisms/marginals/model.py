@@ -325,11 +325,14 @@ def _parse(doc: dict, arrays: dict) -> FittedModel:
 def kept_rules_of(fm: FittedModel):
     """The table's public rules and its absent residual codes (``rules.KeptRules`` on the model's domain, from the
     saved noisy one-way counts: ``residual.absent_codes``) as the release kept them, or None where it had neither."""
-    from dpcda.mechanisms.marginals.residual import absent_codes
-    from dpcda.mechanisms.marginals.rules import kept_rules
+    return _sampling_rules(fm)[0]
 
-    absent = absent_codes(fm.schema, fm.domain, fm.one_way, fm.one_way_std)
-    return kept_rules(fm.schema, fm.domain, frozenset(fm.integers), absent)
+
+def _sampling_rules(fm: FittedModel):
+    """``residual.sampling_rules`` from the saved noisy one-way counts, as the release took them."""
+    from dpcda.mechanisms.marginals.residual import sampling_rules
+
+    return sampling_rules(fm.schema, fm.domain, frozenset(fm.integers), fm.one_way, fm.one_way_std)
 
 
 def mbi_model(fm: FittedModel):
@@ -370,7 +373,7 @@ def sample_tables(fm: FittedModel, rows: int, key: bytes, part_rows: int, model=
     release's decoding (``storage.tables.decode_rows``). Every draw is from a ``privacy.noise`` stream under ``key``.
     ``model``: ``mbi_model(fm)`` (conditioned on the rules), where the caller keeps one."""
     from dpcda.mechanisms.marginals.domain import rows_of
-    from dpcda.mechanisms.marginals.estimation import code_weights, decompress, sample_codes
+    from dpcda.mechanisms.marginals.estimation import decompress, sample_codes
     from dpcda.privacy.noise import NoiseStream
     from dpcda.storage.tables import decode_rows, decode_uniforms
 
@@ -379,8 +382,7 @@ def sample_tables(fm: FittedModel, rows: int, key: bytes, part_rows: int, model=
     values, spread = NoiseStream(key, "model-sample", "values"), NoiseStream(key, "model-sample", "decompress")
     integers = frozenset(fm.integers)
     arrow = fm.arrow_schema
-    kept = kept_rules_of(fm)
-    weights = code_weights(fm.one_way, kept.absent if kept else None)  # as the release's (``synthesis``)
+    kept, weights = _sampling_rules(fm)  # as the release's (``synthesis``)
     if kept:  # as ``synthesis.fit_and_sample`` after the fit
         again = kept.resampler(model, key, fm.mapping, weights)
         rule_draws = NoiseStream(key, "model-sample", "rules")

@@ -55,6 +55,18 @@ def absent_codes(schema, dom: Domain, one_way, std: float) -> dict[int, tuple[in
     return out
 
 
+def sampling_rules(schema, dom: Domain, integers: frozenset, one_way, std: float):
+    """What a release's draws keep, from its noisy one-way counts: the table's rules with the absent residual codes
+    (``rules.KeptRules``, or None where there are neither) and each code's weight in a merged draw
+    (``estimation.code_weights``). The release (``synthesis``) and a saved model's sampling (``model``) both take
+    them from here, so the two draw alike."""
+    from dpcda.mechanisms.marginals.estimation import code_weights
+    from dpcda.mechanisms.marginals.rules import kept_rules
+
+    kept = kept_rules(schema, dom, integers, absent_codes(schema, dom, one_way, std))
+    return kept, code_weights(one_way, kept.absent if kept else None)
+
+
 def stated_absent(schema, dom: Domain, absent: dict) -> dict[str, list[str]]:
     """The manifest's account of ``absent``: column name -> 'null' and/or 'other'."""
     names = residual_codes(schema, dom)

@@ -13,12 +13,11 @@ import numpy as np
 from dpcda.mechanisms.base import PlanError
 from dpcda.mechanisms.marginals.counting import MarginalCounter
 from dpcda.mechanisms.marginals.domain import rows_of
-from dpcda.mechanisms.marginals.estimation import code_weights, decompress, fit, sample_codes
+from dpcda.mechanisms.marginals.estimation import decompress, fit, sample_codes
 from dpcda.mechanisms.marginals.limits import sample_block_rows
 from dpcda.mechanisms.marginals.noisy import noisy_summary
 from dpcda.mechanisms.marginals.plan import MarginalsPlan
-from dpcda.mechanisms.marginals.residual import absent_codes, stated_absent
-from dpcda.mechanisms.marginals.rules import kept_rules
+from dpcda.mechanisms.marginals.residual import sampling_rules, stated_absent
 from dpcda.mechanisms.marginals.selection import measure
 from dpcda.privacy.noise import NoiseStream
 
@@ -44,8 +43,8 @@ def fit_and_sample(
     start = time.time()
     measured = measure(counter, acc, mp, key)
     del acc  # from here on only noisy counts
-    absent = absent_codes(schema, mp.domain, measured.one_way, measured.one_way_std)  # residual codes with no mass
-    kept = kept_rules(schema, mp.domain, integers, absent)  # the table's public rules and those (None: neither)
+    # the table's public rules and the residual codes with no mass (None: neither); a merged code's draw weights
+    kept, weights = sampling_rules(schema, mp.domain, integers, measured.one_way, measured.one_way_std)
     model = fit(measured, mp, kept)
     if on_fit is not None:
         on_fit(measured, model)
@@ -65,7 +64,6 @@ def fit_and_sample(
     log.info("stage=marginals fitted cliques=%d seconds=%.1f", len(measured.pairs), time.time() - start)
     values, spread = NoiseStream(key, "marginals", "values"), NoiseStream(key, "marginals", "decompress")
     block_rows = sample_block_rows(len(mp.domain.sizes), chunk_rows)  # cut where the chunks are cut
-    weights = code_weights(measured.one_way, kept.absent if kept else None)  # of a merged code's draw
 
     if kept:
         again = kept.resampler(model, key, measured.mapping, weights)
