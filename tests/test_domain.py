@@ -20,6 +20,7 @@ from dpcda.mechanisms.domain.derive import (
     dp_edges,
     dp_range,
     first_pass,
+    noisy_values,
     other_value,
 )
 from dpcda.mechanisms.domain.grid import Coarse, Fine
@@ -28,8 +29,10 @@ from dpcda.mechanisms.domain.summaries import (
     CoarseCounter,
     FineCounter,
     fine_grids,
+    merge_value_counts,
     numeric_values,
-    value_counts,
+    value_count_shards,
+    value_key,
     value_tag,
 )
 from dpcda.mechanisms.marginals.domain import codes_of, domain_of, numeric_codes, rows_of
@@ -39,6 +42,29 @@ from dpcda.schemas.table import Column, SchemaError, TableSchema
 from dpcda.storage.tables import decode_rows, decode_uniforms, encode_batch
 
 KEY = key_from_test_seed(3)
+
+
+def _value_counts(batches, req) -> dict:
+    """(column, value) -> count over ``batches``, through the shards the release sums."""
+    shards: dict = {}
+    for b in batches:
+        for k, t in value_count_shards(b, req):
+            shards.setdefault(k, []).append(t)
+    out: dict = {}
+    for (j, _), tables in shards.items():
+        merged = merge_value_counts(tables)
+        for v, n in zip(merged.column("value").to_pylist(), merged.column("count").to_pylist()):
+            assert (j, value_key(v)) not in out  # a value has one shard
+            out[j, value_key(v)] = n
+    return out
+
+
+def _kept(t, req, ev) -> list:
+    """The released (column, value, noisy count) triples of table ``t``."""
+    shards: dict = {}
+    for k, tab in value_count_shards(t, req):
+        shards.setdefault(k, []).append(tab)
+    return [x for (j, _), tabs in shards.items() for x in noisy_values(KEY, j, merge_value_counts(tabs), ev)]
 
 
 def _table(n=3000, seed=0):
@@ -182,14 +208,42 @@ def test_fine_counter_merges_random_splits_to_the_one_shot_counts(tmp_path):
     assert np.array_equal(counter.column(whole, 0), expect)
 
 
+def test_each_values_noise_is_the_first_draw_of_its_own_stream(tmp_path):
+    t = _table()
+    req = _request(t, tmp_path)
+    ev = split_domain(0.05, coarse=len(req.numeric), values=len(req.counted), fine=len(req.numeric),
+                      reserved_delta=1e-6, epsilon=10.0)  # fmt: skip
+    kept = _kept(t, req, ev)
+    want = []
+    for (j, v), n in _value_counts([t], req).items():
+        noisy = float(
+            NoiseStream(KEY, "domain", "value", j, value_tag(v)).gaussian(np.array([float(n)]), ev.values_std)[0]
+        )
+        if noisy >= ev.threshold:
+            want.append((j, v, noisy))
+    assert sorted(kept, key=repr) == sorted(want, key=repr) and len(kept) > 5
+
+
+def test_a_value_is_counted_under_one_key_whatever_its_encoding_in_a_batch(tmp_path):
+    t = _table(400)
+    req = _request(t, tmp_path)
+    city = [d.name for d in req.counted].index("city")
+    amount = [d.name for d in req.counted].index("amount")
+    dictionary = t.set_column(t.schema.get_field_index("city"), "city", t.column("city").dictionary_encode())
+    signed = pa.array(np.where(np.arange(400) % 2 == 0, -0.0, 0.0))  # zeros of both signs: one value
+    t = t.set_column(t.schema.get_field_index("amount"), "amount", signed)
+    dictionary = dictionary.set_column(dictionary.schema.get_field_index("amount"), "amount", signed)
+    total = _value_counts([t.slice(0, 150), dictionary.slice(150)], req)  # asserts one shard per value
+    assert {v: n for (j, v), n in total.items() if j == amount} == {0.0: 400}
+    assert sum(n for (j, _), n in total.items() if j == city) == 400
+    assert {v for (j, v) in total if j == city} <= {"a", "b", "c", "rare"}
+
+
 def test_value_counts_sum_over_batches_to_the_columns_counts(tmp_path):
     t = _table()
     req = _request(t, tmp_path)
     rng = np.random.default_rng(9)
-    total: dict = {}
-    for b in _split(t, rng):
-        for k, n in value_counts(b, req):
-            total[k] = total.get(k, 0) + n
+    total = _value_counts(_split(t, rng), req)
     j = [d.name for d in req.counted].index("term")
     assert {v: n for (c, v), n in total.items() if c == j} == dict(
         zip(*np.unique(t.column("term").to_numpy(), return_counts=True))
@@ -246,12 +300,7 @@ def test_complete_gives_a_schema_with_the_inputs_columns_in_order(tmp_path):
                       reserved_delta=1e-6, epsilon=10.0)  # fmt: skip
     assert ev.threshold > 15  # the rare city holds about 15 rows
     cc = CoarseCounter(req)
-    counts: dict = {}
-    for k, n in value_counts(t, req):
-        counts[k] = counts.get(k, 0) + n
-    from dpcda.mechanisms.domain.derive import noisy_value
-
-    kept = [(j, v, nz) for (j, v), c in counts.items() if (nz := noisy_value(KEY, j, v, c, ev)) is not None]
+    kept = _kept(t, req, ev)
     first = first_pass(req, cc.add(cc.create(), t), kept, ev, KEY)
     assert isinstance(first, FirstPass)
     assert first.spikes["term"] == [12.0, 24.0, 36.0, 48.0, 60.0]  # the loan terms come back as spikes
@@ -275,15 +324,10 @@ def test_complete_gives_a_schema_with_the_inputs_columns_in_order(tmp_path):
 
 
 def _derive_all(t, tmp_path, rho=0.05):
-    from dpcda.mechanisms.domain.derive import noisy_value
-
     req = _request(t, tmp_path)
     ev = split_domain(rho, coarse=len(req.numeric), values=len(req.counted), fine=len(req.numeric),
                       reserved_delta=1e-6, epsilon=10.0)  # fmt: skip
-    counts: dict = {}
-    for k, n in value_counts(t, req):
-        counts[k] = counts.get(k, 0) + n
-    kept = [(j, v, nz) for (j, v), c in counts.items() if (nz := noisy_value(KEY, j, v, c, ev)) is not None]
+    kept = _kept(t, req, ev)
     cc = CoarseCounter(req)
     first = first_pass(req, cc.add(cc.create(), t), kept, ev, KEY)
     fines = fine_grids(req, first.ranges, first.spikes)

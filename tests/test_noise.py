@@ -149,6 +149,50 @@ def test_sigma_zero_is_the_identity_and_tiny_sigma_is_refused():
         s.gaussian(np.array([1e10]), 1e-10)
 
 
+@pytest.mark.parametrize("sigma", [42.0, 0.37, 3.3e5])
+def test_one_draw_per_path_is_each_streams_first_draw_bit_for_bit(sigma):
+    from dpcda.privacy.noise.paths import gaussian_per_path
+
+    rng = np.random.default_rng(5)
+    n = 2 * noise.BLOCK + 17  # more than one block, the last one short
+    centers = rng.integers(0, 500, n).astype(np.float64)
+    centers[::7] = rng.normal(0, 1e6, len(centers[::7]))
+    paths = [("test", "per-path", i % 3, f"{i:08x}") for i in range(n)]
+    got = gaussian_per_path(KEY, paths, centers, sigma)
+    want = np.array([NoiseStream(KEY, *p).gaussian(centers[i : i + 1], sigma)[0] for i, p in enumerate(paths)])
+    assert np.array_equal(got.view(np.uint64), want.view(np.uint64))  # -0.0 and 0.0 told apart too
+
+
+def test_a_block_refused_on_its_mix_of_values_is_drawn_element_by_element(monkeypatch):
+    import dpcda.privacy.noise.paths as per_path
+
+    real = per_path.rounded_gaussian
+
+    def refuse_blocks(center, sigma, g, u):  # the block's bound (largest t with largest center) refused
+        if len(center) > 1:
+            raise ArithmeticError("noise sampler: sigma is too small for the values' size")
+        return real(center, sigma, g, u)
+
+    monkeypatch.setattr(per_path, "rounded_gaussian", refuse_blocks)
+    paths = [("test", "mix", i) for i in range(5)]
+    got = per_path.gaussian_per_path(KEY, paths, np.arange(5.0), 0.9)
+    want = [NoiseStream(KEY, *p).gaussian(np.array([float(i)]), 0.9)[0] for i, p in enumerate(paths)]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_one_draw_per_path_refuses_where_the_stream_refuses_and_a_path_named_twice():
+    from dpcda.privacy.noise.paths import gaussian_per_path
+
+    paths = [("test", "p", i) for i in range(3)]
+    np.testing.assert_array_equal(gaussian_per_path(KEY, paths, [0.5, 1 / 3, 2.0], 0.0), [0.5, 1 / 3, 2.0])
+    with pytest.raises(ArithmeticError, match="too small"):  # as NoiseStream(KEY, *paths[1]).gaussian would
+        gaussian_per_path(KEY, paths, [1.0, 1e10, 2.0], 1e-10)
+    with pytest.raises(ValueError, match="named twice"):
+        gaussian_per_path(KEY, [("test", "p", 1), ("test", "p", "1")], [1.0, 2.0], 1.0)  # one subkey
+    with pytest.raises(ValueError, match="2 paths for 3 centers"):
+        gaussian_per_path(KEY, paths[:2], [1.0, 2.0, 3.0], 1.0)
+
+
 @pytest.mark.slow
 def test_tail_counts_beyond_5_sigma_over_1e8_draws():
     """P(|Z| > 5) = 5.733e-7: over 1e8 draws about 57 exceedances; Poisson interval with false failure < 1e-4."""

@@ -1,9 +1,9 @@
 """The DP domain step's stages (``mechanisms.domain`` holds the logic; ``privacy.domain`` the accounting).
 
 ReadColumns: file paths -> pyarrow.RecordBatch of the columns to derive. DeriveDomain: those batches -> the complete
-``TableSchema`` (one element): the exact coarse counts by a combiner, the (column, value) counts summed per key and
-thresholded per key with its own noise (so no worker holds every value), the first pass's DP outputs on one worker,
-then the fine counts inside the DP ranges by a combiner, and the schema.
+``TableSchema`` (one element): the exact coarse counts by a combiner, the (column, value) counts summed per (column,
+shard of the value) and thresholded there, each value with its own noise (so no worker holds every value), the first
+pass's DP outputs on one worker, then the fine counts inside the DP ranges by a combiner, and the schema.
 """
 
 from __future__ import annotations
@@ -11,8 +11,14 @@ from __future__ import annotations
 import apache_beam as beam
 import numpy as np
 
-from dpcda.mechanisms.domain.derive import complete, first_pass, noisy_value
-from dpcda.mechanisms.domain.summaries import CoarseCounter, FineCounter, fine_grids, value_counts
+from dpcda.mechanisms.domain.derive import complete, first_pass, noisy_values
+from dpcda.mechanisms.domain.summaries import (
+    CoarseCounter,
+    FineCounter,
+    fine_grids,
+    merge_value_counts,
+    value_count_shards,
+)
 from dpcda.storage.build import check_build, checked
 from dpcda.storage.tables import read_columns
 
@@ -56,8 +62,30 @@ class _SumFn(beam.CombineFn):
         return acc
 
 
+class _MergeCountsFn(beam.CombineFn):
+    """Tables of (value, count) -> one, each value's counts summed (``summaries.merge_value_counts``); an
+    accumulator holds at most ``_PENDING`` tables before they are merged."""
+
+    _PENDING = 32
+
+    def create_accumulator(self):
+        return []
+
+    def add_input(self, acc, table):
+        acc.append(table)
+        return [merge_value_counts(acc)] if len(acc) >= self._PENDING else acc
+
+    def merge_accumulators(self, accs):
+        tables = [t for a in accs for t in a]
+        return [merge_value_counts(tables)] if len(tables) > 1 else tables
+
+    def extract_output(self, acc):
+        return merge_value_counts(acc) if acc else None
+
+
 class _ThresholdFn(beam.DoFn):
-    """((column, value), count) -> (column, value, noisy count) where the noisy count reaches the threshold."""
+    """((column, shard), table of value and count) -> (column, value, noisy count) where the noisy count reaches
+    the threshold (``derive.noisy_values``)."""
 
     def __init__(self, event, expected_build):
         self.event, self.expected_build = event, expected_build
@@ -66,10 +94,9 @@ class _ThresholdFn(beam.DoFn):
         check_build(self.expected_build)
 
     def process(self, item, key):
-        (column, value), count = item
-        noisy = noisy_value(key, column, value, count, self.event)
-        if noisy is not None:
-            yield column, value, noisy
+        (column, _), counts = item
+        if counts is not None:
+            yield from noisy_values(key, column, counts, self.event)
 
 
 def _coarse(batch, request):
@@ -101,8 +128,8 @@ class DeriveDomain(beam.PTransform):
         )
         kept = (
             batches
-            | "ValueCounts" >> beam.FlatMap(value_counts, req)
-            | "SumPerValue" >> beam.CombinePerKey(sum)
+            | "ValueCounts" >> beam.FlatMap(value_count_shards, req)
+            | "SumPerShard" >> beam.CombinePerKey(_MergeCountsFn())
             | "Threshold" >> beam.ParDo(_ThresholdFn(ev, build), key)
             | "Released" >> beam.combiners.ToList()
         )

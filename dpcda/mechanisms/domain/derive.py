@@ -29,9 +29,10 @@ import numpy as np
 from dpcda.mechanisms.base import PlanError
 from dpcda.mechanisms.domain.grid import Fine
 from dpcda.mechanisms.domain.request import DomainRequest
-from dpcda.mechanisms.domain.summaries import CoarseCounter, FineCounter, value_tag
+from dpcda.mechanisms.domain.summaries import CoarseCounter, FineCounter, value_key, value_tag
 from dpcda.privacy.domain import DomainEvent
 from dpcda.privacy.noise import NoiseStream
+from dpcda.privacy.noise.paths import gaussian_per_path
 from dpcda.schemas.table import Column, DomainStep, Label, TableSchema
 
 # 3, not 2: an empty cell's noise passes 2 stds with probability 0.023 and each step looks at two cells, so an end
@@ -51,12 +52,15 @@ MAX_CATEGORIES = 256
 OTHER = "(other)"
 
 
-def noisy_value(key: bytes, column: int, value, count: int, event: DomainEvent):
-    """The noisy count of one (column, value) partition if it reaches the threshold, else None (its own stream:
-    ('domain', 'value', column, ``value_tag``))."""
-    stream = NoiseStream(key, "domain", "value", column, value_tag(value))
-    noisy = float(stream.gaussian(np.array([float(count)]), event.values_std)[0])
-    return noisy if noisy >= event.threshold else None
+def noisy_values(key: bytes, column: int, counts, event: DomainEvent) -> list:
+    """(column, value, noisy count) for each value of one column's table ``counts`` (``value``, ``count``) whose
+    noisy count reaches the threshold; each value's noise is the first draw of its own stream ('domain', 'value',
+    column, ``value_tag``), drawn for many values at once (``privacy.noise.paths``)."""
+    values = [value_key(v) for v in counts.column("value").to_pylist()]
+    paths = [("domain", "value", column, value_tag(v)) for v in values]
+    exact = counts.column("count").to_numpy(zero_copy_only=False).astype(np.float64)
+    noisy = gaussian_per_path(key, paths, exact, event.values_std)
+    return [(column, v, float(n)) for v, n in zip(values, noisy) if n >= event.threshold]
 
 
 def _extend(noisy: np.ndarray, start: int, step: int, tau: float) -> int:

@@ -1,16 +1,15 @@
 """The exact summaries the DP domain step measures, as Beam-free combiner cores (accumulators merged by addition,
 their memory set by the public grids, not the rows), and the per-batch value counts that a per-key sum combines.
 
-Pass 1 (over the input): ``CoarseCounter`` (each numeric column's counts on its coarse cells) and ``value_counts``
-((column, value) -> count within one batch; the counts of a value over the input are the sum over batches). Pass 2:
+Pass 1 (over the input): ``CoarseCounter`` (each numeric column's counts on its coarse cells) and
+``value_count_shards`` (each value's count within one batch, keyed by (column, shard of the value); a value's count
+over the input is the sum over batches, ``merge_value_counts``). Pass 2:
 ``FineCounter`` (each numeric column's counts on its fine cells, given pass 1's DP ranges and spikes).
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -79,6 +78,10 @@ class FineCounter(_FlatCounter):
         return acc
 
 
+VALUE_SHARDS = 16  # a column's values are counted in this many keys (by a hash of the value), each summed apart
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
 def value_key(value) -> object:
     """A value as the key it is counted under: floats with -0.0 as 0.0, integers as int."""
     if isinstance(value, float):
@@ -86,23 +89,55 @@ def value_key(value) -> object:
     return value
 
 
-def value_counts(batch, request: DomainRequest) -> Iterator[tuple[tuple[int, object], int]]:
-    """((index of the column in ``request.counted``, value), count) for every non-null value of every derived column
-    in one batch (floats: finite values only; a date or timestamp: its stored integer)."""
+def _counted_array(arr) -> pa.Array:
+    """A column's array as its values are counted: one chunk, dictionary decoded, a date or timestamp as its stored
+    integer, a float's -0.0 as 0.0."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.cast(arr.type.value_type)
+    t = physical_integer(arr.type)
+    if t != arr.type:
+        arr = arr.cast(t)
+    if pa.types.is_floating(arr.type):
+        arr = pc.add(arr, pa.scalar(0.0, arr.type))  # -0.0 + 0.0 is 0.0; every other value unchanged
+    return arr
+
+
+def value_shards(values: pa.Array, shards: int = VALUE_SHARDS) -> np.ndarray:
+    """Each value's shard in range(``shards``): a hash that every worker computes alike (numbers from their bits,
+    other values from ``value_tag``), so a value's counts from every batch meet under one key."""
+    if pa.types.is_integer(values.type) or pa.types.is_floating(values.type):
+        v = values.to_numpy(zero_copy_only=False)
+        bits = v.astype(np.float64 if v.dtype.kind == "f" else np.int64).view(np.uint64)
+        return ((bits * _MIX) >> np.uint64(58)).astype(np.int64) % shards  # the multiply wraps: a Fibonacci hash
+    return np.array([int(value_tag(v)[:8], 16) % shards for v in values.to_pylist()], np.int64)
+
+
+def value_count_shards(batch, request: DomainRequest, shards: int = VALUE_SHARDS):
+    """((index of the column in ``request.counted``, shard), table of ``value`` and ``count``) for every column and
+    shard with a value in one batch: the counts of every non-null value (floats: finite values only; a date or
+    timestamp: its stored integer). A value's count over the input is the sum over batches of its shard's
+    (``merge_value_counts``)."""
     for j, d in enumerate(request.counted):
-        arr = batch.column(d.name)
-        if isinstance(arr, pa.ChunkedArray):
-            arr = arr.combine_chunks()
-        if pa.types.is_dictionary(arr.type):
-            arr = arr.cast(arr.type.value_type)
-        t = physical_integer(arr.type)
-        if t != arr.type:
-            arr = arr.cast(t)
-        counts = pc.value_counts(arr.drop_null())
-        for value, n in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist()):
-            if isinstance(value, float) and not math.isfinite(value):
-                continue
-            yield (j, value_key(value)), int(n)
+        vc = pc.value_counts(_counted_array(batch.column(d.name)).drop_null())
+        values, counts = vc.field("values"), vc.field("counts")
+        if pa.types.is_floating(values.type):
+            finite = pc.is_finite(values)
+            values, counts = values.filter(finite), counts.filter(finite)
+        if len(values) == 0:
+            continue
+        shard = value_shards(values, shards)
+        for s in np.unique(shard):
+            at = pa.array(shard == s)
+            yield (j, int(s)), pa.table({"value": values.filter(at), "count": counts.filter(at).cast(pa.int64())})
+
+
+def merge_value_counts(tables) -> pa.Table:
+    """Tables of ``value`` and ``count`` -> one with each value once and its counts summed."""
+    t = pa.concat_tables(list(tables), promote_options="permissive")
+    g = t.group_by("value").aggregate([("count", "sum")])
+    return pa.table({"value": g.column("value"), "count": g.column("count_sum")})
 
 
 def value_tag(value) -> str:
