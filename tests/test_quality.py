@@ -169,6 +169,19 @@ def test_the_report_reads_the_rows_batch_by_batch_to_the_same_figures(dp_only):
     assert parts == whole
 
 
+def test_an_evaluation_reads_every_kth_synthetic_row_above_its_cap(dp_only, monkeypatch):
+    """Above the cap, the rows a classifier is trained on are every k-th released row, read batch by batch."""
+    from dpcda.evaluation.tabular import synthetic_sample
+
+    out, rel, _ = dp_only
+    synth = pq.read_table(out / "synthetic").replace_schema_metadata(None)
+    n = rel.manifest["output"]["rows"]
+    assert synthetic_sample(str(out / "synthetic" / "*.parquet"), n, cap=n) == (synth, 1)
+    monkeypatch.setattr(quality, "SYNTHETIC_BATCH_ROWS", 97)  # batch ends that are no multiple of k
+    got, step = synthetic_sample(str(out / "synthetic" / "*.parquet"), n, cap=n // 3)
+    assert step == -(-n // (n // 3)) >= 3 and got.equals(synth.take(np.arange(0, n, step)))
+
+
 def test_the_noisy_shares_are_the_release_s_own_dp_counts(dp_only, inputs):
     """Recomputed from the input with the test seed's noise stream: the one-way counts the release measured."""
     from dpcda.privacy.noise import NoiseStream, key_from_test_seed
@@ -212,6 +225,7 @@ def test_with_eval_input_the_real_figures_and_the_auc_appear_marked(inputs, tmp_
     assert marked["roc_auc"] == clf["roc_auc"] and "outside_guarantee" in marked and "test_rows" not in marked
     assert utility["quality"]["compared_with"] == ["noisy measurement (DP)", "real held-out (not DP)"]
     assert utility["report"] == "evaluation/report.json"  # the table evaluation is kept beside the quality entry
+    assert utility["synthetic_rows_evaluated"] == rel.manifest["output"]["rows"] and "synthetic_sample" not in utility
 
 
 def test_a_mixing_release_reports_the_synthetic_side_and_says_why(inputs, tmp_path):

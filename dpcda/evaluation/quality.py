@@ -398,7 +398,7 @@ def quality_section(workdir: str, manifest: dict, eval_input: Optional[str], *, 
     """Release stage of every table release: writes ``evaluation/quality.json`` and its pictures into the run
     directory and returns the manifest's ``utility`` section with a ``quality`` entry (the section so far kept:
     the table evaluation's, whose classifier figures the report takes when ``eval_input`` is given)."""
-    from dpcda.evaluation.tabular import read_tables, train_on_synthetic
+    from dpcda.evaluation.tabular import read_tables, synthetic_sample, train_on_synthetic
     from dpcda.schemas.table import parse_table_schema
     from dpcda.storage.tables import declared_schema
 
@@ -411,9 +411,9 @@ def quality_section(workdir: str, manifest: dict, eval_input: Optional[str], *, 
     if eval_input:
         real = read_tables(eval_input, "evaluation")
         models = utility.get("models")
-        if models is None:  # a classifier is trained on the whole synthetic table (an evaluation, asked for)
-            whole = read_tables(synth_files, "synthetic")
-            bs, bt = encode_batch(whole, schema, "synthetic", 0), encode_batch(real, schema, "test", 0)
+        if models is None:  # a classifier trained on the synthetic rows (every k-th above EVAL_ROWS): asked for
+            rows, _ = synthetic_sample(synth_files, manifest["output"]["rows"])
+            bs, bt = encode_batch(rows, schema, "synthetic", 0), encode_batch(real, schema, "test", 0)
             models = train_on_synthetic(bs.features, bs.labels, bt.features, bt.labels, schema.num_classes)
         classifier = classifier_section(models)
     mech = manifest["mechanism"]

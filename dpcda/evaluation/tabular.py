@@ -51,6 +51,28 @@ def read_tables(pattern: str, what: str) -> pa.Table:
         raise EvaluationError(f"{pattern}: the {what} files differ in schema ({err})") from None
 
 
+EVAL_ROWS = 1_000_000  # an evaluation that needs the synthetic rows together reads at most this many (every k-th)
+
+
+def synthetic_sample(pattern: str, rows: int, cap: int = EVAL_ROWS) -> tuple[pa.Table, int]:
+    """The synthetic table of ``rows`` rows in the files of ``pattern``, or, above ``cap`` rows, every k-th of them
+    (k = ceil(rows / cap); a systematic sample of the released rows, themselves a DP output), read one batch at a
+    time; and k."""
+    from dpcda.evaluation.quality import synthetic_batches
+
+    step = max(1, -(-int(rows) // int(cap)))
+    if step == 1:
+        return read_tables(pattern, "synthetic"), 1
+    parts, seen = [], 0
+    for batch in synthetic_batches(pattern):
+        parts.append(batch.take(pa.array(np.arange((-seen) % step, batch.num_rows, step))))
+        seen += batch.num_rows
+    try:
+        return pa.Table.from_batches(parts), step
+    except pa.ArrowInvalid as err:
+        raise EvaluationError(f"{pattern}: the synthetic files differ in schema ({err})") from None
+
+
 def _model(name: str, seed: int):
     from sklearn.ensemble import HistGradientBoostingClassifier
     from sklearn.linear_model import LogisticRegression
@@ -254,7 +276,8 @@ def evaluate_table_release(
 ) -> dict:
     """Release stage for a table release: writes ``evaluation/report.json`` and ``marginals.png`` into the run
     directory and returns the manifest's ``utility`` section (``manifest``: the manifest so far as JSON)."""
-    synth = _temporal_as_integers(read_tables(join(workdir, "synthetic", "*.parquet"), "synthetic"))
+    synth, step = synthetic_sample(join(workdir, "synthetic", "*.parquet"), manifest["output"]["rows"])
+    synth = _temporal_as_integers(synth)
     test = _temporal_as_integers(read_tables(test_glob, "evaluation"))
     figures = evaluate_tables(synth, test, schema, seed)
     _write_outputs(join(workdir, EVAL_DIR), figures, test, synth, schema)
@@ -275,5 +298,7 @@ def evaluate_table_release(
         "report": f"{prefix}{EVAL_DIR}/{REPORT}",
         "marginals": f"{prefix}{EVAL_DIR}/{MARGINALS}",
         "test_set_public": test_public,
+        "synthetic_rows_evaluated": synth.num_rows,
+        **({"synthetic_sample": f"every {step}th row (at most {EVAL_ROWS:,} rows)"} if step > 1 else {}),
         **({"test_rows": test.num_rows} if test_public else {"outside_guarantee": TEST_DATA_NOTE}),
     }
