@@ -51,7 +51,7 @@ def _value_counts(batches, req) -> dict:
         for k, t in value_count_shards(b, req):
             shards.setdefault(k, []).append(t)
     out: dict = {}
-    for (j, _), tables in shards.items():
+    for (j, *_), tables in shards.items():
         merged = merge_value_counts(tables)
         for v, n in zip(merged.column("value").to_pylist(), merged.column("count").to_pylist()):
             assert (j, value_key(v)) not in out  # a value has one shard
@@ -64,7 +64,7 @@ def _kept(t, req, ev) -> list:
     shards: dict = {}
     for k, tab in value_count_shards(t, req):
         shards.setdefault(k, []).append(tab)
-    return [x for (j, _), tabs in shards.items() for x in noisy_values(KEY, j, merge_value_counts(tabs), ev)]
+    return [x for (j, *_), tabs in shards.items() for x in noisy_values(KEY, j, merge_value_counts(tabs), ev)]
 
 
 def _table(n=3000, seed=0):
@@ -237,6 +237,71 @@ def test_a_value_is_counted_under_one_key_whatever_its_encoding_in_a_batch(tmp_p
     assert {v: n for (j, v), n in total.items() if j == amount} == {0.0: 400}
     assert sum(n for (j, _), n in total.items() if j == city) == 400
     assert {v for (j, v) in total if j == city} <= {"a", "b", "c", "rare"}
+
+
+def test_a_value_stored_as_different_types_in_different_files_is_one_value_with_one_stream(tmp_path):
+    """Files may store a column as int64, int32, uint64 (values above int64's range too), float32 or float64, or a
+    string column as string, large_string or dictionary: each kind of value is counted under one key whatever the
+    file's type, and no two keys hold one stream's name (two draws of one noise)."""
+    t = _table(50)
+    req = _request(t, tmp_path)
+    term = [d.name for d in req.counted].index("term")
+    city = [d.name for d in req.counted].index("city")
+
+    def batch(term_values, term_type, city_values, city_type):
+        b = t.slice(0, len(term_values))
+        b = b.set_column(b.schema.get_field_index("term"), "term", pa.array(term_values, term_type))
+        return b.set_column(b.schema.get_field_index("city"), "city", pa.array(city_values, city_type))
+
+    big = (1 << 64) - 1
+    batches = [
+        batch([12, 12, 24], pa.int64(), ["a", "a", "b"], pa.string()),
+        batch([12, 36, 24], pa.int32(), ["a", "b", "b"], pa.large_string()),
+        batch([12, big, 24], pa.uint64(), ["b", "b", "c"], pa.dictionary(pa.int8(), pa.string())),
+        batch([12.0, -0.0, 0.5], pa.float32(), ["c", "c", "c"], pa.string()),
+        batch([12.0, 0.0, 24.0], pa.float64(), ["a", "a", "a"], pa.string()),
+    ]
+    keys: dict = {}
+    for b in batches:
+        for k, tab in value_count_shards(b, req):
+            keys.setdefault(k, []).append(tab)
+    names: dict = {}
+    counts: dict = {}
+    for (j, kind, shard), tabs in keys.items():
+        merged = merge_value_counts(tabs)  # one Arrow type per key: no promotion needed
+        for v, n in zip(merged.column("value").to_pylist(), merged.column("count").to_pylist()):
+            name = (j, value_tag(value_key(v)))
+            assert name not in names, f"stream {name} in keys {names.get(name)} and {(j, kind, shard)}"
+            names[name] = (j, kind, shard)
+            counts[j, type(v).__name__, v] = n
+    assert {(k[1], k[2]): n for k, n in counts.items() if k[0] == term} == {
+        ("int", 12): 4, ("int", 24): 3, ("int", 36): 1, ("int", big): 1,
+        ("float", 12.0): 2, ("float", 0.0): 2, ("float", 0.5): 1, ("float", 24.0): 1,
+    }  # fmt: skip
+    assert {k[2]: n for k, n in counts.items() if k[0] == city} == {"a": 6, "b": 5, "c": 4}
+
+
+def test_the_value_count_combiner_sums_every_input_across_accumulators():
+    from dpcda.transforms.domain import _MergeCountsFn
+
+    rng = np.random.default_rng(4)
+    fn = _MergeCountsFn()
+    tables = [pa.table({"value": pa.array(rng.integers(0, 50, 20)), "count": pa.array(rng.integers(1, 9, 20))})
+              for _ in range(150)]  # fmt: skip
+    want: dict = {}
+    for tab in tables:
+        for v, n in zip(tab.column("value").to_pylist(), tab.column("count").to_pylist()):
+            want[v] = want.get(v, 0) + n
+    accs = []
+    for part in np.array_split(np.arange(150), 4):  # more inputs per accumulator than it holds before merging
+        acc = fn.create_accumulator()
+        for i in part:
+            acc = fn.add_input(acc, tables[i])
+        accs.append(pickle.loads(pickle.dumps(acc)))
+    accs.append(fn.create_accumulator())  # an empty one
+    out = fn.extract_output(fn.merge_accumulators([fn.merge_accumulators(accs[:2]), *accs[2:]]))
+    assert dict(zip(out.column("value").to_pylist(), out.column("count").to_pylist())) == want
+    assert fn.extract_output(fn.create_accumulator()) is None
 
 
 def test_value_counts_sum_over_batches_to_the_columns_counts(tmp_path):

@@ -163,6 +163,23 @@ def test_one_draw_per_path_is_each_streams_first_draw_bit_for_bit(sigma):
     assert np.array_equal(got.view(np.uint64), want.view(np.uint64))  # -0.0 and 0.0 told apart too
 
 
+def test_one_draw_per_path_reads_each_streams_words_0_1_2_as_top_middle_low(monkeypatch):
+    """The uniform of element i is its stream's first three words in order (the layout of a one-element draw)."""
+    import dpcda.privacy.noise.paths as per_path
+
+    real, seen = per_path.rounded_gaussian, []
+
+    def spy(center, sigma, g, u):
+        seen.append(u.copy())
+        return real(center, sigma, g, u)
+
+    monkeypatch.setattr(per_path, "rounded_gaussian", spy)
+    paths = [("test", "layout", i) for i in range(7)]
+    per_path.gaussian_per_path(KEY, paths, np.zeros(7), 1.0)
+    words = np.stack([NoiseStream(KEY, *p).words(3) for p in paths], axis=1)  # (3, n): word k of stream i
+    assert len(seen) == 1 and np.array_equal(seen[0], words)
+
+
 def test_a_block_refused_on_its_mix_of_values_is_drawn_element_by_element(monkeypatch):
     import dpcda.privacy.noise.paths as per_path
 

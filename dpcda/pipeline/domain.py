@@ -2,7 +2,7 @@
 budget (the release's planner), and its own Beam job, run before the release's, whose output (a complete
 ``TableSchema``: DP outputs and public declarations only) the release then runs with.
 
-    ReadColumns -> DeriveDomain -> WriteDomain (domain.json in the run directory)
+    DeriveDomain (two passes over the input files) -> WriteDomain (domain.json in the run directory)
 """
 
 from __future__ import annotations
@@ -108,11 +108,10 @@ def build_domain(p: beam.Pipeline, key, files, req: DomainRequest, event: Domain
                  build) -> str:  # fmt: skip
     """Wires the domain step into ``p`` (its own job, with its own noise ``key``, a PCollection of one key drawn on
     a worker); returns where it writes the complete schema (in the run directory)."""
-    from dpcda.transforms.domain import DeriveDomain, ReadColumns
+    from dpcda.transforms.domain import DeriveDomain
 
     path = join(workdir, DOMAIN_FILE)
-    batches = p | "ReadColumns" >> ReadColumns(files, [d.name for d in req.derive])
-    schema = batches | "DeriveDomain" >> DeriveDomain(req, event, key, share, expected_build=build)
+    schema = p | "DeriveDomain" >> DeriveDomain(files, req, event, key, share, expected_build=build)
     _ = schema | "WriteDomain" >> beam.ParDo(_WriteDomainFn(path))
     return path
 

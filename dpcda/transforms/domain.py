@@ -1,9 +1,11 @@
 """The DP domain step's stages (``mechanisms.domain`` holds the logic; ``privacy.domain`` the accounting).
 
-ReadColumns: file paths -> pyarrow.RecordBatch of the columns to derive. DeriveDomain: those batches -> the complete
-``TableSchema`` (one element): the exact coarse counts by a combiner, the (column, value) counts summed per (column,
-shard of the value) and thresholded there, each value with its own noise (so no worker holds every value), the first
-pass's DP outputs on one worker, then the fine counts inside the DP ranges by a combiner, and the schema.
+ReadColumns: file paths -> pyarrow.RecordBatch of some columns. DeriveDomain: PBegin -> the complete ``TableSchema``
+(one element), in two passes over the input files, each reading them again (so no runner holds the rows between the
+passes): pass 1 counts each numeric column's coarse cells by a combiner and each (column, value) summed per (column,
+kind, shard of the value), thresholded there with each value's own noise (so no worker holds every value); the
+first pass's DP outputs on one worker; pass 2 reads the numeric columns again and counts their fine cells inside the
+DP ranges by a combiner; then the schema.
 """
 
 from __future__ import annotations
@@ -84,8 +86,8 @@ class _MergeCountsFn(beam.CombineFn):
 
 
 class _ThresholdFn(beam.DoFn):
-    """((column, shard), table of value and count) -> (column, value, noisy count) where the noisy count reaches
-    the threshold (``derive.noisy_values``)."""
+    """((column, kind, shard), table of value and count) -> (column, value, noisy count) where the noisy count
+    reaches the threshold (``derive.noisy_values``)."""
 
     def __init__(self, event, expected_build):
         self.event, self.expected_build = event, expected_build
@@ -94,7 +96,7 @@ class _ThresholdFn(beam.DoFn):
         check_build(self.expected_build)
 
     def process(self, item, key):
-        (column, _), counts = item
+        (column, *_), counts = item
         if counts is not None:
             yield from noisy_values(key, column, counts, self.event)
 
@@ -110,16 +112,19 @@ def _fine(batch, request, first):
 
 
 class DeriveDomain(beam.PTransform):
-    """pyarrow.RecordBatch -> TableSchema (one): the DP domain step for ``request`` with ``event``'s noise."""
+    """PBegin -> TableSchema (one): the DP domain step for ``request`` on the Parquet ``files``, with ``event``'s
+    noise."""
 
-    def __init__(self, request, event, key, share: float, *, expected_build=None):
+    def __init__(self, files, request, event, key, share: float, *, expected_build=None):
         super().__init__()
-        self.request, self.event, self.key, self.share, self.build = request, event, key, share, expected_build
+        self.files, self.request, self.event, self.key, self.share = list(files), request, event, key, share
+        self.build = expected_build
 
-    def expand(self, batches):
+    def expand(self, pbegin):
         req, ev, build = self.request, self.event, self.build
         key = beam.pvalue.AsSingleton(self.key)
         empty = np.zeros(CoarseCounter(req).offsets[-1], np.int64)
+        batches = pbegin | "ReadColumns" >> ReadColumns(self.files, [d.name for d in req.derive])
         coarse = (
             batches
             | "CoarseCounts" >> beam.Map(_coarse, req)
@@ -134,11 +139,15 @@ class DeriveDomain(beam.PTransform):
             | "Released" >> beam.combiners.ToList()
         )
         first = coarse | "FirstPass" >> beam.Map(checked(_first, build), req, beam.pvalue.AsSingleton(kept), ev, key)
-        fine = (
-            batches
-            | "FineCounts" >> beam.Map(_fine, req, beam.pvalue.AsSingleton(first))
-            | "SumFine" >> beam.CombineGlobally(_SumFn())
-        )
+        if req.numeric:  # pass 2 reads the files again: the rows of pass 1 are not kept for it
+            fine = (
+                pbegin
+                | "ReadNumeric" >> ReadColumns(self.files, [d.name for d in req.numeric])
+                | "FineCounts" >> beam.Map(_fine, req, beam.pvalue.AsSingleton(first))
+                | "SumFine" >> beam.CombineGlobally(_SumFn())
+            )
+        else:
+            fine = first | "NoFine" >> beam.Map(lambda _: None)
         return first | "Complete" >> beam.Map(
             checked(_complete, build), beam.pvalue.AsSingleton(fine), req, ev, key, self.share
         )

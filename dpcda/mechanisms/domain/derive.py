@@ -52,15 +52,22 @@ MAX_CATEGORIES = 256
 OTHER = "(other)"
 
 
+DRAW_CHUNK = 1 << 16  # values whose noise is drawn at once (their Python objects and stream names held together)
+
+
 def noisy_values(key: bytes, column: int, counts, event: DomainEvent) -> list:
     """(column, value, noisy count) for each value of one column's table ``counts`` (``value``, ``count``) whose
     noisy count reaches the threshold; each value's noise is the first draw of its own stream ('domain', 'value',
-    column, ``value_tag``), drawn for many values at once (``privacy.noise.paths``)."""
-    values = [value_key(v) for v in counts.column("value").to_pylist()]
-    paths = [("domain", "value", column, value_tag(v)) for v in values]
-    exact = counts.column("count").to_numpy(zero_copy_only=False).astype(np.float64)
-    noisy = gaussian_per_path(key, paths, exact, event.values_std)
-    return [(column, v, float(n)) for v, n in zip(values, noisy) if n >= event.threshold]
+    column, ``value_tag``), drawn ``DRAW_CHUNK`` values at a time (``privacy.noise.paths``)."""
+    out = []
+    for start in range(0, counts.num_rows, DRAW_CHUNK):
+        part = counts.slice(start, DRAW_CHUNK)
+        values = [value_key(v) for v in part.column("value").to_pylist()]
+        paths = [("domain", "value", column, value_tag(v)) for v in values]
+        exact = part.column("count").to_numpy(zero_copy_only=False).astype(np.float64)
+        noisy = gaussian_per_path(key, paths, exact, event.values_std)
+        out += [(column, v, float(n)) for v, n in zip(values, noisy) if n >= event.threshold]
+    return out
 
 
 def _extend(noisy: np.ndarray, start: int, step: int, tau: float) -> int:

@@ -78,7 +78,8 @@ class FineCounter(_FlatCounter):
         return acc
 
 
-VALUE_SHARDS = 16  # a column's values are counted in this many keys (by a hash of the value), each summed apart
+VALUE_SHARDS = 64  # a column's values are counted in this many keys per kind (by a hash of the value), summed apart
+_INT64_MAX = (1 << 63) - 1
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -91,7 +92,7 @@ def value_key(value) -> object:
 
 def _counted_array(arr) -> pa.Array:
     """A column's array as its values are counted: one chunk, dictionary decoded, a date or timestamp as its stored
-    integer, a float's -0.0 as 0.0."""
+    integer, a float as float64 with -0.0 as 0.0."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     if pa.types.is_dictionary(arr.type):
@@ -99,9 +100,30 @@ def _counted_array(arr) -> pa.Array:
     t = physical_integer(arr.type)
     if t != arr.type:
         arr = arr.cast(t)
-    if pa.types.is_floating(arr.type):
-        arr = pc.add(arr, pa.scalar(0.0, arr.type))  # -0.0 + 0.0 is 0.0; every other value unchanged
+    if pa.types.is_floating(arr.type):  # float16 and float32 values are float64 values exactly
+        arr = pc.add(arr.cast(pa.float64()), 0.0)  # -0.0 + 0.0 is 0.0; every other value unchanged
     return arr
+
+
+def _kinds(values: pa.Array, counts: pa.Array):
+    """(kind, values, counts): a column's values split by the kinds ``value_tag`` names apart ("b" booleans, "i"
+    integers, "f" floats, "s" strings), each kind in one Arrow type whatever the file stored (int64, and uint64 for
+    integers above int64's range, kind "u"; float64; large_string), so that the same value from files of different
+    types is counted under one key and never two values of different kinds under one name."""
+    t = values.type
+    if pa.types.is_boolean(t):
+        yield "b", values, counts
+    elif pa.types.is_integer(t):
+        if t == pa.uint64():
+            big = pc.greater(values, pa.scalar(_INT64_MAX, pa.uint64()))
+            yield "u", values.filter(big), counts.filter(big)
+            small = pc.invert(big)
+            values, counts = values.filter(small), counts.filter(small)
+        yield "i", values.cast(pa.int64()), counts
+    elif pa.types.is_floating(t):
+        yield "f", values, counts  # float64 already (``_counted_array``)
+    else:
+        yield "s", values.cast(pa.large_string()), counts
 
 
 def value_shards(values: pa.Array, shards: int = VALUE_SHARDS) -> np.ndarray:
@@ -115,27 +137,29 @@ def value_shards(values: pa.Array, shards: int = VALUE_SHARDS) -> np.ndarray:
 
 
 def value_count_shards(batch, request: DomainRequest, shards: int = VALUE_SHARDS):
-    """((index of the column in ``request.counted``, shard), table of ``value`` and ``count``) for every column and
-    shard with a value in one batch: the counts of every non-null value (floats: finite values only; a date or
-    timestamp: its stored integer). A value's count over the input is the sum over batches of its shard's
-    (``merge_value_counts``)."""
+    """((index of the column in ``request.counted``, kind, shard), table of ``value`` and ``count``) for every
+    column, kind (``_kinds``) and shard with a value in one batch: the counts of every non-null value (floats: finite
+    values only; a date or timestamp: its stored integer). A value's count over the input is the sum over batches of
+    its key's (``merge_value_counts``)."""
     for j, d in enumerate(request.counted):
         vc = pc.value_counts(_counted_array(batch.column(d.name)).drop_null())
         values, counts = vc.field("values"), vc.field("counts")
         if pa.types.is_floating(values.type):
             finite = pc.is_finite(values)
             values, counts = values.filter(finite), counts.filter(finite)
-        if len(values) == 0:
-            continue
-        shard = value_shards(values, shards)
-        for s in np.unique(shard):
-            at = pa.array(shard == s)
-            yield (j, int(s)), pa.table({"value": values.filter(at), "count": counts.filter(at).cast(pa.int64())})
+        for kind, vals, cnts in _kinds(values, counts.cast(pa.int64())):
+            if len(vals) == 0:
+                continue
+            shard = value_shards(vals, shards)
+            for s in np.unique(shard):
+                at = pa.array(shard == s)
+                yield (j, kind, int(s)), pa.table({"value": vals.filter(at), "count": cnts.filter(at)})
 
 
 def merge_value_counts(tables) -> pa.Table:
-    """Tables of ``value`` and ``count`` -> one with each value once and its counts summed."""
-    t = pa.concat_tables(list(tables), promote_options="permissive")
+    """Tables of ``value`` and ``count`` (of one key: one Arrow type, refused otherwise) -> one with each value once
+    and its counts summed."""
+    t = pa.concat_tables(list(tables))
     g = t.group_by("value").aggregate([("count", "sum")])
     return pa.table({"value": g.column("value"), "count": g.column("count_sum")})
 

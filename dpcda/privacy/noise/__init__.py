@@ -50,7 +50,8 @@ Modules, each of one concern (imports run one way: none imports the package itse
 - ``gaussian``: the grid and the numpy sampler (the reference); ``native``: its compiled loop (C source, build);
   ``native_sampler``: the loop's calls, finishing and load check; ``host_draw``: a span of blocks on the host;
 - ``binomial``: the 192-bit Binomial table; ``indices``: exact uniform indices; ``delta``: ``sampler_delta``;
-- ``stream``: ``NoiseStream``; ``numpy_global``: numpy's global generator seeded from a stream (for mbi);
+- ``stream``: ``NoiseStream``; ``paths``: the first draw of each of many streams at once (the domain step's values);
+  ``numpy_global``: numpy's global generator seeded from a stream (for mbi);
 - ``device``: the same words and samplers in torch (loaded only for a draw on a device).
 """
 
