@@ -239,7 +239,8 @@ def test_a_value_is_counted_under_one_key_whatever_its_encoding_in_a_batch(tmp_p
     assert {v for (j, v) in total if j == city} <= {"a", "b", "c", "rare"}
 
 
-def test_a_value_stored_as_different_types_in_different_files_is_one_value_with_one_stream(tmp_path):
+@pytest.mark.parametrize("shards", [1, 64])  # 1: every kind of a column meets in one shard
+def test_a_value_stored_as_different_types_in_different_files_is_one_value_with_one_stream(tmp_path, shards):
     """Files may store a column as int64, int32, uint64 (values above int64's range too), float32 or float64, or a
     string column as string, large_string or dictionary: each kind of value is counted under one key whatever the
     file's type, and no two keys hold one stream's name (two draws of one noise)."""
@@ -253,9 +254,10 @@ def test_a_value_stored_as_different_types_in_different_files_is_one_value_with_
         b = b.set_column(b.schema.get_field_index("term"), "term", pa.array(term_values, term_type))
         return b.set_column(b.schema.get_field_index("city"), "city", pa.array(city_values, city_type))
 
-    big = (1 << 64) - 1
+    big, top = (1 << 64) - 1, (1 << 63) - 1  # uint64's largest; int64's largest, stored as either
     batches = [
-        batch([12, 12, 24], pa.int64(), ["a", "a", "b"], pa.string()),
+        batch([12, 12, top], pa.int64(), ["a", "a", "b"], pa.string()),
+        batch([top, 1 << 63, 24], pa.uint64(), ["a", "b", "c"], pa.string()),
         batch([12, 36, 24], pa.int32(), ["a", "b", "b"], pa.large_string()),
         batch([12, big, 24], pa.uint64(), ["b", "b", "c"], pa.dictionary(pa.int8(), pa.string())),
         batch([12.0, -0.0, 0.5], pa.float32(), ["c", "c", "c"], pa.string()),
@@ -263,7 +265,7 @@ def test_a_value_stored_as_different_types_in_different_files_is_one_value_with_
     ]
     keys: dict = {}
     for b in batches:
-        for k, tab in value_count_shards(b, req):
+        for k, tab in value_count_shards(b, req, shards):
             keys.setdefault(k, []).append(tab)
     names: dict = {}
     counts: dict = {}
@@ -275,10 +277,10 @@ def test_a_value_stored_as_different_types_in_different_files_is_one_value_with_
             names[name] = (j, kind, shard)
             counts[j, type(v).__name__, v] = n
     assert {(k[1], k[2]): n for k, n in counts.items() if k[0] == term} == {
-        ("int", 12): 4, ("int", 24): 3, ("int", 36): 1, ("int", big): 1,
+        ("int", 12): 4, ("int", 24): 3, ("int", 36): 1, ("int", big): 1, ("int", top): 2, ("int", 1 << 63): 1,
         ("float", 12.0): 2, ("float", 0.0): 2, ("float", 0.5): 1, ("float", 24.0): 1,
     }  # fmt: skip
-    assert {k[2]: n for k, n in counts.items() if k[0] == city} == {"a": 6, "b": 5, "c": 4}
+    assert {k[2]: n for k, n in counts.items() if k[0] == city} == {"a": 7, "b": 6, "c": 5}
 
 
 def test_the_value_count_combiner_sums_every_input_across_accumulators():
@@ -302,6 +304,56 @@ def test_the_value_count_combiner_sums_every_input_across_accumulators():
     out = fn.extract_output(fn.merge_accumulators([fn.merge_accumulators(accs[:2]), *accs[2:]]))
     assert dict(zip(out.column("value").to_pylist(), out.column("count").to_pylist())) == want
     assert fn.extract_output(fn.create_accumulator()) is None
+    pending = fn.create_accumulator()
+    for tab in tables[:5]:  # extracted without a merge (Beam may): every pending table counts
+        pending = fn.add_input(pending, tab)
+    five = fn.extract_output(pending)
+    assert five.column("count").to_numpy().sum() == sum(t.column("count").to_numpy().sum() for t in tables[:5])
+
+
+def test_draws_in_chunks_are_the_draws_at_once_every_value_once(tmp_path, monkeypatch):
+    import dataclasses
+
+    import dpcda.mechanisms.domain.derive as derive
+
+    t = _table()
+    req = _request(t, tmp_path)
+    ev = split_domain(0.05, coarse=len(req.numeric), values=len(req.counted), fine=len(req.numeric),
+                      reserved_delta=1e-6, epsilon=10.0)  # fmt: skip
+    everything = dataclasses.replace(ev, threshold=-1e12)  # every value comes back
+    amount = [d.name for d in req.counted].index("amount")
+    tabs = [tab for (j, *_), tab in value_count_shards(t, req, 1) if j == amount]
+    counts = merge_value_counts(tabs)
+    whole = noisy_values(KEY, amount, counts, everything)
+    monkeypatch.setattr(derive, "DRAW_CHUNK", 7)
+    assert counts.num_rows > 100 and noisy_values(KEY, amount, counts, everything) == whole
+    assert len({v for _, v, _ in whole}) == counts.num_rows
+
+
+def test_the_beam_step_over_several_files_gives_the_schema_of_the_exact_counts(tmp_path):
+    """DeriveDomain's two passes (each reading every file) against the step computed in one process."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from dpcda.transforms.domain import DeriveDomain
+
+    t = _table()
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i, part in enumerate(_split(t, np.random.default_rng(3))):
+        pq.write_table(part, folder / f"part-{i}.parquet")
+    files = sorted(str(f) for f in folder.glob("*.parquet"))
+    assert len(files) >= 2
+    req = _request(t, tmp_path)
+    ev = split_domain(0.05, coarse=len(req.numeric), values=len(req.counted), fine=len(req.numeric),
+                      reserved_delta=1e-6, epsilon=10.0)  # fmt: skip
+    want = _derive_all(t, tmp_path)
+    assert any(c.edges for c in want.columns if c.kind == "numeric")  # pass 2's fine counts chose edges
+    opts = PipelineOptions(flags=[], runner="DirectRunner", direct_running_mode="in_memory")
+    with beam.Pipeline(options=opts) as p:
+        key = p | "Key" >> beam.Create([KEY])
+        assert_that(p | DeriveDomain(files, req, ev, key, 0.3), equal_to([want]))
 
 
 def test_value_counts_sum_over_batches_to_the_columns_counts(tmp_path):

@@ -172,6 +172,40 @@ def test_neighbours_differing_in_one_long_value_get_the_same_decision(tmp_path, 
     assert cities[0] == cities[1] and "z" * 40 not in cities[1]
 
 
+@pytest.mark.parametrize(
+    "first,second",
+    [(pa.int64(), pa.float64()), (pa.timestamp("us"), pa.timestamp("ms")), (pa.string(), pa.int64())],
+    ids=["int-float", "timestamp-units", "string-int"],
+)
+def test_shards_storing_a_derived_column_with_other_types_are_refused_before_any_spend(tmp_path, capsys, first, second):
+    """Each shard's values are counted as stored (an int 12 and a float 12.0 are two values, a timestamp's integer
+    is in its file's unit): a shard whose footer gives a derived column another type is refused from the footers,
+    before the step spends anything (no ledger entry)."""
+    from dpcda.storage.ledger import open_ledger
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    rng = np.random.default_rng(5)
+    for i, t in enumerate((first, second)):
+        x = rng.integers(1, 40, 300)
+        col = pa.array(
+            [f"v{v}" for v in x] if pa.types.is_string(t) else x, pa.string() if pa.types.is_string(t) else pa.int64()
+        )
+        y = pa.array(rng.choice(["a", "b"], 300))
+        pq.write_table(pa.table({"x": col.cast(t), "y": y}), folder / f"part-{i}.parquet")
+    ledger = str(tmp_path / "ledger.db")
+    open_ledger(ledger, create=True)
+    out = tmp_path / "out"
+    args = ["--label", "y", "--epsilon", "1", "--ledger", ledger, "--dataset-id", "ds"]
+    rc = main(["release", "--input", str(folder / "*.parquet"), "--output", str(out), *args, *BEAM_ARGS])
+    err = capsys.readouterr().err
+    assert rc == EXIT_BAD_INPUT, err[-3000:]
+    assert_one_line_error(err, "part-1.parquet: column 'x' is", "declare the column in table:")
+    assert "v1" not in err.split("dpcda: error:")[-1]  # footers only: no value is read or named
+    assert_nothing_published(out)
+    assert [e for e in open_ledger(ledger).entries("ds") if e["state"] != "cap"] == []
+
+
 def test_a_release_stopped_after_the_domain_step_is_charged_each_run(tmp_path, capsys):
     """The review's reproducer: a label "a" x597, "b" x3 (one value released: the release stops after the DP step);
     run twice with --ledger, each run is charged the step's spend (not cancelled)."""

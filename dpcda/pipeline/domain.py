@@ -19,7 +19,7 @@ from dpcda.mechanisms.plan import release_budget
 from dpcda.privacy.budget import RhoShare
 from dpcda.privacy.domain import DomainEvent, split_domain
 from dpcda.schemas.table import TableSchema, parse_table_schema
-from dpcda.storage.paths import join, open_file
+from dpcda.storage.paths import InputError, join, open_file
 
 log = logging.getLogger("dpcda.release")
 DOMAIN_FILE = "domain.json"
@@ -33,7 +33,40 @@ def domain_request(cfg, files: list[str], arrow) -> Optional[DomainRequest]:
     if table.complete and not table.undeclared(arrow):
         return None
     req = request(table, arrow)
-    return None if req.empty else req
+    if req.empty:
+        return None
+    same_types(files, [d.name for d in req.derive], arrow)
+    return req
+
+
+def _counted_type(t):
+    """A column's type as the domain step counts its values: a dictionary as its values, a large string as a string."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return pa.string() if pa.types.is_large_string(t) else t
+
+
+def same_types(files: list[str], names: list[str], arrow) -> None:
+    """Refuses (InputError, one line, before any budget is spent) a file whose footer gives one of the derived
+    columns ``names`` another type than the first file's ``arrow`` schema does: the domain step counts each file's
+    stored values (an int 12 and a float 12.0 are two values; a timestamp's integer is in its file's unit). Footers
+    only: no row is read."""
+    from dpcda.storage.tables import arrow_schema_of
+
+    want = {n: _counted_type(arrow.field(n).type) for n in names}
+    for path in files[1:]:
+        got = arrow_schema_of(path)
+        for n, t in want.items():
+            if n not in got.names:
+                raise InputError(f"{path}: column '{n}' is missing (every shard has the first one's columns)")
+            other = _counted_type(got.field(n).type)
+            if other != t:
+                raise InputError(
+                    f"{path}: column '{n}' is {other} here and {t} in {files[0]}; write every shard with one type for "
+                    f"it, or declare the column in table:"
+                )
 
 
 def domain_share(share: float, *, numeric: int, counted: int, coarse_cells: int, fine_cells: int) -> RhoShare:

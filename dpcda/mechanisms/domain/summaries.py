@@ -2,8 +2,8 @@
 their memory set by the public grids, not the rows), and the per-batch value counts that a per-key sum combines.
 
 Pass 1 (over the input): ``CoarseCounter`` (each numeric column's counts on its coarse cells) and
-``value_count_shards`` (each value's count within one batch, keyed by (column, shard of the value); a value's count
-over the input is the sum over batches, ``merge_value_counts``). Pass 2:
+``value_count_shards`` (each value's count within one batch, keyed by (column, kind of value, shard of the value); a
+value's count over the input is the sum over batches, ``merge_value_counts``). Pass 2:
 ``FineCounter`` (each numeric column's counts on its fine cells, given pass 1's DP ranges and spikes).
 """
 
@@ -108,8 +108,10 @@ def _counted_array(arr) -> pa.Array:
 def _kinds(values: pa.Array, counts: pa.Array):
     """(kind, values, counts): a column's values split by the kinds ``value_tag`` names apart ("b" booleans, "i"
     integers, "f" floats, "s" strings), each kind in one Arrow type whatever the file stored (int64, and uint64 for
-    integers above int64's range, kind "u"; float64; large_string), so that the same value from files of different
-    types is counted under one key and never two values of different kinds under one name."""
+    integers above int64's range, kind "u"; float64; large_string), so that the same value from batches of
+    different widths is counted under one key and never two values of different kinds under one name (an int 12
+    and a float 12.0 are two values; the release refuses shards whose types differ before the step:
+    ``pipeline.domain.same_types``)."""
     t = values.type
     if pa.types.is_boolean(t):
         yield "b", values, counts
@@ -122,8 +124,10 @@ def _kinds(values: pa.Array, counts: pa.Array):
         yield "i", values.cast(pa.int64()), counts
     elif pa.types.is_floating(t):
         yield "f", values, counts  # float64 already (``_counted_array``)
-    else:
+    elif pa.types.is_string(t) or pa.types.is_large_string(t):
         yield "s", values.cast(pa.large_string()), counts
+    else:  # never expected: the request takes no other type, and every shard has the first one's types
+        raise TypeError(f"domain step: values of type {t} are not counted")
 
 
 def value_shards(values: pa.Array, shards: int = VALUE_SHARDS) -> np.ndarray:
