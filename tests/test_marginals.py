@@ -438,6 +438,22 @@ def test_a_release_keeps_the_schema_the_marginals_and_the_base_rate(released):
     assert tenure.min() >= 0 and tenure.max() <= 72 and pa.types.is_integer(out.schema.field("tenure").type)
 
 
+def test_a_boolean_column_stored_as_0_and_1_is_scored_like_one_stored_as_bool():
+    """The metrics' codes of a boolean column: an int64 0/1 column is False/True (it was scored as values outside
+    the declared ones on both sides, so its TVD was 0 whatever the rows held)."""
+    from dpcda.evaluation.table_metrics import codes, table_metrics
+
+    schema = parse_table_schema({"label": {"name": "y", "categories": ["a", "b"]},
+                                 "columns": [{"name": "flag", "kind": "boolean", "nullable": True}]})  # fmt: skip
+    y = pa.array(["a", "b", "a", "b"])
+    as_int = pa.table({"flag": pa.array([0, 1, 1, None], pa.int64()), "y": y})
+    as_bool = pa.table({"flag": pa.array([False, True, True, None]), "y": y})
+    assert codes(as_int, schema)["flag"][0].tolist() == codes(as_bool, schema)["flag"][0].tolist() == [0, 1, 1, 2]
+    other = pa.table({"flag": pa.array([0, 0, 0, 2], pa.int64()), "y": y})
+    assert codes(other, schema)["flag"][0].tolist() == [0, 0, 0, 3]  # 2 is outside 0 and 1
+    assert table_metrics(as_int, other, schema)["one_way_tvd"]["flag"] == 0.75
+
+
 def test_the_manifest_states_the_selection_and_its_epsilon_recomputes(released):
     _, rel = released
     mech, privacy = rel.manifest["mechanism"], rel.manifest["privacy"]

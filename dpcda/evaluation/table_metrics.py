@@ -36,8 +36,11 @@ def codes(table: pa.Table, schema: TableSchema) -> dict[str, tuple[np.ndarray, i
             x = np.array([np.nan if v is None else float(v) for v in values])
             c = np.searchsorted(edges, np.clip(x, col.lower, col.upper), side="right")
             out[col.name] = (np.where(np.isnan(x), BINS, c).astype(np.int64), BINS + 1)
+        elif kind == "boolean":  # stored as bool or as the integers 0 and 1 (False == 0, True == 1)
+            c = [2 if v is None else {False: 0, True: 1}.get(v, 3) for v in values]
+            out[col.name] = (np.asarray(c, np.int64), 4)  # + null, + a value outside 0 and 1
         else:
-            cats = list(col.categories) if kind == "categorical" else [False, True]
+            cats = list(col.categories)
             index = {repr(v): k for k, v in enumerate(cats)}
             null = len(cats)
             c = [null if v is None else index.get(repr(v), null + 1) for v in values]
