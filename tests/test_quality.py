@@ -177,7 +177,9 @@ def test_an_evaluation_reads_every_kth_synthetic_row_above_its_cap(dp_only, monk
     synth = pq.read_table(out / "synthetic").replace_schema_metadata(None)
     n = rel.manifest["output"]["rows"]
     assert synthetic_sample(str(out / "synthetic" / "*.parquet"), n, cap=n) == (synth, 1)
-    monkeypatch.setattr(quality, "SYNTHETIC_BATCH_ROWS", 97)  # batch ends that are no multiple of k
+    from dpcda.evaluation import tabular
+
+    monkeypatch.setattr(tabular, "SYNTHETIC_BATCH_ROWS", 97)  # batch ends that are no multiple of k
     got, step = synthetic_sample(str(out / "synthetic" / "*.parquet"), n, cap=n // 3)
     assert step == -(-n // (n // 3)) >= 3 and got.equals(synth.take(np.arange(0, n, step)))
 

@@ -23,17 +23,16 @@ The layout of quality.json: docs/tables.md, "Quality report".
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 from typing import Optional
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from dpcda.evaluation.stage import EVAL_DIR, EvaluationError
 from dpcda.evaluation.table_metrics import BINS
+from dpcda.evaluation.tabular import SYNTHETIC_BATCH_ROWS, synthetic_batches
 from dpcda.mechanisms.marginals.domain import codes_of, domain_of
 from dpcda.schemas.table import TableSchema
 from dpcda.storage.paths import exists, is_remote, join, open_file
@@ -95,9 +94,6 @@ def table_codes(table: pa.Table, schema: TableSchema, bins: int, what: str) -> n
     """(rows, columns + 1) codes of a table's rows (the label last), encoded by the public schema."""
     block = encode_batch(table, schema, what, 0)
     return codes_of(block.features, block.labels, schema, bins)
-
-
-SYNTHETIC_BATCH_ROWS = 1 << 16
 
 
 class CodeCounts:
@@ -378,20 +374,6 @@ def write_quality(out: str, report: dict, schema: TableSchema) -> None:
     ]
     with open_file(join(out, QUALITY), "wb") as fh:
         fh.write((json.dumps(report, indent=1, allow_nan=False) + "\n").encode())
-
-
-def synthetic_batches(pattern: str):
-    """The record batches of the release's synthetic Parquet files, read one file and one batch at a time."""
-    from dpcda.storage.paths import expand_glob
-
-    files = expand_glob(pattern)
-    if not files:
-        raise EvaluationError(f"{pattern}: no synthetic files match")
-    for f in files:
-        with open_file(f) as fh:
-            src = io.BytesIO(fh.read()) if is_remote(f) else fh  # one part file at a time
-            for batch in pq.ParquetFile(src).iter_batches(batch_size=SYNTHETIC_BATCH_ROWS):
-                yield batch.replace_schema_metadata(None)
 
 
 def quality_section(workdir: str, manifest: dict, eval_input: Optional[str], *, test_public: bool = False) -> dict:

@@ -51,6 +51,21 @@ def read_tables(pattern: str, what: str) -> pa.Table:
         raise EvaluationError(f"{pattern}: the {what} files differ in schema ({err})") from None
 
 
+SYNTHETIC_BATCH_ROWS = 1 << 16
+
+
+def synthetic_batches(pattern: str):
+    """The record batches of the release's synthetic Parquet files, read one file and one batch at a time."""
+    files = expand_glob(pattern)
+    if not files:
+        raise EvaluationError(f"{pattern}: no synthetic files match")
+    for f in files:
+        with open_file(f) as fh:
+            src = io.BytesIO(fh.read()) if is_remote(f) else fh  # one part file at a time
+            for batch in pq.ParquetFile(src).iter_batches(batch_size=SYNTHETIC_BATCH_ROWS):
+                yield batch.replace_schema_metadata(None)
+
+
 EVAL_ROWS = 1_000_000  # an evaluation that needs the synthetic rows together reads at most this many (every k-th)
 
 
@@ -58,8 +73,6 @@ def synthetic_sample(pattern: str, rows: int, cap: int = EVAL_ROWS) -> tuple[pa.
     """The synthetic table of ``rows`` rows in the files of ``pattern``, or, above ``cap`` rows, every k-th of them
     (k = ceil(rows / cap); a systematic sample of the released rows, themselves a DP output), read one batch at a
     time; and k."""
-    from dpcda.evaluation.quality import synthetic_batches
-
     step = max(1, -(-int(rows) // int(cap)))
     if step == 1:
         return read_tables(pattern, "synthetic"), 1
