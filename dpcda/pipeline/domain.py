@@ -12,6 +12,7 @@ import logging
 from typing import Optional
 
 import apache_beam as beam
+import pyarrow as pa
 
 from dpcda.mechanisms.domain.derive import assemble  # noqa: F401 - the launcher completes public-only tables with it
 from dpcda.mechanisms.domain.request import DomainRequest, request
@@ -41,8 +42,6 @@ def domain_request(cfg, files: list[str], arrow) -> Optional[DomainRequest]:
 
 def _counted_type(t):
     """A column's type as the domain step counts its values: a dictionary as its values, a large string as a string."""
-    import pyarrow as pa
-
     if pa.types.is_dictionary(t):
         t = t.value_type
     return pa.string() if pa.types.is_large_string(t) else t
@@ -53,14 +52,13 @@ def same_types(files: list[str], names: list[str], arrow) -> None:
     columns ``names`` another type than the first file's ``arrow`` schema does: the domain step counts each file's
     stored values (an int 12 and a float 12.0 are two values; a timestamp's integer is in its file's unit). Footers
     only: no row is read."""
-    from dpcda.storage.tables import arrow_schema_of
+    from dpcda.storage.tables import arrow_schema_of, check_columns
 
     want = {n: _counted_type(arrow.field(n).type) for n in names}
     for path in files[1:]:
         got = arrow_schema_of(path)
+        check_columns(path, names, got)
         for n, t in want.items():
-            if n not in got.names:
-                raise InputError(f"{path}: column '{n}' is missing (every shard has the first one's columns)")
             other = _counted_type(got.field(n).type)
             if other != t:
                 raise InputError(

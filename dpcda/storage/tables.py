@@ -131,14 +131,19 @@ def read_table_parquet(path: str, schema: TableSchema, batch_rows: int = 65536) 
         raise InputError(f"{path}: unreadable Parquet shard ({_one_line(err)})") from None
 
 
+def check_columns(path: str, names: list[str], schema: pa.Schema) -> None:
+    """InputError naming the first of ``names`` that shard ``path``'s ``schema`` lacks."""
+    missing = [n for n in names if n not in schema.names]
+    if missing:
+        raise InputError(f"{path}: column '{missing[0]}' is missing (every shard has the first one's columns)")
+
+
 def read_columns(path: str, names: list[str], batch_rows: int = 65536) -> Iterator[pa.RecordBatch]:
     """The record batches of a Parquet table's columns ``names`` (nothing else is read)."""
     try:
         with open_file(path) as fh:
             pf = parquet_file(fh, path)
-            missing = [n for n in names if n not in pf.schema_arrow.names]
-            if missing:
-                raise InputError(f"{path}: column '{missing[0]}' is missing (every shard has the first one's columns)")
+            check_columns(path, names, pf.schema_arrow)
             yield from pf.iter_batches(batch_size=batch_rows, columns=names)
     except InputError:
         raise
