@@ -777,3 +777,45 @@ def test_table_targets_read_the_readme_and_state_each_target_met_or_not(tmp_path
     # one-way TVD on the real column's range: the same table is 0, a shifted numeric column is not
     assert max(tt.one_way_tvd(real, real, schema).values()) == 0.0
     assert tt.one_way_tvd(real, synth, schema)["tenure"] > 0.5
+
+
+def test_error_budget_rounds_exact_shares_and_redraws_columns_on_the_derived_domain(tmp_path):
+    """The study's 'exact counts on the release's domain': each code's share rounded to the rows (no sampling noise),
+    spikes back exactly, values clipped to the range, an integer column's bin values integers that are not spikes, an
+    unreleased category in the other bucket, nulls kept."""
+    import json
+
+    import pyarrow as pa
+
+    from benchmarks.studies.table_error_budget import _rounded, exact_on_domain
+
+    rng = np.random.default_rng(0)
+    codes = _rounded(np.array([2.5, 0.0, 7.5, 1.0]), 11, rng)
+    counts = np.bincount(codes, minlength=4)
+    assert counts.sum() == 11 and counts[1] == 0 and counts[3] == 1
+    assert all(abs(c - s) < 1 for c, s in zip(counts, np.array([2.5, 0.0, 7.5, 1.0]) / 11 * 11))
+
+    n = 400
+    k = np.array([0] * 100 + [5] * 100 + list(range(1, 5)) * 25 + [50] * 50 + [None] * 50, dtype=object)
+    cat = np.array(["a"] * 300 + ["b"] * 90 + ["rare"] * 10, dtype=object)
+    train = pa.table({"k": pa.array(k.tolist(), pa.int64()), "c": pa.array(cat.tolist()), "y": pa.array(["u"] * n)})
+    domain = {
+        "label": {"name": "y", "categories": ["u"]},
+        "columns": [
+            {"name": "k", "kind": "numeric", "lower": 0.0, "upper": 10.0, "nullable": True, "edges": [0.0, 3.0, 10.0],
+             "spikes": [0.0, 5.0]},
+            {"name": "c", "kind": "categorical", "categories": ["a", "b"], "other": "(other)"},
+        ],
+    }  # fmt: skip
+    path = tmp_path / "domain.json"
+    path.write_text(json.dumps(domain))
+    out = exact_on_domain(train, str(path), seed=3)
+    assert out.schema == train.schema and out.num_rows == n
+    kv = out.column("k").to_pylist()
+    assert kv.count(None) == 50 and kv.count(0) == 100 and kv.count(5) == 100
+    inside = [v for v in kv if v not in (None, 0, 5)]
+    assert len(inside) == 150 and all(isinstance(v, int) and 0 <= v <= 10 and v != 5 for v in inside)
+    # bin [0, 3): 50 of the 1..4 values (1, 2); bin [3, 10]: the other 50 and the 50 rows of 50 clipped to 10
+    assert sum(v < 3 for v in inside) == 50
+    cv = out.column("c").to_pylist()
+    assert cv.count("a") == 300 and cv.count("b") == 90 and cv.count("(other)") == 10 and "rare" not in cv
