@@ -22,6 +22,7 @@ from dpcda.mechanisms.domain.derive import (
     first_pass,
     noisy_values,
     other_value,
+    trim_ends,
 )
 from dpcda.mechanisms.domain.grid import Coarse, Fine
 from dpcda.mechanisms.domain.request import request
@@ -403,6 +404,38 @@ def test_dp_edges_are_increasing_and_span_the_range():
     noisy = np.random.default_rng(2).normal(50, 20, f.cells)
     edges = dp_edges(f, noisy)
     assert edges[0] == 16.0 and edges[-1] == 128.0 and all(b > a for a, b in zip(edges, edges[1:]))
+
+
+def test_trim_ends_draws_a_range_end_in_to_a_wall_of_values_inside_its_end_bin():
+    """A float column whose range starts at 16 (its grid's cell) and whose values start with a heap at 18.25: the first
+    fine cell [16, 17.75) is left out, the values' cells kept; a light tail (no cell of 3 stds in the last bin) keeps
+    the range's end; the range still holds a spike."""
+    f = Fine(16.0, 128.0, False)
+    noisy = np.full(f.cells, 10.0)
+    noisy[0], noisy[1], noisy[2] = 20.0, 400.0, 600.0  # 20: noise on an empty cell, below one std
+    edges = [16.0, f.boundary(3), 64.0, 128.0]
+    out = trim_ends(f, noisy, edges, 45.0)
+    assert out == [f.boundary(1), f.boundary(3), 64.0, 128.0]
+    noisy[0] = 100.0  # more than a std over one cell: values may be there, kept
+    assert trim_ends(f, noisy, edges, 45.0) == edges
+    noisy[0] = 20.0
+    spiked = Fine(16.0, 128.0, False, spikes=(16.5,))
+    assert trim_ends(spiked, noisy, edges, 45.0)[0] == 16.5
+
+
+def test_trim_ends_cuts_an_integer_columns_last_bin_after_its_last_value():
+    """Per-integer fine cells over [0, 40]: values at 36 and 37, none above: the range ends at 37 (it ended at 40);
+    spikes' cells are not counted; an integer column's edges stay integers with a value in every bin."""
+    f = Fine(0.0, 40.0, True, spikes=(38.0,))
+    noisy = np.full(f.cells, 200.0)
+    noisy[36], noisy[37], noisy[38], noisy[39], noisy[40] = 300.0, 300.0, 500.0, -30.0, 12.0  # 38: a spike's cell
+    out = trim_ends(f, noisy, [0.0, 20.0, 36.0, 40.0], 45.0)
+    assert out[-1] == 38.0  # 38 is a spike: the range holds it
+    f = Fine(0.0, 40.0, True)
+    noisy[38] = -10.0
+    out = trim_ends(f, noisy, [0.0, 20.0, 36.0, 40.0], 45.0)
+    assert out == [0.0, 20.0, 36.0, 37.0]
+    assert trim_ends(f, np.full(f.cells, 10.0), [0.0, 20.0, 40.0], 45.0) == [0.0, 20.0, 40.0]  # no wall: unchanged
 
 
 def test_other_value_is_not_a_category():

@@ -28,7 +28,8 @@ Measurements (``mechanisms.domain`` computes the exact counts, draws the noise a
    ``privacy.accounting.account`` subtracts it from the accountant's delta.
 3. ``fine``: per numeric column, the counts on a PUBLIC grid of cells inside the column's range (an output of 1.), the
    values released as spikes by 2. left out (chosen by DP outputs, so the grid is public), plus N(0, s_f^2) per cell:
-   L2 sensitivity 1 per column, ``GaussianDpEvent(s_f)`` per column. Its output chooses the bin edges.
+   L2 sensitivity 1 per column, ``GaussianDpEvent(s_f)`` per column. Its output chooses the bin edges and draws
+   the range's ends in to the first and last cells of values inside the end bins (post-processing).
 
 The three are zCDP Gaussians (each ``1 / (2 s^2)`` per column); their share of the release's zCDP budget is split by
 ``SHARES`` among the measurements the table needs, and ``DomainEvent`` holds the stds. The later measurements depend
