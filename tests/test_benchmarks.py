@@ -819,3 +819,11 @@ def test_error_budget_rounds_exact_shares_and_redraws_columns_on_the_derived_dom
     assert sum(v < 3 for v in inside) == 50
     cv = out.column("c").to_pylist()
     assert cv.count("a") == 300 and cv.count("b") == 90 and cv.count("(other)") == 10 and "rare" not in cv
+
+    from benchmarks.studies.table_error_budget import outside_range
+    from dpcda.schemas.table import parse_table_schema
+
+    schema = parse_table_schema({**domain, "label": {"name": "y", "categories": ["u", "v"]}})
+    assert outside_range(train, out, schema) == {"k": 0.0}  # the range [0, 10] lies inside the real [0, 50]
+    synth = train.set_column(0, "k", pa.array([-1, 51, 0, 50] + [None] * (n - 4), pa.int64()))
+    assert outside_range(train, synth, schema) == {"k": 0.5}  # two of the four non-null values
