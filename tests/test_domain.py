@@ -5,6 +5,7 @@ decoding of derived columns (other bucket, exact spikes, dates and timestamps, d
 from __future__ import annotations
 
 import datetime
+import math
 import pickle
 
 import numpy as np
@@ -436,6 +437,23 @@ def test_trim_ends_cuts_an_integer_columns_last_bin_after_its_last_value():
     out = trim_ends(f, noisy, [0.0, 20.0, 36.0, 40.0], 45.0)
     assert out == [0.0, 20.0, 36.0, 37.0]
     assert trim_ends(f, np.full(f.cells, 10.0), [0.0, 20.0, 40.0], 45.0) == [0.0, 20.0, 40.0]  # no wall: unchanged
+
+
+def test_trim_ends_merges_an_integer_end_bin_left_with_its_inner_edge_only():
+    """Values 1..38 on per-integer cells over [0, 40]: both ends are cut (1 and 38), also where the last bin keeps only
+    the value at its inner edge (the bin then merges into the one before); an integer column on 64 equal cells ends on
+    the last integer of its last cell of values."""
+    f = Fine(0.0, 40.0, True)
+    noisy = np.zeros(f.cells)
+    noisy[1:39] = 400.0
+    edges = dp_edges(f, noisy)
+    assert edges[-2] == 38.0  # the last bin [38, 40] holds 38 only
+    out = trim_ends(f, noisy, edges, 45.0)
+    assert out[0] == 1.0 and out[-1] == 38.0 and all(b > a for a, b in zip(out, out[1:]))
+    wide = Fine(0.0, 127.0, True)  # 128 integers: 64 cells of 127/64 (1.98) integers each
+    noisy = np.where(np.arange(wide.cells) < 56, 300.0, 0.0)  # values in cells 0..55 (up to 111), the last bin from 100
+    out = trim_ends(wide, noisy, [0.0, 64.0, 100.0, 127.0], 45.0)
+    assert out == [0.0, 64.0, 100.0, float(math.ceil(wide.boundary(56)) - 1)] and out[-1] == 111.0
 
 
 def test_other_value_is_not_a_category():

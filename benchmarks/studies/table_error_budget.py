@@ -70,8 +70,7 @@ def declared_config(domain_json: str, path: str) -> None:
     for col in table["columns"]:
         for k in [k for k, v in col.items() if v is None]:
             del col[k]
-    with open(path, "w") as fh:
-        yaml.safe_dump({"mechanism": "marginals", "mode": "poisson", "table": table}, fh)
+    write_text(path, yaml.safe_dump({"mechanism": "marginals", "mode": "poisson", "table": table}))
 
 
 def _rounded(counts: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:

@@ -12,7 +12,7 @@ Everything below a measurement is post-processing of DP outputs and public facts
 - bin edges (``dp_edges``): ``QUANTILE_BINS`` quantiles of the noisy fine counts' cumulative sum (spikes not counted)
   and ``EQUAL_BINS`` equal bins of the range, together; an integer column's edges are integers and every bin holds
   an integer that is not a spike (a bin without one is merged into its neighbour);
-- the range's ends drawn in to the data's edge (``trim_ends``): inside the first bin, the fine cells before the first
+- the range's ends drawn in inside its end bins (``trim_ends``): inside the first bin, the fine cells before the first
   one whose noisy count reaches ``RANGE_STDS`` stds (a wall of values) are left out of the range where their noisy
   sum is at most one std per square root of their number (the range still holds every spike); the last bin likewise
   from above. A bin is cut only up to such a wall, so a value the cut clips moves less than a bin's width (a range's
@@ -235,10 +235,10 @@ def trim_ends(fine: Fine, noisy: np.ndarray, edges: list, std: float) -> list:
         else:
             hi = float(stop[c]) if not fine.integer else float(math.ceil(stop[c]) - 1)
         out[-1] = max([hi, *spikes[spikes > hi]])
-    if not all(a < b for a, b in zip(out, out[1:])):
+    if fine.integer:  # an end that met its bin's inner edge (the bin's one value left) merges that bin into the next
+        out = _integer_bins(out, out[0], out[-1], set(fine.spikes)) if out[0] < out[-1] else []
+    if len(out) < 2 or not all(a < b for a, b in zip(out, out[1:])):
         return [float(e) for e in edges]  # never expected: a cut stops at a wall inside its bin
-    if fine.integer:
-        return _integer_bins(out, out[0], out[-1], set(fine.spikes)) or [float(e) for e in edges]
     return out
 
 
