@@ -800,7 +800,7 @@ def test_error_budget_rounds_exact_shares_and_redraws_columns_on_the_derived_dom
     cat = np.array(["a"] * 300 + ["b"] * 90 + ["rare"] * 10, dtype=object)
     train = pa.table({"k": pa.array(k.tolist(), pa.int64()), "c": pa.array(cat.tolist()), "y": pa.array(["u"] * n)})
     domain = {
-        "label": {"name": "y", "categories": ["u"]},
+        "label": {"name": "y", "categories": ["u", "v"]},
         "columns": [
             {"name": "k", "kind": "numeric", "lower": 0.0, "upper": 10.0, "nullable": True, "edges": [0.0, 3.0, 10.0],
              "spikes": [0.0, 5.0]},
@@ -823,7 +823,7 @@ def test_error_budget_rounds_exact_shares_and_redraws_columns_on_the_derived_dom
     from benchmarks.studies.table_error_budget import outside_range
     from dpcda.schemas.table import parse_table_schema
 
-    schema = parse_table_schema({**domain, "label": {"name": "y", "categories": ["u", "v"]}})
+    schema = parse_table_schema(domain)
     assert outside_range(train, out, schema) == {"k": 0.0}  # the range [0, 10] lies inside the real [0, 50]
     synth = train.set_column(0, "k", pa.array([-1, 51, 0, 50] + [None] * (n - 4), pa.int64()))
     assert outside_range(train, synth, schema) == {"k": 0.5}  # two of the four non-null values

@@ -16,9 +16,9 @@ the real test column's range, categories as examples/<table>.yaml declares them,
 - ``exact counts on the release's domain``: each column drawn independently from the EXACT counts of the training
   rows on the domain the no-config release derived (its range, bins, spikes and categories; a value outside the
   range clipped to it, an unreleased category in its "other" bucket), each code's share rounded to as many rows as
-  the training table (no sampling noise at the codes, as a release rounds its model's counts), a value drawn
-  uniformly inside its bin (an integer column: among the bin's integers that are not spikes). Not private: what the
-  domain alone costs, with no noise;
+  the training table (no sampling noise at the codes, as a release rounds its model's counts), then decoded as a
+  release decodes its codes (a value inside its bin: an integer column's among the bin's integers that are not
+  spikes). Not private: what the domain alone costs, with no noise;
 - ``MST, whole budget, release's domain declared``: a release with that domain written in a config's ``table:``
   section (no DP domain step: MST spends the whole budget);
 - ``no-config release``: ``dpcda release --input ... --label ... --epsilon ...`` (the domain step spends its share).
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -45,6 +44,7 @@ import yaml
 from benchmarks.checks.table_targets import one_way_tvd, read_table, table_schema
 from benchmarks.files import RESULTS, ROOT, write_text
 
+BINS = 20  # the marginals mechanism's default (--marginals-bins)
 SOURCES = (
     "real training table",
     "training rows resampled",
@@ -82,42 +82,6 @@ def _rounded(counts: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray
     return rng.permutation(np.repeat(np.arange(counts.size), whole))
 
 
-def _numeric_draw(x: np.ndarray, col: dict, integer: bool, rng: np.random.Generator) -> np.ndarray:
-    """Values drawn from the exact counts of ``x`` (float64, nan for null) on the column's spikes, bins and null."""
-    spikes = np.asarray(col.get("spikes") or [], np.float64)
-    edges = np.asarray(col.get("edges") or [], np.float64)
-    lo, hi = col["lower"], col["upper"]
-    nulls = np.isnan(x)
-    v = np.clip(x[~nulls], lo, hi)
-    spike = np.isin(v, spikes)
-    bins = max(len(edges) - 1, 0)
-    codes = np.where(spike, np.searchsorted(spikes, v), len(spikes))
-    if bins:
-        codes = np.where(spike, codes, len(spikes) + np.clip(np.searchsorted(edges, v, side="right") - 1, 0, bins - 1))
-    size = len(spikes) + bins + 1
-    counts = np.bincount(codes, minlength=size).astype(np.float64)
-    counts[-1] = nulls.sum()
-    draw = _rounded(counts, x.size, rng)
-    out = np.full(x.size, np.nan)
-    for code in np.unique(draw):
-        rows = np.flatnonzero(draw == code)
-        if code == size - 1:
-            continue
-        if code < len(spikes):
-            out[rows] = spikes[code]
-            continue
-        b = code - len(spikes)
-        a, z = edges[b], edges[b + 1]
-        if integer:
-            top = z if b == bins - 1 else z - 1
-            ints = np.arange(math.ceil(a), math.floor(top) + 1, dtype=np.float64)
-            ints = ints[~np.isin(ints, spikes)] if np.any(~np.isin(ints, spikes)) else ints
-            out[rows] = rng.choice(ints, rows.size)
-        else:
-            out[rows] = a + rng.random(rows.size) * (z - a)
-    return out
-
-
 def resampled(train: pa.Table, seed: int) -> pa.Table:
     """Each column of the training table drawn independently, with replacement, from its own values."""
     rng = np.random.default_rng([seed, 1])
@@ -125,30 +89,30 @@ def resampled(train: pa.Table, seed: int) -> pa.Table:
     return pa.table({name: train.column(name).take(pa.array(rng.integers(0, n, n))) for name in train.column_names})
 
 
-def exact_on_domain(train: pa.Table, domain_json: str, seed: int) -> pa.Table:
-    """The training table's columns redrawn independently from their exact counts on the derived domain."""
+def exact_on_domain(train: pa.Table, domain_json: str, seed: int, bins: int = BINS) -> pa.Table:
+    """The training table's columns redrawn independently from their exact counts on the derived domain, through the
+    release's own coding and decoding: its codes (``evaluation.quality.table_codes``), each column's shares rounded
+    (``_rounded``), values inside their bins (``marginals.domain.rows_of``) and the Arrow columns
+    (``storage.tables.decode_rows``). ``bins``: for a numeric column without edges (a derived one has its own)."""
+    from dpcda.evaluation.quality import table_codes
+    from dpcda.mechanisms.marginals.domain import rows_of
+    from dpcda.privacy.noise import NoiseStream, key_from_test_seed
+    from dpcda.schemas.table import parse_table_schema, physical_integer
+    from dpcda.storage.tables import decode_rows, decode_uniforms
+
     with open(domain_json) as fh:
-        domain = json.load(fh)
+        schema = parse_table_schema(json.load(fh), domain_json)
+    codes = table_codes(train, schema, bins, "training")
     rng = np.random.default_rng(seed)
-    out = train
-    for col in domain["columns"]:
-        name = col["name"]
-        field = train.schema.field(name)
-        if col["kind"] == "numeric":
-            x = train.column(name).cast(pa.float64()).to_numpy(zero_copy_only=False)
-            y = _numeric_draw(np.asarray(x, np.float64), col, pa.types.is_integer(field.type), rng)
-            arr = pa.array(y, pa.float64(), mask=np.isnan(y)).cast(field.type, safe=False)
-        else:
-            values = train.column(name).to_pylist()
-            if col["kind"] == "categorical":
-                other = col.get("other")
-                values = [v if v is None or v in col["categories"] else other for v in values]
-            keys = sorted(set(values), key=lambda v: (v is None, str(v)))
-            index = {v: i for i, v in enumerate(keys)}
-            counts = np.bincount([index[v] for v in values], minlength=len(keys)).astype(np.float64)
-            arr = pa.array([keys[i] for i in _rounded(counts, len(values), rng)], field.type)
-        out = out.set_column(out.schema.get_field_index(name), name, arr)
-    return out
+    drawn = np.stack([_rounded(np.bincount(c).astype(np.float64), len(c), rng) for c in codes.T], axis=1)
+    integers = frozenset(
+        c.name for c in schema.columns
+        if c.kind == "numeric" and pa.types.is_integer(physical_integer(train.schema.field(c.name).type))
+    )  # fmt: skip
+    key = key_from_test_seed(seed)
+    x, y = rows_of(drawn, schema, bins, NoiseStream(key, "error-budget", "values"), integers)
+    uniforms = decode_uniforms(key, "error-budget", len(x), schema) if schema.decoding == "sample" else None
+    return decode_rows(x, y, schema, train.schema, uniforms=uniforms)
 
 
 def outside_range(train: pa.Table, synth: pa.Table, schema) -> dict:
