@@ -78,6 +78,12 @@ def test_one_command_releases_a_table_with_its_arrow_schema(tmp_path, capsys):
     assert {e["name"]: len(e["codes"]) for e in quality["columns"]} == mech["columns"]
     city = next(e for e in quality["columns"] if e["name"] == "city")
     assert city["codes"][-2:] == ["(other)", "null"] or city["codes"][-1] == "(other)"
+    spikes = {c["name"]: c.get("spikes") or [] for c in inp["columns"]}
+    term_entry = next(e for e in quality["columns"] if e["name"] == "term")
+    assert term_entry["spikes"] == spikes["term"] and len(spikes["term"]) >= 4  # listed first among its codes
+    assert term_entry["codes"][: len(spikes["term"])] == [f"{v:.4g}" for v in spikes["term"]]
+    trend = next(t for t in quality["label_trends"]["columns"] if t["name"] == "term")
+    assert trend["spikes"] == term_entry["spikes"] and trend["codes"] == term_entry["codes"]
 
 
 def test_drop_columns_leaves_a_column_out_and_unread_and_the_evaluation_reads_the_derived_schema(tmp_path, capsys):

@@ -80,6 +80,36 @@ def test_noisy_label_rates_leave_out_merged_codes_and_clip():
     assert quality.trend_tvd([[0.5, 0.5], None], [[0.75, 0.25], [0.0, 1.0]], [0.5, 0.5]) == pytest.approx(0.25)
 
 
+def test_a_numeric_column_s_codes_are_drawn_in_value_order_with_its_spikes_marked():
+    from dpcda.evaluation.quality_plot import _order, _ticks
+    from dpcda.evaluation.report import _pyplot
+
+    # quality.json lists a numeric column's spikes first, then its bins, then null
+    entry = {"name": "term", "codes": ["24", "36", "[8, 20)", "[20, 30)", "[30, 40]", "null"], "spikes": [24.0, 36.0],
+             "edges": [8.0, 20.0, 30.0, 40.0]}  # fmt: skip
+    order = _order(entry)
+    assert order.tolist() == [2, 3, 0, 4, 1, 5]
+    plt = _pyplot()
+    fig, ax = plt.subplots()
+    try:
+        _ticks(ax, entry, True, order)
+        ticks = ax.get_xticklabels()
+        assert [t.get_text() for t in ticks] == ["8", "20", "24", "30", "36", "null"]
+        assert [t.get_fontweight() for t in ticks] == ["normal", "normal", "bold", "normal", "bold", "normal"]
+        assert list(ax.get_xticks()) == [0, 1, 2, 3, 4, 5] and "a code of its own" in ax.get_xlabel()
+        # a spike on a bin's lower edge comes before that bin; a column without spikes keeps its order
+        zero = {"name": "x", "codes": ["0", "[0, 5)", "[5, 9]"], "spikes": [0.0], "edges": [0.0, 5.0, 9.0]}
+        assert _order(zero).tolist() == [0, 1, 2]
+        plain = {"name": "y", "codes": ["[0, 5)", "[5, 9]", "null"], "edges": [0.0, 5.0, 9.0]}
+        assert _order(plain).tolist() == [0, 1, 2]
+        ax.clear()
+        _ticks(ax, plain, True, _order(plain))
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "5", "null"]
+        assert "a code of its own" not in ax.get_xlabel()
+    finally:
+        plt.close(fig)
+
+
 # ---------------------------------------------------------------- releases
 
 

@@ -12,8 +12,9 @@ What it sets side by side, per column (the label included) and per column's tren
   the test set, which the privacy guarantee does not cover; without ``--eval-input`` no real-data figure is computed.
 
 Binning: the codes the marginals mechanism counts on (``mechanisms.marginals.domain``: a category, 0/1, a numeric
-column's equal bins of its declared bounds, one more code for null), at the release's ``marginals_bins`` for a
-marginals release (the noisy counts' own codes) and at ``table_metrics.BINS`` otherwise; the rows are encoded by the
+column's spikes then its bins (its declared or DP-derived edges, else equal bins of its declared bounds), one more
+code for null), at the release's ``marginals_bins`` for a marginals release (the noisy counts' own codes) and at
+``table_metrics.BINS`` otherwise; the rows are encoded by the
 public schema first (``storage.tables.encode_batch``), as the mechanism encodes its input.
 
 Distances: TVD (half the L1 distance of two share vectors) per column; for a label trend, the label's TVD within
@@ -234,12 +235,15 @@ def quality_report(
     for j, col in enumerate(cols):
         size = dom.sizes[j]
         labels, edges = code_labels(col, bins) if j < len(schema.columns) else ([str(c) for c in col.categories], None)
+        numeric = {"edges": edges} if edges is not None else {}
+        if getattr(col, "kind", None) == "numeric" and col.spikes:
+            numeric["spikes"] = [float(v) for v in col.spikes]
         entry = {
             "name": col.name,
             "role": "feature" if j < len(schema.columns) else "label",
             "kind": getattr(col, "kind", "categorical"),
             "codes": labels,
-            **({"edges": edges} if edges is not None else {}),
+            **numeric,
             "synthetic": cs.shares(j).tolist(),
         }
         distances = {}
@@ -258,7 +262,7 @@ def quality_report(
         columns.append(entry)
         if j == len(schema.columns):
             break
-        trend = {"name": col.name, "codes": labels, **({"edges": edges} if edges is not None else {})}
+        trend = {"name": col.name, "codes": labels, **numeric}
         trend["synthetic"] = cs.label_rates(j)
         t = {}
         if col.name in pairs:
@@ -287,8 +291,9 @@ def quality_report(
         "release": release or {},
         "binning": {
             "bins": bins,
-            "numeric": f"{bins} equal bins of each numeric column's declared [lower, upper] (a value on an edge in "
-            "the bin above it; the last bin takes upper)",
+            "numeric": "a numeric column's spikes first (values with a code of their own, listed in 'spikes'), then "
+            f"its bins: its declared or DP-derived 'edges', else {bins} equal bins of its declared [lower, upper] (a "
+            "value on an edge in the bin above it; the last bin takes upper)",
             "null": "a nullable column's null is a code of its own",
             "encoding": "every table encoded by the public schema first, as the release encodes its input",
         },

@@ -1,5 +1,6 @@
 """The quality report's pictures (``evaluation.quality``), drawn from quality.json's content only, for readers without
-code: one panel per column, full column names, category names or bin edges on the x axis, a legend that names each
+code: one panel per column, full column names, category names or a numeric column's codes in value order (spikes
+bold and hatched, bins by their lower edges) on the x axis, a legend that names each
 source ("synthetic", "noisy measurement (DP)", "real held-out (not DP)") and a note under the figure saying what the
 noisy and the real figures are.
 
@@ -32,24 +33,56 @@ def _sources(report: dict) -> list[str]:
     return [s for s in STYLE if "legend" in report["sources"].get(s, {})]
 
 
-def _ticks(ax, entry: dict, rotate: bool) -> None:
-    """Category names (wrapped) or, for a numeric column, the lower edges of a few bins, and the axis label."""
+def _value(v: float) -> str:
+    """A tick's number: a whole number below 10^7 in full, else 4 significant digits."""
+    return str(int(v)) if v == int(v) and abs(v) < 1e7 else f"{v:.4g}"
+
+
+def _order(entry: dict) -> np.ndarray:
+    """The order a column's codes are drawn in: a numeric column's spikes and bins by value (a spike after the bin
+    that holds its value, before a bin whose lower edge it is), then its other codes (null) as listed; any other
+    column's codes as listed. quality.json lists a numeric column's spikes first, then its bins."""
+    n = len(entry["codes"])
+    spikes, edges = entry.get("spikes") or [], entry.get("edges") or []
+    keys = [(float(v), 0) for v in spikes] + [(float(a), 1) for a in edges[:-1]]
+    return np.array(sorted(range(len(keys)), key=keys.__getitem__) + list(range(len(keys), n)), dtype=np.int64)
+
+
+def _spike_codes(entry: dict) -> set:
+    """The codes (quality.json's positions) that are spikes: the first ``len(spikes)``."""
+    return set(range(len(entry.get("spikes") or [])))
+
+
+def _ticks(ax, entry: dict, rotate: bool, order: np.ndarray) -> None:
+    """Category names (wrapped) or, for a numeric column, each code in value order by its value (a spike, in bold) or
+    its bin's lower edge (a few of them where the bins are many), and the axis label."""
     names = entry["codes"]
-    pos = np.arange(len(names))
-    if "edges" in entry:
-        bins = len(entry["edges"]) - 1
-        step = max(1, math.ceil(bins / 7))
-        shown = [b for b in range(bins) if b % step == 0]
-        labels = [f"{entry['edges'][b]:.4g}" for b in shown]
-        if len(names) > bins:  # the null code
-            shown.append(bins)
-            labels.append("null")
-        ax.set_xticks(shown, labels, fontsize=8)
-        width = entry["edges"][1] - entry["edges"][0]
-        ax.set_xlabel(f"{entry['name']} (bins {width:.4g} wide; tick: a bin's lower edge)", fontsize=8)
+    if "edges" in entry or entry.get("spikes"):
+        spikes, edges = entry.get("spikes") or [], entry.get("edges") or []
+        values = [float(v) for v in spikes] + [float(a) for a in edges[:-1]]
+        step = 1 if len(values) <= 36 else math.ceil(len(values) / 24)
+        shown, labels, bold = [], [], []
+        for at, code in enumerate(order):
+            spike = code < len(spikes)
+            if code >= len(values):
+                label = names[code]  # null
+            elif spike or (code - len(spikes)) % step == 0:
+                label = _value(values[code])
+            else:
+                continue
+            shown.append(at)
+            labels.append(label)
+            bold.append(spike)
+        ax.set_xticks(shown, labels, fontsize=7, rotation=90)
+        for tick, b in zip(ax.get_xticklabels(), bold):
+            if b:
+                tick.set_fontweight("bold")
+        what = "a bin by its lower edge" + ("; bold and hatched: a value with a code of its own" if spikes else "")
+        ax.set_xlabel(f"{entry['name']} ({what})", fontsize=8)
     else:
         wrapped = [textwrap.fill(str(n), 14) for n in names]
-        ax.set_xticks(pos, wrapped, fontsize=8, rotation=30 if rotate else 0, ha="right" if rotate else "center")
+        ax.set_xticks(np.arange(len(names)), wrapped, fontsize=8, rotation=30 if rotate else 0,
+                      ha="right" if rotate else "center")  # fmt: skip
         ax.set_xlabel(entry["name"], fontsize=8)
 
 
@@ -114,15 +147,20 @@ def draw_distributions(path: str, report: dict) -> list[str]:
     sources = _sources(report)
     for ax, e in zip(axes, entries):
         present = [s for s in sources if e.get(s) is not None]
+        order = _order(e)
         pos = np.arange(len(e["codes"]))
+        spikes = [at for at, code in enumerate(order) if code in _spike_codes(e)]
         width = 0.8 / max(len(present), 1)
         for i, s in enumerate(present):
             colour = STYLE[s][0]
             err = None
             if s == "noisy_measurement" and e.get("noisy_measurement_std") is not None:
                 err = np.full(len(pos), e["noisy_measurement_std"])
-            ax.bar(pos + (i - (len(present) - 1) / 2) * width, e[s], width, color=colour, yerr=err, capsize=1.5,
-                   error_kw={"elinewidth": 0.8}, label=report["sources"][s]["legend"])  # fmt: skip
+            bars = ax.bar(pos + (i - (len(present) - 1) / 2) * width, np.asarray(e[s], np.float64)[order], width,
+                          color=colour, yerr=err, capsize=1.5, error_kw={"elinewidth": 0.8},
+                          label=report["sources"][s]["legend"])  # fmt: skip
+            for at in spikes:
+                bars[at].set_hatch("///")
         distances = " · ".join(
             f"TVD vs {'noisy' if k.endswith('noisy_measurement') else 'real'} {v:.3f}"
             for k, v in e["tvd"].items()
@@ -132,7 +170,7 @@ def draw_distributions(path: str, report: dict) -> list[str]:
         ax.set_title(f"{e['name']}{role}\n{distances or 'synthetic only'}", fontsize=10)
         ax.set_ylabel("share of rows", fontsize=8)
         ax.tick_params(axis="y", labelsize=8)
-        _ticks(ax, e, rotate=len(e["codes"]) > 2 or any(len(str(c)) > 10 for c in e["codes"]))
+        _ticks(ax, e, rotate=len(e["codes"]) > 2 or any(len(str(c)) > 10 for c in e["codes"]), order=order)
     title = "Release quality: each column's distribution"
     panels = _panels(fig)
     note = _note(report) + " Error bars: one noise std over the column's noisy total."
@@ -153,15 +191,18 @@ def draw_label_trends(path: str, report: dict) -> list[str]:
     sources = _sources(report)
     one_way = {e["name"]: e for e in report["columns"]}
     for ax, t in zip(axes, trends["columns"]):
+        order = _order(t)
         pos = np.arange(len(t["codes"]))
         top = 0.0
         for s in sources:
             rates = t.get(s)
             if rates is None:
                 continue
+            rates = [rates[code] for code in order]
             colour, style, _ = STYLE[s]
-            few = np.asarray(one_way[t["name"]][s], np.float64) < FEW  # rates of a handful of rows: not drawn
+            few = np.asarray(one_way[t["name"]][s], np.float64)[order] < FEW  # rates of a handful of rows: not drawn
             err = t.get("noisy_measurement_std") if s == "noisy_measurement" else None
+            err = None if err is None else [err[code] for code in order]
             for n, c in enumerate(shown):
                 y = np.array([np.nan if r is None or r[c] is None else r[c] for r in rates], np.float64)
                 y[few] = np.nan
@@ -184,7 +225,7 @@ def draw_label_trends(path: str, report: dict) -> list[str]:
         )
         ax.set_ylabel(label, fontsize=8)
         ax.tick_params(axis="y", labelsize=8)
-        _ticks(ax, t, rotate=len(t["codes"]) > 2 or any(len(str(c)) > 10 for c in t["codes"]))
+        _ticks(ax, t, rotate=len(t["codes"]) > 2 or any(len(str(c)) > 10 for c in t["codes"]), order=order)
         ax.grid(axis="y", alpha=0.3)
     what = (
         f"share of rows with {trends['label']} = {classes[1]}"
