@@ -570,6 +570,44 @@ def test_a_signal_cleans_up_and_ends_in_one_line(tmp_path, sig, code, words):
     assert not out.exists() and leftovers(out) == []
 
 
+@pytest.mark.parametrize("published", [True, False], ids=["after-publishing", "before-publishing"])
+def test_an_interrupt_after_the_release_is_published_says_it_is_complete(tmp_path, capsys, monkeypatch, published):
+    """The window between publishing and the command's end (its log line, the summary): an interrupt there must not
+    say "nothing was published" (a user would release again and spend the budget twice)."""
+    import dpcda.pipeline.release as rel
+
+    glob_ = write_dataset(tmp_path / "in", X, Y, shards=1)
+    out = tmp_path / "out"
+
+    def run_release(cfg, beam_args, stages=(), *, on_published=None, **kwargs):
+        if published:
+            on_published()
+        os.kill(os.getpid(), signal.SIGINT)  # the CLI's handler raises here, in this (the main) thread
+        time.sleep(5)
+        raise AssertionError("the interrupt did not arrive")
+
+    monkeypatch.setattr(rel, "run_release", run_release)
+    code, err = cli(capsys, "release", "--input", glob_, "--output", out, "--epsilon", "5", *BEAM_ARGS)
+    assert code == EXIT_SIGINT
+    if published:
+        one_line(err, "interrupted", f"the release at {out} WAS published and is complete")
+    else:
+        one_line(err, "interrupted", "nothing was published")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored: main ran in this process
+
+
+def test_the_release_says_published_once_its_manifest_is_in_place(tmp_path, capsys, monkeypatch):
+    import dpcda.pipeline.cli.base as base
+
+    seen = []
+    out = tmp_path / "out"
+    monkeypatch.setattr(base, "published", lambda what: seen.append((what, (out / "manifest.json").is_file())))
+    glob_ = write_dataset(tmp_path / "in", X, Y, shards=1)
+    code, err = cli(capsys, "release", "--input", glob_, "--output", out, *BASE, *BEAM_ARGS)
+    assert code == 0, err[-2000:]
+    assert seen == [(f"the release at {out}", True)]
+
+
 # ---------------------------------------------------------------- 7: GCS publish
 
 

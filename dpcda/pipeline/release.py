@@ -17,7 +17,7 @@ import functools
 import importlib
 import logging
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, StandardOptions
@@ -345,9 +345,11 @@ def run_release(
     eval_input: Optional[str] = None,
     protect: tuple[str, ...] = (),
     input_name: Optional[str] = None,
+    on_published: Optional[Callable[[], None]] = None,
 ) -> Manifest:
     """Runs the whole release; returns the published manifest (typed). Raises on any failure, leaving OUTPUT as it
     was; a stage whose section does not fit the manifest fails at its own step, named, and nothing is published.
+    ``on_published``: called once the release is published (the CLI's word on a later interrupt).
 
     ``protect``: more files the release must never write over (the config file); the input shards, the evaluation
     set and the normalization file are protected anyway. ``input_name``: how the manifest names the input, where
@@ -362,7 +364,7 @@ def run_release(
     set_threads(cfg.noise_threads)  # this process's noise threads; no output depends on the count
     files = _input_files(cfg.input, "input")
     if cfg.ledger is None:
-        return _release(cfg, options, files, stages, eval_input, protect, None, t0, input_name)
+        return _release(cfg, options, files, stages, eval_input, protect, None, t0, input_name, None, on_published)
     from dpcda.privacy.accounting import relation_key
     from dpcda.storage.ledger import new_run_id, open_ledger
 
@@ -391,6 +393,7 @@ def run_release(
             t0,
             input_name,
             on_domain_step=lambda spent: ledger.will_charge(cfg.dataset_id, run, spent),
+            on_published=on_published,
         )
     except BaseException as err:
         _settle(ledger, cfg.dataset_id, request, err)
@@ -440,7 +443,17 @@ def _record(ledger, dataset_id: str, run: str, manifest: Manifest) -> bool:
 
 
 def _release(
-    cfg, options, files, stages, eval_input, protect, ledger_section, t0, input_name=None, on_domain_step=None
+    cfg,
+    options,
+    files,
+    stages,
+    eval_input,
+    protect,
+    ledger_section,
+    t0,
+    input_name=None,
+    on_domain_step=None,
+    on_published=None,
 ) -> Manifest:
     fmt = detect_format(files[0], cfg.input_format)
     arrow_schema = request = None
@@ -547,6 +560,8 @@ def _release(
         sections = run_stages(stages, target.workdir, draft.model_copy(update={"run": run}))
         manifest = assemble(draft, run, sections, ledger_section)
         publish.publish(target, manifest)
+        if on_published is not None:
+            on_published()
     except BaseException as err:
         err.domain_spent = spent
         try:

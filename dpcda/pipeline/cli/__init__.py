@@ -16,6 +16,7 @@ import sys
 from dpcda.pipeline.cli import account, audit, evaluate, ledger, prepare, release, risk, sample, sampling, schema
 from dpcda.pipeline.cli.base import (
     _KNOWN,
+    _PUBLISHED,
     EXIT_BAD_INPUT,
     EXIT_SIGINT,
     EXIT_SIGTERM,
@@ -78,6 +79,8 @@ def _interrupted(err: BaseException) -> bool:
 
 
 def main(argv=None) -> int:
+    """Runs one ``dpcda`` command; returns its exit status. SIGINT and SIGTERM raise where the program is, so that the
+    command cleans up and ends in one line (130 or 143); after a release is published, that line says it WAS."""
     parser = build_parser()
     argv = _join_negative_values(list(sys.argv[1:] if argv is None else argv))
     expanded = expanded_glob(argv)  # before parsing: the extra paths would read as unknown (or Beam) options
@@ -94,6 +97,7 @@ def main(argv=None) -> int:
         return EXIT_BAD_INPUT
     _setup_logging()
     _SIGNAL_SEEN.clear()
+    _PUBLISHED.clear()
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     for s in previous:
         signal.signal(s, _on_signal)
@@ -104,11 +108,12 @@ def main(argv=None) -> int:
             raise
         if _interrupted(err):
             term = signal.SIGTERM in _SIGNAL_SEEN or isinstance(err, Terminated)
-            done = (
-                "the release WAS published; what is left of the old one goes with the next run"
-                if getattr(err, "published", False)
-                else "nothing was published"
-            )
+            if getattr(err, "published", False):
+                done = "the release WAS published; what is left of the old one goes with the next run"
+            elif _PUBLISHED:  # after the command published: only its last steps (a log line, the summary) were cut
+                done = f"{_PUBLISHED[-1]} WAS published and is complete"
+            else:
+                done = "nothing was published"
             print(f"dpcda: {'terminated (SIGTERM)' if term else 'interrupted'}; {done}", file=sys.stderr)
             return EXIT_SIGTERM if term else EXIT_SIGINT
         msg = one_line_error(err)
@@ -117,5 +122,6 @@ def main(argv=None) -> int:
         print(f"dpcda: error: {msg}", file=sys.stderr)
         return EXIT_BAD_INPUT
     finally:
+        _PUBLISHED.clear()
         for s, handler in previous.items():
             signal.signal(s, handler)

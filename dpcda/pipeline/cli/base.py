@@ -11,6 +11,15 @@ import sys
 EXIT_BAD_INPUT = 2
 
 EXIT_SIGINT, EXIT_SIGTERM = 130, 143
+_PUBLISHED: list[str] = []  # what the running command has published for good (``published``)
+
+
+def published(what: str) -> None:
+    """The running command's output is published for good (``what`` names it, e.g. "the release at OUT"): an
+    interrupt from here on ends the command saying that it WAS published and is complete, not that nothing was."""
+    _PUBLISHED.append(what)
+
+
 _KNOWN = (
     "InputError",
     "PlanError",

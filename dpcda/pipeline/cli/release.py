@@ -193,6 +193,7 @@ def cmd_release(args, beam_args) -> int:
     overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config", "allow_exception_sampling")}
     cfg = load_config(args.config, overrides)
     # after the checks above: a bad flag fails before torch is imported
+    from dpcda.pipeline.cli.base import published as cli_published
     from dpcda.pipeline.release import release_stages, run_release
 
     if not any(a.startswith("--runner") for a in beam_args):
@@ -200,7 +201,12 @@ def cmd_release(args, beam_args) -> int:
     if not args.allow_exception_sampling:
         beam_args = beam_args + [NO_EXCEPTION_SAMPLING]
     published = run_release(
-        cfg, beam_args, release_stages(cfg), eval_input=cfg.eval_input, protect=(args.config,) if args.config else ()
+        cfg,
+        beam_args,
+        release_stages(cfg),
+        eval_input=cfg.eval_input,
+        protect=(args.config,) if args.config else (),
+        on_published=lambda: cli_published(f"the release at {cfg.output}"),
     )
     from dpcda.evaluation.report import named_headline as named
 
