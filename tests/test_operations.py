@@ -596,16 +596,45 @@ def test_an_interrupt_after_the_release_is_published_says_it_is_complete(tmp_pat
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored: main ran in this process
 
 
-def test_the_release_says_published_once_its_manifest_is_in_place(tmp_path, capsys, monkeypatch):
+def _ledger_args(tmp_path) -> list:
+    from dpcda.storage.ledger import open_ledger
+
+    open_ledger(str(tmp_path / "ledger.db"), create=True)
+    return ["--epsilon", "5", "--ledger", tmp_path / "ledger.db", "--dataset-id", "ds"]  # unseeded: a private release
+
+
+@pytest.mark.parametrize("ledger", [False, True], ids=["no-ledger", "ledger"])
+def test_the_release_says_published_once_its_manifest_is_in_place(tmp_path, capsys, monkeypatch, ledger):
     import dpcda.pipeline.cli.base as base
 
     seen = []
     out = tmp_path / "out"
     monkeypatch.setattr(base, "published", lambda what: seen.append((what, (out / "manifest.json").is_file())))
     glob_ = write_dataset(tmp_path / "in", X, Y, shards=1)
-    code, err = cli(capsys, "release", "--input", glob_, "--output", out, *BASE, *BEAM_ARGS)
+    args = _ledger_args(tmp_path) if ledger else BASE
+    code, err = cli(capsys, "release", "--input", glob_, "--output", out, *args, *BEAM_ARGS)
     assert code == 0, err[-2000:]
     assert seen == [(f"the release at {out}", True)]
+
+
+def test_an_interrupt_while_the_ledger_records_says_published_and_how_to_resolve(tmp_path, capsys, monkeypatch):
+    import dpcda.pipeline.release as rel
+    from dpcda.storage.ledger import open_ledger
+
+    def record(*args):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+        raise AssertionError("the interrupt did not arrive")
+
+    monkeypatch.setattr(rel, "_record", record)
+    out = tmp_path / "out"
+    glob_ = write_dataset(tmp_path / "in", X, Y, shards=1)
+    code, err = cli(capsys, "release", "--input", glob_, "--output", out, *_ledger_args(tmp_path), *BEAM_ARGS)
+    assert code == EXIT_SIGINT
+    line = one_line(err, f"the release at {out} WAS published and is complete", "has not recorded it", "ledger resolve")
+    (entry,) = [e for e in open_ledger(str(tmp_path / "ledger.db")).entries("ds") if e["state"] != "cap"]
+    assert entry["state"] == "pending" and entry["run"] in line  # it keeps counting; the line names the run
+    assert (out / "manifest.json").is_file()
 
 
 # ---------------------------------------------------------------- 7: GCS publish

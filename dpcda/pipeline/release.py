@@ -398,11 +398,19 @@ def run_release(
     except BaseException as err:
         _settle(ledger, cfg.dataset_id, request, err)
         raise
-    if not _record(ledger, cfg.dataset_id, run, manifest):
+    resolve = (
+        f"its reservation (run {run}) counts at the target epsilon until 'dpcda ledger resolve --ledger {cfg.ledger} "
+        f"--dataset-id {cfg.dataset_id} --run {run}'"
+    )
+    try:
+        recorded = _record(ledger, cfg.dataset_id, run, manifest)
+    except BaseException as err:  # an interrupt while recording: the transaction rolls back, the reservation stays
+        err.published = True
+        err.ledger_note = f"the ledger {cfg.ledger} has not recorded it: {resolve}"
+        raise
+    if not recorded:
         err = ReleaseError(
-            f"the release WAS published at {cfg.output}, but the ledger {cfg.ledger} could not record it; its "
-            f"reservation (run {run}) counts at the target epsilon until 'dpcda ledger resolve --ledger "
-            f"{cfg.ledger} --dataset-id {cfg.dataset_id} --run {run}'"
+            f"the release WAS published at {cfg.output}, but the ledger {cfg.ledger} could not record it; {resolve}"
         )
         err.published = True
         raise err

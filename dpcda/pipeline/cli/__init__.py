@@ -108,10 +108,11 @@ def main(argv=None) -> int:
             raise
         if _interrupted(err):
             term = signal.SIGTERM in _SIGNAL_SEEN or isinstance(err, Terminated)
-            if getattr(err, "published", False):
+            if _PUBLISHED:  # after the command published: only its last steps (the ledger, a log line, the summary)
+                note = getattr(err, "ledger_note", None)
+                done = f"{_PUBLISHED[-1]} WAS published and is complete" + (f"; {note}" if note else "")
+            elif getattr(err, "published", False):
                 done = "the release WAS published; what is left of the old one goes with the next run"
-            elif _PUBLISHED:  # after the command published: only its last steps (a log line, the summary) were cut
-                done = f"{_PUBLISHED[-1]} WAS published and is complete"
             else:
                 done = "nothing was published"
             print(f"dpcda: {'terminated (SIGTERM)' if term else 'interrupted'}; {done}", file=sys.stderr)
