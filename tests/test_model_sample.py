@@ -174,6 +174,30 @@ def test_dpcda_sample_refusals_are_one_line_and_write_nothing(release, tmp_path,
     assert not (tmp_path / "m").exists() and not (out / "more").exists()
 
 
+def test_an_interrupt_after_dpcda_sample_published_says_so(release, tmp_path, capsys, monkeypatch):
+    import signal
+    import time
+
+    import dpcda.pipeline.cli.base as base
+
+    _, out, _ = release
+    said = base.published
+
+    def published(what: str) -> None:
+        said(what)
+        os.kill(os.getpid(), signal.SIGINT)  # the CLI's handler raises here: after the sample is published
+        time.sleep(5)
+        raise AssertionError("the interrupt did not arrive")
+
+    monkeypatch.setattr(base, "published", published)
+    sample = tmp_path / "more"
+    capsys.readouterr()
+    assert _main("sample", "--release", out, "--rows", 50, "--output", sample) == 130
+    (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert line == f"dpcda: interrupted; the sample at {sample} WAS published and is complete", line
+    assert _synthetic(sample).num_rows == 50 and (sample / "manifest.json").is_file()
+
+
 def _copy_with(out: Path, tmp_path: Path, name: str, change) -> Path:
     bad = tmp_path / f"bad-{name}"
     shutil.copytree(out, bad)

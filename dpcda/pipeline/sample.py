@@ -21,7 +21,7 @@ import datetime
 import hashlib
 import json
 import os
-from typing import Optional
+from typing import Callable, Optional
 
 from dpcda.mechanisms.marginals.model import MODEL_FILES, FittedModel, ModelError, load_model, sample_tables
 from dpcda.privacy.errors import DpcdaError
@@ -198,10 +198,18 @@ def check_output(output: str, directory: str) -> str:
 
 
 def write_sample(
-    release: ReleaseModel, rows, output: str, *, overwrite: bool = False, seed: Optional[int] = None
+    release: ReleaseModel,
+    rows,
+    output: str,
+    *,
+    overwrite: bool = False,
+    seed: Optional[int] = None,
+    on_published: Optional[Callable[[], None]] = None,
 ) -> "SampleManifest":  # noqa: F821 - schemas.sample_manifest, imported inside
     """Draws ``rows`` rows from ``release``'s model and publishes them at ``output`` (``synthetic/`` and a
-    ``manifest.json`` written last); returns the typed ``SampleManifest``."""
+    ``manifest.json`` written last); returns the typed ``SampleManifest``. ``on_published``: called once they are
+    published (the CLI's word on a later interrupt); an exception raised after they became visible (an interrupt
+    during the old output's clean-up) carries ``published = True``."""
     import pyarrow.parquet as pq
 
     from dpcda.pipeline.manifest import software
@@ -260,8 +268,12 @@ def write_sample(
             ),
         )
         publish.publish(target, manifest)
-    except BaseException:
+        if on_published is not None:
+            on_published()
+    except BaseException as err:
         publish.abandon(target)
+        if target.published:
+            err.published = True  # the CLI must not say "nothing was published"
         raise
     return manifest
 

@@ -35,13 +35,21 @@ def register(subparsers) -> dict:
 
 
 def cmd_sample(args, _beam_args) -> int:
+    from dpcda.pipeline.cli.base import published
     from dpcda.pipeline.sample import check_output, check_rows, check_seed, open_release, write_sample
 
     rows = check_rows(args.rows, "--rows")  # every flag checked before anything is written
     seed = check_seed(args.seed, "--seed")
     release = open_release(args.release)
     check_output(args.output, release.directory)
-    manifest = write_sample(release, rows, args.output, overwrite=args.overwrite, seed=seed)
+    manifest = write_sample(
+        release,
+        rows,
+        args.output,
+        overwrite=args.overwrite,
+        seed=seed,
+        on_published=lambda: published(f"the sample at {args.output}"),
+    )
     print(
         json.dumps(
             {
