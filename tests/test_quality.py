@@ -81,7 +81,7 @@ def test_noisy_label_rates_leave_out_merged_codes_and_clip():
 
 
 def test_a_numeric_column_s_codes_are_drawn_in_value_order_with_its_spikes_marked():
-    from dpcda.evaluation.quality_plot import _order, _ticks
+    from dpcda.evaluation.quality_plot import _order, _spike_codes, _ticks
     from dpcda.evaluation.report import _pyplot
 
     # quality.json lists a numeric column's spikes first, then its bins, then null
@@ -106,6 +106,13 @@ def test_a_numeric_column_s_codes_are_drawn_in_value_order_with_its_spikes_marke
         _ticks(ax, plain, True, _order(plain))
         assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "5", "null"]
         assert "a code of its own" not in ax.get_xlabel()
+        # a column of spikes only (a 0/1 flag) is drawn as categories are: its values, no bold, no bin wording
+        flag = {"name": "flag", "codes": ["0", "1", "null"], "spikes": [0.0, 1.0]}
+        ax.clear()
+        _ticks(ax, flag, False, _order(flag))
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "1", "null"]
+        assert {t.get_fontweight() for t in ax.get_xticklabels()} == {"normal"} and ax.get_xlabel() == "flag"
+        assert _spike_codes(flag) == set() and _spike_codes(entry) == {0, 1}
     finally:
         plt.close(fig)
 

@@ -49,15 +49,16 @@ def _order(entry: dict) -> np.ndarray:
 
 
 def _spike_codes(entry: dict) -> set:
-    """The codes (quality.json's positions) that are spikes: the first ``len(spikes)``."""
-    return set(range(len(entry.get("spikes") or [])))
+    """The codes (quality.json's positions) drawn as spikes: the first ``len(spikes)`` of a column that has bins too
+    (a column of spikes only, a 0/1 flag, is drawn as categories are)."""
+    return set(range(len(entry.get("spikes") or []))) if entry.get("edges") else set()
 
 
 def _ticks(ax, entry: dict, rotate: bool, order: np.ndarray) -> None:
     """Category names (wrapped) or, for a numeric column, each code in value order by its value (a spike, in bold) or
     its bin's lower edge (a few of them where the bins are many), and the axis label."""
     names = entry["codes"]
-    if "edges" in entry or entry.get("spikes"):
+    if entry.get("edges"):
         spikes, edges = entry.get("spikes") or [], entry.get("edges") or []
         values = [float(v) for v in spikes] + [float(a) for a in edges[:-1]]
         step = 1 if len(values) <= 36 else math.ceil(len(values) / 24)
