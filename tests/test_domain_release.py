@@ -350,7 +350,7 @@ def test_the_charge_does_not_rest_on_the_exception_that_stopped_the_run(tmp_path
     """A reservation is marked with the step's spend before the step reads a row, so a cancel charges it: a second
     interrupt raised while the run cleans up (the first error then never reaches the ledger), or a run that died
     without a word whose reservation ``ledger resolve`` settles, are charged as the plain failure is."""
-    from dpcda.pipeline import release as rel
+    from dpcda.pipeline import release_ledger
     from dpcda.storage import publish
     from dpcda.storage.ledger import open_ledger
     from dpcda.storage.ledger_resolve import resolve
@@ -363,11 +363,12 @@ def test_the_charge_does_not_rest_on_the_exception_that_stopped_the_run(tmp_path
 
         def interrupted(target, err):
             abandon(target, err)
-            raise KeyboardInterrupt  # the clean-up's own interrupt replaces the error _settle sees
+            raise KeyboardInterrupt  # the clean-up's own interrupt replaces the error settle sees
 
         monkeypatch.setattr(publish, "abandon", interrupted)
     else:
-        monkeypatch.setattr(rel, "_settle", lambda *a: None)  # the process died: nothing settles the reservation
+        # the process died: nothing settles the reservation
+        monkeypatch.setattr(release_ledger, "settle", lambda *a: None)
     args = ["--label", "y", "--epsilon", "1", "--ledger", ledger, "--dataset-id", "ds"]
     main(["release", "--input", glob, "--output", str(tmp_path / "out"), *args, *BEAM_ARGS])
     capsys.readouterr()

@@ -618,7 +618,7 @@ def test_the_release_says_published_once_its_manifest_is_in_place(tmp_path, caps
 
 
 def test_an_interrupt_while_the_ledger_records_says_published_and_how_to_resolve(tmp_path, capsys, monkeypatch):
-    import dpcda.pipeline.release as rel
+    import dpcda.pipeline.release_ledger as rel
     from dpcda.storage.ledger import open_ledger
 
     def record(*args):

@@ -25,7 +25,7 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 from dpcda.mechanisms import registry
 from dpcda.mechanisms.base import Mechanism
 from dpcda.mechanisms.plan import PlanError, load_public_stats
-from dpcda.pipeline import __version__, build_commit, domain
+from dpcda.pipeline import __version__, build_commit, domain, release_ledger
 from dpcda.pipeline.dataflow import check_job_options
 from dpcda.pipeline.errors import ReleaseError
 from dpcda.pipeline.manifest import Stage, assemble, build_manifest, read_draft, run_stages
@@ -365,21 +365,7 @@ def run_release(
     files = _input_files(cfg.input, "input")
     if cfg.ledger is None:
         return _release(cfg, options, files, stages, eval_input, protect, None, t0, input_name, None, on_published)
-    from dpcda.privacy.accounting import relation_key
-    from dpcda.storage.ledger import new_run_id, open_ledger
-
-    ledger = open_ledger(cfg.ledger)
-    run = new_run_id()
-    request = {
-        "run": run,
-        "mechanism": cfg.mechanism.name,
-        "mode": cfg.mode,
-        "relation": relation_key(cfg.mechanism.name, cfg.mode),
-        "epsilon": cfg.epsilon,
-        "delta": cfg.delta,
-        "output": publish.check_output_path(cfg.output),  # one spelling, whatever the working directory
-    }
-    section = ledger.reserve(cfg.dataset_id, request, cfg.budget_cap)  # before any data is read
+    reservation = release_ledger.reserve(cfg)  # before any data is read
     guarded = (*protect, cfg.ledger)  # a release never writes over its ledger
     try:
         manifest = _release(
@@ -389,65 +375,17 @@ def run_release(
             stages,
             eval_input,
             guarded,
-            section,
+            reservation.section,
             t0,
             input_name,
-            on_domain_step=lambda spent: ledger.will_charge(cfg.dataset_id, run, spent),
+            on_domain_step=lambda spent: reservation.ledger.will_charge(cfg.dataset_id, reservation.run, spent),
             on_published=on_published,
         )
     except BaseException as err:
-        _settle(ledger, cfg.dataset_id, request, err)
+        release_ledger.settle(reservation.ledger, cfg.dataset_id, reservation.request, err)
         raise
-    resolve = (
-        f"its reservation (run {run}) counts at the target epsilon until 'dpcda ledger resolve --ledger {cfg.ledger} "
-        f"--dataset-id {cfg.dataset_id} --run {run}'"
-    )
-    try:
-        recorded = _record(ledger, cfg.dataset_id, run, manifest)
-    except BaseException as err:  # an interrupt while recording: the transaction rolls back, the reservation stays
-        err.published = True
-        err.ledger_note = f"the ledger {cfg.ledger} has not recorded it: {resolve}"
-        raise
-    if not recorded:
-        err = ReleaseError(
-            f"the release WAS published at {cfg.output}, but the ledger {cfg.ledger} could not record it; {resolve}"
-        )
-        err.published = True
-        raise err
+    release_ledger.record_published(cfg, reservation, manifest)
     return manifest
-
-
-def _settle(ledger, dataset_id: str, request: dict, err: BaseException) -> None:
-    """The reservation of a run that raised, decided by what OUTPUT holds (not by where the exception came from: an
-    interrupt can land after the release became visible): recorded if OUTPUT's manifest names the run, removed if
-    it does not. Anything that goes wrong here (a second interrupt, an unreachable ledger, an unreadable OUTPUT)
-    leaves the reservation, which keeps counting at the target epsilon, and the original error stands."""
-    from dpcda.storage.ledger_resolve import published_manifest
-
-    run, output = request["run"], request["output"]
-    try:
-        ours, _ = published_manifest(output, run)
-        if ours is not None:
-            err.published = True
-            ledger.record(dataset_id, run, ours)
-        elif publish.exposed_in(err):
-            ledger.expose(dataset_id, run, request)  # entered again if its reservation was dropped meanwhile
-        elif getattr(err, "domain_spent", None) is not None:  # the DP domain step measured the data: charged
-            ledger.charge(dataset_id, run, err.domain_spent)
-        else:
-            ledger.cancel(dataset_id, run)
-    except BaseException as inner:  # noqa: BLE001 - never hide the release's own error
-        log.error("stage=ledger run=%s: reservation left as it is (%s: %s)", run, type(inner).__name__, inner)
-
-
-def _record(ledger, dataset_id: str, run: str, manifest: Manifest) -> bool:
-    """Records a published release; False (logged) when the ledger cannot be written: the reservation then stays."""
-    try:
-        ledger.record(dataset_id, run, manifest.model_dump(mode="json"))
-        return True
-    except Exception as err:  # noqa: BLE001 - the release is out; the reservation keeps the ledger conservative
-        log.error("stage=ledger run=%s could not be recorded (%s); its reservation stays", run, err)
-        return False
 
 
 def _release(
