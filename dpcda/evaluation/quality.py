@@ -14,8 +14,8 @@ What it sets side by side, per column (the label included) and per column's tren
 Binning: the codes the marginals mechanism counts on (``mechanisms.marginals.domain``: a category, 0/1, a numeric
 column's spikes then its bins (its declared or DP-derived edges, else equal bins of its declared bounds), one more
 code for null), at the release's ``marginals_bins`` for a marginals release (the noisy counts' own codes) and at
-``table_metrics.BINS`` otherwise; the rows are encoded by the
-public schema first (``storage.tables.encode_batch``), as the mechanism encodes its input.
+``table_metrics.BINS`` otherwise; the rows are encoded by the public schema first (``storage.tables.encode_batch``), as
+the mechanism encodes its input.
 
 Distances: TVD (half the L1 distance of two share vectors) per column; for a label trend, the label's TVD within
 each bin of the column, averaged with the reference's bin shares as weights (bins empty on either side left out).

@@ -1,8 +1,8 @@
 """The quality report's pictures (``evaluation.quality``), drawn from quality.json's content only, for readers without
 code: one panel per column, full column names, category names or a numeric column's codes in value order (spikes
-bold and hatched, bins by their lower edges) on the x axis, a legend that names each
-source ("synthetic", "noisy measurement (DP)", "real held-out (not DP)") and a note under the figure saying what the
-noisy and the real figures are.
+bold and hatched, bins by their lower edges) on the x axis, a legend that names each source ("synthetic", "noisy
+measurement (DP)", "real held-out (not DP)") and a note under the figure saying what the noisy and the real figures
+are.
 
 - ``quality.png``: each column's shares (bars, side by side; the noisy measurement with one noise std as error bar);
 - ``quality_label.png``: per feature column, the share of the label's class (binary label: its second class; more
@@ -38,14 +38,21 @@ def _value(v: float) -> str:
     return str(int(v)) if v == int(v) and abs(v) < 1e7 else f"{v:.4g}"
 
 
+def _code_values(entry: dict) -> tuple[list[float], int]:
+    """A numeric column's code values in quality.json's order (its spikes, then each bin's lower edge) and how many
+    of them are spikes; the codes after them (null) have none."""
+    spikes = [float(v) for v in entry.get("spikes") or []]
+    return spikes + [float(a) for a in (entry.get("edges") or [])[:-1]], len(spikes)
+
+
 def _order(entry: dict) -> np.ndarray:
     """The order a column's codes are drawn in: a numeric column's spikes and bins by value (a spike after the bin
     that holds its value, before a bin whose lower edge it is), then its other codes (null) as listed; any other
-    column's codes as listed. quality.json lists a numeric column's spikes first, then its bins."""
-    n = len(entry["codes"])
-    spikes, edges = entry.get("spikes") or [], entry.get("edges") or []
-    keys = [(float(v), 0) for v in spikes] + [(float(a), 1) for a in edges[:-1]]
-    return np.array(sorted(range(len(keys)), key=keys.__getitem__) + list(range(len(keys), n)), dtype=np.int64)
+    column's codes as listed."""
+    values, spikes = _code_values(entry)
+    keys = [(v, i >= spikes) for i, v in enumerate(values)]
+    rest = range(len(values), len(entry["codes"]))
+    return np.array(sorted(range(len(keys)), key=keys.__getitem__) + list(rest), dtype=np.int64)
 
 
 def _spike_codes(entry: dict) -> set:
@@ -59,15 +66,14 @@ def _ticks(ax, entry: dict, rotate: bool, order: np.ndarray) -> None:
     its bin's lower edge (a few of them where the bins are many), and the axis label."""
     names = entry["codes"]
     if entry.get("edges"):
-        spikes, edges = entry.get("spikes") or [], entry.get("edges") or []
-        values = [float(v) for v in spikes] + [float(a) for a in edges[:-1]]
+        values, spikes = _code_values(entry)
         step = 1 if len(values) <= 36 else math.ceil(len(values) / 24)
         shown, labels, bold = [], [], []
         for at, code in enumerate(order):
-            spike = code < len(spikes)
+            spike = code < spikes
             if code >= len(values):
                 label = names[code]  # null
-            elif spike or (code - len(spikes)) % step == 0:
+            elif spike or (code - spikes) % step == 0:
                 label = _value(values[code])
             else:
                 continue
@@ -150,7 +156,8 @@ def draw_distributions(path: str, report: dict) -> list[str]:
         present = [s for s in sources if e.get(s) is not None]
         order = _order(e)
         pos = np.arange(len(e["codes"]))
-        spikes = [at for at, code in enumerate(order) if code in _spike_codes(e)]
+        spike_codes = _spike_codes(e)
+        spikes = [at for at, code in enumerate(order) if code in spike_codes]
         width = 0.8 / max(len(present), 1)
         for i, s in enumerate(present):
             colour = STYLE[s][0]
